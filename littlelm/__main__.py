@@ -1,0 +1,3 @@
+from littlelm.cli import main
+
+raise SystemExit(main())

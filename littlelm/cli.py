@@ -1,0 +1,139 @@
+"""Command line: one function per verb, argument parsing only.
+
+    littlelm train [CONFIG] [key=value ...] [--resume auto|never|PATH]
+    littlelm config show CONFIG [key=value ...] [--flat]
+    littlelm list
+    littlelm sample CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
+
+CONFIG is a YAML path or the name of a packaged config (`demo`, `shakespeare_char`); it
+defaults to `demo`. User errors print one message and exit non-zero, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from littlelm.errors import LittleLMError
+
+DEFAULT_CONFIG = "demo"
+
+
+def _split_config(items: list[str]) -> tuple[str, list[str]]:
+    """['run.yaml', 'a=1'] -> ('run.yaml', ['a=1']); a leading override means the default config."""
+    if items and "=" not in items[0]:
+        return items[0], items[1:]
+    return DEFAULT_CONFIG, items
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from littlelm.schema import load_run
+    from littlelm.train.trainer import Trainer
+
+    config, overrides = _split_config(args.items)
+    cfg = load_run(config, overrides)
+    result = Trainer(cfg, resume=args.resume).fit()
+    return 0 if result["finished"] else 1
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    from littlelm.config import dump_yaml, flatten, to_tree
+    from littlelm.schema import load_run
+
+    config, overrides = _split_config(args.items)
+    cfg = load_run(config, overrides)
+    if args.flat:
+        for key, value in flatten(to_tree(cfg)).items():
+            print(f"{key}: {value!r}")
+    else:
+        print(dump_yaml(cfg), end="")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import littlelm.components  # noqa: F401
+    from littlelm.registry import Registry
+
+    for kind, reg in Registry.all.items():
+        print(f"{kind}s:")
+        for e in reg.entries():
+            print(f"  {e.name:<16} {e.doc}")
+    return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    import torch
+
+    from littlelm.eval.generate import generate
+    from littlelm.load import load_model
+    from littlelm.train.device import autocast, pick_device
+
+    device = pick_device(args.device)
+    model, tok, cfg = load_model(args.checkpoint, device)
+    prompt = [tok.bos_id, *tok.encode(args.prompt)]
+    with torch.no_grad(), autocast(device, cfg.train.precision):
+        ids = generate(
+            model, prompt, args.max_tokens, args.temperature, args.top_k, args.seed, tok.bos_id
+        )
+    print(args.prompt + tok.decode(ids))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="littlelm", description="Train small language models from one YAML file."
+    )
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    t = sub.add_parser("train", help="train (or resume) a run")
+    t.add_argument(
+        "items",
+        nargs="*",
+        metavar="CONFIG [key=value ...]",
+        help=f"run file or packaged config (default {DEFAULT_CONFIG}), then overrides",
+    )
+    t.add_argument(
+        "--resume",
+        default="auto",
+        help="auto (newest checkpoint of the run, default), never, or a checkpoint path",
+    )
+    t.set_defaults(fn=cmd_train)
+
+    c = sub.add_parser("config", help="inspect run files")
+    csub = c.add_subparsers(dest="config_verb", required=True, metavar="ACTION")
+    show = csub.add_parser("show", help="print the merged, validated, resolved config")
+    show.add_argument("items", nargs="*", metavar="CONFIG [key=value ...]")
+    show.add_argument("--flat", action="store_true", help="one dotted key per line")
+    show.set_defaults(fn=cmd_config_show)
+
+    ls = sub.add_parser("list", help="list every registered component")
+    ls.set_defaults(fn=cmd_list)
+
+    s = sub.add_parser("sample", help="generate text from a checkpoint")
+    s.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
+    s.add_argument("--prompt", default="", help="text to continue")
+    s.add_argument("--max-tokens", type=int, default=200)
+    s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    s.add_argument("--top-k", type=int, default=50)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default="auto")
+    s.set_defaults(fn=cmd_sample)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.filterwarnings("once")
+    try:
+        return args.fn(args)
+    except LittleLMError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

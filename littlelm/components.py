@@ -1,0 +1,11 @@
+"""Imports every module that registers components, so that all registries are full.
+
+A new component module is added here once; nothing else needs to know about it.
+"""
+
+import littlelm.data.sources
+import littlelm.data.tokenizer
+import littlelm.model.gpt
+import littlelm.optim.groups
+import littlelm.optim.schedule
+import littlelm.train.callbacks  # noqa: F401

@@ -1,0 +1,381 @@
+"""Config machinery: YAML with `include:`, dotted overrides, validation that reports every problem.
+
+The flow is
+
+    tree, origin = load_tree("run.yaml")              # includes merged, origin[key] = file
+    apply_overrides(tree, origin, ["train.max_steps=100"])
+    cfg = validate(RunConfig, tree, origin)            # typed, every default filled in
+
+`validate` walks a pydantic model. Fields marked `Registered(REGISTRY)` hold a component chosen
+by name (`model: {name: gpt, n_layer: 4}`); their section is validated against the config class
+that component registered, so each component owns its typed config. All problems found anywhere
+are raised together as one ConfigError, each naming its dotted key, the file that set it and a
+did-you-mean for misspelled keys and names.
+
+Nothing here knows about models or training: the run's schema lives in `littlelm.schema`.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import typing
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from littlelm.errors import ConfigError, did_you_mean
+from littlelm.registry import Registry
+
+CLI = "command line"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads `3e-4` and `1e6` as floats (YAML 1.2), not strings."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str):
+    return yaml.load(text, Loader=_Loader)  # noqa: S506  (a SafeLoader subclass)
+
+
+class Cfg(BaseModel):
+    """Base of every config section: unknown keys are errors, values are checked strictly."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ComponentConfig(Cfg):
+    """Base of a registered component's config; `name` picks the component from its registry."""
+
+    name: str = pydantic.Field("", description="Registered name of the component.")
+
+
+@dataclass(frozen=True)
+class Registered:
+    """Field marker: the field holds a component (or a list/dict of them) from `registry`."""
+
+    registry: Registry
+    default: str | None = None  # the component used when the section does not name one
+    container: str | None = None  # None: one component; "list" or "dict": several
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading and merging
+
+
+def read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError([f"config file not found: {path}"])
+    try:
+        data = parse_yaml(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(
+            [f"{where}: malformed YAML: {problem} (check indentation, colons and quotes there)"]
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [f"{path}: a run file must be a mapping of sections, got {type(data).__name__}"]
+        )
+    return data
+
+
+def load_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, str]]:
+    """Read `path` and its includes; returns the merged tree and the file that set each key.
+
+    `include:` takes a path or a list of paths relative to the including file. Included files
+    are merged first, in order; the including file's own keys win over them.
+    """
+    path = Path(path).resolve()
+    if path in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ConfigError([f"include cycle: {chain}"])
+    data = read_yaml(path)
+    includes = data.pop("include", None) or []
+    if isinstance(includes, str):
+        includes = [includes]
+    tree: dict = {}
+    origin: dict[str, str] = {}
+    for inc in includes:
+        inc_path = (path.parent / inc).resolve()
+        if not inc_path.is_file():
+            raise ConfigError([f"{path}: include: file not found: {inc_path}"])
+        sub, sub_origin = load_tree(inc_path, (*_seen, path))
+        merge_into(tree, sub)
+        origin.update(sub_origin)
+    merge_into(tree, data)
+    origin.update({k: str(path) for k in leaf_keys(data)})
+    return tree, origin
+
+
+def merge_into(base: dict, new: dict) -> None:
+    """Deep-merge `new` into `base`: mappings merge key by key, anything else replaces."""
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge_into(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+
+
+def leaf_keys(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.extend(leaf_keys(value, dotted + "."))
+        else:
+            out.append(dotted)
+    return out
+
+
+def apply_overrides(tree: dict, origin: dict[str, str], overrides: Iterable[str]) -> None:
+    """Apply `a.b.c=value` overrides in place; values are parsed as YAML (`true`, `3e-4`, `[1,2]`)."""
+    problems = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            problems.append(
+                f"override {item!r}: expected dotted.key=value, e.g. train.max_steps=100"
+            )
+            continue
+        try:
+            value = parse_yaml(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+        for stale in [k for k in origin if k == key or k.startswith(key + ".")]:
+            del origin[stale]
+        origin[key] = CLI
+    if problems:
+        raise ConfigError(problems)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+
+
+def validate(
+    cls: type[Cfg], tree: dict, origin: dict[str, str] | None = None, source: str = ""
+) -> Any:
+    """Validate `tree` against `cls`; raise one ConfigError listing every problem."""
+    errors: list[tuple[tuple, str]] = []
+    result = _validate_model(cls, tree, (), errors)
+    if errors:
+        origin = origin or {}
+        raise ConfigError(
+            [_describe(loc, msg, origin, source) for loc, msg in errors], source or None
+        )
+    return result
+
+
+def _registered(cls: type[BaseModel]) -> dict[str, Registered]:
+    """Fields of `cls` annotated Annotated[..., Registered(...)]."""
+    out = {}
+    for name, field in cls.model_fields.items():
+        for meta in field.metadata:
+            if isinstance(meta, Registered):
+                out[name] = meta
+    return out
+
+
+def _nested_models(cls: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """Fields whose type is itself a config model, possibly Optional: validated recursively so
+    that their own component fields are handled too."""
+    out = {}
+    for name, field in cls.model_fields.items():
+        ann = field.annotation
+        candidates = typing.get_args(ann) or (ann,)
+        for c in candidates:
+            if isinstance(c, type) and issubclass(c, Cfg) and _has_components(c):
+                out[name] = c
+    return out
+
+
+def _has_components(cls: type[BaseModel]) -> bool:
+    return bool(_registered(cls)) or bool(_nested_models(cls))
+
+
+def _validate_model(cls: type[Cfg], data: Any, loc: tuple, errors: list) -> Any:
+    if not isinstance(data, dict):
+        errors.append((loc, f"expected a mapping, got {type(data).__name__} {data!r}"))
+        return None
+    special = {**_registered(cls), **_nested_models(cls)}
+    plain = {k: v for k, v in data.items() if k not in special}
+    placeholders = {k: cls.model_fields[k].get_default(call_default_factory=True) for k in special}
+    try:
+        instance = cls.model_validate({**plain, **placeholders})
+    except pydantic.ValidationError as e:
+        instance = None
+        for err in e.errors():
+            errors.append(((*loc, *err["loc"]), _pydantic_message(err, cls, err["loc"])))
+    for key, meta in special.items():
+        default = cls.model_fields[key].get_default(call_default_factory=True)
+        value = data.get(key, default)
+        if isinstance(meta, Registered):
+            result = _validate_components(meta, value, (*loc, key), errors)
+        elif value is None:
+            result = None
+        else:
+            result = _validate_model(meta, value, (*loc, key), errors)
+        if instance is not None:
+            object.__setattr__(instance, key, result)
+    return instance
+
+
+def _validate_components(meta: Registered, value: Any, loc: tuple, errors: list) -> Any:
+    if value is None:
+        return None
+    if meta.container == "list":
+        if not isinstance(value, list):
+            errors.append((loc, f"expected a list of {meta.registry.kind}s, got {value!r}"))
+            return None
+        return [_validate_component(meta, v, (*loc, i), errors) for i, v in enumerate(value)]
+    if meta.container == "dict":
+        if not isinstance(value, dict):
+            errors.append(
+                (loc, f"expected a mapping of label -> {meta.registry.kind}, got {value!r}")
+            )
+            return None
+        return {k: _validate_component(meta, v, (*loc, k), errors) for k, v in value.items()}
+    return _validate_component(meta, value, loc, errors)
+
+
+def _validate_component(meta: Registered, value: Any, loc: tuple, errors: list) -> Any:
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, dict):
+        errors.append(
+            (loc, f"expected a mapping with 'name: <{meta.registry.kind}>', got {value!r}")
+        )
+        return None
+    name = value.get("name", meta.default)
+    reg = meta.registry
+    if not isinstance(name, str) or name not in reg:
+        known = ", ".join(reg.names())
+        hint = did_you_mean(name, reg.names()) if isinstance(name, str) else ""
+        what = f"unknown {reg.kind} {name!r}{hint}" if name is not None else f"no {reg.kind} named"
+        errors.append(((*loc, "name"), f"{what}; known {reg.kind}s: {known}"))
+        return None
+    cfg_cls = reg.config_class(name)
+    if cfg_cls is None:
+        return name
+    body = {k: v for k, v in value.items() if k != "name"}
+    if "name" in cfg_cls.model_fields:
+        body["name"] = name
+    return _validate_model(cfg_cls, body, loc, errors)
+
+
+def _pydantic_message(err: dict, cls: type[BaseModel], rel_loc: tuple) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        owner = _owner_class(cls, rel_loc[:-1])
+        fields = list(owner.model_fields) if owner else []
+        key = str(rel_loc[-1])
+        hint = did_you_mean(key, fields)
+        known = f"; known keys: {', '.join(fields)}" if fields and not hint else ""
+        return f"unknown key{hint}{known}"
+    if kind == "missing":
+        return "required key is missing"
+    msg = err["msg"]
+    if "input" in err and not isinstance(err["input"], dict):
+        msg += f", got {err['input']!r}"
+    return msg
+
+
+def _owner_class(cls: type[BaseModel], rel_loc: tuple) -> type[BaseModel] | None:
+    """The model class that owns the keys at `rel_loc` inside `cls` (for did-you-mean)."""
+    current: Any = cls
+    for part in rel_loc:
+        if isinstance(part, int) or not (
+            isinstance(current, type) and issubclass(current, BaseModel)
+        ):
+            return None
+        field = current.model_fields.get(part)
+        if field is None:
+            return None
+        args = typing.get_args(field.annotation) or (field.annotation,)
+        current = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def dotted(loc: Iterable) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _describe(loc: tuple, msg: str, origin: dict[str, str], source: str) -> str:
+    key = dotted(loc)
+    plain = ".".join(str(p) for p in loc)
+    where = _origin_of(plain, origin) or source
+    return f"{key} ({where}): {msg}" if where else f"{key}: {msg}"
+
+
+def _origin_of(key: str, origin: dict[str, str]) -> str | None:
+    while key:
+        if key in origin:
+            return origin[key]
+        children = [v for k, v in origin.items() if k.startswith(key + ".")]
+        if children:
+            return children[0]
+        key = key.rpartition(".")[0]
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Dumping
+
+
+def to_tree(cfg: Any) -> Any:
+    """A validated config as plain data (dicts, lists, scalars), ready for YAML."""
+    if isinstance(cfg, BaseModel):
+        return {k: to_tree(getattr(cfg, k)) for k in type(cfg).model_fields}
+    if isinstance(cfg, dict):
+        return {k: to_tree(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [to_tree(v) for v in cfg]
+    if isinstance(cfg, Path):
+        return str(cfg)
+    return cfg
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_tree(cfg), sort_keys=False, default_flow_style=None, width=100)
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists of mappings use [i]."""
+    out: dict[str, Any] = {}
+    if isinstance(tree, dict) and tree:
+        for k, v in tree.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(tree, list) and tree and all(isinstance(v, dict) for v in tree):
+        for i, v in enumerate(tree):
+            out.update(flatten(v, f"{prefix}[{i}]"))
+    else:
+        out[prefix] = tree
+    return out

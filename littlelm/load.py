@@ -1,0 +1,42 @@
+"""Load a trained model (and its tokenizer) from a checkpoint directory or a run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from littlelm.config import validate
+from littlelm.data.tokenizer import Tokenizer, load_tokenizer
+from littlelm.errors import CheckpointError
+from littlelm.registry import MODELS
+from littlelm.schema import RunConfig
+from littlelm.train import checkpoint as ckpt
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory, or the newest complete checkpoint of a run directory."""
+    path = Path(path)
+    if (path / "state.json").is_file():
+        return path
+    latest = ckpt.latest_checkpoint(path / "checkpoints")
+    if latest is None:
+        raise CheckpointError(
+            f"no complete checkpoint at {path} (looked for state.json and checkpoints/step_*)"
+        )
+    return latest
+
+
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu"
+) -> tuple[torch.nn.Module, Tokenizer, RunConfig]:
+    """(model in eval mode, tokenizer, the run's config) from a checkpoint."""
+    path = find_checkpoint(path)
+    loaded = ckpt.load_checkpoint(path, with_optimizer=False)
+    cfg = validate(RunConfig, loaded.state["config"], source=str(path / "state.json"))
+    model = MODELS.get(cfg.model.name)(cfg.model)
+    ckpt.load_model_tensors(model, loaded.model, path)
+    if loaded.origin:
+        model.origin.update(loaded.origin)
+    tokenizer = load_tokenizer(path / "tokenizer")
+    return model.to(device).eval(), tokenizer, cfg

@@ -1,0 +1,215 @@
+"""Which parameter goes to which optimizer, with which learning rate.
+
+Each parameter has a role (embedding, value_embedding, lm_head, matrix, scalar; decided by the
+model) and an origin tag (embedding, old, new; `grow` marks copied weights old). A group is one
+(role, origin) pair. Its base lr is the role's lr from the optimizer config times
+`lr_multipliers[origin]`; the schedule multiplies every base lr by the same factor each step.
+
+Two optimizers are registered:
+- `muon`: Muon for the 2-D hidden matrices, AdamW for everything else (the modern recipe);
+- `adamw`: AdamW for everything, still with a learning rate per role.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from littlelm.config import ComponentConfig
+from littlelm.optim.muon import Muon
+from littlelm.registry import OPTIMIZERS
+
+
+class AdamWConfig(ComponentConfig):
+    """AdamW for every parameter, with a learning rate per role."""
+
+    lr: float = Field(3e-4, description="Learning rate of the hidden matrices.", gt=0)
+    embedding_lr: float | None = Field(
+        None, description="lr of the token embedding; null = lr.", gt=0
+    )
+    value_embedding_lr: float | None = Field(
+        None, description="lr of value embeddings; null = embedding_lr.", gt=0
+    )
+    lm_head_lr: float | None = Field(None, description="lr of the output layer; null = lr.", gt=0)
+    scalar_lr: float | None = Field(
+        None, description="lr of norms and residual scalars; null = lr.", gt=0
+    )
+    betas: tuple[float, float] = Field((0.9, 0.95), description="Adam (beta1, beta2).")
+    eps: float = Field(1e-8, description="Adam epsilon.", gt=0)
+    weight_decay: float = Field(
+        0.0, description="Decoupled weight decay of the hidden matrices.", ge=0
+    )
+    scale_lr_by_width: bool = Field(
+        False, description="Multiply every AdamW lr by sqrt(768 / d_model)."
+    )
+    lr_multipliers: dict[str, float] = Field(
+        default_factory=dict,
+        description="lr multiplier per origin tag (embedding, old, new), e.g. {old: 0.033}.",
+    )
+
+    @model_validator(mode="after")
+    def _check_tags(self):
+        unknown = set(self.lr_multipliers) - set(ORIGINS)
+        if unknown:
+            raise ValueError(
+                f"lr_multipliers: unknown tag(s) {sorted(unknown)}; tags are {ORIGINS}"
+            )
+        return self
+
+
+class MuonConfig(AdamWConfig):
+    """Muon for the hidden matrices, AdamW (per-role lrs) for embeddings, lm_head and scalars."""
+
+    lr: float = Field(0.02, description="Muon learning rate of the hidden matrices.", gt=0)
+    embedding_lr: float | None = Field(0.2, description="AdamW lr of the token embedding.", gt=0)
+    value_embedding_lr: float | None = Field(
+        None, description="AdamW lr of value embeddings; null = embedding_lr.", gt=0
+    )
+    lm_head_lr: float | None = Field(0.004, description="AdamW lr of the output layer.", gt=0)
+    scalar_lr: float | None = Field(
+        0.5, description="AdamW lr of norms and residual scalars.", gt=0
+    )
+    betas: tuple[float, float] = Field((0.8, 0.95), description="AdamW (beta1, beta2).")
+    eps: float = Field(1e-10, description="AdamW epsilon.", gt=0)
+    weight_decay: float = Field(0.0, description="Decoupled weight decay of Muon's matrices.", ge=0)
+    scale_lr_by_width: bool = Field(
+        True, description="Multiply every AdamW lr by sqrt(768 / d_model)."
+    )
+    momentum: float = Field(0.95, description="Muon momentum after its warmup.", ge=0, lt=1)
+    momentum_start: float = Field(0.85, description="Muon momentum at step 0.", ge=0, lt=1)
+    momentum_warmup_steps: int = Field(300, description="Steps over which momentum rises.", ge=0)
+    nesterov: bool = Field(True, description="Nesterov momentum in Muon.")
+    ns_steps: int = Field(5, description="Newton–Schulz iterations per update.", ge=1)
+
+
+ORIGINS = ("embedding", "old", "new")
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    name: str  # "role/origin"
+    optimizer: str  # "adamw" or "muon"
+    lr: float
+    weight_decay: float
+    params: tuple[nn.Parameter, ...]
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+
+def role_lr(cfg: AdamWConfig, role: str) -> float:
+    lr = {
+        "matrix": cfg.lr,
+        "embedding": cfg.embedding_lr or cfg.lr,
+        "value_embedding": cfg.value_embedding_lr or cfg.embedding_lr or cfg.lr,
+        "lm_head": cfg.lm_head_lr or cfg.lr,
+        "scalar": cfg.scalar_lr or cfg.lr,
+    }[role]
+    return lr
+
+
+def plan_groups(model: nn.Module, cfg: AdamWConfig, use_muon: bool) -> list[GroupSpec]:
+    """The parameter groups for `model` under `cfg`, in a stable order."""
+    width_scale = math.sqrt(768 / model.cfg.d_model) if cfg.scale_lr_by_width else 1.0
+    buckets: dict[tuple[str, str], list[nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            buckets.setdefault((model.role(name), model.origin[name]), []).append(p)
+    groups = []
+    for (role, origin), params in sorted(buckets.items(), key=lambda kv: _order(kv[0])):
+        muon = use_muon and role == "matrix"
+        lr = role_lr(cfg, role) * cfg.lr_multipliers.get(origin, 1.0)
+        if not muon:
+            lr *= width_scale
+        decay = cfg.weight_decay if role == "matrix" else 0.0
+        groups.append(
+            GroupSpec(f"{role}/{origin}", "muon" if muon else "adamw", lr, decay, tuple(params))
+        )
+    return groups
+
+
+def _order(key: tuple[str, str]) -> tuple[int, int]:
+    roles = ("embedding", "value_embedding", "matrix", "scalar", "lm_head")
+    return roles.index(key[0]), ORIGINS.index(key[1])
+
+
+class HybridOptimizer:
+    """Several torch optimizers stepping together, seen as one.
+
+    `param_groups` lists every group of every inner optimizer; each carries `name` and
+    `base_lr` so that the trainer sets `lr = base_lr * schedule(step)` uniformly.
+    """
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer], specs: list[GroupSpec] = ()):
+        self.optimizers = optimizers
+        self.specs = list(specs)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        # read live: load_state_dict replaces the inner optimizers' group dicts
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        inner = state["optimizers"]
+        if len(inner) != len(self.optimizers):
+            raise ValueError(
+                f"optimizer state has {len(inner)} parts, this run has {len(self.optimizers)}"
+            )
+        for o, s in zip(self.optimizers, inner):
+            o.load_state_dict(s)
+
+    def muon_groups(self) -> Iterator[dict]:
+        for o in self.optimizers:
+            if isinstance(o, Muon):
+                yield from o.param_groups
+
+
+def build_optimizer(model: nn.Module, cfg: AdamWConfig) -> HybridOptimizer:
+    use_muon = isinstance(cfg, MuonConfig)
+    specs = plan_groups(model, cfg, use_muon)
+    adam = [_group(s) for s in specs if s.optimizer == "adamw"]
+    muon = [_group(s) for s in specs if s.optimizer == "muon"]
+    inner: list[torch.optim.Optimizer] = []
+    if adam:
+        inner.append(torch.optim.AdamW(adam, betas=cfg.betas, eps=cfg.eps, foreach=True))
+    if muon:
+        inner.append(
+            Muon(muon, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps)
+        )
+    return HybridOptimizer(inner, specs)
+
+
+def _group(spec: GroupSpec) -> dict:
+    return {
+        "params": list(spec.params),
+        "lr": spec.lr,
+        "base_lr": spec.lr,
+        "weight_decay": spec.weight_decay,
+        "name": spec.name,
+    }
+
+
+def group_table(specs: list[GroupSpec]) -> list[tuple[str, int, int, str, float]]:
+    """Rows (group, tensors, parameters, optimizer, lr) for the start-up table."""
+    return [(s.name, len(s.params), s.numel, s.optimizer, s.lr) for s in specs]
+
+
+OPTIMIZERS.register("adamw", config=AdamWConfig)(build_optimizer)
+OPTIMIZERS.register("muon", config=MuonConfig)(build_optimizer)

@@ -1,0 +1,90 @@
+"""Muon: momentum SGD whose update for each 2-D matrix is replaced by its nearest orthogonal
+matrix (computed with a Newton–Schulz iteration), so every direction of the update moves at the
+same rate. Used for the hidden matrices of the transformer; embeddings, lm_head and scalars go
+to AdamW (see optim.groups).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+
+# Quintic Newton–Schulz coefficients chosen to push singular values towards 1 quickly from
+# anywhere in (0, 1]; five iterations land them in roughly [0.7, 1.2], which is all an update
+# direction needs. `ns_steps` trades accuracy for time.
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """Approximate U·Vᵀ of the SVD of g (..., m, n), computed in bf16."""
+    a, b, c = NS_COEFFS
+    x = g.bfloat16()
+    tall = x.size(-2) > x.size(-1)
+    if tall:  # iterate on the smaller Gram matrix
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)  # spectral norm <= Frobenius norm <= 1
+    for _ in range(steps):
+        gram = x @ x.mT
+        poly = b * gram + c * (gram @ gram)
+        x = a * x + poly @ x
+    return x.mT if tall else x
+
+
+def shape_scale(shape: torch.Size) -> float:
+    """lr multiplier sqrt(max(1, rows/cols)): keeps the update's RMS size independent of aspect."""
+    return math.sqrt(max(1.0, shape[-2] / shape[-1]))
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for 2-D parameters. Group options: lr, momentum, nesterov, weight_decay, ns_steps.
+
+    Same-shaped matrices are orthogonalised together as one batch.
+    """
+
+    def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, ns_steps=5):
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            ns_steps=ns_steps,
+        )
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim != 2:
+                    raise ValueError(f"Muon takes 2-D matrices only, got shape {tuple(p.shape)}")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        assert closure is None, "Muon does not take a closure"
+        for group in self.param_groups:
+            by_shape: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+            for p in group["params"]:
+                if p.grad is not None:
+                    by_shape[tuple(p.shape)].append(p)
+            for params in by_shape.values():
+                self._step_same_shape(group, params)
+
+    def _step_same_shape(self, group: dict, params: list[torch.Tensor]) -> None:
+        grads = [p.grad for p in params]
+        bufs = [self._buffer(p) for p in params]
+        mom = group["momentum"]
+        torch._foreach_lerp_(bufs, grads, 1 - mom)  # buf = mom·buf + (1-mom)·g
+        if group["nesterov"]:
+            directions = torch._foreach_lerp(grads, bufs, mom)  # g + mom·(buf - g)
+        else:
+            directions = bufs
+        updates = orthogonalize(torch.stack(directions), group["ns_steps"])  # (N, m, n)
+        lr = group["lr"] * shape_scale(params[0].shape)
+        if group["weight_decay"]:
+            torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+        torch._foreach_add_(params, list(updates.to(params[0].dtype).unbind(0)), alpha=-lr)
+
+    def _buffer(self, p: torch.Tensor) -> torch.Tensor:
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p)
+        return state["momentum_buffer"]

@@ -1,0 +1,85 @@
+"""Registries: components picked by short name from YAML.
+
+    MODELS = Registry("model")
+
+    @MODELS.register("gpt", config=GPTConfig)
+    class GPT(nn.Module): ...
+
+    cls = MODELS.get("gpt")             # unknown names raise ConfigError listing the known ones
+    cfg_cls = MODELS.config_class("gpt")
+
+Each entry pairs a builder (class or function) with the typed config its YAML section is
+validated against. A component's module registers itself on import; `littlelm.components`
+imports them all, so importing that module fills every registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from littlelm.errors import ConfigError, did_you_mean
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    builder: Any
+    config: type | None
+    doc: str
+
+
+class Registry:
+    """A named table of components of one kind (model, optimizer, schedule, ...)."""
+
+    all: dict[str, Registry] = {}  # noqa: RUF012  (class-level index of every registry)
+
+    def __init__(self, kind: str):
+        assert kind not in Registry.all, f"registry {kind!r} defined twice"
+        self.kind = kind
+        self._entries: dict[str, Entry] = {}
+        Registry.all[kind] = self
+
+    def register(self, name: str, config: type | None = None) -> Callable[[T], T]:
+        def decorate(obj: T) -> T:
+            assert name not in self._entries, f"{self.kind} {name!r} registered twice"
+            own = config.__dict__.get("__doc__") if config is not None else None
+            doc = (own or getattr(obj, "__doc__", None) or "").strip().splitlines()
+            self._entries[name] = Entry(name, obj, config, doc[0] if doc else "")
+            return obj
+
+        return decorate
+
+    def entry(self, name: str) -> Entry:
+        if name not in self._entries:
+            known = ", ".join(sorted(self._entries)) or "(none)"
+            raise ConfigError(
+                [f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}; known: {known}"]
+            )
+        return self._entries[name]
+
+    def get(self, name: str) -> Any:
+        return self.entry(name).builder
+
+    def config_class(self, name: str) -> type | None:
+        return self.entry(name).config
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def entries(self) -> list[Entry]:
+        return [self._entries[n] for n in self.names()]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+
+MODELS = Registry("model")
+OPTIMIZERS = Registry("optimizer")
+SCHEDULES = Registry("schedule")
+TOKENIZERS = Registry("tokenizer")
+DATASETS = Registry("dataset")
+CALLBACKS = Registry("callback")

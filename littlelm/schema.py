@@ -1,0 +1,188 @@
+"""The schema of a run file, and `load_run` which turns a YAML path into a resolved RunConfig.
+
+Sections and who owns them:
+
+    run         name, output directory, seed, device            (here)
+    model       registered model + its config                   (littlelm.model)
+    data        tokenizer, sources, split, packing              (littlelm.data.build)
+    optimizer   registered optimizer + its config               (littlelm.optim.groups)
+    schedule    registered lr schedule + its config             (littlelm.optim.schedule)
+    train       batch, steps, precision, compile, clipping      (littlelm.train.trainer)
+    eval        validation loss / bits per byte                 (littlelm.train.trainer)
+    checkpoint  interval, retention                             (littlelm.train.trainer)
+    callbacks   list of registered callbacks                    (littlelm.train.callbacks)
+
+`resolve` fills in the values derived from others (vocabulary size from the tokenizer, sequence
+length, gradient accumulation, step count from a token budget), so the resolved config a run
+directory keeps says exactly what ran.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+import littlelm.components  # noqa: F401  (fills the registries)
+from littlelm.config import Cfg, Registered, apply_overrides, load_tree, validate
+from littlelm.data.build import DataConfig
+from littlelm.data.tokenizer import vocab_size_of
+from littlelm.errors import ConfigError
+from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
+
+PACKAGED_CONFIGS = Path(__file__).parent / "configs"
+
+
+class RunSection(Cfg):
+    name: str = Field("run", description="Run name; its directory is out_dir/name.")
+    out_dir: str = Field("runs", description="Parent directory of run directories.")
+    seed: int = Field(1337, description="Seed of weights init and data order.")
+    device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="Where to train.")
+
+
+class TrainConfig(Cfg):
+    micro_batch_size: int = Field(
+        8, description="Sequences per forward/backward pass (per device).", ge=1
+    )
+    seq_len: int | None = Field(
+        None, description="Tokens per sequence; null = model.max_seq_len.", ge=2
+    )
+    batch_tokens: int | None = Field(
+        None,
+        description="Tokens per optimizer step, all devices; null = one micro-batch per device.",
+    )
+    grad_accum: int | None = Field(
+        None,
+        description="Micro-batches per optimizer step (derived from batch_tokens; do not set both).",
+        ge=1,
+    )
+    max_steps: int | None = Field(
+        None, description="Optimizer steps to train; or set max_tokens.", ge=1
+    )
+    max_tokens: int | None = Field(
+        None, description="Token budget; sets max_steps when that is null.", ge=1
+    )
+    precision: Literal["bf16", "fp32"] = Field("bf16", description="bf16 autocast, or plain fp32.")
+    compile: bool = Field(False, description="torch.compile the model.")
+    grad_clip: float | None = Field(
+        1.0, description="Clip the global grad norm to this; null = off.", gt=0
+    )
+    log_every: int = Field(
+        10, description="Steps between progress lines and metrics records.", ge=1
+    )
+
+
+class EvalConfig(Cfg):
+    every: int = Field(
+        250, description="Steps between validation evaluations; 0 = only at the end.", ge=0
+    )
+    at_end: bool = Field(True, description="Evaluate after the last step.")
+    max_tokens: int | None = Field(
+        None, description="Validation tokens per evaluation; null = the whole val split.", ge=1
+    )
+    batch_size: int | None = Field(
+        None, description="Rows per eval batch; null = train.micro_batch_size.", ge=1
+    )
+
+
+class CheckpointConfig(Cfg):
+    every: int = Field(1000, description="Steps between checkpoints; 0 = only at the end.", ge=0)
+    at_end: bool = Field(True, description="Save after the last step.")
+    keep_last: int = Field(
+        2, description="Complete checkpoints kept (the newest is never deleted).", ge=1
+    )
+
+
+class RunConfig(Cfg):
+    run: RunSection = Field(
+        default_factory=RunSection, description="Name, output directory, seed, device."
+    )
+    model: Annotated[Any, Registered(MODELS, default="gpt")] = Field(
+        default_factory=lambda: {"name": "gpt"}, description="The model (littlelm list)."
+    )
+    data: DataConfig = Field(default_factory=DataConfig, description="Tokenizer, sources, packing.")
+    optimizer: Annotated[Any, Registered(OPTIMIZERS, default="muon")] = Field(
+        default_factory=lambda: {"name": "muon"}, description="Optimizer and its per-role lrs."
+    )
+    schedule: Annotated[Any, Registered(SCHEDULES, default="trapezoidal")] = Field(
+        default_factory=lambda: {"name": "trapezoidal"}, description="Learning-rate schedule."
+    )
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Batch, steps, precision.")
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig, description="Validation loss and bits per byte."
+    )
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoints."
+    )
+    callbacks: Annotated[Any, Registered(CALLBACKS, container="list")] = Field(
+        default_factory=list, description="Extra callbacks (samples, loggers, evals)."
+    )
+
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+
+def find_config(path: str | Path) -> Path:
+    """A path, or the name of a packaged config (`demo` -> littlelm/configs/demo.yaml)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    packaged = PACKAGED_CONFIGS / (p.name if p.suffix else f"{p.name}.yaml")
+    if packaged.is_file() and len(p.parts) <= 2:
+        return packaged
+    known = ", ".join(sorted(f.stem for f in PACKAGED_CONFIGS.glob("*.yaml")))
+    raise ConfigError([f"config file not found: {path} (packaged configs: {known})"])
+
+
+def load_run(path: str | Path, overrides: list[str] = (), world_size: int = 1) -> RunConfig:
+    """Read, merge, override, validate and resolve a run file."""
+    path = find_config(path)
+    tree, origin = load_tree(path)
+    apply_overrides(tree, origin, overrides)
+    cfg = validate(RunConfig, tree, origin, str(path))
+    return resolve(cfg, world_size, str(path))
+
+
+def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
+    """Fill in derived values; report every inconsistency at once."""
+    problems: list[str] = []
+    m, t = cfg.model, cfg.train
+    if m.vocab_size is None:
+        m.vocab_size = vocab_size_of(cfg.data.tokenizer)
+    if t.seq_len is None:
+        t.seq_len = m.max_seq_len
+    if t.seq_len > m.max_seq_len:
+        problems.append(
+            f"train.seq_len {t.seq_len} exceeds model.max_seq_len {m.max_seq_len}; lower one or raise the other"
+        )
+    per_micro = t.micro_batch_size * t.seq_len * world_size
+    if (
+        t.batch_tokens is not None
+        and t.grad_accum is not None
+        and t.batch_tokens != per_micro * t.grad_accum
+    ):
+        problems.append(
+            "train.batch_tokens and train.grad_accum are both set and disagree; set only batch_tokens"
+        )
+    elif t.batch_tokens is not None:
+        if t.batch_tokens % per_micro:
+            problems.append(
+                f"train.batch_tokens {t.batch_tokens} is not a multiple of micro_batch_size × seq_len × devices "
+                f"= {per_micro}; use {max(1, round(t.batch_tokens / per_micro)) * per_micro}"
+            )
+        else:
+            t.grad_accum = t.batch_tokens // per_micro
+    t.grad_accum = t.grad_accum or 1
+    t.batch_tokens = per_micro * t.grad_accum
+    if t.max_steps is None and t.max_tokens is None:
+        problems.append("set train.max_steps or train.max_tokens")
+    elif t.max_steps is None:
+        t.max_steps = max(1, t.max_tokens // t.batch_tokens)
+    if t.max_steps is not None:
+        t.max_tokens = t.max_steps * t.batch_tokens
+    if not cfg.data.sources:
+        problems.append("data.sources is empty: name at least one source (see configs/demo.yaml)")
+    if problems:
+        raise ConfigError(problems, source or None)
+    return cfg

@@ -1,0 +1,152 @@
+"""Callbacks: code that runs at fixed points of training, picked by name in `callbacks:`.
+
+    callbacks:
+      - {name: sample, every: 500, prompt: "def ", max_tokens: 200}
+
+A callback subclasses `Callback` and overrides the hooks it needs. The trainer always adds the
+JSONL metrics logger.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from littlelm.config import ComponentConfig
+from littlelm.registry import CALLBACKS
+
+if TYPE_CHECKING:
+    from littlelm.train.trainer import Trainer
+
+
+class Callback:
+    def on_train_start(self, trainer: Trainer) -> None:
+        pass
+
+    def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
+        """After every optimizer step; `metrics` has step, tokens, lr and (on log steps) loss."""
+
+    def on_eval(self, trainer: Trainer, metrics: dict) -> None:
+        pass
+
+    def on_checkpoint(self, trainer: Trainer, path: Path) -> None:
+        pass
+
+    def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
+        pass
+
+
+def build_callback(cfg: ComponentConfig) -> Callback:
+    return CALLBACKS.get(cfg.name)(cfg)
+
+
+class JSONLConfig(ComponentConfig):
+    pass
+
+
+@CALLBACKS.register("jsonl", config=JSONLConfig)
+class JSONLLogger(Callback):
+    """Appends every logged step and evaluation to RUN_DIR/metrics.jsonl (always on)."""
+
+    def __init__(self, cfg: JSONLConfig | None = None):
+        self.path: Path | None = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self.path = trainer.run_dir / "metrics.jsonl"
+        truncate_metrics(self.path, trainer.step)
+
+    def _write(self, record: dict) -> None:
+        assert self.path is not None
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in record.items()
+        }
+        with open(self.path, "a") as f:
+            f.write(json.dumps(clean) + "\n")
+
+    def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
+        if "loss" in metrics:
+            self._write({"kind": "train", **metrics})
+
+    def on_eval(self, trainer: Trainer, metrics: dict) -> None:
+        self._write({"kind": "eval", **metrics})
+
+    def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
+        self._write({"kind": "end", **metrics})
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records of steps after `step` (left by a run that died after its last checkpoint)."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+        if rec.get("step", 0) <= step and rec.get("kind") != "end":
+            keep.append(line)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    tmp.replace(path)
+
+
+class SampleConfig(ComponentConfig):
+    every: int = Field(0, description="Steps between samples; 0 = only at the end.", ge=0)
+    at_end: bool = Field(True, description="Sample after the last step.")
+    prompt: str = Field("", description="Text the sample continues (after BOS).")
+    max_tokens: int = Field(128, description="Tokens to generate.", ge=1)
+    temperature: float = Field(0.8, description="Sampling temperature; 0 = greedy.", ge=0)
+    top_k: int | None = Field(
+        50, description="Sample among the k likeliest tokens; null = all.", ge=1
+    )
+    seed: int = Field(0, description="Seed of the sampling generator.")
+
+
+@CALLBACKS.register("sample", config=SampleConfig)
+class Sampler(Callback):
+    """Prints (and logs to RUN_DIR/samples.txt) a generated continuation of a prompt."""
+
+    def __init__(self, cfg: SampleConfig):
+        self.cfg = cfg
+
+    def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
+        if (
+            self.cfg.every
+            and trainer.step % self.cfg.every == 0
+            and trainer.step < trainer.max_steps
+        ):
+            self.sample(trainer)
+
+    def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
+        if self.cfg.at_end:
+            self.sample(trainer)
+
+    def sample(self, trainer: Trainer) -> str:
+        from littlelm.eval.generate import generate
+
+        tok, c = trainer.data.tokenizer, self.cfg
+        model = trainer.model
+        was_training = model.training
+        model.eval()
+        with trainer.autocast():
+            ids = generate(
+                model,
+                [tok.bos_id, *tok.encode(c.prompt)],
+                c.max_tokens,
+                c.temperature,
+                c.top_k,
+                c.seed,
+                tok.bos_id,
+            )
+        model.train(was_training)
+        text = c.prompt + tok.decode(ids)
+        trainer.log(f"--- sample at step {trainer.step} ---\n{text}\n---")
+        with open(trainer.run_dir / "samples.txt", "a") as f:
+            f.write(f"=== step {trainer.step}\n{text}\n")
+        return text

@@ -1,0 +1,99 @@
+"""Device choice, mixed precision, and the peak FLOP/s that MFU is measured against."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from littlelm.errors import LittleLMError
+
+# Dense bf16 tensor-core peak (FLOP/s) by a substring of torch.cuda.get_device_name().
+# Most specific names first. Sources: vendor datasheets (dense, without sparsity).
+CUDA_BF16_PEAK = [
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("RTX 5090", 209e12),
+    ("RTX 4090", 165e12),
+    ("A10", 125e12),
+    ("L4", 121e12),
+    ("T4", 65e12),
+]
+
+
+def pick_device(requested: str = "auto") -> torch.device:
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise LittleLMError(
+            "run.device is cuda but no CUDA device is visible; set run.device=auto or cpu"
+        )
+    return torch.device(requested)
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast for matmuls (weights stay fp32 unless configured otherwise), or nothing."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def peak_flops(device: torch.device, cache_dir: Path | None = None) -> float:
+    """Peak bf16 FLOP/s of `device`: a table for CUDA, a one-off matmul probe (cached) for CPUs."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, flops in CUDA_BF16_PEAK:
+            if key in name:
+                return flops
+        return float("nan")
+    if device.type == "cpu":
+        return cpu_peak_flops(cache_dir)
+    return float("nan")
+
+
+def cpu_peak_flops(cache_dir: Path | None = None) -> float:
+    threads = torch.get_num_threads()
+    key = f"{platform.processor() or platform.machine()}-{os.cpu_count()}cpu-{threads}threads-torch{torch.__version__}"
+    path = (cache_dir or Path("~/.cache/littlelm").expanduser()) / "cpu_peak.json"
+    cached = {}
+    if path.is_file():
+        with contextlib.suppress(ValueError):
+            cached = json.loads(path.read_text())
+    if key in cached:
+        return cached[key]
+    cached[key] = _probe_matmul()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cached, indent=2))
+    return cached[key]
+
+
+def _probe_matmul(n: int = 2048, seconds: float = 1.0) -> float:
+    """Best observed bf16 matmul FLOP/s over ~1 s of repeated n×n products."""
+    a = torch.randn(n, n, dtype=torch.bfloat16)
+    b = torch.randn(n, n, dtype=torch.bfloat16)
+    a @ b
+    best, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        a @ b
+        best = max(best, 2 * n**3 / (time.perf_counter() - t))
+    return best
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

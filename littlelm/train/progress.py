@@ -1,0 +1,59 @@
+"""The live progress line: rewritten in place on a terminal, one plain line per log step in a file."""
+
+from __future__ import annotations
+
+import sys
+
+
+def human(n: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+def duration(seconds: float) -> str:
+    if seconds != seconds or seconds < 0:  # NaN
+        return "?"
+    s = int(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def progress_line(m: dict, max_steps: int) -> str:
+    parts = [
+        f"step {m['step']}/{max_steps}",
+        f"loss {m['loss']:.4f}",
+        f"lr×{m['lr_mult']:.3f}",
+        f"{human(m['tok_per_s'])} tok/s",
+    ]
+    if m.get("mfu") is not None:
+        parts.append(f"MFU {100 * m['mfu']:.1f}%")
+    parts.append(f"ETA {duration(m['eta_s'])}")
+    return " | ".join(parts)
+
+
+class Progress:
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self._open = False
+
+    def update(self, line: str) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+            self._open = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def message(self, text: str) -> None:
+        """A normal log message; ends an in-place progress line first."""
+        if self._open:
+            self.stream.write("\n")
+            self._open = False
+        self.stream.write(text + "\n")
+        self.stream.flush()

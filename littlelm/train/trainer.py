@@ -1,0 +1,343 @@
+"""The training loop.
+
+    trainer = Trainer(load_run("configs/demo.yaml"))
+    trainer.fit()
+
+One optimizer step = `grad_accum` micro-batches of forward + backward under autocast, then
+gradient clipping, the optimizer and the schedule. Around it: progress and metrics every
+`log_every` steps, validation (loss and bits per byte) every `eval.every`, checkpoints every
+`checkpoint.every`, callbacks at each hook. A run directory holds the resolved config, the
+metrics, samples and checkpoints; a new Trainer on the same directory resumes from the newest
+complete checkpoint unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from littlelm.config import dump_yaml, to_tree
+from littlelm.data.build import build_data
+from littlelm.data.loader import Batch, DataExhausted, Prefetcher, val_batches
+from littlelm.errors import CheckpointError, ConfigError
+from littlelm.eval.bpb import evaluate_loss
+from littlelm.optim.groups import MuonConfig, group_table
+from littlelm.optim.schedule import build_schedule, momentum_warmup
+from littlelm.registry import MODELS, OPTIMIZERS
+from littlelm.schema import RunConfig
+from littlelm.train import checkpoint as ckpt
+from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
+from littlelm.train.device import autocast, peak_flops, pick_device, synchronize
+from littlelm.train.progress import Progress, progress_line
+
+# Config sections a resumed run may change; any other difference is refused.
+RESUMABLE_CHANGES = (
+    "train.max_steps",
+    "train.max_tokens",
+    "train.log_every",
+    "eval",
+    "checkpoint",
+    "callbacks",
+    "optimizer",
+    "schedule",
+    "data.prefetch",
+    "data.verify_checksums",
+    "data.cache_dir",
+    "run.device",
+)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, resume: str = "auto", progress: Progress | None = None):
+        self.cfg = cfg
+        self.progress = progress or Progress()
+        self.run_dir = cfg.run_dir()
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.device = pick_device(cfg.run.device)
+        seed_everything(cfg.run.seed)
+        t = cfg.train
+        self.max_steps: int = t.max_steps
+        self.data = build_data(cfg.data, self.log)
+        if self.data.tokenizer.vocab_size != cfg.model.vocab_size:
+            raise ConfigError(
+                [
+                    f"model.vocab_size {cfg.model.vocab_size} differs from the tokenizer's "
+                    f"{self.data.tokenizer.vocab_size}; leave model.vocab_size null"
+                ]
+            )
+        self.model = MODELS.get(cfg.model.name)(cfg.model).to(self.device)
+        self.optimizer = OPTIMIZERS.get(cfg.optimizer.name)(self.model, cfg.optimizer)
+        self.schedule = build_schedule(cfg.schedule)
+        self.loader = self.data.loader(cfg.data, t.micro_batch_size, t.seq_len, cfg.run.seed)
+        self.loader_state = self.loader.state_dict()
+        self.callbacks: list[Callback] = [
+            JSONLLogger(),
+            *(build_callback(c) for c in cfg.callbacks),
+        ]
+        self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
+        self.flops_per_token = self.model.flops_per_token(t.seq_len)
+        self.peak = peak_flops(self.device)
+        self.step, self.tokens, self.train_time = 0, 0, 0.0
+        self.last_eval: dict = {}
+        self._resume(resume)
+        self.forward = torch.compile(self.model) if t.compile else self.model
+
+    # ------------------------------------------------------------------------------------------
+    # Helpers
+
+    def log(self, text: str) -> None:
+        self.progress.message(text)
+
+    def autocast(self):
+        return autocast(self.device, self.cfg.train.precision)
+
+    def _set_lr(self) -> float:
+        mult = self.schedule(self.step, self.max_steps)
+        for g in self.optimizer.param_groups:
+            g["lr"] = g["base_lr"] * mult
+        oc = self.cfg.optimizer
+        if isinstance(oc, MuonConfig):
+            m = momentum_warmup(self.step, oc.momentum_start, oc.momentum, oc.momentum_warmup_steps)
+            for g in self.optimizer.muon_groups():
+                g["momentum"] = m
+        return mult
+
+    # ------------------------------------------------------------------------------------------
+    # The loop
+
+    def fit(self, stop_after: int | None = None) -> dict:
+        """Train to max_steps (or `stop_after` more steps, then checkpoint: used by tests and
+        benchmarks to simulate an interruption). Returns the final metrics."""
+        self._write_run_files()
+        self._print_summary()
+        for cb in self.callbacks:
+            cb.on_train_start(self)
+        end = self.max_steps if stop_after is None else min(self.max_steps, self.step + stop_after)
+        batches = Prefetcher(self.loader, self.cfg.data.prefetch)
+        window = {"step": self.step, "tokens": self.tokens, "train_time": self.train_time}
+        loss_sum = torch.zeros((), device=self.device)
+        try:
+            while self.step < end:
+                loss_sum += self.train_step(batches)
+                metrics = {"step": self.step, "tokens": self.tokens, "lr_mult": self.lr_mult}
+                if self.step % self.cfg.train.log_every == 0 or self.step == end:
+                    metrics.update(self._log_metrics(loss_sum, window))
+                    loss_sum.zero_()
+                for cb in self.callbacks:
+                    cb.on_step_end(self, metrics)
+                if (
+                    self.cfg.eval.every
+                    and self.step % self.cfg.eval.every == 0
+                    and self.step < self.max_steps
+                ):
+                    self.evaluate()
+                if (
+                    self.cfg.checkpoint.every
+                    and self.step % self.cfg.checkpoint.every == 0
+                    and self.step < end
+                ):
+                    self.save()
+        except DataExhausted as e:
+            self.log(f"stopping: {e}")
+        finally:
+            batches.close()
+        return self._finish(end)
+
+    def train_step(self, batches) -> torch.Tensor:
+        """One optimizer step; returns the mean micro-batch loss (a detached tensor)."""
+        t0 = time.perf_counter()
+        self.lr_mult = self._set_lr()
+        accum = self.cfg.train.grad_accum
+        total = torch.zeros((), device=self.device)
+        for _ in range(accum):
+            batch: Batch = next(batches)
+            x = batch.x.to(self.device, non_blocking=True)
+            y = batch.y.to(self.device, non_blocking=True)
+            with self.autocast():
+                loss = self.forward(x, y)
+            (loss / accum).backward()
+            total += loss.detach()
+        self.loader_state = batch.state
+        if self.cfg.train.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens += self.cfg.train.batch_tokens
+        synchronize(self.device)
+        self.train_time += time.perf_counter() - t0
+        return total / accum
+
+    def _log_metrics(self, loss_sum: torch.Tensor, window: dict) -> dict:
+        steps = max(1, self.step - window["step"])
+        busy = max(1e-9, self.train_time - window["train_time"])
+        tok_s = (self.tokens - window["tokens"]) / busy
+        loss = loss_sum.item() / steps
+        left = (self.max_steps - self.step) * self.cfg.train.batch_tokens / max(tok_s, 1e-9)
+        mfu = tok_s * self.flops_per_token / self.peak if math.isfinite(self.peak) else None
+        m = {
+            "loss": loss,
+            "tok_per_s": tok_s,
+            "mfu": mfu,
+            "train_time": self.train_time,
+            "eta_s": left,
+        }
+        self.progress.update(
+            progress_line({"step": self.step, "lr_mult": self.lr_mult, **m}, self.max_steps)
+        )
+        window.update(tokens=self.tokens, train_time=self.train_time, step=self.step)
+        return m
+
+    def evaluate(self) -> dict:
+        c = self.cfg
+        batches = val_batches(
+            self.data.val_shards,
+            c.eval.batch_size or c.train.micro_batch_size,
+            c.train.seq_len,
+            c.eval.max_tokens,
+        )
+        t0 = time.perf_counter()
+        m = evaluate_loss(self.model, batches, self.token_bytes, self.device, self.autocast())
+        m.update(
+            step=self.step,
+            tokens=self.tokens,
+            train_time=self.train_time,
+            eval_time=time.perf_counter() - t0,
+        )
+        self.log(
+            f"eval step {self.step}: val loss {m['val_loss']:.4f} | val bpb {m['val_bpb']:.4f} "
+            f"| {m['val_tokens']:,} tokens | train time {self.train_time:.1f}s"
+        )
+        self.last_eval = m
+        for cb in self.callbacks:
+            cb.on_eval(self, m)
+        return m
+
+    def _finish(self, end: int) -> dict:
+        done = self.step >= self.max_steps
+        if done and self.cfg.eval.at_end:
+            self.evaluate()
+        if self.cfg.checkpoint.at_end or not done:
+            self.save()
+        final = {
+            "step": self.step,
+            "tokens": self.tokens,
+            "train_time": self.train_time,
+            "finished": done,
+            **{k: v for k, v in self.last_eval.items() if k.startswith("val_")},
+        }
+        if done:
+            for cb in self.callbacks:
+                cb.on_train_end(self, final)
+            self.log(
+                f"done: {self.step} steps, {self.tokens:,} tokens, {self.train_time:.1f}s training"
+                + (f", final val bpb {final['val_bpb']:.4f}" if "val_bpb" in final else "")
+            )
+        return final
+
+    # ------------------------------------------------------------------------------------------
+    # Run directory, checkpoints, resume
+
+    def _write_run_files(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(dump_yaml(self.cfg))
+
+    def save(self) -> Path:
+        state = {
+            "tokens": self.tokens,
+            "train_time": self.train_time,
+            "loader": self.loader_state,
+            "tokenizer": self.data.tokenizer.fingerprint,
+            "config": to_tree(self.cfg),
+        }
+        path = ckpt.save_checkpoint(
+            self.ckpt_dir,
+            self.step,
+            self.model,
+            self.optimizer,
+            state,
+            self.model.origin,
+            self.data.tokenizer,
+        )
+        ckpt.prune(self.ckpt_dir, self.cfg.checkpoint.keep_last)
+        for cb in self.callbacks:
+            cb.on_checkpoint(self, path)
+        return path
+
+    def _resume(self, resume: str) -> None:
+        if resume == "never":
+            return
+        path = ckpt.latest_checkpoint(self.ckpt_dir) if resume == "auto" else Path(resume)
+        if path is None:
+            return
+        loaded = ckpt.load_checkpoint(path)
+        self._check_compatible(loaded.state, path)
+        ckpt.load_model_tensors(self.model, loaded.model, path)
+        if loaded.origin:
+            self.model.origin.update(loaded.origin)
+        self.optimizer.load_state_dict(loaded.optimizer)
+        self.loader.load_state_dict(loaded.state["loader"])
+        self.loader_state = loaded.state["loader"]
+        ckpt.set_rng_state(loaded.rng)
+        self.step, self.tokens = loaded.state["step"], loaded.state["tokens"]
+        self.train_time = loaded.state.get("train_time", 0.0)
+        self.log(f"resumed from {path} (step {self.step}, {self.tokens:,} tokens)")
+
+    def _check_compatible(self, state: dict, path: Path) -> None:
+        if state.get("tokenizer") != self.data.tokenizer.fingerprint:
+            raise CheckpointError(
+                f"{path} was trained with a different tokenizer; use --resume never or a new run.name"
+            )
+        from littlelm.config import flatten
+
+        old, new = flatten(state.get("config", {})), flatten(to_tree(self.cfg))
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        refused = [
+            k
+            for k in changed
+            if not any(
+                k == p or k.startswith(p + ".") or k.startswith(p + "[") for p in RESUMABLE_CHANGES
+            )
+        ]
+        if refused:
+            raise CheckpointError(
+                f"cannot resume {path}: these settings differ from the checkpoint's and cannot change mid-run: "
+                f"{', '.join(refused)}; restore them, or start a new run (run.name=... or --resume never)"
+            )
+        if changed:
+            self.log(f"resuming with changed settings: {', '.join(changed)}")
+
+    def _print_summary(self) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        counts = self.model.param_counts()
+        c = self.cfg
+        self.log(
+            f"model: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
+            f"{self.flops_per_token / 1e6:.1f} MFLOPs/token at seq {c.train.seq_len}; "
+            f"device {self.device}, {c.train.precision}; batch {c.train.batch_tokens:,} tokens "
+            f"= {c.train.micro_batch_size} × {c.train.seq_len} × {c.train.grad_accum} accum; "
+            f"{self.max_steps} steps"
+        )
+        table = Table(title="parameter groups", title_justify="left")
+        for col in ("group", "tensors", "parameters", "optimizer", "lr"):
+            table.add_column(
+                col, justify="right" if col in ("tensors", "parameters", "lr") else "left"
+            )
+        for name, n, numel, opt, lr in group_table(self.optimizer.specs):
+            table.add_row(name, str(n), f"{numel:,}", opt, f"{lr:.3g}")
+        if self.progress._open:
+            self.progress.message("")
+        Console(file=self.progress.stream, width=100).print(table)

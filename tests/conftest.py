@@ -1,0 +1,115 @@
+"""Shared fixtures: a private data cache, a small text corpus, and a tiny run config."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+WORDS = [
+    "the",
+    "model",
+    "reads",
+    "a",
+    "token",
+    "and",
+    "predicts",
+    "the",
+    "next",
+    "one",
+    "while",
+    "the",
+    "optimizer",
+    "adjusts",
+    "every",
+    "weight",
+    "a",
+    "small",
+    "network",
+    "learns",
+    "quickly",
+    "when",
+    "the",
+    "data",
+    "is",
+    "clean",
+    "and",
+    "the",
+    "learning",
+    "rate",
+    "is",
+    "right",
+    "def",
+    "main",
+    "return",
+    "value",
+    "print",
+    "import",
+    "class",
+    "self",
+    "none",
+    "true",
+    "false",
+    "for",
+    "while",
+    "if",
+    "else",
+]
+
+
+def make_corpus(path: Path, docs: int = 120, seed: int = 0) -> Path:
+    """A deterministic text file of `docs` paragraphs separated by blank lines."""
+    rng = random.Random(seed)
+    paras = []
+    for _ in range(docs):
+        n = rng.randint(5, 60)
+        paras.append(" ".join(rng.choice(WORDS) for _ in range(n)) + ".")
+    path.write_text("\n\n".join(paras) + "\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    """Every test prepares data in a private cache, never the user's ~/.cache."""
+    monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    return make_corpus(tmp_path / "corpus.txt")
+
+
+def tiny_tree(corpus: Path, out_dir: Path, **sections) -> dict:
+    """A run tree that trains in about a second on the CPU."""
+    tree = {
+        "run": {"name": "tiny", "out_dir": str(out_dir), "seed": 0, "device": "cpu"},
+        "model": {"name": "gpt", "n_layer": 2, "d_model": 32, "n_head": 2, "max_seq_len": 32},
+        "data": {
+            "tokenizer": {"name": "byte"},
+            "sources": {"text": {"name": "text", "path": str(corpus), "split": "paragraph"}},
+            "val_fraction": 0.1,
+            "buffer_docs": 16,
+        },
+        "optimizer": {"name": "muon"},
+        "schedule": {"name": "trapezoidal", "warmup_steps": 2},
+        "train": {"micro_batch_size": 4, "seq_len": 32, "max_steps": 6, "log_every": 1},
+        "eval": {"every": 3, "max_tokens": 512},
+        "checkpoint": {"every": 3},
+    }
+    for key, value in sections.items():
+        tree.setdefault(key, {}).update(value)
+    return tree
+
+
+def write_config(path: Path, tree: dict) -> Path:
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+@pytest.fixture
+def tiny_config(tmp_path, corpus) -> Path:
+    return write_config(tmp_path / "tiny.yaml", tiny_tree(corpus, tmp_path / "runs"))

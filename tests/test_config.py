@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from littlelm.config import apply_overrides, flatten, load_tree, to_tree, validate
+from littlelm.errors import ConfigError
+from littlelm.schema import PACKAGED_CONFIGS, RunConfig, load_run
+
+
+def test_include_merges_and_later_files_win(tmp_path, corpus):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "base.yaml").write_text("model: {n_layer: 3, d_model: 64, n_head: 2}\n")
+    (tmp_path / "run.yaml").write_text(
+        "include: models/base.yaml\nmodel: {n_layer: 5}\n"
+        f"data: {{tokenizer: byte, sources: {{t: {{name: text, path: {corpus}}}}}}}\n"
+        "train: {max_steps: 1}\n"
+    )
+    cfg = load_run(tmp_path / "run.yaml", ["model.d_model=96"])
+    assert (cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head) == (5, 96, 2)
+
+
+def test_overrides_parse_yaml_values(tmp_path):
+    tree, origin = {}, {}
+    apply_overrides(tree, origin, ["a.b=3", "a.c=true", "a.d=[1, 2]", "e=3e-4", "f=hello"])
+    assert tree == {"a": {"b": 3, "c": True, "d": [1, 2]}, "e": 3e-4, "f": "hello"}
+    assert origin["a.b"] == "command line"
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="expected dotted.key=value"):
+        apply_overrides({}, {}, ["train.max_steps"])
+
+
+def test_every_problem_reported_at_once_with_key_file_and_hint(tmp_path, tiny_config):
+    tree = yaml.safe_load(tiny_config.read_text())
+    tree["model"]["n_layr"] = 3  # misspelled key
+    tree["train"]["max_steps"] = "many"  # wrong type
+    tree["optimizer"]["name"] = "adamm"  # unknown component
+    tree["schedule"]["warmup_step"] = 3  # misspelled key inside a component
+    tiny_config.write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError) as info:
+        load_run(tiny_config)
+    msg = str(info.value)
+    assert "4 problem(s)" in msg
+    assert "model.n_layr" in msg and "did you mean 'n_layer'" in msg and str(tiny_config) in msg
+    assert "train.max_steps" in msg and "'many'" in msg
+    assert "optimizer.name" in msg and "did you mean 'adamw'" in msg and "muon" in msg
+    assert "schedule.warmup_step" in msg and "did you mean 'warmup_steps'" in msg
+
+
+def test_problem_names_the_included_file(tmp_path, corpus):
+    (tmp_path / "base.yaml").write_text("model: {n_hed: 2}\n")
+    (tmp_path / "run.yaml").write_text(
+        f"include: base.yaml\ndata: {{tokenizer: byte, sources: {{t: {{name: text, path: {corpus}}}}}}}\n"
+        "train: {max_steps: 1}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_run(tmp_path / "run.yaml")
+    assert "model.n_hed" in str(info.value) and "base.yaml" in str(info.value)
+
+
+def test_override_errors_name_the_command_line(tiny_config):
+    with pytest.raises(ConfigError, match=r"train\.micro_batch_size \(command line\)"):
+        load_run(tiny_config, ["train.micro_batch_size=0"])
+
+
+def test_malformed_yaml_names_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  n_layer: 2\n   d_model: 3\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml:3:\d+: malformed YAML"):
+        load_run(bad)
+
+
+def test_missing_config_file_lists_packaged(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found.*demo"):
+        load_run(tmp_path / "nope.yaml")
+
+
+def test_include_cycle(tmp_path):
+    (tmp_path / "a.yaml").write_text("include: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("include: a.yaml\n")
+    with pytest.raises(ConfigError, match="include cycle"):
+        load_tree(tmp_path / "a.yaml")
+
+
+def test_cross_field_checks(tiny_config):
+    with pytest.raises(ConfigError) as info:
+        load_run(tiny_config, ["model.n_head=3", "train.batch_tokens=100"])
+    msg = str(info.value)
+    assert "not divisible by n_head" in msg
+
+
+def test_derived_values_are_resolved(tiny_config):
+    cfg = load_run(tiny_config, ["train.batch_tokens=512"])
+    assert cfg.model.vocab_size == 257  # byte tokenizer
+    assert cfg.train.grad_accum == 4  # 512 / (4 × 32)
+    assert cfg.train.max_tokens == 6 * 512
+
+
+def test_batch_tokens_not_multiple_suggests_fix(tiny_config):
+    with pytest.raises(ConfigError, match="use 512"):
+        load_run(tiny_config, ["train.batch_tokens=500"])
+
+
+def test_resolved_config_round_trips(tiny_config):
+    cfg = load_run(tiny_config)
+    again = validate(RunConfig, yaml.safe_load(yaml.safe_dump(to_tree(cfg))))
+    assert to_tree(again) == to_tree(cfg)
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGED_CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    cfg = load_run(path)
+    assert cfg.train.max_steps >= 1
+
+
+def test_every_config_field_has_a_description():
+    import littlelm.components  # noqa: F401
+    from littlelm.registry import Registry
+
+    classes = {RunConfig}
+    for reg in Registry.all.values():
+        classes.update(e.config for e in reg.entries() if e.config)
+    seen, missing = set(), []
+    while classes:
+        cls = classes.pop()
+        seen.add(cls)
+        for name, field in cls.model_fields.items():
+            if not field.description:
+                missing.append(f"{cls.__name__}.{name}")
+            ann = field.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields") and ann not in seen:
+                classes.add(ann)
+    assert not missing, missing
+
+
+def test_flatten():
+    assert flatten({"a": {"b": 1, "c": [{"d": 2}]}}) == {"a.b": 1, "a.c[0].d": 2}

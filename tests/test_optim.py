@@ -1,0 +1,141 @@
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+
+from littlelm.model.gpt import GPT, GPTConfig
+from littlelm.optim.groups import AdamWConfig, MuonConfig, build_optimizer, group_table, plan_groups
+from littlelm.optim.muon import Muon, orthogonalize
+from littlelm.optim.schedule import constant, cosine, momentum_warmup, trapezoidal
+
+
+def model(**kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(
+        GPTConfig(name="gpt", vocab_size=64, n_layer=2, d_model=32, n_head=2, max_seq_len=16, **kw)
+    )
+
+
+def loss_step(m: GPT, opt, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, 64, (2, 16), generator=g)
+    m(idx, idx).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def test_adamw_path_equals_torch_adamw():
+    cfg = AdamWConfig(name="adamw", lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    ours, ref = model(), model()
+    opt = build_optimizer(ours, cfg)
+    decay = [p for n, p in ref.named_parameters() if ref.role(n) == "matrix"]
+    rest = [p for n, p in ref.named_parameters() if ref.role(n) != "matrix"]
+    torch_opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+        lr=1e-2,
+        betas=(0.9, 0.99),
+        eps=1e-8,
+    )
+    for s in range(5):
+        loss_step(ours, opt, s)
+        loss_step(ref, torch_opt, s)
+    for (n, a), (_, b) in zip(ours.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=n)
+
+
+@pytest.mark.parametrize("shape", [(64, 256), (256, 64), (128, 128)])
+def test_muon_update_is_nearly_orthogonal(shape):
+    torch.manual_seed(0)
+    s = torch.linalg.svdvals(orthogonalize(torch.randn(*shape)).float())
+    bulk = s[
+        : int(0.9 * len(s))
+    ]  # the largest 90%: tiny singular values of a random square matrix converge last
+    assert bulk.min() > 0.6 and s.max() < 1.25, s
+    assert abs(s.mean().item() - 1) < 0.2
+
+
+def test_muon_step_moves_by_orthogonal_update():
+    p = torch.nn.Parameter(torch.zeros(32, 16))
+    opt = Muon([p], lr=0.1, momentum=0.0, nesterov=False)
+    p.grad = torch.randn(32, 16)
+    opt.step()
+    update = -p.detach() / (0.1 * math.sqrt(32 / 16))
+    torch.testing.assert_close(update, orthogonalize(p.grad).float(), atol=1e-2, rtol=1e-2)
+
+
+def test_muon_rejects_non_matrices():
+    with pytest.raises(ValueError, match="2-D"):
+        Muon([torch.nn.Parameter(torch.zeros(3))])
+
+
+def test_groups_route_roles_and_apply_multipliers():
+    m = model()
+    m.origin = {n: ("old" if o == "new" else o) for n, o in m.origin.items()}
+    m.origin["blocks.1.attn.c_q.weight"] = "new"
+    cfg = MuonConfig(
+        name="muon", lr=0.03, lr_multipliers={"old": 0.1, "embedding": 0.5}, scale_lr_by_width=False
+    )
+    specs = {s.name: s for s in plan_groups(m, cfg, use_muon=True)}
+    assert specs["matrix/old"].optimizer == "muon" and specs["matrix/old"].lr == pytest.approx(
+        0.003
+    )
+    assert specs["matrix/new"].lr == pytest.approx(0.03) and len(specs["matrix/new"].params) == 1
+    assert specs["embedding/embedding"].optimizer == "adamw"
+    assert specs["embedding/embedding"].lr == pytest.approx(0.2 * 0.5)
+    assert specs["lm_head/embedding"].lr == pytest.approx(0.004 * 0.5)
+    rows = group_table(list(specs.values()))
+    assert sum(r[2] for r in rows) == sum(p.numel() for p in m.parameters())
+
+
+def test_adamw_lr_scales_with_width():
+    m = model()
+    specs = {s.name: s for s in plan_groups(m, MuonConfig(name="muon"), use_muon=True)}
+    assert specs["embedding/embedding"].lr == pytest.approx(0.2 * math.sqrt(768 / 32))
+    assert specs["matrix/new"].lr == pytest.approx(0.02)
+
+
+def test_unknown_lr_multiplier_tag():
+    with pytest.raises(ValueError, match="unknown tag"):
+        MuonConfig(name="muon", lr_multipliers={"older": 0.1})
+
+
+def test_hybrid_state_round_trip():
+    m = model()
+    opt = build_optimizer(m, MuonConfig(name="muon"))
+    loss_step(m, opt, 0)
+    buffer = io.BytesIO()  # through bytes, as a checkpoint does (state_dict() holds live tensors)
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    m2 = model()
+    m2.load_state_dict(m.state_dict())
+    opt2 = build_optimizer(m2, MuonConfig(name="muon"))
+    opt2.load_state_dict(state)
+    loss_step(m, opt, 1)
+    loss_step(m2, opt2, 1)
+    for a, b in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_trapezoidal():
+    f = lambda s: trapezoidal(s, 100, warmup_steps=10, cooldown_frac=0.2, floor=0.1)  # noqa: E731
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(50) == 1.0 and f(79) == 1.0
+    assert f(80) < 1.0 and f(99) == pytest.approx(0.1)
+    assert all(f(s) >= f(s + 1) for s in range(10, 99))
+
+
+def test_cosine_and_constant():
+    assert cosine(0, 100) == pytest.approx(1.0, abs=1e-3)
+    assert cosine(99, 100, floor=0.1) == pytest.approx(0.1)
+    assert cosine(49, 100) == pytest.approx(0.5, abs=1e-6)
+    assert constant(3, 100, warmup_steps=4) == 1.0 and constant(0, 100, warmup_steps=4) == 0.25
+
+
+def test_momentum_warmup():
+    assert momentum_warmup(0, 0.85, 0.95, 300) == 0.85
+    assert momentum_warmup(150, 0.85, 0.95, 300) == pytest.approx(0.9)
+    assert momentum_warmup(1000, 0.85, 0.95, 300) == 0.95
