@@ -34,9 +34,12 @@ class GPTConfig(ComponentConfig):
     )
     n_layer: int = Field(12, description="Number of transformer blocks.", ge=1)
     d_model: int = Field(768, description="Width of the residual stream.", ge=8)
-    n_head: int = Field(6, description="Query heads; head_dim = d_model / n_head.", ge=1)
+    n_head: int = Field(6, description="Query heads.", ge=1)
     n_kv_head: int | None = Field(
         None, description="Key/value heads (grouped-query attention); null = n_head.", ge=1
+    )
+    head_size: int | None = Field(
+        None, description="Width of each attention head; null = d_model / n_head.", ge=2
     )
     max_seq_len: int = Field(1024, description="Longest context in tokens (RoPE table size).", ge=2)
     rope_base: float = Field(10000.0, description="RoPE base frequency.", gt=0)
@@ -57,6 +60,11 @@ class GPTConfig(ComponentConfig):
     value_embeds: bool = Field(
         True, description="ResFormer value embeddings mixed into V on alternating layers."
     )
+    value_embed_layers: list[int] | None = Field(
+        None,
+        description="Layers with a value embedding; null = alternating, ending at the last "
+        "(grown models list theirs: docs/growth.md).",
+    )
     ve_gate_channels: int = Field(
         32, description="Residual channels that feed each value-embedding gate.", ge=1
     )
@@ -65,18 +73,28 @@ class GPTConfig(ComponentConfig):
 
     @model_validator(mode="after")
     def _check_shapes(self) -> GPTConfig:
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
-        if (self.d_model // self.n_head) % 2:
-            raise ValueError("head_dim (d_model / n_head) must be even for RoPE")
+        if self.head_size is None and self.d_model % self.n_head:
+            raise ValueError(
+                f"d_model {self.d_model} is not divisible by n_head {self.n_head}; "
+                "change one or set head_size"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
         kv = self.n_kv_head or self.n_head
         if self.n_head % kv:
             raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {kv}")
+        layers = self.value_embed_layers
+        if layers is not None and (
+            sorted(set(layers)) != layers or any(not 0 <= i < self.n_layer for i in layers)
+        ):
+            raise ValueError(
+                f"value_embed_layers {layers} must be increasing layer indices in [0, {self.n_layer})"
+            )
         return self
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_head
+        return self.head_size or self.d_model // self.n_head
 
     @property
     def kv_heads(self) -> int:
@@ -96,8 +114,12 @@ class GPTConfig(ComponentConfig):
         return max(64, round(width / 64) * 64)
 
     def has_value_embed(self, layer: int) -> bool:
-        """Alternating layers, always including the last one."""
-        return self.value_embeds and layer % 2 == (self.n_layer - 1) % 2
+        """The listed layers, or alternating layers always including the last one."""
+        if not self.value_embeds:
+            return False
+        if self.value_embed_layers is not None:
+            return layer in self.value_embed_layers
+        return layer % 2 == (self.n_layer - 1) % 2
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -336,8 +358,9 @@ def default_origin(role: str) -> str:
 
 def flops_per_token(cfg: GPTConfig, seq_len: int) -> int:
     """6·(matmul weights) + 12·L·H·D·T, the usual convention (causal masking not discounted)."""
-    C, kv, hid, V = cfg.d_model, cfg.kv_heads * cfg.head_dim, cfg.hidden, cfg.padded_vocab
-    attn = 2 * C * C + 2 * C * kv  # q, proj; k, v
+    C, q, kv = cfg.d_model, cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    hid, V = cfg.hidden, cfg.padded_vocab
+    attn = 2 * C * q + 2 * C * kv  # q, proj; k, v
     mlp = (3 if cfg.mlp == "swiglu" else 2) * C * hid
     gates = (
         cfg.ve_gate_channels
