@@ -4,6 +4,7 @@
     littlelm config show CONFIG [key=value ...] [--flat]
     littlelm list
     littlelm sample CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
+    littlelm grow PARENT --to RUN.yaml [key=value ...]
 
 CONFIG is a YAML path or the name of a packaged config (`demo`, `shakespeare_char`); it
 defaults to `demo`. User errors print one message and exit non-zero, without a traceback.
@@ -80,6 +81,19 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_grow(args: argparse.Namespace) -> int:
+    from littlelm.schema import load_run
+    from littlelm.train.growth import preview_growth
+
+    run, *rest = args.to  # --to RUN.yaml key=value ...
+    overrides = [f"grow.parent={args.parent}", *rest]
+    cfg = load_run(run, overrides)
+    for line in preview_growth(cfg):
+        print(line)
+    print(f"train it: littlelm train {run} {' '.join(overrides)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="littlelm", description="Train small language models from one YAML file."
@@ -119,6 +133,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="auto")
     s.set_defaults(fn=cmd_sample)
+
+    g = sub.add_parser(
+        "grow",
+        help="check growing a checkpoint into a run's larger model (docs/growth.md)",
+        description="Build RUN's model from PARENT as `littlelm train` would with "
+        "grow.parent=PARENT, check that it computes the parent's function, and print where each "
+        "block comes from and the learning rate of every parameter group. Writes nothing.",
+    )
+    g.add_argument("parent", help="checkpoint directory or run directory (newest checkpoint)")
+    g.add_argument(
+        "--to",
+        required=True,
+        nargs="+",
+        metavar="RUN.yaml [key=value ...]",
+        help="run file (or packaged config) of the grown model, then its overrides",
+    )
+    g.set_defaults(fn=cmd_grow)
     return p
 
 

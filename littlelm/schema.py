@@ -11,6 +11,7 @@ Sections and who owns them:
     eval        validation loss / bits per byte                 (littlelm.train.trainer)
     checkpoint  interval, retention                             (littlelm.train.trainer)
     callbacks   list of registered callbacks                    (littlelm.train.callbacks)
+    grow        start from a smaller trained checkpoint         (littlelm.model.grow)
 
 `resolve` fills in the values derived from others (vocabulary size from the tokenizer, sequence
 length, gradient accumulation, step count from a token budget), so the resolved config a run
@@ -29,7 +30,9 @@ from littlelm.config import Cfg, Registered, apply_overrides, load_tree, validat
 from littlelm.data.build import DataConfig
 from littlelm.data.tokenizer import vocab_size_of
 from littlelm.errors import ConfigError
+from littlelm.model.grow import GrowConfig
 from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
+from littlelm.train.growth import resolve_growth
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 
@@ -118,6 +121,9 @@ class RunConfig(Cfg):
     callbacks: Annotated[Any, Registered(CALLBACKS, container="list")] = Field(
         default_factory=list, description="Extra callbacks (samples, loggers, evals)."
     )
+    grow: GrowConfig | None = Field(
+        None, description="Grow a smaller trained checkpoint into this model; null = random init."
+    )
 
     def run_dir(self) -> Path:
         return Path(self.run.out_dir) / self.run.name
@@ -183,6 +189,7 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
         t.max_tokens = t.max_steps * t.batch_tokens
     if not cfg.data.sources:
         problems.append("data.sources is empty: name at least one source (see configs/demo.yaml)")
+    problems += resolve_growth(cfg)
     if problems:
         raise ConfigError(problems, source or None)
     return cfg

@@ -84,7 +84,9 @@ def render() -> str:
         if reg is not None:
             lines += component_section(name, reg)
             continue
-        cls = field.annotation
+        cls = next(  # an optional section (`grow: X | None`) documents X
+            a for a in (typing.get_args(field.annotation) or (field.annotation,)) if a is not None
+        )
         lines += [f"## `{name}`", "", field.description or "", "", *table(cls), ""]
         for sub_name, sub in cls.model_fields.items():
             sub_reg = next((m for m in sub.metadata if isinstance(m, Registered)), None)

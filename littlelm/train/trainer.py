@@ -33,6 +33,7 @@ from littlelm.schema import RunConfig
 from littlelm.train import checkpoint as ckpt
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
 from littlelm.train.device import autocast, peak_flops, pick_device, synchronize
+from littlelm.train.growth import grow_from_parent
 from littlelm.train.progress import Progress, progress_line
 
 # Config sections a resumed run may change; any other difference is refused.
@@ -91,6 +92,8 @@ class Trainer:
         self.step, self.tokens, self.train_time = 0, 0, 0.0
         self.last_eval: dict = {}
         self._resume(resume)
+        if cfg.grow is not None and self.step == 0:
+            self._grow_from_parent()
         self.forward = torch.compile(self.model) if t.compile else self.model
 
     # ------------------------------------------------------------------------------------------
@@ -285,7 +288,7 @@ class Trainer:
         self._check_compatible(loaded.state, path)
         ckpt.load_model_tensors(self.model, loaded.model, path)
         if loaded.origin:
-            self.model.origin.update(loaded.origin)
+            self._set_origin(loaded.origin)
         self.optimizer.load_state_dict(loaded.optimizer)
         self.loader.load_state_dict(loaded.state["loader"])
         self.loader_state = loaded.state["loader"]
@@ -293,6 +296,27 @@ class Trainer:
         self.step, self.tokens = loaded.state["step"], loaded.state["tokens"]
         self.train_time = loaded.state.get("train_time", 0.0)
         self.log(f"resumed from {path} (step {self.step}, {self.tokens:,} tokens)")
+
+    # ------------------------------------------------------------------------------------------
+    # Growth (train/growth.py) and origin tags
+
+    def _set_origin(self, origin: dict[str, str]) -> None:
+        """Origin tags decide the optimizer's groups: rebuild it (still stateless) on a change."""
+        if origin != self.model.origin:
+            self.model.origin.update(origin)
+            self.optimizer = OPTIMIZERS.get(self.cfg.optimizer.name)(self.model, self.cfg.optimizer)
+
+    def _grow_from_parent(self) -> None:
+        """A fresh grown run: the parent's weights, origin tags and (optionally) data position."""
+        grown = grow_from_parent(
+            self.model, self.cfg.grow, self.data.tokenizer.fingerprint, to_tree(self.cfg)
+        )
+        # the tags changed: new groups (the optimizer has taken no step yet)
+        self.optimizer = OPTIMIZERS.get(self.cfg.optimizer.name)(self.model, self.cfg.optimizer)
+        if grown.loader_state is not None:
+            self.loader.load_state_dict(grown.loader_state)
+            self.loader_state = grown.loader_state
+        self.log(grown.summary())
 
     def _check_compatible(self, state: dict, path: Path) -> None:
         if state.get("tokenizer") != self.data.tokenizer.fingerprint:

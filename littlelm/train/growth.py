@@ -1,0 +1,218 @@
+"""Starting a run from a smaller trained checkpoint: the `grow:` section (docs/growth.md).
+
+    resolve_growth    at config resolution: find the parent checkpoint, turn grow.placement
+                      into the explicit layer list and fill model.value_embed_layers, so the
+                      resolved config describes the grown model completely (anything that
+                      builds a model from the config, like the planner, sees an ordinary model)
+    grow_from_parent  at the start of a fresh run: copy the parent's weights into the freshly
+                      built model (model/grow.py), set the origin tags, check that the logits
+                      match the parent's, and hand back the parent's data position
+
+The parent is read only by these two; a run that resumes from its own checkpoint never needs it
+once its resolved config (runs/NAME/config.yaml) is used.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from littlelm.config import flatten, validate
+from littlelm.errors import CheckpointError, ConfigError, LittleLMError, TrainingError
+from littlelm.model.gpt import GPT, GPTConfig
+from littlelm.model.grow import (
+    GrowConfig,
+    check_growable,
+    grow_into,
+    grown_value_embed_layers,
+    layer_map,
+    logit_gap,
+)
+from littlelm.train import checkpoint as ckpt
+
+# data keys that do not change which documents come next
+DATA_RUNTIME_KEYS = ("data.prefetch", "data.verify_checksums", "data.cache_dir")
+VERIFY_RTOL = 1e-4  # of the largest logit; fp32 growth lands near 1e-6
+
+
+def find_parent(path: str | Path) -> Path:
+    """A checkpoint directory, or the newest complete checkpoint of a run directory."""
+    p = Path(path)
+    if (p / "state.json").is_file():
+        return p
+    latest = ckpt.latest_checkpoint(p / "checkpoints")
+    if latest is None:
+        raise CheckpointError(
+            f"grow.parent: no complete checkpoint at {p}; give a checkpoint directory "
+            "(runs/NAME/checkpoints/step_N) or a run directory (its newest checkpoint is used); "
+            "to look at or plan the grown shape without the parent, override grow=null"
+        )
+    return latest
+
+
+def read_parent_state(path: Path) -> dict:
+    try:
+        return json.loads((path / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"grow.parent: cannot read {path / 'state.json'} ({e})") from None
+
+
+def parent_model_config(state: dict, path: Path) -> GPTConfig:
+    tree = state.get("config", {}).get("model", {})
+    if tree.get("name") != "gpt":
+        raise CheckpointError(f"grow.parent: {path} is not a gpt checkpoint; only gpt can grow")
+    return validate(GPTConfig, tree, source=str(path / "state.json"))
+
+
+def resolve_growth(cfg: Any) -> list[str]:
+    """Fill the grow section's derived values in place; returns problems (empty when fine).
+
+    A config whose placement is already a list and whose value_embed_layers are set (a
+    resolved config) needs no parent here, so a run resumes even after its parent is gone.
+    """
+    g, m = cfg.grow, cfg.model
+    if g is None:
+        return []
+    if not isinstance(m, GPTConfig):
+        return ["grow: only the gpt model can be grown"]
+    derive = isinstance(g.placement, str) or (m.value_embeds and m.value_embed_layers is None)
+    try:
+        path = find_parent(g.parent)
+    except CheckpointError as e:
+        return [str(e)] if derive else []
+    g.parent = str(path)
+    if not derive:
+        return []
+    try:
+        parent = parent_model_config(read_parent_state(path), path)
+        layers = layer_map(g.placement, parent.n_layer, m.n_layer)
+    except (LittleLMError, ValueError) as e:
+        return [f"grow: {e}"]
+    g.placement = layers
+    if m.value_embeds and m.value_embed_layers is None:
+        m.value_embed_layers = grown_value_embed_layers(parent, m, layers)
+    return check_growable(parent, m, layers)
+
+
+@dataclass
+class GrownFrom:
+    """What `grow_from_parent` did, for the start-up log and the trainer."""
+
+    path: Path
+    step: int
+    tokens: int
+    parent: GPTConfig
+    layers: list[int | None]
+    loader_state: dict | None  # the parent's data position, when continue_data
+    gap: float | None  # max |Δlogit| on the probe, None when not checked
+
+    def summary(self) -> str:
+        p = self.parent
+        new = [c for c, src in enumerate(self.layers) if src is None]
+        check = f"max |Δlogit| {self.gap:.2g} on the probe" if self.gap is not None else "unchecked"
+        return (
+            f"grown from {self.path} (step {self.step}, {self.tokens:,} tokens; "
+            f"{p.n_layer} layers × {p.d_model} wide, {p.n_head} heads, MLP {p.hidden}); "
+            f"new blocks at layers {new or 'none'}; function {check}"
+        )
+
+
+def grow_from_parent(
+    model: GPT, g: GrowConfig, fingerprint: str | None, run_tree: dict | None = None
+) -> GrownFrom:
+    """Copy the parent checkpoint into `model` (freshly initialised, any device). The parent's
+    tokenizer must have `fingerprint` (None: not checked); with grow.continue_data, `run_tree`
+    (this run's config as plain data) must have the parent's data section and seed."""
+    path = find_parent(g.parent)
+    loaded = ckpt.load_checkpoint(path, with_optimizer=False)
+    parent = parent_model_config(loaded.state, path)
+    if fingerprint is not None and loaded.state.get("tokenizer") != fingerprint:
+        raise CheckpointError(
+            f"grow.parent: {path} was trained with a different tokenizer; a grown run must use "
+            "the parent's data.tokenizer (and data it was prepared with)"
+        )
+    try:
+        layers = layer_map(g.placement, parent.n_layer, model.cfg.n_layer)
+    except ValueError as e:
+        raise ConfigError([f"grow.placement: {e}"]) from None
+    problems = check_growable(parent, model.cfg, layers)
+    if problems:
+        raise ConfigError(problems)
+    grow_into(model, loaded.model, parent, layers, g.widened)
+    gap = _verify(model, parent, loaded.model, path, g.verify_tokens) if g.verify_tokens else None
+    loader = None
+    if g.continue_data and run_tree is not None:
+        _check_same_data(loaded.state.get("config", {}), run_tree, path)
+        loader = loaded.state.get("loader")
+    state = loaded.state
+    return GrownFrom(path, state["step"], state.get("tokens", 0), parent, layers, loader, gap)
+
+
+def _verify(model: GPT, parent_cfg: GPTConfig, tensors: dict, path: Path, n_tokens: int) -> float:
+    """Rebuild the parent next to the grown model and compare their logits on a probe."""
+    device = model.wte.weight.device
+    with torch.random.fork_rng(devices=[]):  # building the parent must not move the run's RNG
+        parent = GPT(parent_cfg)
+    ckpt.load_model_tensors(parent, tensors, path)
+    parent.to(device)
+    T = min(n_tokens, parent_cfg.max_seq_len, model.cfg.max_seq_len)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, parent_cfg.vocab_size, (1, T), generator=gen)
+    gap, scale = logit_gap(parent, model, tokens)
+    del parent
+    if gap > VERIFY_RTOL * max(1.0, scale):
+        raise TrainingError(
+            f"the grown model does not reproduce {path}: max |Δlogit| {gap:.3g} on a probe of "
+            f"{T} tokens (largest logit {scale:.3g}). This is a littlelm bug; please report it "
+            "(grow.verify_tokens: 0 skips the check)"
+        )
+    return gap
+
+
+def _check_same_data(parent: dict, child: dict, path: Path) -> None:
+    old, new = flatten(parent.get("data", {}), "data"), flatten(child.get("data", {}), "data")
+    keys = sorted(
+        k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in DATA_RUNTIME_KEYS
+    )
+    if parent.get("run", {}).get("seed") != child.get("run", {}).get("seed"):
+        keys.append("run.seed")
+    if keys:
+        raise ConfigError(
+            [
+                f"grow.continue_data: {', '.join(keys)} differ from the parent's ({path}), so its "
+                "data position means nothing here; set them as the parent had them, or set "
+                "grow.continue_data: false to start the data from the beginning"
+            ]
+        )
+
+
+def preview_growth(cfg: Any) -> list[str]:
+    """What `littlelm grow` prints: the parent, the grown shape, where each block comes from,
+    the logit check and the parameter groups with their learning rates. Builds the grown model
+    on the CPU exactly as training would; trains nothing and writes nothing."""
+    from littlelm.optim.groups import group_table
+    from littlelm.registry import OPTIMIZERS
+
+    torch.manual_seed(cfg.run.seed)
+    model = GPT(cfg.model)
+    grown = grow_from_parent(model, cfg.grow, None, None)
+    groups = OPTIMIZERS.get(cfg.optimizer.name)(model, cfg.optimizer).specs
+    m = model.cfg
+    where = " ".join("new" if p is None else str(p) for p in grown.layers)
+    lines = [
+        grown.summary(),
+        f"grown: {m.n_layer} layers × {m.d_model} wide, {m.n_head} heads ({m.kv_heads} kv) of "
+        f"{m.head_dim}, MLP {m.hidden}; {model.param_counts()['total']:,} parameters",
+        f"layer <- parent block: {where}",
+        f"value embeddings at layers {[i for i in range(m.n_layer) if m.has_value_embed(i)]}",
+        f"{'group':<24}{'tensors':>8}{'parameters':>14}  {'optimizer':<10}{'lr':>10}",
+    ]
+    lines += [
+        f"{name:<24}{n:>8}{numel:>14,}  {opt:<10}{lr:>10.3g}"
+        for name, n, numel, opt, lr in group_table(groups)
+    ]
+    return lines
