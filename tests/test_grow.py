@@ -1,0 +1,303 @@
+"""Growth: the grown model computes the parent's function, tags its parameters, and trains."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import yaml
+
+from conftest import make_corpus, tiny_tree, write_config
+from littlelm.cli import main
+from littlelm.errors import CheckpointError, ConfigError, TrainingError
+from littlelm.model.gpt import GPT, GPTConfig, flops_per_token
+from littlelm.model.grow import (
+    check_growable,
+    grow_into,
+    grown_value_embed_layers,
+    layer_map,
+    logit_gap,
+)
+from littlelm.optim.groups import MuonConfig, plan_groups
+from littlelm.schema import load_run
+from littlelm.train.trainer import Trainer
+
+# ----------------------------------------------------------------------------------------------
+# The function is preserved
+
+
+def gpt_cfg(**kw) -> GPTConfig:
+    base = {"name": "gpt", "vocab_size": 70, "n_layer": 3, "d_model": 32, "n_head": 2}
+    return GPTConfig(**{**base, "max_seq_len": 16, **kw})
+
+
+def trained_like(cfg: GPTConfig) -> GPT:
+    """A model whose every parameter is non-trivial: a fresh one has zero output projections and
+    gates, which would hide any mistake in how blocks or their outputs are carried over."""
+    torch.manual_seed(0)
+    m = GPT(cfg)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() > 1 else 0.5))
+            if "resid_lambdas" in name or "norm" in name:
+                p.add_(1.0)
+    return m
+
+
+def grow(parent: GPT, placement="interleave", widened="old", **child_kw) -> GPT:
+    pc = parent.cfg
+    cc = gpt_cfg(
+        **{k: getattr(pc, k) for k in ("tie_embeddings", "mlp", "norm_affine")}, **child_kw
+    )
+    layers = layer_map(placement, pc.n_layer, cc.n_layer)
+    cc = cc.model_copy(update={"value_embed_layers": grown_value_embed_layers(pc, cc, layers)})
+    assert check_growable(pc, cc, layers) == []
+    torch.manual_seed(1)
+    child = GPT(cc)
+    grow_into(child, parent.state_dict(), pc, layers, widened)
+    return child
+
+
+GROWTHS = {
+    "depth, interleave": ({}, "interleave", {"n_layer": 5}),
+    "depth, end": ({}, "end", {"n_layer": 5}),
+    "depth, start": ({}, "start", {"n_layer": 4}),
+    "depth, explicit": ({}, [None, 0, 1, None, 2, None], {"n_layer": 6}),
+    "mlp width": ({}, "end", {"mlp_hidden": 192}),
+    "heads (head_size kept)": ({}, "end", {"n_head": 4, "head_size": 16}),
+    "kv heads, new group size": (
+        {"n_head": 2, "n_kv_head": 1},
+        "end",
+        {"n_head": 6, "n_kv_head": 2, "head_size": 16},
+    ),
+    "d_model and heads": ({}, "end", {"d_model": 64, "n_head": 4}),
+    "d_model, tied embeddings": ({"tie_embeddings": True}, "end", {"d_model": 64, "n_head": 4}),
+    "everything, swiglu + norm gains": (
+        {"mlp": "swiglu", "norm_affine": True},
+        "interleave",
+        {"n_layer": 5, "d_model": 48, "n_head": 3, "mlp_hidden": 256},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(GROWTHS))
+def test_grown_model_has_the_parents_logits(case):
+    parent_kw, placement, child_kw = GROWTHS[case]
+    parent = trained_like(gpt_cfg(**parent_kw))
+    child = grow(parent, placement, **child_kw)
+    tokens = torch.randint(0, 70, (2, 16), generator=torch.Generator().manual_seed(2))
+    gap, largest = logit_gap(parent, child, tokens)
+    assert largest > 1.0  # the parent computes something non-trivial
+    assert gap <= 1e-5 * largest, f"{case}: max |Δlogit| {gap}"
+
+
+def test_a_grown_model_grows_again():
+    """2B -> 3B after 1B -> 2B: the second growth reads the first one's value-embedding list."""
+    first = trained_like(gpt_cfg(n_layer=2))
+    second = grow(first, "interleave", n_layer=3, d_model=48, n_head=3)
+    with torch.no_grad():  # train it a little: no parameter keeps its grown value
+        for p in second.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(4)))
+    third = grow(second, "start", n_layer=5, d_model=48, n_head=3, mlp_hidden=256)
+    tokens = torch.randint(0, 70, (2, 16), generator=torch.Generator().manual_seed(2))
+    gap, largest = logit_gap(second, third, tokens)
+    assert gap <= 1e-5 * largest
+
+
+def test_new_parts_get_gradients():
+    """Zero-initialised parts must still learn: new blocks' outputs, new stream channels."""
+    parent = trained_like(gpt_cfg())
+    child = grow(parent, "end", n_layer=4, d_model=64, n_head=4)
+    idx = torch.randint(0, 70, (2, 16), generator=torch.Generator().manual_seed(3))
+    child(idx, idx).backward()
+    assert child.blocks[3].attn.c_proj.weight.grad.abs().sum() > 0  # a new block
+    assert child.blocks[0].mlp.c_proj.weight.grad[32:].abs().sum() > 0  # new stream channels
+    assert child.wte.weight.grad[:, 32:].abs().sum() > 0
+
+
+def test_placements():
+    assert layer_map("interleave", 4, 6) == [0, 1, None, 2, 3, None]
+    assert layer_map("interleave", 2, 6) == [0, None, None, 1, None, None]
+    assert layer_map("end", 2, 3) == [0, 1, None]
+    assert layer_map("start", 2, 3) == [None, 0, 1]
+    with pytest.raises(ValueError, match="each parent block"):
+        layer_map([1, 0, None], 2, 3)
+    with pytest.raises(ValueError, match="cannot remove blocks"):
+        layer_map("end", 3, 2)
+
+
+def test_value_embeddings_move_with_their_blocks():
+    parent = gpt_cfg(n_layer=4)  # tables on layers 1 and 3
+    child = gpt_cfg(n_layer=5)
+    layers = layer_map("interleave", 4, 5)  # [0, 1, 2, 3, None]
+    assert grown_value_embed_layers(parent, child, layers) == [1, 3, 4]
+    wrong = child.model_copy(update={"value_embed_layers": [0, 2, 4]})
+    assert "must include [1, 3]" in "".join(check_growable(parent, wrong, layers))
+
+
+def test_unpreservable_changes_are_refused_with_the_fix():
+    parent, layers = gpt_cfg(), [0, 1, 2]
+    problems = check_growable(parent, gpt_cfg(n_head=4), layers)  # head_dim 16 -> 8
+    assert any("set model.head_size: 16" in p for p in problems)
+    assert any("cannot shrink" in p for p in check_growable(parent, gpt_cfg(d_model=16), layers))
+    assert any("model.mlp" in p for p in check_growable(parent, gpt_cfg(mlp="swiglu"), layers))
+
+
+def test_origin_tags_and_lr_multipliers():
+    parent = trained_like(gpt_cfg(n_layer=2))
+    child = grow(parent, "end", n_layer=3, mlp_hidden=192)
+    o = child.origin
+    assert o["blocks.0.attn.c_q.weight"] == "old"  # copied whole
+    assert o["blocks.0.mlp.c_fc.weight"] == "old"  # widened: GrowConfig.widened
+    assert o["blocks.2.attn.c_q.weight"] == "new"
+    assert o["value_embeds.2.weight"] == "new" and o["value_embeds.1.weight"] == "embedding"
+    assert o["wte.weight"] == o["lm_head.weight"] == "embedding"
+    assert o["resid_lambdas"] == "old"
+    assert grow(parent, "end", "new", n_layer=3).origin["resid_lambdas"] == "new"
+    cfg = MuonConfig(
+        name="muon",
+        lr=0.02,
+        lr_multipliers={"old": 0.05, "embedding": 0.5},
+        scale_lr_by_width=False,
+    )
+    lrs = {g.name: (g.optimizer, g.lr) for g in plan_groups(child, cfg, use_muon=True)}
+    assert lrs["matrix/old"] == ("muon", pytest.approx(0.001))
+    assert lrs["matrix/new"] == ("muon", pytest.approx(0.02))
+    assert lrs["embedding/embedding"] == ("adamw", pytest.approx(0.1))
+
+
+def test_flops_count_follows_head_size():
+    cfg = gpt_cfg(n_head=4, head_size=16)  # attention inner width 64 on a 32-wide stream
+    m = GPT(cfg)
+    weights = sum(p.numel() for n, p in m.named_parameters() if m.role(n) in ("matrix", "lm_head"))
+    attention = 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * 16
+    assert flops_per_token(cfg, 16) == 6 * weights + attention
+
+
+def test_model_config_checks_value_embed_layers():
+    with pytest.raises(ValueError, match="value_embed_layers"):
+        gpt_cfg(value_embed_layers=[0, 3])
+    assert gpt_cfg(value_embed_layers=[0]).has_value_embed(0)
+    assert not gpt_cfg(value_embed_layers=[0]).has_value_embed(2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Runs: the grow section, the trainer, resume, the CLI
+
+
+@pytest.fixture(scope="module")
+def parent_run(tmp_path_factory):
+    """A tiny trained parent run (fp32, its own data cache)."""
+    root = tmp_path_factory.mktemp("grow")
+    corpus = make_corpus(root / "corpus.txt")
+    tree = parent_tree(corpus, root)
+    Trainer(load_run(write_config(root / "parent.yaml", tree)), resume="never").fit()
+    return root, corpus
+
+
+def parent_tree(corpus, root) -> dict:
+    tree = tiny_tree(
+        corpus, root / "runs", run={"name": "parent"}, train={"precision": "fp32", "max_steps": 4}
+    )
+    tree["data"]["cache_dir"] = str(root / "cache")
+    tree["checkpoint"]["every"] = 0
+    return tree
+
+
+def grown_config(root, corpus, name: str, tmp_path, **grow):
+    tree = parent_tree(corpus, root)
+    tree["run"]["name"] = name
+    tree["run"]["out_dir"] = str(tmp_path / "runs")
+    tree["model"].update(n_layer=3, d_model=48, n_head=3)
+    tree["optimizer"]["lr_multipliers"] = {"old": 0.033, "embedding": 0.17}
+    tree["grow"] = {"parent": str(root / "runs" / "parent"), **grow}
+    return write_config(tmp_path / f"{name}.yaml", tree)
+
+
+def train_losses(run_dir) -> list[tuple[int, float]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+def test_grown_run_records_parent_trains_and_resumes(parent_run, tmp_path):
+    root, corpus = parent_run
+    parent_ckpt = root / "runs" / "parent" / "checkpoints" / "step_000004"
+    cfg = load_run(grown_config(root, corpus, "straight", tmp_path))
+    assert cfg.grow.parent == str(parent_ckpt)  # the run directory resolved to its checkpoint
+    assert cfg.grow.placement == [0, 1, None] and cfg.model.value_embed_layers == [1, 2]
+    t = Trainer(cfg, resume="never")
+    assert {g.name for g in t.optimizer.specs} >= {"matrix/old", "matrix/new"}
+    parent_loader = json.loads((parent_ckpt / "state.json").read_text())["loader"]
+    assert t.loader_state == parent_loader  # continues the parent's data
+    t.fit()
+    recorded = yaml.safe_load((cfg.run_dir() / "config.yaml").read_text())
+    assert recorded["grow"]["parent"] == str(parent_ckpt)
+
+    split_cfg = grown_config(root, corpus, "split", tmp_path)
+    Trainer(load_run(split_cfg), resume="never").fit(stop_after=2)
+    # resuming needs neither the run file's derivations nor the parent: its resolved config
+    resolved = tmp_path / "runs" / "split" / "config.yaml"
+    shutil.move(root / "runs" / "parent", root / "parent_away")
+    try:
+        Trainer(load_run(resolved)).fit()
+    finally:
+        shutil.move(root / "parent_away", root / "runs" / "parent")
+    assert train_losses(tmp_path / "runs" / "split") == train_losses(cfg.run_dir())
+
+
+def test_grow_errors_name_the_fix(parent_run, tmp_path):
+    root, corpus = parent_run
+    missing = grown_config(root, corpus, "a", tmp_path)
+    with pytest.raises(ConfigError, match="grow.parent: no complete checkpoint"):
+        load_run(missing, [f"grow.parent={tmp_path / 'nowhere'}"])
+    with pytest.raises(ConfigError, match="cannot remove blocks"):
+        load_run(grown_config(root, corpus, "b", tmp_path), ["model.n_layer=1"])
+    with pytest.raises(ConfigError, match=r"run\.seed.*grow.continue_data: false"):
+        Trainer(load_run(grown_config(root, corpus, "c", tmp_path), ["run.seed=5"]))
+    fine = load_run(grown_config(root, corpus, "d", tmp_path, continue_data=False), ["run.seed=5"])
+    assert Trainer(fine, resume="never").step == 0
+
+
+def test_grow_refuses_other_tokenizer(parent_run, tmp_path):
+    root, corpus = parent_run
+    src = root / "runs" / "parent" / "checkpoints" / "step_000004"
+    other = tmp_path / "other_parent"
+    shutil.copytree(src, other)
+    state = json.loads((other / "state.json").read_text())
+    state["tokenizer"] = "something else"
+    (other / "state.json").write_text(json.dumps(state))
+    cfg = load_run(grown_config(root, corpus, "e", tmp_path), [f"grow.parent={other}"])
+    with pytest.raises(CheckpointError, match="different tokenizer"):
+        Trainer(cfg, resume="never")
+
+
+def test_logit_check_catches_a_broken_growth(parent_run, tmp_path, monkeypatch):
+    import littlelm.train.growth as growth
+
+    def broken(child, tensors, *args):
+        origin = grow_into(child, tensors, *args)
+        with torch.no_grad():
+            child.lm_head.weight.mul_(1.05)  # logits 5% off
+        return origin
+
+    monkeypatch.setattr(growth, "grow_into", broken)
+    root, corpus = parent_run
+    cfg = load_run(grown_config(root, corpus, "f", tmp_path))
+    with pytest.raises(TrainingError, match="does not reproduce"):
+        Trainer(cfg, resume="never")
+
+
+def test_cli_grow_checks_and_reports(parent_run, tmp_path, capsys):
+    root, corpus = parent_run
+    run = grown_config(root, corpus, "g", tmp_path)
+    parent = str(root / "runs" / "parent")
+    assert main(["grow", parent, "--to", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "layer <- parent block: 0 1 new" in out and "matrix/old" in out
+    assert "max |Δlogit|" in out and f"littlelm train {run}" in out
+    assert not (tmp_path / "runs" / "g").exists()  # writes nothing
+    assert main(["grow", parent, "--to", str(run), "model.n_head=6"]) == 2
+    assert "head_size" in capsys.readouterr().err
