@@ -209,10 +209,15 @@ def preview_growth(cfg: Any) -> list[str]:
         f"{m.head_dim}, MLP {m.hidden}; {model.param_counts()['total']:,} parameters",
         f"layer <- parent block: {where}",
         f"value embeddings at layers {[i for i in range(m.n_layer) if m.has_value_embed(i)]}",
-        f"{'group':<24}{'tensors':>8}{'parameters':>14}  {'optimizer':<10}{'lr':>10}",
+        f"{'group':<26}{'tensors':>8}{'parameters':>14}  {'optimizer':<10}{'lr':>10}",
     ]
     lines += [
-        f"{name:<24}{n:>8}{numel:>14,}  {opt:<10}{lr:>10.3g}"
+        f"{name:<26}{n:>8}{numel:>14,}  {opt:<10}{lr:>10.3g}"
         for name, n, numel, opt, lr in group_table(groups)
     ]
+    if not cfg.optimizer.lr_multipliers:
+        lines.append(
+            "one lr for old and new weights: a loss spike is likely; consider "
+            "optimizer.lr_multipliers={old: 0.033, new: 1.0, embedding: 0.17} (docs/growth.md)"
+        )
     return lines
