@@ -6,6 +6,8 @@ with the same total compute.
     python benchmarks/growth.py --stage parent       # or one stage at a time (each < 10 min
     python benchmarks/growth.py --stage one_lr       #   on a 2-core CPU), then
     python benchmarks/growth.py --stage report       #   the table from what is on disk
+    python benchmarks/growth.py --device cuda        # on a GPU: a couple of minutes, and it
+                                                     #   checks growth and its logit check there
 
 Stages: `parent` trains a 4-layer model to the end of its schedule (cooled down, as a finished
 model is); `one_lr` and `differential` grow it to 6 layers (new blocks interleaved, identity at
@@ -46,11 +48,12 @@ GROWN = {**PARENT, "n_layer": 6}
 DIFFERENTIAL = {"old": 0.033, "new": 1.0, "embedding": 0.17}  # the recipe, as multipliers
 WINDOW = 200  # steps after growth in which the jump is measured
 EVAL_TOKENS = 16_384
+DEVICE = "cpu"  # --device
 
 
 def tree(out: Path, name: str, model: dict, steps: int, eval_every: int) -> dict:
     return {
-        "run": {"name": name, "out_dir": str(out), "seed": 0, "device": "cpu"},
+        "run": {"name": name, "out_dir": str(out), "seed": 0, "device": DEVICE},
         "model": {"name": "gpt", **model},
         "data": {
             "tokenizer": {"name": "byte"},
@@ -104,17 +107,18 @@ def parent_on_grown_batches(out: Path) -> list[float]:
     if cache.is_file():
         return json.loads(cache.read_text())
     cfg = config(out, tree(out, "reference", PARENT, WINDOW, 0))  # the parent's data and seed
-    model, _, _ = load_model(out / "parent")
+    device = torch.device(DEVICE)
+    model, _, _ = load_model(out / "parent", device)
     data = build_data(cfg.data, log=lambda _: None)
     loader = data.loader(cfg.data, MICRO, SEQ, cfg.run.seed)
     loader.load_state_dict(
         json.loads((find_checkpoint(out / "parent") / "state.json").read_text())["loader"]
     )
     losses = []
-    with torch.no_grad(), autocast(torch.device("cpu"), "bf16"):
+    with torch.no_grad(), autocast(device, "bf16"):
         for _ in range(WINDOW):
             x, y = loader.next_batch()
-            losses.append(model(x, y).item())
+            losses.append(model(x.to(device), y.to(device)).item())
     cache.write_text(json.dumps(losses))
     return losses
 
@@ -173,7 +177,10 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/littlelm-growth-bench", help="run directories")
     ap.add_argument("--parent-steps", type=int, default=600)
     ap.add_argument("--grown-steps", type=int, default=400)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("LITTLELM_CACHE", str(out / "cache"))
