@@ -259,6 +259,11 @@ def test_grow_errors_name_the_fix(parent_run, tmp_path):
         Trainer(load_run(grown_config(root, corpus, "c", tmp_path), ["run.seed=5"]))
     fine = load_run(grown_config(root, corpus, "d", tmp_path, continue_data=False), ["run.seed=5"])
     assert Trainer(fine, resume="never").step == 0
+    broken = tmp_path / "broken_parent"
+    broken.mkdir()
+    (broken / "state.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="grow.parent: cannot read"):
+        load_run(grown_config(root, corpus, "h", tmp_path), [f"grow.parent={broken}"])
 
 
 def test_grow_refuses_other_tokenizer(parent_run, tmp_path):
