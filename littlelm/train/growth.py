@@ -41,17 +41,16 @@ VERIFY_RTOL = 1e-4  # of the largest logit; fp32 growth lands near 1e-6
 
 def find_parent(path: str | Path) -> Path:
     """A checkpoint directory, or the newest complete checkpoint of a run directory."""
-    p = Path(path)
-    if (p / "state.json").is_file():
-        return p
-    latest = ckpt.latest_checkpoint(p / "checkpoints")
-    if latest is None:
+    from littlelm.load import find_checkpoint  # load imports the schema, which imports this
+
+    try:
+        return find_checkpoint(path)
+    except CheckpointError as e:
         raise CheckpointError(
-            f"grow.parent: no complete checkpoint at {p}; give a checkpoint directory "
-            "(runs/NAME/checkpoints/step_N) or a run directory (its newest checkpoint is used); "
-            "to look at or plan the grown shape without the parent, override grow=null"
-        )
-    return latest
+            f"grow.parent: {e}; give a checkpoint directory (runs/NAME/checkpoints/step_N) or a "
+            "run directory (its newest checkpoint is used); to look at or plan the grown shape "
+            "without the parent, override grow=null"
+        ) from None
 
 
 def read_parent_state(path: Path) -> dict:
