@@ -1,8 +1,22 @@
-"""The live progress line: rewritten in place on a terminal, one plain line per log step in a file."""
+"""The live progress line: rewritten in place on a terminal, one plain line per log step in a file.
+
+Whatever goes through `Progress` is printable text: control characters (from generated samples,
+say) are escaped, and cursor codes and colours are used only when the stream is a terminal, so a
+log file or a pipe holds plain lines that grep and less read as they are.
+"""
 
 from __future__ import annotations
 
+import re
 import sys
+
+# C0/C1 control characters except tab and newline (ESC, CR, BEL, backspace, ...).
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character but tab and newline written as an escape (\\x1b)."""
+    return CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
 def human(n: float) -> str:
@@ -30,6 +44,8 @@ def progress_line(m: dict, max_steps: int) -> str:
         f"lr×{m['lr_mult']:.3f}",
         f"{human(m['tok_per_s'])} tok/s",
     ]
+    if m.get("grad_norm") is not None:
+        parts.insert(2, f"gnorm {m['grad_norm']:.3g}")
     if m.get("mfu") is not None:
         parts.append(f"MFU {100 * m['mfu']:.1f}%")
     parts.append(f"ETA {duration(m['eta_s'])}")
@@ -42,7 +58,15 @@ class Progress:
         self.tty = self.stream.isatty()
         self._open = False
 
+    def console_options(self) -> dict:
+        """Keyword arguments for a rich Console on this stream: colours only on a terminal
+        (rich would otherwise honour FORCE_COLOR and write escape codes into a log file)."""
+        if self.tty:
+            return {"file": self.stream, "width": 100}
+        return {"file": self.stream, "width": 100, "color_system": None, "force_terminal": False}
+
     def update(self, line: str) -> None:
+        line = printable(line)
         if self.tty:
             self.stream.write("\r\x1b[2K" + line)
             self._open = True
@@ -55,5 +79,5 @@ class Progress:
         if self._open:
             self.stream.write("\n")
             self._open = False
-        self.stream.write(text + "\n")
+        self.stream.write(printable(text) + "\n")
         self.stream.flush()
