@@ -130,3 +130,29 @@ def test_missing_data_path_is_clear(tmp_path, corpus):
     cfg = load_run(write_config(tmp_path / "c.yaml", tree))
     with pytest.raises(DataError, match=r"data\.sources\.text\.path: no text files"):
         Trainer(cfg)
+
+
+def test_grad_norm_is_logged_before_clipping_with_or_without_clip(tmp_path, corpus):
+    def first_norms(name, clip):
+        tree = tiny_tree(
+            corpus, tmp_path / "runs", run={"name": name}, train={"max_steps": 2, "grad_clip": clip}
+        )
+        cfg = load_run(write_config(tmp_path / f"{name}.yaml", tree))
+        Trainer(cfg, resume="never").fit()
+        return [r["grad_norm"] for r in records(cfg.run_dir())]
+
+    clipped, free = first_norms("clipped", 0.01), first_norms("free", None)
+    assert all(n > 0.01 for n in clipped)  # the norm before clipping, not the clipped one
+    assert clipped[0] == pytest.approx(free[0], rel=1e-5)  # the same first step either way
+    assert clipped[1] != pytest.approx(free[1], rel=1e-3)  # clipping changed the update
+
+
+def test_start_record_describes_the_session(tiny_config):
+    cfg = load_run(tiny_config)
+    trainer = Trainer(cfg, resume="never")
+    trainer.fit()
+    (start,) = records(cfg.run_dir(), "start")
+    assert start["step"] == 0 and start["params"] == trainer.model.param_counts()
+    assert start["flops_per_token"] == trainer.flops_per_token and start["device"] == "cpu"
+    times = [r["time"] for r in map(json.loads, (cfg.run_dir() / "metrics.jsonl").open())]
+    assert times == sorted(times) and times[0] > 1.7e9

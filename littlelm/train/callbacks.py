@@ -4,13 +4,14 @@
       - {name: sample, every: 500, prompt: "def ", max_tokens: 200}
 
 A callback subclasses `Callback` and overrides the hooks it needs. The trainer always adds the
-JSONL metrics logger.
+JSONL metrics logger; TensorBoard and Weights & Biases loggers live in `train/loggers.py`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,7 @@ class JSONLLogger(Callback):
     def on_train_start(self, trainer: Trainer) -> None:
         self.path = trainer.run_dir / "metrics.jsonl"
         truncate_metrics(self.path, trainer.step)
+        self._write({"kind": "start", **run_facts(trainer)})
 
     def _write(self, record: dict) -> None:
         assert self.path is not None
@@ -65,6 +67,7 @@ class JSONLLogger(Callback):
             k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in record.items()
         }
+        clean["time"] = round(time.time(), 3)  # wall clock: the report measures sessions with it
         with open(self.path, "a") as f:
             f.write(json.dumps(clean) + "\n")
 
@@ -77,6 +80,40 @@ class JSONLLogger(Callback):
 
     def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
         self._write({"kind": "end", **metrics})
+
+
+def numeric_fields(record: dict, prefix: str = "") -> dict[str, float]:
+    """The numbers of a metrics record, nested ones flattened: {'mix': {'a': 0.5}} -> {'mix.a': 0.5}.
+
+    Booleans, strings and None (how metrics.jsonl stores a non-finite value) are left out."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(numeric_fields(value, name + "."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+def run_facts(trainer: Trainer) -> dict:
+    """What a report needs to know about a (re)started run that the config does not say."""
+    import torch
+
+    peak = trainer.peak
+    return {
+        "step": trainer.step,
+        "tokens": trainer.tokens,
+        "max_steps": trainer.max_steps,
+        "params": trainer.model.param_counts(),
+        "flops_per_token": trainer.flops_per_token,
+        "device": str(trainer.device),
+        "device_name": torch.cuda.get_device_name(trainer.device)
+        if trainer.device.type == "cuda"
+        else trainer.device.type,
+        "peak_flops": peak if math.isfinite(peak) else None,
+        "torch": torch.__version__,
+    }
 
 
 def truncate_metrics(path: Path, step: int) -> None:

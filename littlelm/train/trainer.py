@@ -53,6 +53,14 @@ RESUMABLE_CHANGES = (
 )
 
 
+def grad_norm(params, clip: float | None) -> torch.Tensor:
+    """The global L2 norm of the gradients before clipping; clips them to `clip` when set."""
+    if clip is not None:
+        return torch.nn.utils.clip_grad_norm_(params, clip).detach()
+    norms = [torch.linalg.vector_norm(p.grad.detach()) for p in params if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -69,6 +77,11 @@ class Trainer:
         seed_everything(cfg.run.seed)
         t = cfg.train
         self.max_steps: int = t.max_steps
+        # Callbacks first: a missing optional package (wandb, tensorboard) fails before data prep.
+        self.callbacks: list[Callback] = [
+            JSONLLogger(),
+            *(build_callback(c) for c in cfg.callbacks),
+        ]
         self.data = build_data(cfg.data, self.log)
         if self.data.tokenizer.vocab_size != cfg.model.vocab_size:
             raise ConfigError(
@@ -82,14 +95,11 @@ class Trainer:
         self.schedule = build_schedule(cfg.schedule)
         self.loader = self.data.loader(cfg.data, t.micro_batch_size, t.seq_len, cfg.run.seed)
         self.loader_state = self.loader.state_dict()
-        self.callbacks: list[Callback] = [
-            JSONLLogger(),
-            *(build_callback(c) for c in cfg.callbacks),
-        ]
         self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
         self.flops_per_token = self.model.flops_per_token(t.seq_len)
         self.peak = peak_flops(self.device)
         self.step, self.tokens, self.train_time = 0, 0, 0.0
+        self._norm_sum = torch.zeros((), device=self.device)  # grad norms since the last record
         self.last_eval: dict = {}
         self._resume(resume)
         if cfg.grow is not None and self.step == 0:
@@ -172,8 +182,7 @@ class Trainer:
             (loss / accum).backward()
             total += loss.detach()
         self.loader_state = batch.state
-        if self.cfg.train.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        self._norm_sum += grad_norm(self.model.parameters(), self.cfg.train.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -189,8 +198,11 @@ class Trainer:
         loss = loss_sum.item() / steps
         left = (self.max_steps - self.step) * self.cfg.train.batch_tokens / max(tok_s, 1e-9)
         mfu = tok_s * self.flops_per_token / self.peak if math.isfinite(self.peak) else None
+        grad_norm = self._norm_sum.item() / steps
+        self._norm_sum.zero_()
         m = {
             "loss": loss,
+            "grad_norm": grad_norm,
             "tok_per_s": tok_s,
             "mfu": mfu,
             "train_time": self.train_time,
@@ -364,4 +376,4 @@ class Trainer:
             table.add_row(name, str(n), f"{numel:,}", opt, f"{lr:.3g}")
         if self.progress._open:
             self.progress.message("")
-        Console(file=self.progress.stream, width=100).print(table)
+        Console(**self.progress.console_options()).print(table)
