@@ -8,4 +8,5 @@ import littlelm.data.tokenizer
 import littlelm.model.gpt
 import littlelm.optim.groups
 import littlelm.optim.schedule
-import littlelm.train.callbacks  # noqa: F401
+import littlelm.train.callbacks
+import littlelm.train.loggers  # noqa: F401

@@ -35,6 +35,10 @@ class CheckpointError(LittleLMError):
     """A checkpoint that cannot be written, read or applied to this run."""
 
 
+class DependencyError(LittleLMError):
+    """An optional package that a configured feature needs is not installed."""
+
+
 class TrainingError(LittleLMError):
     """Training cannot go on (non-finite loss that rollback cannot cure, out of memory, ...)."""
 
