@@ -5,6 +5,7 @@
     littlelm list
     littlelm sample CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
     littlelm grow PARENT --to RUN.yaml [key=value ...]
+    littlelm report RUN_DIR [RUN_DIR ...] [--out DIR] [--price-per-hour DOLLARS]
 
 CONFIG is a YAML path or the name of a packaged config (`demo`, `shakespeare_char`); it
 defaults to `demo`. User errors print one message and exit non-zero, without a traceback.
@@ -94,6 +95,14 @@ def cmd_grow(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from littlelm.report import write_report
+
+    path = write_report(args.run_dirs, args.out, args.price_per_hour)
+    print(f"wrote {path} and its plots ({path.parent})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="littlelm", description="Train small language models from one YAML file."
@@ -150,6 +159,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="run file (or packaged config) of the grown model, then its overrides",
     )
     g.set_defaults(fn=cmd_grow)
+
+    r = sub.add_parser("report", help="write a Markdown report with plots of one or more runs")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories to report on")
+    r.add_argument(
+        "--out",
+        help="output directory (default RUN_DIR/report for one run, ./report-A-vs-B for several)",
+    )
+    r.add_argument(
+        "--price-per-hour",
+        type=float,
+        metavar="DOLLARS",
+        help="what the machine costs per hour (all its GPUs), to state each run's cost",
+    )
+    r.set_defaults(fn=cmd_report)
     return p
 
 
