@@ -83,7 +83,8 @@ def collect(runs: list[RunData]) -> dict[str, dict[tuple[str, str], list[Entry]]
             entries = figures.setdefault(metric.figure, {}).setdefault(
                 (metric.panel, metric.unit), []
             )
-            entries.insert(0, Entry(i, "config", "lr_mult", metric, schedule))
+            first = next((n for n, e in enumerate(entries) if e.run == i), len(entries))
+            entries.insert(first, Entry(i, "config", "lr_mult", metric, schedule))
     return dict(sorted(figures.items(), key=lambda kv: figure_order(kv[0])))
 
 

@@ -171,8 +171,7 @@ def batch(run: RunData) -> str:
 
 
 def kv_table(names: list[str], rows: list[tuple[str, list[str]]]) -> str:
-    align = "l" + "r" * len(names) if len(names) > 1 else "ll"
-    return table(["", *names], [[label, *vals] for label, vals in rows], align)
+    return table(["", *names], [[label, *vals] for label, vals in rows])
 
 
 def eval_table(run: RunData) -> str | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 PALETTE = [
     "#1f77b4",
@@ -119,6 +119,20 @@ def line_figure(
     return fig
 
 
+PLAIN = FuncFormatter(lambda v, _: f"{v:g}")
+
+
+def log_axis(ax: Axes, lines: list[Line]) -> None:
+    """Log y axis with plain numbers (0.5, 2, 5) instead of 5×10⁻¹; 2 and 5 labelled too when
+    the data spans under three decades, so a short range still has readable ticks."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(PLAIN)
+    values = [v for line in lines for v in line.y if v > 0 and math.isfinite(v)]
+    narrow = bool(values) and max(values) / min(values) < 1e3
+    ax.yaxis.set_minor_locator(LogLocator(subs=(2, 5) if narrow else ()))
+    ax.yaxis.set_minor_formatter(PLAIN if narrow else NullFormatter())
+
+
 def draw_panel(ax: Axes, panel: Panel) -> None:
     style_axes(ax)
     for line in panel.lines:
@@ -133,12 +147,12 @@ def draw_panel(ax: Axes, panel: Panel) -> None:
             linewidth=1.6,
         )
     if panel.log_y:
-        ax.set_yscale("log")
+        log_axis(ax, panel.lines)
     if panel.ylim is not None:
         ax.set_ylim(*panel.ylim)
     if all(min(line.x, default=0) >= 0 for line in panel.lines):
         ax.set_xlim(left=0)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_major_formatter(PLAIN)
     ax.set_ylabel(panel.ylabel, fontsize=9)
     if panel.title:
         ax.set_title(panel.title, fontsize=10, loc="left")
