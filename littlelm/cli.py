@@ -6,6 +6,8 @@
     littlelm sample CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
     littlelm grow PARENT --to RUN.yaml [key=value ...]
     littlelm report RUN_DIR [RUN_DIR ...] [--out DIR] [--price-per-hour DOLLARS]
+    littlelm eval CHECKPOINT [--bundle DIR] [--tasks a,b] [--max-per-task N] [--truncation MODE]
+    littlelm eval-bundle [--dest DIR] [--url URL] [--sha256 HEX] [--force]
 
 CONFIG is a YAML path or the name of a packaged config (`demo`, `shakespeare_char`); it
 defaults to `demo`. User errors print one message and exit non-zero, without a traceback.
@@ -67,17 +69,21 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from littlelm.eval.generate import generate
+    from littlelm.eval.generate import check_sampling, fit_prompt, generate
     from littlelm.load import load_model
     from littlelm.train.device import autocast, pick_device
 
+    top_k = args.top_k or None  # 0 = no top-k filter
+    check_sampling(args.max_tokens, args.temperature, top_k)
     device = pick_device(args.device)
     model, tok, cfg = load_model(args.checkpoint, device)
-    prompt = [tok.bos_id, *tok.encode(args.prompt)]
+    prompt, max_tokens, note = fit_prompt(
+        [tok.bos_id, *tok.encode(args.prompt)], args.max_tokens, model.cfg.max_seq_len
+    )
+    if note:
+        print(f"warning: {note}", file=sys.stderr)
     with torch.no_grad(), autocast(device, cfg.train.precision):
-        ids = generate(
-            model, prompt, args.max_tokens, args.temperature, args.top_k, args.seed, tok.bos_id
-        )
+        ids = generate(model, prompt, max_tokens, args.temperature, top_k, args.seed, tok.bos_id)
     print(args.prompt + tok.decode(ids))
     return 0
 
@@ -101,6 +107,44 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = write_report(args.run_dirs, args.out, args.price_per_hour)
     print(f"wrote {path} and its plots ({path.parent})")
     return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from littlelm.eval.core import EvalOptions
+    from littlelm.eval.run import parse_labels, run_eval
+
+    opts = EvalOptions(
+        max_per_task=args.max_per_task,
+        truncation=args.truncation,
+        batch_tokens=args.batch_tokens,
+        warn_share=args.warn_share,
+    )
+    run_eval(
+        args.checkpoint,
+        args.bundle,
+        parse_labels(args.tasks),
+        args.task_file,
+        opts,
+        args.device,
+        args.precision,
+        args.out,
+    )
+    return 0
+
+
+def cmd_eval_bundle(args: argparse.Namespace) -> int:
+    from littlelm.eval.bundle import download_bundle
+
+    sha = None if args.sha256 == "none" else args.sha256
+    download_bundle(args.dest, args.url, sha, args.force)
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt", default="", help="text to continue")
     s.add_argument("--max-tokens", type=int, default=200)
     s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    s.add_argument("--top-k", type=int, default=50)
+    s.add_argument("--top-k", type=int, default=50, help="0 = no top-k filter")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="auto")
     s.set_defaults(fn=cmd_sample)
@@ -173,7 +217,52 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the machine costs per hour (all its GPUs), to state each run's cost",
     )
     r.set_defaults(fn=cmd_report)
+
+    _add_eval(sub)
     return p
+
+
+def _add_eval(sub) -> None:
+    from littlelm.eval.bundle import BUNDLE_SHA256, BUNDLE_URL
+
+    e = sub.add_parser("eval", help="score a checkpoint on CORE or other in-context tasks")
+    e.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
+    e.add_argument(
+        "--bundle",
+        help="task directory: the CORE eval bundle (default: the one `eval-bundle` fetched) "
+        "or a directory with its own tasks.yaml",
+    )
+    e.add_argument("--tasks", help="comma-separated task labels (default: all)")
+    e.add_argument("--task-file", help="task list YAML to use instead of the directory's")
+    e.add_argument(
+        "--max-per-task", type=_positive, help="score this many items per task (default: all)"
+    )
+    e.add_argument(
+        "--truncation",
+        choices=["crop", "drop_shots"],
+        default="crop",
+        help="fit long prompts by cropping after BOS (default) or by dropping whole examples",
+    )
+    e.add_argument("--batch-tokens", type=_positive, default=16384, help="tokens per forward")
+    e.add_argument(
+        "--warn-share",
+        type=float,
+        default=0.01,
+        help="warn when more than this share of a task's prompts exceed the context",
+    )
+    e.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+    e.add_argument("--device", default="auto")
+    e.add_argument("--out", help="also write results and per-item decisions to this JSON file")
+    e.set_defaults(fn=cmd_eval)
+
+    b = sub.add_parser("eval-bundle", help="download the public CORE eval bundle")
+    b.add_argument("--dest", help="directory to create (default: LITTLELM_CACHE/eval_bundle)")
+    b.add_argument("--url", default=BUNDLE_URL)
+    b.add_argument(
+        "--sha256", default=BUNDLE_SHA256, help="expected sha256 of the zip ('none' = no check)"
+    )
+    b.add_argument("--force", action="store_true", help="replace an existing bundle")
+    b.set_defaults(fn=cmd_eval_bundle)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ A new component module is added here once; nothing else needs to know about it.
 
 import littlelm.data.sources
 import littlelm.data.tokenizer
+import littlelm.eval.callback
 import littlelm.model.gpt
 import littlelm.optim.groups
 import littlelm.optim.schedule

@@ -39,6 +39,10 @@ class DependencyError(LittleLMError):
     """An optional package that a configured feature needs is not installed."""
 
 
+class EvalError(LittleLMError):
+    """An evaluation that cannot run: a bad task list, task file, bundle or option."""
+
+
 class TrainingError(LittleLMError):
     """Training cannot go on (non-finite loss that rollback cannot cure, out of memory, ...)."""
 

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 import pytest
 import yaml
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+def _find_shared() -> Path:
+    """../shared beside the project root (or beside a parent: git worktrees sit one deeper)."""
+    root = Path(__file__).resolve().parents[1]
+    for parent in root.parents:
+        if (parent / "shared" / "data").is_dir():
+            return parent / "shared"
+    return root.parent / "shared"
+
+
+SHARED = _find_shared()
 
 WORDS = [
     "the",
@@ -113,3 +124,45 @@ def write_config(path: Path, tree: dict) -> Path:
 @pytest.fixture
 def tiny_config(tmp_path, corpus) -> Path:
     return write_config(tmp_path / "tiny.yaml", tiny_tree(corpus, tmp_path / "runs"))
+
+
+def make_task_dir(path: Path, items: int = 24, seed: int = 0) -> Path:
+    """A task directory (tasks.yaml + JSONL) with one synthetic task of each type."""
+    rng = random.Random(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    mc, schema, lm = [], [], []
+    for i in range(items):
+        words = rng.sample(WORDS[:30], 4)
+        gold = rng.randrange(4)
+        mc.append({"query": f"Which word comes {i % 7} times? ", "choices": words, "gold": gold})
+        subj = rng.sample(["The cat", "A dog", "The model", "Every token"], 2)
+        schema.append(
+            {"context_options": subj, "continuation": f"reads {rng.choice(WORDS)}.", "gold": i % 2}
+        )
+        a, b = rng.randrange(50), rng.randrange(50)
+        lm.append({"context": f"{a} + {b} =", "continuation": f" {a + b}"})
+    tasks = [
+        ("mc_words", "mc.jsonl", "multiple_choice", 3, "\nAnswer: ", 25, mc),
+        ("schema_subjects", "schema.jsonl", "schema", 2, " ", 50, schema),
+        ("lm_sums", "lm.jsonl", "language_modeling", 4, "", 0, lm),
+    ]
+    listed = []
+    for label, uri, kind, shots, delim, rb, rows in tasks:
+        (path / uri).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        listed.append(
+            dict(
+                label=label,
+                dataset_uri=uri,
+                icl_task_type=kind,
+                num_fewshot=shots,
+                continuation_delimiter=delim,
+                random_baseline=rb,
+            )
+        )
+    (path / "tasks.yaml").write_text(yaml.safe_dump({"tasks": listed}))
+    return path
+
+
+@pytest.fixture
+def task_dir(tmp_path) -> Path:
+    return make_task_dir(tmp_path / "tasks")

@@ -134,3 +134,27 @@ def test_param_counts_split():
 def test_value_embeds_on_alternating_layers_including_last():
     assert sorted(GPT(tiny(n_layer=4)).value_embeds) == ["1", "3"]
     assert sorted(GPT(tiny(n_layer=5)).value_embeds) == ["0", "2", "4"]
+
+
+def test_tree_packed_row_equals_separate_sequences():
+    """A shared prefix plus two branches in one row (positions + mask) gives each sequence's
+    own logits: what the eval harness relies on."""
+    model = randomize(GPT(tiny(n_kv_head=2))).eval()
+    prefix, a, b = [5, 6, 7, 8], [9, 10, 11], [12, 13]
+    row = torch.tensor([prefix + a + b])
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 4, 5]])
+    branch = torch.tensor([-1] * 4 + [0] * 3 + [1] * 2)
+    mask = torch.ones(9, 9, dtype=torch.bool).tril()
+    mask &= (branch[:, None] == branch[None, :]) | (branch[None, :] == -1)
+    with torch.no_grad():
+        packed = model.head(model.hidden(row, positions=positions, attn_mask=mask[None, None]))[0]
+        seq_a = model(torch.tensor([prefix + a]))[0]
+        seq_b = model(torch.tensor([prefix + b]))[0]
+    torch.testing.assert_close(packed[:7], seq_a, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed[[0, 1, 2, 3, 7, 8]], seq_b, atol=1e-5, rtol=1e-5)
+
+
+def test_explicit_position_beyond_context_is_an_error():
+    model = GPT(tiny())
+    with pytest.raises(ValueError, match="exceeds max_seq_len"):
+        model.hidden(torch.zeros(1, 2, dtype=torch.long), positions=torch.tensor([[0, 16]]))

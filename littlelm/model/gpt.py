@@ -163,7 +163,8 @@ class Attention(nn.Module):
             else None
         )
 
-    def forward(self, x, cos, sin, ve=None, cache=None):
+    def forward(self, x, cos, sin, ve=None, cache=None, mask=None):
+        """mask: optional (B, 1, T, T) bool, True = may attend (replaces the causal mask)."""
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.hd)  # (B, T, H, D)
         k = self.c_k(x).view(B, T, self.n_kv, self.hd)  # (B, T, Hkv, D)
@@ -177,7 +178,10 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         gqa = self.n_kv != self.n_head
-        if cache is None:
+        if mask is not None:
+            assert cache is None, "an explicit mask and a KV cache do not mix"
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        elif cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
             k, v, mask = cache.update(k, v)  # all cached positions; mask is None or (T, T_all)
@@ -215,8 +219,8 @@ class Block(nn.Module):
         self.norm2 = RMSNorm(cfg.d_model, cfg.norm_affine)
         self.mlp = SwiGLUMLP(cfg) if cfg.mlp == "swiglu" else ReLU2MLP(cfg)
 
-    def forward(self, x, cos, sin, ve=None, cache=None):
-        x = x + self.attn(self.norm1(x), cos, sin, ve, cache)
+    def forward(self, x, cos, sin, ve=None, cache=None, mask=None):
+        x = x + self.attn(self.norm1(x), cos, sin, ve, cache, mask)
         return x + self.mlp(self.norm2(x))
 
 
@@ -317,30 +321,52 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, reduction: str = "mean", caches=None):
         """idx (B, T) token ids. With targets: the loss (mean, or per token with
         reduction='none'); without: logits (B, T, vocab_size) in fp32."""
+        x = self.hidden(idx, caches)
+        if targets is not None:
+            return linear_cross_entropy(
+                x, self.lm_head.weight, targets, self.cfg.vocab_size, self.cfg.softcap, reduction
+            )
+        return self.head(x)
+
+    def hidden(self, idx, caches=None, positions=None, attn_mask=None) -> torch.Tensor:
+        """Final normalised hidden states (B, T, C) of idx (B, T).
+
+        Packed or tree-shaped inputs (several sequences sharing a prefix in one row, see
+        eval.core) pass `positions` (B, T) for RoPE and `attn_mask` (B, 1, T, T) bool instead
+        of the causal default; neither mixes with `caches`.
+        """
         T = idx.size(1)
         pos = 0 if caches is None else caches[0].length
-        if pos + T > self.cfg.max_seq_len:
-            raise ValueError(
-                f"sequence of {pos + T} tokens exceeds max_seq_len {self.cfg.max_seq_len}"
-            )
         on_autocast = torch.is_autocast_enabled(idx.device.type)
         dt = torch.get_autocast_dtype(idx.device.type) if on_autocast else self.wte.weight.dtype
-        cos = self.rope_cos[:, pos : pos + T].to(dt)  # (1, T, 1, D/2)
-        sin = self.rope_sin[:, pos : pos + T].to(dt)
+        if positions is None:
+            if pos + T > self.cfg.max_seq_len:
+                raise ValueError(
+                    f"sequence of {pos + T} tokens exceeds max_seq_len {self.cfg.max_seq_len}"
+                )
+            cos = self.rope_cos[:, pos : pos + T].to(dt)  # (1, T, 1, D/2)
+            sin = self.rope_sin[:, pos : pos + T].to(dt)
+        else:
+            assert caches is None, "explicit positions and a KV cache do not mix"
+            if int(positions.max()) >= self.cfg.max_seq_len:
+                raise ValueError(
+                    f"position {int(positions.max())} exceeds max_seq_len {self.cfg.max_seq_len}"
+                )
+            cos = self.rope_cos[0, positions].to(dt)  # (B, T, 1, D/2)
+            sin = self.rope_sin[0, positions].to(dt)
         x = rms_norm(self.wte(idx))  # (B, T, C)
         x0 = x
         for i, block in enumerate(self.blocks):
             if self.cfg.residual_scalars:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
-            x = block(x, cos, sin, ve, None if caches is None else caches[i])
-        x = self.norm_f(x)
-        vocab = self.cfg.vocab_size
-        if targets is not None:
-            return linear_cross_entropy(
-                x, self.lm_head.weight, targets, vocab, self.cfg.softcap, reduction
-            )
-        return softcap(F.linear(x, self.lm_head.weight)[..., :vocab].float(), self.cfg.softcap)
+            x = block(x, cos, sin, ve, None if caches is None else caches[i], attn_mask)
+        return self.norm_f(x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (..., vocab_size) in fp32 from hidden states (..., C); padding rows cut."""
+        logits = F.linear(x, self.lm_head.weight)[..., : self.cfg.vocab_size].float()
+        return softcap(logits, self.cfg.softcap)
 
     def new_caches(self, batch: int, max_len: int | None = None) -> list[KVCache]:
         """Empty per-layer KV caches for incremental decoding (see eval.generate)."""

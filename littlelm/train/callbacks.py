@@ -61,7 +61,8 @@ class JSONLLogger(Callback):
         truncate_metrics(self.path, trainer.step)
         self._write({"kind": "start", **run_facts(trainer)})
 
-    def _write(self, record: dict) -> None:
+    def write(self, record: dict) -> None:
+        """Append one record (callbacks with their own metrics call this too)."""
         assert self.path is not None
         clean = {
             k: (None if isinstance(v, float) and not math.isfinite(v) else v)
@@ -73,13 +74,13 @@ class JSONLLogger(Callback):
 
     def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
         if "loss" in metrics:
-            self._write({"kind": "train", **metrics})
+            self.write({"kind": "train", **metrics})
 
     def on_eval(self, trainer: Trainer, metrics: dict) -> None:
-        self._write({"kind": "eval", **metrics})
+        self.write({"kind": "eval", **metrics})
 
     def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
-        self._write({"kind": "end", **metrics})
+        self.write({"kind": "end", **metrics})
 
 
 def numeric_fields(record: dict, prefix: str = "") -> dict[str, float]:

@@ -1,0 +1,72 @@
+"""`littlelm eval`: score a checkpoint on a task directory and print the per-task table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from littlelm.eval.bundle import default_bundle_dir
+from littlelm.eval.core import EvalOptions, SuiteResult, evaluate_suite, format_table
+from littlelm.eval.tasks import TaskSpec, load_task_list, resolve_bundle, select_tasks
+from littlelm.load import find_checkpoint, load_model
+from littlelm.train.device import autocast, pick_device
+
+
+def tasks_and_data(
+    bundle: str | Path | None, task_file: str | Path | None, labels: list[str] | None
+) -> tuple[list[TaskSpec], Path]:
+    """The tasks to run and the directory their files are in."""
+    listed, data_dir = resolve_bundle(Path(bundle) if bundle else default_bundle_dir())
+    specs = load_task_list(Path(task_file) if task_file else listed)
+    return select_tasks(specs, labels), data_dir
+
+
+def run_eval(
+    checkpoint: str | Path,
+    bundle: str | Path | None = None,
+    labels: list[str] | None = None,
+    task_file: str | Path | None = None,
+    opts: EvalOptions | None = None,
+    device: str = "auto",
+    precision: str = "auto",
+    out: str | Path | None = None,
+) -> SuiteResult:
+    opts = opts or EvalOptions()
+    tasks, data_dir = tasks_and_data(bundle, task_file, labels)
+    dev = pick_device(device)
+    path = find_checkpoint(checkpoint)
+    model, tok, cfg = load_model(path, dev)
+    precision = cfg.train.precision if precision == "auto" else precision
+    print(
+        f"evaluating {path} ({model.cfg.max_seq_len}-token context, {precision}) on "
+        f"{len(tasks)} task(s) from {data_dir}",
+        file=sys.stderr,
+    )
+    with autocast(dev, precision):
+        suite = evaluate_suite(
+            model, tok, tasks, data_dir, opts, log=lambda m: print(m, file=sys.stderr)
+        )
+    print(format_table(suite))
+    if out is not None:
+        write_results(Path(out), suite, path)
+    return suite
+
+
+def write_results(path: Path, suite: SuiteResult, checkpoint: Path) -> None:
+    """JSON with every task's record and per-item decisions."""
+    doc = {
+        "checkpoint": str(checkpoint),
+        "mean_centered": suite.mean_centered,
+        "core": suite.mean_centered if suite.is_core else None,
+        "tasks": [{**t.record(), "decisions": t.decisions} for t in suite.tasks],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))
+
+
+def parse_labels(text: str | None) -> list[str] | None:
+    """'a,b' -> ['a', 'b']; None or '' -> None (all tasks)."""
+    if not text:
+        return None
+    return [t.strip() for t in text.split(",") if t.strip()]
