@@ -19,6 +19,7 @@ from littlelm.eval.core import (
     evaluate_task,
     format_table,
     is_full_core,
+    load_suite,
     task_items,
 )
 from littlelm.eval.reference import reference_decisions
@@ -128,7 +129,11 @@ def test_truncation_report_and_warning(synthetic):
     model = tiny_model(tok.vocab_size, 48)
     logs: list[str] = []
     suite = evaluate_suite(
-        model, tok, load_task_list(d / "tasks.yaml"), d, EvalOptions(max_per_task=8), logs.append
+        model,
+        tok,
+        load_suite(load_task_list(d / "tasks.yaml"), d),
+        EvalOptions(max_per_task=8),
+        logs.append,
     )
     mc = suite.tasks[0]
     assert mc.truncation.share == 1.0 and mc.truncation.items_cropped == 8
@@ -140,8 +145,7 @@ def test_truncation_report_and_warning(synthetic):
     quiet = evaluate_suite(
         model,
         tok,
-        load_task_list(d / "tasks.yaml"),
-        d,
+        load_suite(load_task_list(d / "tasks.yaml"), d),
         EvalOptions(max_per_task=8, warn_share=1.0),
         quiet_logs.append,
     )
@@ -152,7 +156,9 @@ def test_accuracy_centered_and_core_flag(synthetic):
     d, tok = synthetic
     model = tiny_model(tok.vocab_size, 256)
     tasks = load_task_list(d / "tasks.yaml")
-    suite = evaluate_suite(model, tok, tasks, d, EvalOptions(max_per_task=10), lambda m: None)
+    suite = evaluate_suite(
+        model, tok, load_suite(tasks, d), EvalOptions(max_per_task=10), lambda m: None
+    )
     for task, t in zip(tasks, suite.tasks):
         items = task_items(task, d)[:10]
         if t.task_type == "language_modeling":

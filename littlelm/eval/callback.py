@@ -57,12 +57,12 @@ class CoreEval(Callback):
         self.last_step = -1
 
     def on_train_start(self, trainer: Trainer) -> None:
+        from littlelm.eval.core import load_suite
         from littlelm.eval.run import tasks_and_data
 
-        # resolve now, so a wrong path or label fails before any training step
-        self.tasks, self.data_dir = tasks_and_data(
-            self.cfg.bundle, self.cfg.task_file, self.cfg.tasks
-        )
+        # read and check every task file now, so a wrong path fails before any training step
+        tasks, data_dir = tasks_and_data(self.cfg.bundle, self.cfg.task_file, self.cfg.tasks)
+        self.suite = load_suite(tasks, data_dir)
 
     def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
         c = self.cfg
@@ -87,7 +87,7 @@ class CoreEval(Callback):
         t0 = time.perf_counter()
         with trainer.autocast():
             suite = evaluate_suite(
-                trainer.model, trainer.data.tokenizer, self.tasks, self.data_dir, opts, trainer.log
+                trainer.model, trainer.data.tokenizer, self.suite, opts, trainer.log
             )
         record = suite_record(suite, trainer.step, trainer.tokens, time.perf_counter() - t0)
         trainer.log(

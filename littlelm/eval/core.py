@@ -1,6 +1,6 @@
 """The CORE harness: score in-context-learning tasks fast, report truncation, aggregate.
 
-    suite = evaluate_suite(model, tokenizer, tasks, data_dir, EvalOptions(max_per_task=500))
+    suite = evaluate_suite(model, tokenizer, load_suite(tasks, data_dir), EvalOptions())
     print(format_table(suite))
 
 Scoring (see prompts.py for how prompts are built):
@@ -280,27 +280,32 @@ def evaluate_task(
     )
 
 
+def load_suite(tasks: list[TaskSpec], data_dir: Path) -> list[tuple[TaskSpec, list[dict]]]:
+    """Every task's items, read and checked up front: a bad file fails before any scoring."""
+    return [(task, task_items(task, data_dir)) for task in tasks]
+
+
 def evaluate_suite(
     model,
     tokenizer,
-    tasks: list[TaskSpec],
-    data_dir: Path,
+    suite: list[tuple[TaskSpec, list[dict]]],
     opts: EvalOptions,
     log: Callable[[str], None] = print,
     device=None,
 ) -> SuiteResult:
-    """Every task in turn (model in eval mode; the caller chooses autocast)."""
+    """Every task of `load_suite` in turn (model in eval mode; the caller chooses autocast)."""
     was_training = model.training
     model.eval()
     results = []
     try:
-        for task in tasks:
-            res = evaluate_task(model, tokenizer, task, task_items(task, data_dir), opts, device)
+        for task, data in suite:
+            res = evaluate_task(model, tokenizer, task, data, opts, device)
             results.append(res)
             for line in truncation_warnings(res, model.cfg.max_seq_len, opts):
                 log(line)
     finally:
         model.train(was_training)
+    tasks = [task for task, _ in suite]
     return SuiteResult(results, is_full_core(tasks) and opts.max_per_task is None)
 
 

@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 
 from littlelm.eval.bundle import default_bundle_dir
-from littlelm.eval.core import EvalOptions, SuiteResult, evaluate_suite, format_table
+from littlelm.eval.core import (
+    EvalOptions,
+    SuiteResult,
+    evaluate_suite,
+    format_table,
+    load_suite,
+)
 from littlelm.eval.tasks import TaskSpec, load_task_list, resolve_bundle, select_tasks
 from littlelm.load import find_checkpoint, load_model
 from littlelm.train.device import autocast, pick_device
@@ -34,6 +40,7 @@ def run_eval(
 ) -> SuiteResult:
     opts = opts or EvalOptions()
     tasks, data_dir = tasks_and_data(bundle, task_file, labels)
+    loaded = load_suite(tasks, data_dir)
     dev = pick_device(device)
     path = find_checkpoint(checkpoint)
     model, tok, cfg = load_model(path, dev)
@@ -44,9 +51,7 @@ def run_eval(
         file=sys.stderr,
     )
     with autocast(dev, precision):
-        suite = evaluate_suite(
-            model, tok, tasks, data_dir, opts, log=lambda m: print(m, file=sys.stderr)
-        )
+        suite = evaluate_suite(model, tok, loaded, opts, log=lambda m: print(m, file=sys.stderr))
     print(format_table(suite))
     if out is not None:
         write_results(Path(out), suite, path)
