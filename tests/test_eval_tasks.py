@@ -12,6 +12,7 @@ from littlelm.errors import EvalError
 from littlelm.eval.tasks import (
     CORE_TASKS,
     TaskSpec,
+    bundle_differences,
     load_items,
     load_task_list,
     resolve_bundle,
@@ -217,3 +218,26 @@ def test_shuffle_is_fixed():
     items = [{"i": i} for i in range(50)]
     assert shuffled(items) == shuffled(items) != items
     assert sorted(x["i"] for x in shuffled(items)) == list(range(50))
+
+
+def test_bundle_core_yaml_differences_are_reported(tmp_path):
+    specs = load_task_list()
+    assert bundle_differences(tmp_path, specs) == []
+    core = [
+        {
+            "label": "jeopardy",
+            "dataset_uri": "world_knowledge/jeopardy_all.jsonl",
+            "num_fewshot": [10],
+            "icl_task_type": "language_modeling",
+            "continuation_delimiter": "\nAnswer: ",
+        },
+        {
+            "label": "copa",
+            "dataset_uri": "commonsense_reasoning/copa.jsonl",
+            "num_fewshot": [5],
+            "icl_task_type": "multiple_choice",
+        },
+    ]
+    (tmp_path / "core.yaml").write_text(yaml.safe_dump({"icl_tasks": core}))
+    diffs = bundle_differences(tmp_path, specs)
+    assert len(diffs) == 1 and "copa" in diffs[0] and "5" in diffs[0]

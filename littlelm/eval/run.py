@@ -14,7 +14,13 @@ from littlelm.eval.core import (
     format_table,
     load_suite,
 )
-from littlelm.eval.tasks import TaskSpec, load_task_list, resolve_bundle, select_tasks
+from littlelm.eval.tasks import (
+    TaskSpec,
+    bundle_differences,
+    load_task_list,
+    resolve_bundle,
+    select_tasks,
+)
 from littlelm.load import find_checkpoint, load_model
 from littlelm.train.device import autocast, pick_device
 
@@ -23,9 +29,12 @@ def tasks_and_data(
     bundle: str | Path | None, task_file: str | Path | None, labels: list[str] | None
 ) -> tuple[list[TaskSpec], Path]:
     """The tasks to run and the directory their files are in."""
-    listed, data_dir = resolve_bundle(Path(bundle) if bundle else default_bundle_dir())
-    specs = load_task_list(Path(task_file) if task_file else listed)
-    return select_tasks(specs, labels), data_dir
+    root = Path(bundle) if bundle else default_bundle_dir()
+    listed, data_dir = resolve_bundle(root)
+    specs = select_tasks(load_task_list(Path(task_file) if task_file else listed), labels)
+    for line in bundle_differences(root, specs):
+        print(f"warning: {line}", file=sys.stderr)
+    return specs, data_dir
 
 
 def run_eval(

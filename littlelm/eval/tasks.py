@@ -126,6 +126,38 @@ def resolve_bundle(bundle: Path) -> tuple[Path, Path]:
     return CORE_TASKS, data if data.is_dir() else bundle
 
 
+def bundle_differences(bundle: Path, specs: list[TaskSpec]) -> list[str]:
+    """Where the bundle's own core.yaml (if any) disagrees with the task list in use.
+
+    The packaged list is what littlelm scores; a bundle whose core.yaml names other shots or
+    delimiters was changed upstream, and its numbers would not compare with published ones.
+    """
+    path = Path(bundle) / "core.yaml"
+    if not path.is_file():
+        return []
+    try:
+        theirs = {t["label"]: t for t in yaml.safe_load(path.read_text())["icl_tasks"]}
+    except (yaml.YAMLError, KeyError, TypeError) as e:
+        return [f"{path}: unreadable ({e}); using littlelm's task list"]
+    out = []
+    for s in specs:
+        t = theirs.get(s.label)
+        if t is None:
+            continue
+        shots = t.get("num_fewshot")
+        shots = shots[0] if isinstance(shots, list) and len(shots) == 1 else shots
+        mine = (s.dataset_uri, s.icl_task_type, s.num_fewshot, s.continuation_delimiter)
+        other = (
+            t.get("dataset_uri"),
+            t.get("icl_task_type"),
+            shots,
+            t.get("continuation_delimiter", " "),
+        )
+        if mine != other:
+            out.append(f"{path}: {s.label} is {other} there but {mine} in littlelm's task list")
+    return out
+
+
 def load_items(path: Path, task: TaskSpec) -> list[dict]:
     """Every item of a task file, checked against its task type."""
     if not path.is_file():
