@@ -188,3 +188,35 @@ def test_batches_respect_the_token_budget():
         lengths = [len(rows[i].tokens) for i in g]
         assert lengths == sorted(lengths, reverse=True)
         assert len(g) == 1 or len(g) * lengths[0] <= 80
+
+
+def fake_core_bundle(root, n: int = 12):
+    """Synthetic items at every packaged CORE path (the real bundle is not shipped)."""
+    for spec in load_task_list():
+        path = root / "eval_data" / spec.dataset_uri
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = []
+        for i in range(n):
+            if spec.icl_task_type == "multiple_choice":
+                rows.append({"query": f"q{i}", "choices": ["ab", "cd", "ef"], "gold": i % 3})
+            elif spec.icl_task_type == "schema":
+                rows.append({"context_options": ["x", "y"], "continuation": f"z{i}", "gold": i % 2})
+            else:
+                rows.append({"context": f"c{i}", "continuation": f" {i}"})
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_full_core_suite_reports_core(tmp_path):
+    from littlelm.data.tokenizer import ByteTokenizer
+    from littlelm.eval.run import tasks_and_data
+
+    tasks, data_dir = tasks_and_data(fake_core_bundle(tmp_path / "eb"), None, None)
+    assert data_dir == tmp_path / "eb" / "eval_data" and len(tasks) == 22
+    tok, model = ByteTokenizer(), tiny_model(257, 128)
+    suite = evaluate_suite(model, tok, load_suite(tasks, data_dir), EvalOptions(), lambda m: None)
+    assert suite.is_core and f"CORE {suite.mean_centered:.4f}" in format_table(suite)
+    part = evaluate_suite(
+        model, tok, load_suite(tasks, data_dir), EvalOptions(max_per_task=5), lambda m: None
+    )
+    assert not part.is_core

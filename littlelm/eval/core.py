@@ -305,8 +305,8 @@ def evaluate_suite(
                 log(line)
     finally:
         model.train(was_training)
-    tasks = [task for task, _ in suite]
-    return SuiteResult(results, is_full_core(tasks) and opts.max_per_task is None)
+    every_item = all(r.items == len(data) for r, (_, data) in zip(results, suite))
+    return SuiteResult(results, every_item and is_full_core([task for task, _ in suite]))
 
 
 def is_full_core(tasks: list[TaskSpec]) -> bool:

@@ -29,9 +29,10 @@ def tasks_and_data(
     bundle: str | Path | None, task_file: str | Path | None, labels: list[str] | None
 ) -> tuple[list[TaskSpec], Path]:
     """The tasks to run and the directory their files are in."""
-    root = Path(bundle) if bundle else default_bundle_dir()
+    root = Path(bundle).expanduser() if bundle else default_bundle_dir()
     listed, data_dir = resolve_bundle(root)
-    specs = select_tasks(load_task_list(Path(task_file) if task_file else listed), labels)
+    listed = Path(task_file).expanduser() if task_file else listed
+    specs = select_tasks(load_task_list(listed), labels)
     for line in bundle_differences(root, specs):
         print(f"warning: {line}", file=sys.stderr)
     return specs, data_dir
