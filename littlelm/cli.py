@@ -140,6 +140,13 @@ def cmd_eval_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a share between 0 and 1, got {value}")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -246,7 +253,7 @@ def _add_eval(sub) -> None:
     e.add_argument("--batch-tokens", type=_positive, default=16384, help="tokens per forward")
     e.add_argument(
         "--warn-share",
-        type=float,
+        type=_share,
         default=0.01,
         help="warn when more than this share of a task's prompts exceed the context",
     )

@@ -45,7 +45,10 @@ class CoreEvalConfig(ComponentConfig):
     )
     batch_tokens: int = Field(16384, description="Tokens per forward pass.", ge=1)
     warn_share: float = Field(
-        0.01, description="Warn when more than this share of a task's prompts were cut.", ge=0
+        0.01,
+        description="Warn when more than this share (0-1) of a task's prompts were cut.",
+        ge=0,
+        le=1,
     )
 
 
