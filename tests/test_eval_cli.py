@@ -114,14 +114,10 @@ def test_core_callback_records_and_prints_table(tmp_path, corpus, task_dir):
     records = [json.loads(line) for line in (tmp_path / "runs/tiny/metrics.jsonl").open()]
     icl = [r for r in records if r["kind"] == "icl"]
     assert [r["step"] for r in icl] == [3, 6, 6]
-    assert set(icl[0]) >= {
-        "mean_centered",
-        "mc_words/acc",
-        "lm_sums/centered",
-        "mc_words/truncated",
-    }
-    assert icl[0]["mc_words/truncated"] == 1.0 and icl[0]["core"] is None
-    assert "schema_subjects/acc" in icl[2] and "mc_words/acc" not in icl[2]
+    assert set(icl[0]) >= {"mean_centered", "task_acc", "task_centered", "task_truncated_share"}
+    assert set(icl[0]["task_acc"]) == {"mc_words", "schema_subjects", "lm_sums"}
+    assert icl[0]["task_truncated_share"]["mc_words"] == 1.0 and icl[0]["core"] is None
+    assert list(icl[2]["task_acc"]) == ["schema_subjects"]
     text = log.getvalue()
     assert "in-context evaluation at step 6" in text and "lm_sums" in text
 
@@ -198,3 +194,29 @@ def test_packaged_core_list_loads_from_yaml():
     from littlelm.eval.tasks import CORE_TASKS
 
     assert len(yaml.safe_load(CORE_TASKS.read_text())["tasks"]) == 22
+
+
+def test_icl_records_reach_the_tensorboard_logger(tmp_path, task_dir):
+    """The loggers get the icl numbers as eval/<field> (a stand-in writer; no tensorboard here)."""
+    from littlelm.eval.callback import publish
+    from littlelm.train.loggers import TensorBoardLogger, scalars
+
+    class Writer:
+        def __init__(self):
+            self.seen = {}
+
+        def add_scalar(self, tag, value, step):
+            self.seen[tag] = (value, step)
+
+        def flush(self):
+            pass
+
+    tb = TensorBoardLogger.__new__(TensorBoardLogger)
+    tb.writer = Writer()
+
+    from types import SimpleNamespace
+
+    record = {"kind": "icl", "step": 7, "mean_centered": 0.1, "task_acc": {"mc_words": 0.5}}
+    publish(SimpleNamespace(step=7, callbacks=[tb]), record)
+    assert tb.writer.seen == {"eval/mean_centered": (0.1, 7), "eval/task_acc.mc_words": (0.5, 7)}
+    assert scalars({"task_acc": {"a": 1.0}}, "eval") == {"eval/task_acc.a": 1.0}

@@ -4,10 +4,11 @@
       - {name: core, every: 500, bundle: ~/.cache/littlelm/eval_bundle, max_per_task: 500}
       - {name: core, every: 250, bundle: ../shared/data/eval_dev, tasks: [siqa, logi_qa]}
 
-Each evaluation appends a `{"kind": "icl", ...}` record to metrics.jsonl (the mean centered
-score, `core` when it is the full CORE, and per task accuracy, centered score and the share of
-prompts cut to fit the context). After the last step it prints the per-task table. Validation
-loss and bits per byte stay with the `eval:` section, on their own interval.
+Each evaluation appends a `{"kind": "icl", ...}` record to metrics.jsonl: the mean centered
+score, `core` when it is the full CORE, and per task (nested by label) the accuracy, centered
+score and share of prompts cut to fit the context; the TensorBoard and W&B loggers get the same
+numbers as `eval/...`. After the last step it prints the per-task table. Validation loss and
+bits per byte stay with the `eval:` section, on their own interval.
 """
 
 from __future__ import annotations
@@ -97,11 +98,20 @@ class CoreEval(Callback):
             f"icl eval step {trainer.step}: mean centered {suite.mean_centered:.4f} over "
             f"{len(suite.tasks)} task(s) in {record['eval_time']:.1f}s"
         )
-        for cb in trainer.callbacks:
-            if isinstance(cb, JSONLLogger):
-                cb.write(record)
+        publish(trainer, record)
         self.last, self.last_step = suite, trainer.step
         return suite
+
+
+def publish(trainer: Trainer, record: dict) -> None:
+    """To metrics.jsonl, and to TensorBoard / W&B (as eval/<field>) when those loggers run."""
+    from littlelm.train.loggers import TensorBoardLogger, WandbLogger
+
+    for cb in trainer.callbacks:
+        if isinstance(cb, JSONLLogger):
+            cb.write(record)
+        elif isinstance(cb, (TensorBoardLogger, WandbLogger)):
+            cb.on_eval(trainer, {k: v for k, v in record.items() if k != "kind"})
 
 
 def suite_record(suite: SuiteResult, step: int, tokens: int, seconds: float) -> dict:
@@ -114,8 +124,7 @@ def suite_record(suite: SuiteResult, step: int, tokens: int, seconds: float) -> 
         "core": suite.mean_centered if suite.is_core else None,
         "eval_time": seconds,
     }
-    for t in suite.tasks:
-        rec[f"{t.label}/acc"] = t.accuracy
-        rec[f"{t.label}/centered"] = t.centered
-        rec[f"{t.label}/truncated"] = t.truncation.share
+    rec["task_acc"] = {t.label: t.accuracy for t in suite.tasks}
+    rec["task_centered"] = {t.label: t.centered for t in suite.tasks}
+    rec["task_truncated_share"] = {t.label: t.truncation.share for t in suite.tasks}
     return rec

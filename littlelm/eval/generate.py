@@ -59,7 +59,7 @@ def generate(
     device = model.wte.weight.device
     prompt, max_tokens, note = fit_prompt(prompt, max_tokens, model.cfg.max_seq_len)
     if note:
-        warnings.warn(note, stacklevel=2)
+        warnings.warn(note, stacklevel=3)  # the caller of generate (past no_grad)
     gen = torch.Generator(device=device)
     if seed is not None:
         gen.manual_seed(seed)

@@ -62,7 +62,10 @@ class JSONLLogger(Callback):
         self._write({"kind": "start", **run_facts(trainer)})
 
     def write(self, record: dict) -> None:
-        """Append one record (callbacks with their own metrics call this too)."""
+        """Append a record of another kind (e.g. the `core` callback's `icl` records)."""
+        self._write(record)
+
+    def _write(self, record: dict) -> None:
         assert self.path is not None
         clean = {
             k: (None if isinstance(v, float) and not math.isfinite(v) else v)
@@ -74,13 +77,13 @@ class JSONLLogger(Callback):
 
     def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
         if "loss" in metrics:
-            self.write({"kind": "train", **metrics})
+            self._write({"kind": "train", **metrics})
 
     def on_eval(self, trainer: Trainer, metrics: dict) -> None:
-        self.write({"kind": "eval", **metrics})
+        self._write({"kind": "eval", **metrics})
 
     def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
-        self.write({"kind": "end", **metrics})
+        self._write({"kind": "end", **metrics})
 
 
 def numeric_fields(record: dict, prefix: str = "") -> dict[str, float]:
