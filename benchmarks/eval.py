@@ -11,6 +11,7 @@ reference: per-item decisions of the fast harness (crop mode) against the slow p
 reassociation, so every decision must agree; also how many bf16 decisions differ from them.
 truncation: the dev suite's siqa at 10 shots (its DCLM setting), whose prompts exceed a
 512-token context, under both truncation modes, each checked against the reference.
+--device cuda runs any part on a GPU (the harness's CUDA path has not been run yet: for the lead).
 """
 
 from __future__ import annotations
@@ -26,16 +27,15 @@ from littlelm.eval.core import EvalOptions, evaluate_suite, evaluate_task, load_
 from littlelm.eval.reference import reference_decisions
 from littlelm.eval.tasks import load_task_list, resolve_bundle
 from littlelm.load import load_model
+from littlelm.train.device import pick_device
 
-BF16 = torch.autocast("cpu", dtype=torch.bfloat16)
+DEVICE = torch.device("cpu")  # set from --device in main()
 
 
 def precision(name: str):
-    return (
-        torch.autocast("cpu", dtype=torch.bfloat16)
-        if name == "bf16"
-        else torch.autocast("cpu", enabled=False)
-    )
+    if name == "bf16":
+        return torch.autocast(DEVICE.type, dtype=torch.bfloat16)
+    return torch.autocast(DEVICE.type, enabled=False)
 
 
 def speed(model, tok, suite, args) -> None:
@@ -98,7 +98,7 @@ def truncation(model, tok, suite, args) -> None:
         opts = EvalOptions(
             max_per_task=args.max_per_task, truncation=mode, batch_tokens=args.batch_tokens
         )
-        with BF16:
+        with precision("bf16"):
             res = evaluate_task(model, tok, task, data, opts)
         with precision("fp32"):
             fast = evaluate_task(model, tok, task, data, opts)
@@ -118,12 +118,16 @@ def main() -> None:
     p.add_argument("--bundle", required=True, help="task directory (e.g. ../shared/data/eval_dev)")
     p.add_argument("--max-per-task", type=int, default=500)
     p.add_argument("--batch-tokens", type=int, default=16384)
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (the lead's GPU check)")
     args = p.parse_args()
-    model, tok, _ = load_model(args.checkpoint)
+    global DEVICE
+    DEVICE = pick_device(args.device)
+    model, tok, _ = load_model(args.checkpoint, DEVICE)
     listed, data_dir = resolve_bundle(Path(args.bundle))
     suite = load_suite(load_task_list(listed), data_dir)
     print(
-        f"{args.part}: {args.checkpoint}, {data_dir}, torch {torch.__version__}, {torch.get_num_threads()} threads\n"
+        f"{args.part}: {args.checkpoint}, {data_dir}, torch {torch.__version__}, {DEVICE}, "
+        f"{torch.get_num_threads()} threads\n"
     )
     {"speed": speed, "reference": reference, "truncation": truncation}[args.part](
         model, tok, suite, args
