@@ -67,6 +67,24 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def micro_step(forward, x: torch.Tensor, y: torch.Tensor, accum: int, autocast) -> torch.Tensor:
+    """Forward and backward of one micro-batch; gradients accumulate in `.grad` (scaled by
+    1/accum). Returns the detached loss. The planner's trace runs this same function."""
+    with autocast:
+        loss = forward(x, y)
+    (loss / accum).backward()
+    return loss.detach()
+
+
+def apply_update(model: torch.nn.Module, optimizer, grad_clip: float | None) -> torch.Tensor:
+    """Measure (and clip) the gradients, step, free them: the end of every optimizer step (the
+    planner traces it too). Returns the gradient norm before clipping."""
+    norm = grad_norm(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, resume: str = "auto", progress: Progress | None = None):
         self.cfg = cfg
@@ -177,14 +195,9 @@ class Trainer:
             batch: Batch = next(batches)
             x = batch.x.to(self.device, non_blocking=True)
             y = batch.y.to(self.device, non_blocking=True)
-            with self.autocast():
-                loss = self.forward(x, y)
-            (loss / accum).backward()
-            total += loss.detach()
+            total += micro_step(self.forward, x, y, accum, self.autocast())
         self.loader_state = batch.state
-        self._norm_sum += grad_norm(self.model.parameters(), self.cfg.train.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._norm_sum += apply_update(self.model, self.optimizer, self.cfg.train.grad_clip)
         self.step += 1
         self.tokens += self.cfg.train.batch_tokens
         synchronize(self.device)

@@ -1,0 +1,128 @@
+"""The dimensions the memory formulas need, read from a resolved run config (pure functions).
+
+`Dims.of(cfg)` gathers the model's shape, the batch, the precision and the optimizer; the
+parameter list (`param_shapes`) mirrors littlelm.model.gpt exactly: the trace, which builds the
+real model, checks it (tests/test_plan_memory.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from littlelm.model.gpt import GPT, GPTConfig, default_origin
+from littlelm.optim.groups import MuonConfig
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def role(self) -> str:
+        return GPT.role(self.name)
+
+
+def param_shapes(m: GPTConfig) -> list[Param]:
+    """Every trainable tensor of GPT(m), with its name and shape (tied weights once)."""
+    C, V, kv = m.d_model, m.padded_vocab, m.kv_heads * m.head_dim
+    q = m.n_head * m.head_dim
+    out = [Param("wte.weight", (V, C))]
+    out += [
+        Param(f"value_embeds.{i}.weight", (V, kv)) for i in range(m.n_layer) if m.has_value_embed(i)
+    ]
+    for i in range(m.n_layer):
+        b = f"blocks.{i}"
+        if m.norm_affine:
+            out += [Param(f"{b}.norm1.weight", (C,)), Param(f"{b}.norm2.weight", (C,))]
+        out += [
+            Param(f"{b}.attn.c_q.weight", (q, C)),
+            Param(f"{b}.attn.c_k.weight", (kv, C)),
+            Param(f"{b}.attn.c_v.weight", (kv, C)),
+            Param(f"{b}.attn.c_proj.weight", (C, q)),
+        ]
+        if m.has_value_embed(i):
+            out.append(Param(f"{b}.attn.ve_gate.weight", (m.kv_heads, m.ve_gate_channels)))
+        out.append(Param(f"{b}.mlp.c_fc.weight", (m.hidden, C)))
+        if m.mlp == "swiglu":
+            out.append(Param(f"{b}.mlp.c_gate.weight", (m.hidden, C)))
+        out.append(Param(f"{b}.mlp.c_proj.weight", (C, m.hidden)))
+    if m.norm_affine:
+        out.append(Param("norm_f.weight", (C,)))
+    if not m.tie_embeddings:
+        out.append(Param("lm_head.weight", (V, C)))
+    if m.residual_scalars:
+        out += [Param("resid_lambdas", (m.n_layer,)), Param("x0_lambdas", (m.n_layer,))]
+    return out
+
+
+def buffer_shapes(m: GPTConfig) -> list[tuple[int, ...]]:
+    """RoPE cos and sin tables (fp32)."""
+    return [(1, m.max_seq_len, 1, m.head_dim // 2)] * 2
+
+
+@dataclass(frozen=True)
+class Dims:
+    """What the memory formulas read. `tokens` is one micro-batch (micro_batch × seq_len)."""
+
+    model: GPTConfig
+    micro_batch: int
+    seq_len: int
+    grad_accum: int
+    bf16: bool
+    optimizer: str  # "adamw" or "muon"
+    nesterov: bool
+    params: tuple[Param, ...]
+
+    @classmethod
+    def of(cls, cfg, micro_batch: int | None = None) -> Dims:
+        """From a resolved RunConfig; `micro_batch` replaces train.micro_batch_size and keeps
+        the tokens per optimizer step (grad_accum follows)."""
+        t, oc = cfg.train, cfg.optimizer
+        mb = micro_batch or t.micro_batch_size
+        accum = max(1, (t.batch_tokens or mb * t.seq_len) // (mb * t.seq_len))
+        muon = isinstance(oc, MuonConfig)
+        return cls(
+            model=cfg.model,
+            micro_batch=mb,
+            seq_len=t.seq_len,
+            grad_accum=accum,
+            bf16=t.precision == "bf16",
+            optimizer="muon" if muon else "adamw",
+            nesterov=bool(getattr(oc, "nesterov", False)),
+            params=tuple(param_shapes(cfg.model)),
+        )
+
+    def with_micro_batch(self, mb: int) -> Dims:
+        steps = self.micro_batch * self.grad_accum
+        return replace(self, micro_batch=mb, grad_accum=max(1, steps // mb))
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel for p in self.params)
+
+    def numel(self, role: str) -> int:
+        return sum(p.numel for p in self.params if p.role == role)
+
+    def groups(self) -> dict[str, list[Param]]:
+        """Optimizer groups as optim.groups builds them: one per (role, origin)."""
+        out: dict[str, list[Param]] = {}
+        for p in self.params:
+            out.setdefault(f"{p.role}/{default_origin(p.role)}", []).append(p)
+        return out
+
+    def muon_param(self, p: Param) -> bool:
+        return self.optimizer == "muon" and p.role == "matrix"
+
+    @property
+    def ve_layers(self) -> int:
+        return sum(self.model.has_value_embed(i) for i in range(self.model.n_layer))
