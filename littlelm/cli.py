@@ -8,6 +8,9 @@
     littlelm report RUN_DIR [RUN_DIR ...] [--out DIR] [--price-per-hour DOLLARS]
     littlelm eval CHECKPOINT [--bundle DIR] [--tasks a,b] [--max-per-task N] [--truncation MODE]
     littlelm eval-bundle [--dest DIR] [--url URL] [--sha256 HEX] [--force]
+    littlelm plan CONFIG [key=value ...] [--gpu NAME ...] [--tokens N] [--devices N] [--json]
+                  [--gpus FILE] [--chart OUT.png] [--no-trace]
+    littlelm bench CONFIG [key=value ...] [--steps N] [--json]
 
 CONFIG is a YAML path or the name of a packaged config (`demo`, `shakespeare_char`); it
 defaults to `demo`. User errors print one message and exit non-zero, without a traceback.
@@ -147,10 +150,51 @@ def _share(text: str) -> float:
     return value
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from littlelm.plan.catalog import load_catalog
+    from littlelm.plan.planner import make_plan
+    from littlelm.plan.report import plan_json, print_plan
+    from littlelm.schema import load_run
+
+    config, overrides = _split_config(args.items)
+    cfg = load_run(config, overrides, world_size=args.devices)
+    catalog = load_catalog(args.gpus or [])
+    plan = make_plan(cfg, catalog, args.gpu, args.tokens, args.devices, not args.no_trace)
+    if args.json:
+        print(json.dumps(plan_json(plan), indent=1))
+    else:
+        print_plan(plan)
+    if args.chart:
+        from littlelm.plan.chart import plan_chart
+
+        plan_chart(plan, args.chart)
+        if not args.json:
+            print(f"chart written to {args.chart}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import json
+
+    from littlelm.plan.bench import print_bench, run_bench
+    from littlelm.schema import load_run
+
+    config, overrides = _split_config(args.items)
+    cfg = load_run(config, overrides)
+    result = run_bench(cfg, args.steps)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print_bench(result)
+    return 0
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    value = int(float(text))
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
     return value
 
 
@@ -226,6 +270,24 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_report)
 
     _add_eval(sub)
+    pl = sub.add_parser("plan", help="memory, speed and cost of a run on each GPU of a catalog")
+    pl.add_argument("items", nargs="*", metavar="CONFIG [key=value ...]")
+    pl.add_argument("--gpu", action="append", help="plan for this catalog GPU (repeatable)")
+    pl.add_argument("--tokens", type=_positive, help="token budget (default: the config's)")
+    pl.add_argument(
+        "--devices", type=_positive, default=1, help="data-parallel GPUs (DDP); default 1"
+    )
+    pl.add_argument("--gpus", action="append", help="extra GPU catalog YAML (repeatable)")
+    pl.add_argument("--json", action="store_true", help="print one JSON object")
+    pl.add_argument("--chart", metavar="OUT.png", help="write a memory and cost chart")
+    pl.add_argument("--no-trace", action="store_true", help="skip the FakeTensorMode trace")
+    pl.set_defaults(fn=cmd_plan)
+
+    b = sub.add_parser("bench", help="run real steps, a save and a resume; measure them")
+    b.add_argument("items", nargs="*", metavar="CONFIG [key=value ...]")
+    b.add_argument("--steps", type=_positive, default=4, help="steps before and after resume")
+    b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.set_defaults(fn=cmd_bench)
     return p
 
 

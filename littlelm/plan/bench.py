@@ -1,0 +1,331 @@
+"""`littlelm bench`: a realistic smoke test of a run on the machine at hand.
+
+Inside one measured window it runs the real Trainer: the data loader with its prefetch thread,
+the configured optimizer (its state populated by the first step), compile if configured,
+`steps` steps, a checkpoint save, a fresh Trainer that resumes from it (the optimizer state is
+loaded), and `steps` more steps. It reports peak allocated and reserved memory (CUDA) or peak
+tensor memory and peak RSS (CPU), tokens/s and MFU, each beside the plan's prediction, and
+stores the measurement (measurements.py) so that `plan` uses the measured MFU for this workload
+on this GPU.
+
+The bench trains in its own run directory (`<run.name>-bench`), whose checkpoints it deletes at
+the end; the user's run is never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from littlelm.data.build import build_data
+from littlelm.model.gpt import flops_per_token
+from littlelm.plan import memory as mem
+from littlelm.plan.accounting import MemoryAccountant
+from littlelm.plan.catalog import load_catalog
+from littlelm.plan.cost import GIB, tokens_per_second
+from littlelm.plan.measurements import save_measurement, workload_key
+from littlelm.plan.shapes import Dims
+from littlelm.plan.trace import optimizer_tensors, trace_step
+from littlelm.train.callbacks import Callback
+from littlelm.train.device import peak_flops, pick_device
+from littlelm.train.progress import Progress
+
+
+class StepTimer(Callback):
+    """Wall time of every optimizer step (the trainer synchronizes at the end of each)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._last: float | None = None
+
+    def on_train_start(self, trainer) -> None:
+        self._last = time.perf_counter()
+
+    def on_step_end(self, trainer, metrics: dict) -> None:
+        now = time.perf_counter()
+        if self._last is not None:
+            self.times.append(now - self._last)
+        self._last = now
+
+
+def bench_config(cfg, steps: int):
+    """The run, renamed `<name>-bench`, for 2 x steps steps, without evals, samples, periodic
+    checkpoints or an end-of-run save (the bench saves once, in the middle)."""
+    c = cfg.model_copy(deep=True)
+    c.run.name = f"{cfg.run.name}-bench"
+    c.train.max_steps = 2 * steps
+    c.train.max_tokens = c.train.max_steps * c.train.batch_tokens
+    c.train.log_every = max(c.train.log_every, 2 * steps)
+    c.eval.every, c.eval.at_end = 0, False
+    c.checkpoint.every, c.checkpoint.at_end = 0, False
+    c.callbacks = []
+    return c
+
+
+def run_bench(cfg, steps: int = 4, quiet: bool = True) -> dict:
+    from littlelm.train.trainer import Trainer
+
+    c = bench_config(cfg, steps)
+    device = pick_device(c.run.device)
+    shutil.rmtree(c.run_dir(), ignore_errors=True)
+    build_data(c.data, lambda _: None)  # prepare (cached) before the window
+    probe = CudaProbe(device) if device.type == "cuda" else CpuProbe(track=not c.train.compile)
+    progress = Progress(io.StringIO()) if quiet else Progress()
+    timers = [StepTimer(), StepTimer()]
+    t0 = time.perf_counter()
+    with probe:
+        first = Trainer(c, resume="never", progress=progress)
+        first.callbacks.append(timers[0])
+        first.fit(stop_after=steps)  # stops early, so it saves a checkpoint
+        del first
+        second = Trainer(c, resume="auto", progress=progress)
+        probe.adopt(second)
+        second.callbacks.append(timers[1])
+        second.fit(stop_after=steps)
+        resumed = second.step
+        del second
+    wall = time.perf_counter() - t0
+    shutil.rmtree(c.run_dir() / "checkpoints", ignore_errors=True)
+    result = summarize(c, device, probe, timers, wall, resumed)
+    result["stored"] = str(save_measurement(result, c.run_dir()))
+    return result
+
+
+def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: int) -> dict:
+    # the first step of each Trainer warms up (allocations, compile): time the others
+    times = timers[0].times[1:] + timers[1].times[1:] or timers[0].times + timers[1].times
+    step_s = statistics.median(times)
+    tok_s = c.train.batch_tokens / step_s
+    fpt = flops_per_token(c.model, c.train.seq_len)
+    peak = peak_flops(device)
+    d = Dims.of(c)
+    out = {
+        "device": probe.device_name,
+        "kind": device.type,
+        "workload": workload_key(c),
+        "run": c.run.name,
+        "parameters": d.n_params,
+        "micro_batch": c.train.micro_batch_size,
+        "seq_len": c.train.seq_len,
+        "grad_accum": c.train.grad_accum,
+        "precision": c.train.precision,
+        "compile": c.train.compile,
+        "steps": 2 * (c.train.max_steps // 2),
+        "resumed_to_step": resumed,
+        "wall_s": wall,
+        "step_s": step_s,
+        "tok_s": tok_s,
+        "mfu": tok_s * fpt / peak if peak == peak and peak > 0 else None,
+        "peak_flops": peak,
+        **probe.results(),
+    }
+    out.update(predictions(c, device, probe, out))
+    return out
+
+
+def predictions(c, device, probe, measured: dict) -> dict:
+    d = Dims.of(c)
+    if device.type == "cuda":
+        catalog = load_catalog()
+        gpu = catalog.identify(probe.device_name)
+        e = mem.estimate(d, "cuda")
+        margin = catalog.defaults.allocator_margin
+        pred = {
+            "gpu": gpu.name if gpu else None,
+            "predicted_allocated": e.peak,
+            "predicted_reserved": e.peak * (1 + margin),
+        }
+        if gpu:
+            pred["predicted_tok_s"] = tokens_per_second(d, gpu, gpu.mfu)
+            pred["assumed_mfu"] = gpu.mfu
+        return pred
+    traced = trace_step(c)
+    return {
+        "gpu": None,
+        "predicted_tensor_peak": traced.peak.total,
+        "predicted_tensor_peak_analytic": mem.estimate(d, "cpu").peak,
+        "predicted_host_resume": mem.estimate(d, "cpu").categories[mem.PARAMS]
+        + mem.estimate(d, "cpu").categories[mem.STATE],
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Measuring memory
+
+
+class CudaProbe:
+    """torch.cuda peak statistics over the window, and the memory outside PyTorch (context)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.device_name = torch.cuda.get_device_name(device)
+
+    def __enter__(self):
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.synchronize(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        self.outside = (total - free) - torch.cuda.memory_reserved(self.device)
+        self.total = total
+        return False
+
+    def adopt(self, trainer) -> None:
+        pass
+
+    def results(self) -> dict:
+        return {
+            "peak_allocated": torch.cuda.max_memory_allocated(self.device),
+            "peak_reserved": torch.cuda.max_memory_reserved(self.device),
+            "outside_pytorch": self.outside,
+            "total_memory": self.total,
+        }
+
+
+class CpuProbe:
+    """Peak tensor memory (every storage PyTorch allocates, counted at the dispatcher) and the
+    process's peak resident set size (reset at the start where Linux allows it)."""
+
+    def __init__(self, track: bool = True):
+        self.device_name = "cpu"
+        self.acct = MemoryAccountant() if track else None
+        self.rss_reset = False
+
+    def __enter__(self):
+        self.rss_reset = reset_peak_rss()
+        self.rss_start = current_rss()
+        if self.acct is not None:
+            self.acct.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.acct is not None:
+            self.acct.__exit__(*exc)
+        self.rss_peak = peak_rss()
+        return False
+
+    def adopt(self, trainer) -> None:
+        """Count what a resume loaded behind the dispatcher's back (checkpoint tensors)."""
+        if self.acct is None:
+            return
+        for p in trainer.model.parameters():
+            self.acct.track(p, "parameters")
+        for t in optimizer_tensors(trainer.optimizer):
+            self.acct.track(t, "optimizer state")
+
+    def results(self) -> dict:
+        return {
+            "peak_tensor": self.acct.peak.total if self.acct else None,
+            "peak_rss": self.rss_peak,
+            "rss_at_start": self.rss_start,
+            "rss_peak_is_window": self.rss_reset,
+        }
+
+
+def _status_kib(field: str) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Linux: writing 5 to clear_refs resets the peak RSS (VmHWM) of this process."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def current_rss() -> int | None:
+    return _status_kib("VmRSS")
+
+
+def peak_rss() -> int | None:
+    hwm = _status_kib("VmHWM")
+    if hwm is not None:
+        return hwm
+    with contextlib.suppress(ImportError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# The report
+
+
+def comparison_rows(r: dict) -> list[tuple[str, float | None, float | None, str]]:
+    """(what, measured, predicted, unit) rows."""
+    g = GIB
+    if r["kind"] == "cuda":
+        rows = [
+            ("peak allocated", r["peak_allocated"] / g, r["predicted_allocated"] / g, "GiB"),
+            ("peak reserved", r["peak_reserved"] / g, r["predicted_reserved"] / g, "GiB"),
+            ("outside PyTorch (context)", r["outside_pytorch"] / g, None, "GiB"),
+        ]
+    else:
+        peak = r.get("peak_tensor")
+        rows = [
+            (
+                "peak tensor memory",
+                peak / g if peak is not None else None,
+                r["predicted_tensor_peak"] / g,
+                "GiB",
+            ),
+            ("peak RSS", (r["peak_rss"] or 0) / g or None, None, "GiB"),
+            ("host RAM for a resume", None, r["predicted_host_resume"] / g, "GiB"),
+        ]
+    rows.append(("tokens/s", r["tok_s"], r.get("predicted_tok_s"), ""))
+    rows.append(("MFU", r["mfu"], r.get("assumed_mfu"), ""))
+    return rows
+
+
+def print_bench(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(
+        title=f"bench on {r['device']}: {r['steps']} steps with a save and a resume "
+        f"(to step {r['resumed_to_step']}), {r['wall_s']:.1f} s",
+        title_justify="left",
+    )
+    for col in ("", "measured", "predicted", "measured / predicted"):
+        t.add_column(col, justify="left" if not col else "right")
+    for name, meas, pred, unit in comparison_rows(r):
+        ratio = f"{meas / pred:.3f}" if meas is not None and pred else "-"
+        t.add_row(name, _fmt(meas, unit), _fmt(pred, unit), ratio)
+    console = Console(width=120)
+    console.print(t)
+    if r["kind"] == "cpu":
+        console.print(
+            "  predicted tensor peak: the plan's trace (CPU kernels). "
+            + (
+                "peak RSS covers the bench window."
+                if r["rss_peak_is_window"]
+                else "peak RSS is the process's lifetime peak (could not reset it)."
+            )
+        )
+    console.print(f"  stored: {r['stored']} (plan uses this MFU for this workload on this GPU)")
+
+
+def _fmt(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    if unit == "GiB":
+        return f"{x:.3f} GiB"
+    if x < 1:
+        return f"{x:.1%}"
+    return f"{x:,.0f}"

@@ -1,0 +1,110 @@
+"""`littlelm plan`: put the memory model, the trace, the catalog and the costs together.
+
+plan = make_plan(load_run("run.yaml"), load_catalog())
+print_plan(plan)        # littlelm.plan.report
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from littlelm.model.gpt import flops_per_token
+from littlelm.plan import memory as mem
+from littlelm.plan.catalog import Catalog
+from littlelm.plan.cost import GIB, GpuPlan, plan_gpu
+from littlelm.plan.measurements import load_measurements, measured_mfu, workload_key
+from littlelm.plan.shapes import Dims
+from littlelm.plan.trace import TraceResult, trace_step
+
+# Where CUDA's kernels keep different tensors than the CPU kernels the trace runs.
+KERNEL_NOTES = {
+    "qk_norm": "q/k RMSNorm: CUDA's fused kernel keeps the bf16 input, the CPU path an fp32 copy",
+    "norm_affine": "RMSNorm gains: the CPU path also keeps x/rms in fp32 for the gain's gradient",
+    "backward": "RMSNorm backward: one fused CUDA kernel, a chain of fp32 ops on the CPU",
+}
+
+
+@dataclass
+class Plan:
+    cfg: object
+    dims: Dims
+    estimate: mem.Estimate  # CUDA kernels: the prediction for a GPU
+    cpu_estimate: mem.Estimate  # CPU kernels: what the trace is checked against
+    trace: TraceResult | None
+    gpus: list[GpuPlan]
+    tokens: int
+    devices: int
+    resume: dict[str, float]  # GiB: device during resume, host RAM during resume
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def flops_per_token(self) -> int:
+        return flops_per_token(self.dims.model, self.dims.seq_len)
+
+    def trace_check(self) -> dict[str, float | None]:
+        """trace / analytic (CPU kernels) for every category both compute."""
+        if self.trace is None:
+            return {}
+        out: dict[str, float | None] = {}
+        for k in mem.CATEGORIES:
+            a, t = self.cpu_estimate.categories[k], self.trace.categories[k]
+            out[k] = (t / a) if a else (None if t == 0 else float("inf"))
+        return out
+
+
+def make_plan(
+    cfg,
+    catalog: Catalog,
+    gpu_names: list[str] | None = None,
+    tokens: int | None = None,
+    devices: int = 1,
+    trace: bool = True,
+) -> Plan:
+    d = Dims.of(cfg)
+    tokens = tokens or cfg.train.max_tokens
+    records = load_measurements()
+    key = workload_key(cfg)
+    gpus = [
+        plan_gpu(d, g, catalog, tokens, devices, measured_mfu(records, g.name, key))
+        for g in catalog.select(gpu_names)
+    ]
+    gpus.sort(key=lambda p: (not p.fits and p.best_micro_batch is None, not p.fits, p.dollars))
+    estimate = mem.estimate(d, "cuda")
+    return Plan(
+        cfg=cfg,
+        dims=d,
+        estimate=estimate,
+        cpu_estimate=mem.estimate(d, "cpu"),
+        trace=trace_step(cfg) if trace else None,
+        gpus=gpus,
+        tokens=tokens,
+        devices=devices,
+        resume=resume_memory(estimate),
+        notes=notes_for(cfg),
+    )
+
+
+def resume_memory(e: mem.Estimate) -> dict[str, float]:
+    """Resuming loads the checkpoint into host RAM (weights + optimizer state), then copies the
+    optimizer state to the GPU one tensor at a time: the GPU holds weights + state, which is
+    below the step's peak; the host holds the whole checkpoint."""
+    c = e.categories
+    return {
+        "device_gib": (c[mem.PARAMS] + c[mem.STATE]) / GIB,
+        "host_gib": (c[mem.PARAMS] + c[mem.STATE]) / GIB,
+    }
+
+
+def notes_for(cfg) -> list[str]:
+    m, t = cfg.model, cfg.train
+    notes = []
+    if m.qk_norm and t.precision == "bf16":
+        notes.append(KERNEL_NOTES["qk_norm"])
+    if m.norm_affine:
+        notes.append(KERNEL_NOTES["norm_affine"])
+    notes.append(KERNEL_NOTES["backward"])
+    if t.compile:
+        notes.append(
+            "train.compile: planned as eager; torch.compile usually keeps less (bench measures it)"
+        )
+    return notes
