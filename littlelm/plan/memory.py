@@ -39,6 +39,7 @@ class Estimate:
     categories: dict[str, int]
     phases: dict[str, int]
     dims: Dims
+    kernels: Kernels = "cuda"
 
     @property
     def peak(self) -> int:
@@ -47,6 +48,10 @@ class Estimate:
     @property
     def peak_phase(self) -> str:
         return max(self.phases, key=self.phases.get)
+
+    def peak_breakdown(self) -> dict[str, int]:
+        """What is alive at the peak, by category (sums to `peak`)."""
+        return phase_breakdowns(self.dims, self.categories, self.kernels)[self.peak_phase]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,29 +258,42 @@ def estimate(d: Dims, kernels: Kernels = "cuda") -> Estimate:
         BWD: backward_temp_bytes(d, kernels),
         SCRATCH: optimizer_scratch_bytes(d),
     }
-    return Estimate(cats, phase_peaks(d, cats, kernels), d)
+    return Estimate(cats, phase_peaks(d, cats, kernels), d, kernels)
 
 
-def phase_peaks(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, int]:
-    """The forward/backward peak is the largest of three moments: the loss's backward (every
+def phase_breakdowns(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, dict[str, int]]:
+    """What is alive at the peak of each phase, by category (the sum is the phase's peak).
+
+    The forward/backward peak is the largest of three moments: the loss's backward (every
     activation alive), the top block's backward, and (grad_accum = 1, where gradients appear
     during backward) the bottom block's, with nearly every gradient made and nearly every
     activation freed."""
     m, N, L = d.model, d.tokens, d.model.n_layer
-    kept = c[PARAMS] + c[STATE]
+    kept = {PARAMS: c[PARAMS], STATE: c[STATE]}
     head_grad = block_bytes(4 * m.padded_vocab * m.d_model)
     layer = [int(layer_activation_bytes(d, i, kernels) * N) for i in range(L)]
-    act_global = c[ACT] - sum(layer)
     if d.grad_accum > 1:
         grads_top = grads_bottom = c[GRADS]
     else:
         embeds = sum(block_bytes(4 * p.numel) for p in d.params if p.role.endswith("embedding"))
         grads_top, grads_bottom = head_grad, c[GRADS] - embeds
-    at_loss = kept + c[COPIES] + c[ACT] + grads_top + c[LOSS]
-    at_top = kept + c[COPIES] + c[ACT] + grads_top + c[BWD]
-    copies_bottom = c[COPIES] // L if d.bf16 else 0
-    at_bottom = kept + copies_bottom + act_global + layer[0] + grads_bottom + c[BWD]
+    live = {**kept, COPIES: c[COPIES], ACT: c[ACT], GRADS: grads_top}
+    moments = [
+        {**live, LOSS: c[LOSS]},
+        {**live, BWD: c[BWD]},
+        {
+            **kept,
+            COPIES: c[COPIES] // L if d.bf16 else 0,
+            ACT: c[ACT] - sum(layer) + layer[0],
+            GRADS: grads_bottom,
+            BWD: c[BWD],
+        },
+    ]
     return {
-        FB: max(at_loss, at_top, at_bottom),
-        OPT: kept + c[GRADS] + c[SCRATCH],
+        FB: max(moments, key=lambda x: sum(x.values())),
+        OPT: {**kept, GRADS: c[GRADS], SCRATCH: c[SCRATCH]},
     }
+
+
+def phase_peaks(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, int]:
+    return {k: sum(v.values()) for k, v in phase_breakdowns(d, c, kernels).items()}

@@ -1,0 +1,98 @@
+"""`littlelm plan --chart OUT.png`: memory by category on each GPU against its capacity, and
+dollars per billion tokens. matplotlib's object API with the Agg canvas (no pyplot state)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from littlelm.errors import LittleLMError
+from littlelm.plan import memory as mem
+from littlelm.plan.cost import GIB
+from littlelm.plan.planner import Plan
+
+COLORS = {
+    mem.PARAMS: "#1f77b4",
+    mem.GRADS: "#ff7f0e",
+    mem.STATE: "#2ca02c",
+    mem.COPIES: "#9467bd",
+    mem.ACT: "#d62728",
+    mem.LOSS: "#8c564b",
+    mem.BWD: "#e377c2",
+    mem.SCRATCH: "#17becf",
+    "allocator margin": "#bcbd22",
+    "CUDA context & workspaces": "#7f7f7f",
+}
+
+
+def memory_segments(plan: Plan, gpu_index: int) -> dict[str, float]:
+    """GiB per segment of one GPU's bar: what is alive at the peak, then margin and context."""
+    p = plan.gpus[gpu_index]
+    seg = {k: v / GIB for k, v in plan.estimate.peak_breakdown().items() if v}
+    seg["allocator margin"] = p.lines["allocator margin"]
+    seg["CUDA context & workspaces"] = p.lines["CUDA context & workspaces"]
+    if p.lines.get("DDP gradient buckets"):
+        seg["DDP gradient buckets"] = p.lines["DDP gradient buckets"]
+    return seg
+
+
+def plan_chart(plan: Plan, out: str | Path) -> Path:
+    fig = Figure(figsize=(12, 0.45 * len(plan.gpus) + 2.2), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_mem, ax_cost = fig.subplots(1, 2, sharey=True, width_ratios=(3, 2))
+    names = [p.gpu.name for p in plan.gpus]
+    ys = list(range(len(names)))[::-1]
+    _memory_panel(ax_mem, plan, ys)
+    _cost_panel(ax_cost, plan, ys)
+    ax_mem.set_yticks(ys, names)
+    fig.suptitle(
+        f"{plan.cfg.run.name}: {plan.dims.n_params / 1e9:.3g}B parameters, micro-batch "
+        f"{plan.dims.micro_batch} x {plan.dims.seq_len}, {plan.tokens / 1e9:.3g}B tokens"
+    )
+    path = Path(out)
+    try:
+        fig.savefig(path, format="png")
+    except OSError as e:
+        raise LittleLMError(f"cannot write the chart to {path}: {e}") from None
+    return path
+
+
+def _memory_panel(ax, plan: Plan, ys: list[int]) -> None:
+    labelled = set()
+    for i, y in enumerate(ys):
+        left = 0.0
+        for name, gib in memory_segments(plan, i).items():
+            label = name if name not in labelled else None
+            labelled.add(name)
+            ax.barh(y, gib, left=left, color=COLORS.get(name, "#444444"), label=label)
+            left += gib
+        cap = plan.gpus[i].gpu.memory_gib
+        ax.plot([cap, cap], [y - 0.45, y + 0.45], color="black", linewidth=2.5)
+    ax.plot([], [], color="black", linewidth=2.5, label="GPU memory")
+    ax.set_xlabel("memory per GPU at the configured micro-batch (GiB)")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncols=4, frameon=False)
+    _style(ax)
+
+
+def _cost_panel(ax, plan: Plan, ys: list[int]) -> None:
+    for p, y in zip(plan.gpus, ys):
+        runs = p.fits or p.best_micro_batch is not None
+        ax.barh(
+            y,
+            p.dollars_per_btok,
+            color="#2ca02c" if p.fits else ("#ff7f0e" if runs else "#cccccc"),
+            hatch="" if p.fits else "//",
+        )
+        note = "" if p.fits else (f" at micro-batch {p.best_micro_batch}" if runs else " no fit")
+        label = f" ${p.dollars_per_btok:,.0f}{note}"
+        ax.text(p.dollars_per_btok, y, label, va="center", fontsize=7)
+    ax.set_xlabel("USD per billion tokens (assumed or measured MFU)")
+    _style(ax)
+
+
+def _style(ax) -> None:
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.tick_params(labelsize=8)
