@@ -130,14 +130,21 @@ class RunConfig(Cfg):
 
 
 def find_config(path: str | Path) -> Path:
-    """A path, or the name of a packaged config (`demo` -> littlelm/configs/demo.yaml)."""
+    """A path, or the name of a packaged config (`demo` -> littlelm/configs/demo.yaml,
+    `plans/3b_grow` -> littlelm/configs/plans/3b_grow.yaml)."""
     p = Path(path)
     if p.is_file():
         return p
-    packaged = PACKAGED_CONFIGS / (p.name if p.suffix else f"{p.name}.yaml")
-    if packaged.is_file() and len(p.parts) <= 2:
-        return packaged
-    known = ", ".join(sorted(f.stem for f in PACKAGED_CONFIGS.glob("*.yaml")))
+    name = p if p.suffix else p.with_suffix(".yaml")
+    for packaged in (PACKAGED_CONFIGS / name, PACKAGED_CONFIGS / name.name):  # plans/x or x
+        if packaged.is_file() and len(p.parts) <= 2:
+            return packaged
+    known = ", ".join(
+        sorted(
+            str(f.relative_to(PACKAGED_CONFIGS).with_suffix(""))
+            for f in PACKAGED_CONFIGS.rglob("*.yaml")
+        )
+    )
     raise ConfigError([f"config file not found: {path} (packaged configs: {known})"])
 
 

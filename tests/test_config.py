@@ -109,7 +109,7 @@ def test_resolved_config_round_trips(tiny_config):
     assert to_tree(again) == to_tree(cfg)
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGED_CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(PACKAGED_CONFIGS.rglob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_validates(path):
     cfg = load_run(path)
     assert cfg.train.max_steps >= 1

@@ -37,8 +37,9 @@ def bench_dir() -> Path:
 def save_measurement(record: dict, run_dir: Path | None = None) -> Path:
     """Write `record` (plus a timestamp) to the bench cache and the run directory."""
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **record}
-    name = f"{record['time'].replace(':', '')}-{record.get('gpu') or record['device']}.json"
-    name = name.replace(" ", "_").replace("/", "_")
+    stamp = record["time"].replace(":", "")
+    who = str(record.get("gpu") or record["device"])
+    name = f"{stamp}-{who}-{digest(record)[:8]}.json".replace(" ", "_").replace("/", "_")
     path = bench_dir() / name
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(record, indent=1)
@@ -59,7 +60,7 @@ def load_measurements(directory: Path | None = None) -> list[dict]:
             rec = json.loads(f.read_text())
             if isinstance(rec, dict) and "mfu" in rec:
                 out.append(rec)
-    return out
+    return sorted(out, key=lambda r: str(r.get("time", "")))
 
 
 def measured_mfu(records: list[dict], gpu: str, workload: str) -> dict | None:
