@@ -136,10 +136,11 @@ def predictions(c, device, probe, measured: dict) -> dict:
         gpu = catalog.identify(probe.device_name)
         e = mem.estimate(d, "cuda")
         margin = catalog.defaults.allocator_margin
+        allocated = e.peak + catalog.defaults.workspace_gib * GIB  # cuBLAS uses the allocator
         pred = {
             "gpu": gpu.name if gpu else None,
-            "predicted_allocated": e.peak,
-            "predicted_reserved": e.peak * (1 + margin),
+            "predicted_allocated": allocated,
+            "predicted_reserved": allocated * (1 + margin),
         }
         if gpu:
             pred["predicted_tok_s"] = tokens_per_second(d, gpu, gpu.mfu)
