@@ -103,7 +103,8 @@ def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: i
     step_s = statistics.median(times)
     tok_s = c.train.batch_tokens / step_s
     fpt = flops_per_token(c.model, c.train.seq_len)
-    peak = peak_flops(device)
+    peak = catalog_peak(c, probe.device_name) if device.type == "cuda" else None
+    peak = peak or peak_flops(device)
     d = Dims.of(c)
     out = {
         "device": probe.device_name,
@@ -127,6 +128,15 @@ def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: i
     }
     out.update(predictions(c, device, probe, out))
     return out
+
+
+def catalog_peak(c, device_name: str) -> float | None:
+    """The catalog's peak FLOP/s for this GPU, so that plan's MFU x peak gives back the
+    measured tokens/s."""
+    gpu = load_catalog().identify(device_name)
+    if gpu is None:
+        return None
+    return (gpu.bf16_tflops if c.train.precision == "bf16" else gpu.fp32_tflops) * 1e12
 
 
 def predictions(c, device, probe, measured: dict) -> dict:

@@ -33,8 +33,9 @@ def memory_segments(plan: Plan, gpu_index: int) -> dict[str, float]:
     seg = {k: v / GIB for k, v in plan.estimate.peak_breakdown().items() if v}
     seg["allocator margin"] = p.lines["allocator margin"]
     seg["CUDA context & workspaces"] = p.lines["CUDA context & workspaces"]
-    if p.lines.get("DDP gradient buckets"):
-        seg["DDP gradient buckets"] = p.lines["DDP gradient buckets"]
+    for extra in ("DDP gradient buckets", "resume spike"):
+        if p.lines.get(extra):
+            seg[extra] = p.lines[extra]
     return seg
 
 

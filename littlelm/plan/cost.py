@@ -54,11 +54,14 @@ def device_lines(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> dict[
     """The memory budget of one GPU in GiB: tensor peak, allocator margin, context."""
     e = mem.estimate(d, "cuda")
     buckets = ddp_bucket_bytes(d, devices)
-    tensor_peak = e.peak + buckets
+    step_peak = e.peak + buckets
+    resume = mem.resume_device_bytes(e)
+    tensor_peak = max(step_peak, resume)
     margin = tensor_peak * catalog.defaults.allocator_margin
     return {
         "tensor peak": tensor_peak / GIB,
         "DDP gradient buckets": buckets / GIB,
+        "resume spike": (tensor_peak - step_peak) / GIB,
         "allocator margin": margin / GIB,
         "CUDA context & workspaces": catalog.context_gib(gpu),
         "needed": (tensor_peak + margin) / GIB + catalog.context_gib(gpu),

@@ -295,5 +295,18 @@ def phase_breakdowns(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, 
     }
 
 
+def resume_device_bytes(e: Estimate) -> int:
+    """GPU memory while resuming. load_checkpoint reads the checkpoint into host RAM, then
+    load_state_dict copies the optimizer state to the GPU one tensor at a time (same dtype, so
+    no cast temporaries): the GPU holds the weights and one copy of the state, below the step's
+    peak. A loader that mapped the checkpoint straight to the GPU would hold the state twice."""
+    return e.categories[PARAMS] + e.categories[STATE]
+
+
+def resume_host_bytes(e: Estimate) -> int:
+    """Host RAM while resuming: the whole checkpoint (weights + optimizer state)."""
+    return e.categories[PARAMS] + e.categories[STATE]
+
+
 def phase_peaks(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, int]:
     return {k: sum(v.values()) for k, v in phase_breakdowns(d, c, kernels).items()}

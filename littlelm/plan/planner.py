@@ -85,13 +85,10 @@ def make_plan(
 
 
 def resume_memory(e: mem.Estimate) -> dict[str, float]:
-    """Resuming loads the checkpoint into host RAM (weights + optimizer state), then copies the
-    optimizer state to the GPU one tensor at a time: the GPU holds weights + state, which is
-    below the step's peak; the host holds the whole checkpoint."""
-    c = e.categories
+    """GiB on the GPU and in host RAM while a resume loads the checkpoint."""
     return {
-        "device_gib": (c[mem.PARAMS] + c[mem.STATE]) / GIB,
-        "host_gib": (c[mem.PARAMS] + c[mem.STATE]) / GIB,
+        "device_gib": mem.resume_device_bytes(e) / GIB,
+        "host_gib": mem.resume_host_bytes(e) / GIB,
     }
 
 

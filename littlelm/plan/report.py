@@ -31,10 +31,12 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     for note in plan.notes:
         console.print(f"  [dim]note: {note}[/dim]")
     r = plan.resume
+    step = plan.estimate.peak / GIB
+    where = "below" if r["device_gib"] <= step else "[red]above[/red]"
     console.print(
         f"resume: the GPU holds {gib(r['device_gib'])} GiB while loading (weights + optimizer "
-        f"state; the checkpoint is read into host RAM first), below the step's peak; host RAM "
-        f"needs {gib(r['host_gib'])} GiB for the checkpoint"
+        f"state, copied one tensor at a time from host RAM), {where} the step's peak of "
+        f"{gib(step)} GiB; host RAM needs {gib(r['host_gib'])} GiB for the checkpoint"
     )
     console.print(gpu_table(plan))
     for p in plan.gpus:
