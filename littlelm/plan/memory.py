@@ -185,7 +185,12 @@ def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
     else:
         qk = v_grad + a * kv + 2 * a * q
     w_mlp = (2 + 4) * C * h if d.bf16 else 4 * C * h
+    # FlashAttention's backward on CUDA: the output's gradient, an fp32 accumulator for dq and
+    # the softmax row sums, dq, and dk/dv at the query heads' width under GQA (summed after)
+    gqa = m.kv_heads != m.n_head
+    flash = a * q + 4 * q + 4 * m.n_head + a * q + (2 * a * q if gqa else 2 * a * kv)
     return {
+        "attention kernel": N * (base + flash) if fused else 0,
         "mlp": N * (base + mlp),
         "mlp out projection": N * (base + a * C + a * h) + w_mlp,
         "norm": N * (base + norm),
