@@ -9,9 +9,13 @@ returns the categories and the peak of each phase of a step:
                       + activations + max(logits & loss, residual grad + backward temporaries)
     optimizer step    parameters + optimizer state + gradients + optimizer scratch
 
-`Kernels` says whose kernels run. On CUDA, RMSNorm is one fused kernel that keeps its bf16
-input; PyTorch's CPU path upcasts to fp32 and keeps that copy, and its backward is a chain of
-fp32 elementwise ops. The plan uses "cuda"; the trace (CPU kernels) is compared with "cpu".
+`Kernels` says whose kernels run. On CUDA, RMSNorm is one fused kernel that keeps its input and
+1/rms (autocast runs it in fp32); PyTorch's CPU path is a chain of fp32 ops that also keeps x/rms
+when the norm has a gain, and whose backward holds five row-sized fp32 tensors at once. CUDA
+autocast also runs `pow` in fp32 (relu²'s square), and CUDA's FlashAttention backward adds an
+fp32 accumulator. (The op lists of CUDA and CPU autocast differ; these are the ops of this model
+where they do.) The plan uses "cuda"; the trace (CPU kernels)
+is compared with "cpu".
 """
 
 from __future__ import annotations
@@ -102,17 +106,30 @@ def layer_activation_bytes(d: Dims, layer: int, kernels: Kernels) -> float:
     n_in = 2 if m.mlp == "swiglu" else 1
     total += (3 + n_in) * 2 * C if d.bf16 else 2 * 4 * C  # matmul inputs
     if m.qk_norm:
-        keep = a if (kernels == "cuda" or not d.bf16) else 4  # CPU upcasts bf16 to fp32
-        total += keep * (q + kv) + 4 * (m.n_head + m.kv_heads)
+        # RMSNorm keeps its input in fp32: CUDA autocast runs rms_norm in fp32 (a cast of the
+        # bf16 q and k), PyTorch's CPU path upcasts inside; plus 1/rms per head
+        total += 4 * (q + kv) + 4 * (m.n_head + m.kv_heads)
     total += a * (q + kv) + a * kv  # q, k after RoPE and v, kept by attention
     total += a * q + 4 * m.n_head  # attention output and its log-sum-exp
     total += 2 * 4  # RMSNorm 1/rms per token, two norms
     if m.norm_affine and kernels == "cpu":
         total += 2 * 4 * C  # the CPU path keeps x/rms (fp32) for the gain's gradient
-    total += (4 if m.mlp == "swiglu" else 2) * a * h
+    total += mlp_activation_bytes(d, kernels)
     if m.has_value_embed(layer):
         total += 4 * kv + 2 * a * m.kv_heads + (a * m.ve_gate_channels if d.bf16 else 0)
     return total
+
+
+def mlp_activation_bytes(d: Dims, kernels: Kernels) -> int:
+    """Per token. SwiGLU keeps both projections, SiLU's output and the product. relu² keeps
+    relu's output and its square; on CUDA, autocast runs `pow` (the square) in fp32, so it keeps
+    an fp32 copy of relu's output and a bf16 copy of the square for the next matmul."""
+    a, h = (2 if d.bf16 else 4), d.model.hidden
+    if d.model.mlp == "swiglu":
+        return 4 * a * h
+    if kernels == "cuda" and d.bf16:
+        return 2 * a * h + 4 * h
+    return 2 * a * h
 
 
 def activation_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
@@ -179,9 +196,13 @@ def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
     norm = norm_backward_bytes(d, kernels)
     ve = any(m.has_value_embed(i) for i in range(m.n_layer))
     v_grad = 4 * kv if ve else a * kv
-    mlp = (3 if m.mlp == "swiglu" else 4) * a * h  # gradients of the MLP's hidden tensors
-    if m.qk_norm:
-        qk = v_grad + a * kv + (2 * a * q if fused else 20 * q)
+    # gradients of the MLP's hidden tensors; relu²'s square runs in fp32 under CUDA autocast
+    if m.mlp == "swiglu":
+        mlp = 3 * a * h
+    else:
+        mlp = 16 * h if (fused and d.bf16) else 4 * a * h
+    if m.qk_norm:  # fp32 gradients through RoPE and the norm (CUDA), or the CPU's op chain
+        qk = v_grad + a * kv + ((8 + a) * q if fused else 20 * q)
     else:
         qk = v_grad + a * kv + 2 * a * q
     w_mlp = (2 + 4) * C * h if d.bf16 else 4 * C * h

@@ -18,9 +18,11 @@ from littlelm.plan.trace import TraceResult, trace_step
 
 # Where CUDA's kernels keep different tensors than the CPU kernels the trace runs.
 KERNEL_NOTES = {
-    "qk_norm": "q/k RMSNorm: CUDA's fused kernel keeps the bf16 input, the CPU path an fp32 copy",
+    "relu2": "relu²: CUDA autocast runs the square (pow) in fp32, the CPU in bf16: the GPU keeps "
+    "an fp32 copy of relu's output (predicted above the trace)",
     "norm_affine": "RMSNorm gains: the CPU path also keeps x/rms in fp32 for the gain's gradient",
-    "backward": "RMSNorm backward: one fused CUDA kernel, a chain of fp32 ops on the CPU",
+    "backward": "RMSNorm backward: one fused CUDA kernel, a chain of fp32 ops on the CPU; "
+    "FlashAttention's backward on CUDA adds an fp32 dq accumulator",
 }
 
 
@@ -95,8 +97,8 @@ def resume_memory(e: mem.Estimate) -> dict[str, float]:
 def notes_for(cfg) -> list[str]:
     m, t = cfg.model, cfg.train
     notes = []
-    if m.qk_norm and t.precision == "bf16":
-        notes.append(KERNEL_NOTES["qk_norm"])
+    if m.mlp == "relu2" and t.precision == "bf16":
+        notes.append(KERNEL_NOTES["relu2"])
     if m.norm_affine:
         notes.append(KERNEL_NOTES["norm_affine"])
     notes.append(KERNEL_NOTES["backward"])
