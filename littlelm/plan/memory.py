@@ -101,7 +101,7 @@ def weight_copy_bytes(d: Dims) -> int:
 def layer_activation_bytes(d: Dims, layer: int, kernels: Kernels) -> float:
     """Bytes per token that block `layer` keeps for backward."""
     m, a = d.model, (2 if d.bf16 else 4)
-    C, q, kv, h = m.d_model, m.n_head * m.head_dim, m.kv_heads * m.head_dim, m.hidden
+    C, q, kv = m.d_model, m.n_head * m.head_dim, m.kv_heads * m.head_dim
     total = (3 if m.residual_scalars else 2) * 4 * C  # fp32 residual stream
     n_in = 2 if m.mlp == "swiglu" else 1
     total += (3 + n_in) * 2 * C if d.bf16 else 2 * 4 * C  # matmul inputs
