@@ -133,34 +133,48 @@ def plan_gpu(
     )
 
 
+def config_changes(d: Dims) -> list[tuple[str, str, Dims]]:
+    """Config changes that lower memory without changing the tokens per step:
+    (override, why, the changed Dims)."""
+    out = []
+    if d.optimizer == "adamw":
+        muon = replace(d, optimizer="muon", nesterov=True)
+        out.append(("optimizer.name=muon", "one fp32 buffer per matrix, not AdamW's two", muon))
+    return out
+
+
 def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Remedy]:
-    """Each change that lowers memory, with its predicted saving at the configured batch."""
+    """Each change that lowers memory with its predicted saving at the configured micro-batch;
+    a change that is not enough alone also comes with the largest micro-batch that then fits."""
     base = needed_gib(d, gpu, catalog, devices)
     out: list[Remedy] = []
 
-    def add(name: str, need: float, note: str = "") -> None:
+    def add(name: str, dm: Dims, note: str) -> None:
+        need = needed_gib(dm, gpu, catalog, devices)
         out.append(Remedy(name, need, base - need, need <= gpu.memory_gib, note))
 
-    if d.optimizer == "adamw":
-        muon = replace(d, optimizer="muon", nesterov=True)
-        add(
-            "optimizer.name=muon",
-            needed_gib(muon, gpu, catalog, devices),
-            "Muon keeps one fp32 buffer per matrix instead of AdamW's two",
-        )
     best = largest_fitting(d, gpu, catalog, devices)
-    small = best or 1
-    if small < d.micro_batch:
-        dm = d.with_micro_batch(small)
-        add(
-            f"train.micro_batch_size={small}",
-            needed_gib(dm, gpu, catalog, devices),
-            f"grad_accum {d.grad_accum} -> {dm.grad_accum} keeps the tokens per step",
-        )
+    if (best or 1) < d.micro_batch:
+        dm = d.with_micro_batch(best or 1)
+        add(f"train.micro_batch_size={best or 1}", dm, _accum_note(d, dm))
+    for name, why, changed in config_changes(d):
+        add(name, changed, why)
+        if not out[-1].fits:
+            m = largest_fitting(changed, gpu, catalog, devices)
+            if m:
+                dm = changed.with_micro_batch(m)
+                add(f"{name} train.micro_batch_size={m}", dm, f"{why}; {_accum_note(d, dm)}")
     for n in FSDP_SIZES:
         per_gpu = fsdp_peak(d, n) * (1 + catalog.defaults.allocator_margin) / GIB
         need = per_gpu + catalog.context_gib(gpu)
         if need <= gpu.memory_gib or n == FSDP_SIZES[-1]:
-            add(f"FSDP over {n} GPUs", need, "analytic: littlelm's FSDP arrives later")
+            note = "analytic: littlelm's FSDP arrives later"
+            out.append(
+                Remedy(f"FSDP over {n} GPUs", need, base - need, need <= gpu.memory_gib, note)
+            )
             break
-    return sorted(out, key=lambda r: -r.saving_gib)
+    return sorted(out, key=lambda r: (not r.fits, -r.needed_gib if r.fits else r.needed_gib))
+
+
+def _accum_note(d: Dims, dm: Dims) -> str:
+    return f"grad_accum {d.grad_accum} -> {dm.grad_accum} keeps the tokens per step"

@@ -39,9 +39,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
         f"{gib(step)} GiB; host RAM needs {gib(r['host_gib'])} GiB for the checkpoint"
     )
     console.print(gpu_table(plan))
-    for p in plan.gpus:
-        if not p.fits:
-            console.print(remedy_line(p))
+    if any(not p.fits for p in plan.gpus):
+        console.print(remedy_table(plan))
 
 
 def summary_line(plan: Plan) -> str:
@@ -138,14 +137,27 @@ def gpu_table(plan: Plan) -> Table:
     return t
 
 
-def remedy_line(p: GpuPlan) -> str:
-    parts = [
-        f"{r.name} saves {gib(r.saving_gib)} GiB -> needs {gib(r.needed_gib)}"
-        + (" [green](fits)[/green]" if r.fits else "")
-        for r in p.remedies
-    ]
-    head = f"[bold]{p.gpu.name}[/bold] needs {gib(p.needed_gib)} of {gib(p.gpu.memory_gib)} GiB"
-    return head + (": " + "; ".join(parts) if parts else "")
+def remedy_table(plan: Plan) -> Table:
+    t = Table(
+        title="remedies where it does not fit (at the configured micro-batch unless named)",
+        title_justify="left",
+    )
+    for col in ("GPU", "change", "saves (GiB)", "needs (GiB)", "fits", "note"):
+        t.add_column(col, justify="right" if "GiB" in col else "left")
+    for p in plan.gpus:
+        if p.fits:
+            continue
+        for i, r in enumerate(p.remedies):
+            t.add_row(
+                f"{p.gpu.name} ({gib(p.gpu.memory_gib)})" if i == 0 else "",
+                r.name,
+                gib(r.saving_gib),
+                gib(r.needed_gib),
+                "[green]yes[/green]" if r.fits else "no",
+                r.note,
+            )
+        t.add_section()
+    return t
 
 
 def plan_json(plan: Plan) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from littlelm.errors import ConfigError
 from littlelm.model.gpt import GPT, GPTConfig, default_origin
 from littlelm.optim.groups import MuonConfig
 
@@ -83,6 +84,10 @@ class Dims:
     def of(cls, cfg, micro_batch: int | None = None) -> Dims:
         """From a resolved RunConfig; `micro_batch` replaces train.micro_batch_size and keeps
         the tokens per optimizer step (grad_accum follows)."""
+        if not isinstance(cfg.model, GPTConfig):
+            raise ConfigError(
+                [f"model.name: the planner knows the gpt model only, not {cfg.model.name!r}"]
+            )
         t, oc = cfg.train, cfg.optimizer
         mb = micro_batch or t.micro_batch_size
         accum = max(1, (t.batch_tokens or mb * t.seq_len) // (mb * t.seq_len))
