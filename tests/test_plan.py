@@ -131,6 +131,12 @@ def test_costs_follow_mfu_price_and_tokens(tiny_config):
     assert two.lines["DDP gradient buckets"] > 0 and two.needed_gib > p.needed_gib
 
 
+def test_data_parallel_keeps_per_device_accumulation(tiny_config):
+    cfg = load_run(tiny_config, ["train.batch_tokens=1024"], world_size=2)
+    d = Dims.of(cfg)
+    assert d.micro_batch * d.grad_accum * d.seq_len * 2 == 1024  # per device x 2 devices
+
+
 def d_flops(d):
     from littlelm.model.gpt import flops_per_token
 

@@ -16,6 +16,8 @@ from littlelm.plan.measurements import load_measurements, measured_mfu, workload
 from littlelm.plan.shapes import Dims
 from littlelm.plan.trace import TraceResult, trace_step
 
+SMALL_MODEL = 200_000_000  # parameters below which the MFU assumptions are optimistic
+
 # Where CUDA's kernels keep different tensors than the CPU kernels the trace runs.
 KERNEL_NOTES = {
     "relu2": "relu²: CUDA autocast runs the square (pow) in fp32, the CPU in bf16: the GPU keeps "
@@ -102,6 +104,11 @@ def notes_for(cfg) -> list[str]:
     if m.norm_affine:
         notes.append(KERNEL_NOTES["norm_affine"])
     notes.append(KERNEL_NOTES["backward"])
+    if Dims.of(cfg).n_params < SMALL_MODEL:
+        notes.append(
+            "the catalog's MFU assumptions are for 1B+ models; a model this small runs far below "
+            "them on a GPU (launch overheads): run `littlelm bench` there to measure it"
+        )
     if t.compile:
         notes.append(
             "train.compile: planned as eager; torch.compile usually keeps less (bench measures it)"

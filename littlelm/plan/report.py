@@ -10,13 +10,20 @@ from rich.table import Table
 from littlelm.plan import memory as mem
 from littlelm.plan.cost import GIB, GpuPlan
 from littlelm.plan.planner import Plan
+from littlelm.train.progress import human
 
 
 def gib(x: float) -> str:
     return f"{x:,.2f}"
 
 
+def money(x: float) -> str:
+    return f"${x:,.2f}" if x < 100 else f"${x:,.0f}"
+
+
 def duration(hours: float) -> str:
+    if hours < 1 / 60:
+        return f"{hours * 3600:.0f} s"
     if hours < 1:
         return f"{hours * 60:.0f} min"
     if hours < 48:
@@ -48,12 +55,12 @@ def summary_line(plan: Plan) -> str:
     n = d.n_params
     tokens_step = d.tokens * d.grad_accum * plan.devices
     return (
-        f"[bold]{cfg.run.name}[/bold]: {n / 1e9:.3g}B parameters, "
-        f"{plan.flops_per_token / 1e9:.3g} GFLOPs/token; micro-batch {d.micro_batch} × seq "
+        f"[bold]{cfg.run.name}[/bold]: {human(n)} parameters, "
+        f"{human(plan.flops_per_token)} FLOPs/token; micro-batch {d.micro_batch} × seq "
         f"{d.seq_len} × accum {d.grad_accum}"
         + (f" × {plan.devices} GPUs" if plan.devices > 1 else "")
         + f" = {tokens_step:,} tokens/step; {cfg.train.precision}, {d.optimizer}; "
-        f"budget {plan.tokens / 1e9:.3g}B tokens"
+        f"budget {human(plan.tokens)} tokens"
     )
 
 
@@ -130,8 +137,8 @@ def gpu_table(plan: Plan) -> Table:
             f"{p.tok_s:,.0f}",
             f"{p.mfu:.0%} {p.mfu_source}",
             duration(p.hours),
-            f"${p.dollars:,.0f}",
-            f"${p.dollars_per_btok:,.2f}",
+            money(p.dollars),
+            money(p.dollars_per_btok),
         )
     t.caption = "prices: typical on-demand, dated in the catalog (littlelm/plan/gpus.yaml)"
     return t

@@ -90,7 +90,8 @@ class Dims:
             )
         t, oc = cfg.train, cfg.optimizer
         mb = micro_batch or t.micro_batch_size
-        accum = max(1, (t.batch_tokens or mb * t.seq_len) // (mb * t.seq_len))
+        seqs = (t.grad_accum or 1) * t.micro_batch_size  # sequences per device per step
+        accum = max(1, seqs // mb)
         muon = isinstance(oc, MuonConfig)
         return cls(
             model=cfg.model,
