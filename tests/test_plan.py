@@ -146,12 +146,14 @@ def d_flops(d):
 def test_measured_mfu_replaces_the_assumption(tiny_config, tmp_path):
     cfg = load_run(tiny_config)
     record = {"device": "NVIDIA H100 80GB HBM3", "gpu": "H100-SXM", "mfu": 0.31}
-    save_measurement({**record, "workload": workload_key(cfg)})
+    memory = {"micro_batch": 4, "peak_reserved": 3 * 2**30, "outside_pytorch": 2**29}
+    save_measurement({**record, **memory, "workload": workload_key(cfg)})
     save_measurement({**record, "workload": "another model", "mfu": 0.9})
     plan = make_plan(cfg, load_catalog(), ["H100-SXM", "A100-80GB"], trace=False)
     by = {p.gpu.name: p for p in plan.gpus}
     assert by["H100-SXM"].mfu == 0.31 and by["H100-SXM"].mfu_source.startswith("measured")
-    assert by["A100-80GB"].mfu_source == "assumed"
+    assert by["A100-80GB"].mfu_source == "assumed" and by["A100-80GB"].measured is None
+    assert by["H100-SXM"].measured["peak_reserved"] == 3 * 2**30
     assert measured_mfu([], "H100-SXM", "x") is None
 
 

@@ -48,6 +48,7 @@ class GpuPlan:
     dollars: float
     dollars_per_btok: float
     remedies: list[Remedy] = field(default_factory=list)
+    measured: dict | None = None  # bench's measurement of this run on this GPU, if any
 
 
 def device_lines(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> dict[str, float]:

@@ -71,3 +71,16 @@ def measured_mfu(records: list[dict], gpu: str, workload: str) -> dict | None:
         if r.get("gpu") == gpu and r.get("workload") == workload and (r.get("mfu") or 0) > 0
     ]
     return hits[-1] if hits else None
+
+
+def measured_memory(records: list[dict], gpu: str, workload: str, micro_batch: int) -> dict | None:
+    """The newest CUDA measurement of this workload at this micro-batch on `gpu`."""
+    hits = [
+        r
+        for r in records
+        if r.get("gpu") == gpu
+        and r.get("workload") == workload
+        and r.get("micro_batch") == micro_batch
+        and r.get("peak_reserved")
+    ]
+    return hits[-1] if hits else None

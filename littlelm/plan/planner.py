@@ -12,7 +12,12 @@ from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
 from littlelm.plan.catalog import Catalog
 from littlelm.plan.cost import GIB, GpuPlan, plan_gpu
-from littlelm.plan.measurements import load_measurements, measured_mfu, workload_key
+from littlelm.plan.measurements import (
+    load_measurements,
+    measured_memory,
+    measured_mfu,
+    workload_key,
+)
 from littlelm.plan.shapes import Dims
 from littlelm.plan.trace import TraceResult, trace_step
 
@@ -72,6 +77,8 @@ def make_plan(
         plan_gpu(d, g, catalog, tokens, devices, measured_mfu(records, g.name, key))
         for g in catalog.select(gpu_names)
     ]
+    for p in gpus:
+        p.measured = measured_memory(records, p.gpu.name, key, d.micro_batch)
     gpus.sort(key=lambda p: (not p.fits and p.best_micro_batch is None, not p.fits, p.dollars))
     estimate = mem.estimate(d, "cuda")
     return Plan(

@@ -46,6 +46,14 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
         f"{gib(step)} GiB; host RAM needs {gib(r['host_gib'])} GiB for the checkpoint"
     )
     console.print(gpu_table(plan))
+    for p in plan.gpus:
+        if p.measured:
+            m = p.measured
+            console.print(
+                f"  {p.gpu.name}: bench measured {gib(m['peak_reserved'] / GIB)} GiB reserved "
+                f"(+ {gib(m['outside_pytorch'] / GIB)} outside PyTorch) on {m['time'][:10]}; "
+                f"predicted {gib(p.needed_gib)} GiB in all"
+            )
     if any(not p.fits for p in plan.gpus):
         console.print(remedy_table(plan))
 
@@ -225,4 +233,5 @@ def _gpu_json(p: GpuPlan) -> dict:
         "price_per_hour": p.gpu.price_per_hour,
         "price_date": p.gpu.price_date,
         "remedies": [r.__dict__ for r in p.remedies],
+        "measured": p.measured,
     }
