@@ -1,29 +1,28 @@
 """`littlelm plan --chart OUT.png`: memory by category on each GPU against its capacity, and
-dollars per billion tokens. matplotlib's object API with the Agg canvas (no pyplot state)."""
+dollars per billion tokens. Drawn with the report's helpers (littlelm/report/plots.py: object
+API, Agg canvas, no pyplot state) so the plan's chart looks like the run reports."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 from littlelm.errors import LittleLMError
 from littlelm.plan import memory as mem
 from littlelm.plan.cost import GIB
 from littlelm.plan.planner import Plan
+from littlelm.report.plots import PALETTE, new_figure, save_png, style_axes
 
 COLORS = {
-    mem.PARAMS: "#1f77b4",
-    mem.GRADS: "#ff7f0e",
-    mem.STATE: "#2ca02c",
-    mem.COPIES: "#9467bd",
-    mem.ACT: "#d62728",
-    mem.LOSS: "#8c564b",
-    mem.BWD: "#e377c2",
-    mem.SCRATCH: "#17becf",
-    "allocator margin": "#bcbd22",
-    "CUDA context & workspaces": "#7f7f7f",
+    mem.PARAMS: PALETTE[0],
+    mem.GRADS: PALETTE[3],
+    mem.STATE: PALETTE[2],
+    mem.COPIES: PALETTE[4],
+    mem.ACT: PALETTE[1],
+    mem.LOSS: PALETTE[5],
+    mem.BWD: PALETTE[6],
+    mem.SCRATCH: PALETTE[7],
+    "allocator margin": PALETTE[9],
+    "CUDA context & workspaces": PALETTE[8],
 }
 
 
@@ -40,8 +39,7 @@ def memory_segments(plan: Plan, gpu_index: int) -> dict[str, float]:
 
 
 def plan_chart(plan: Plan, out: str | Path) -> Path:
-    fig = Figure(figsize=(12, 0.45 * len(plan.gpus) + 2.2), dpi=110, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(1, 2, width=12, row_height=0.45 * len(plan.gpus) + 1.6)
     ax_mem, ax_cost = fig.subplots(1, 2, sharey=True, width_ratios=(3, 2))
     names = [p.gpu.name for p in plan.gpus]
     ys = list(range(len(names)))[::-1]
@@ -52,12 +50,10 @@ def plan_chart(plan: Plan, out: str | Path) -> Path:
         f"{plan.cfg.run.name}: {plan.dims.n_params / 1e9:.3g}B parameters, micro-batch "
         f"{plan.dims.micro_batch} x {plan.dims.seq_len}, {plan.tokens / 1e9:.3g}B tokens"
     )
-    path = Path(out)
     try:
-        fig.savefig(path, format="png")
+        return save_png(fig, out)
     except OSError as e:
-        raise LittleLMError(f"cannot write the chart to {path}: {e}") from None
-    return path
+        raise LittleLMError(f"cannot write the chart to {out}: {e}") from None
 
 
 def _memory_panel(ax, plan: Plan, ys: list[int]) -> None:
@@ -94,6 +90,5 @@ def _cost_panel(ax, plan: Plan, ys: list[int]) -> None:
 
 
 def _style(ax) -> None:
-    ax.grid(True, axis="x", alpha=0.3)
-    ax.spines[["top", "right"]].set_visible(False)
-    ax.tick_params(labelsize=8)
+    style_axes(ax)
+    ax.grid(False, axis="y")
