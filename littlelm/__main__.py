@@ -1,3 +1,4 @@
 from littlelm.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # guarded: worker processes (spawn) import this module
+    raise SystemExit(main())

@@ -3,7 +3,10 @@
 A new component module is added here once; nothing else needs to know about it.
 """
 
+import littlelm.data.build
+import littlelm.data.records
 import littlelm.data.sources
+import littlelm.data.tiktoken_tokenizer
 import littlelm.data.tokenizer
 import littlelm.eval.callback
 import littlelm.model.gpt

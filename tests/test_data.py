@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from littlelm.data.loader import BestFitPacker, DataExhausted, DocStream, MixtureLoader, val_batches
-from littlelm.data.prepare import ValSplit, unit_hash
 from littlelm.data.shards import HEADER_SIZE, Shard, write_shard
 from littlelm.data.sources import split_long
+from littlelm.data.split import ValSplit, content_hash
 from littlelm.data.tokenizer import BPEConfig, BPETokenizer, ByteTokenizer, load_tokenizer
 from littlelm.errors import DataError
 
@@ -218,11 +218,13 @@ def test_val_batches_cover_every_token_once(tmp_path):
 
 def test_val_split_modes():
     h = ValSplit(0.1, "hash", seed=0)
-    share = sum(h.is_val(i) for i in range(20000)) / 20000
+    share = sum(h.is_val(0, f"doc {i}".encode()) for i in range(20000)) / 20000
     assert abs(share - 0.1) < 0.01
+    assert h.is_val(0, b"same text") == h.is_val(999, b"same text")  # by content, not position
     t = ValSplit(0.1, "tail", seed=0, n_docs=100)
-    assert [i for i in range(100) if t.is_val(i)] == list(range(90, 100))
-    assert unit_hash(5, 0) == unit_hash(5, 0) != unit_hash(5, 1)
+    assert [i for i in range(100) if t.is_val(i, b"x")] == list(range(90, 100))
+    assert content_hash(b"a", 0) == content_hash(b"a", 0) != content_hash(b"a", 1)
+    assert not any(ValSplit(0.0, "hash", 0).is_val(i, bytes([i])) for i in range(100))
 
 
 def test_split_long_keeps_text_and_limit():

@@ -1,24 +1,33 @@
-"""The data section of a run, and what the trainer gets from it."""
+"""The data section of a run, the `shards` source, and what the trainer gets from them.
+
+`prepare_data` is the one implementation behind both `littlelm data prepare` and the automatic
+preparation `littlelm train` does: tokenizer first, then each raw source into shards (cached by
+content, or into a chosen directory). `build_data` then opens every source's shards, refusing
+any made by a different tokenizer.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import Field
 
 from littlelm.config import Cfg, Registered
-from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader
+from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
 from littlelm.data.prepare import (
     cache_root,
     dataset_dir,
     make_split,
     prepare_source,
+    read_manifest,
     resolve_tokenizer,
 )
 from littlelm.data.shards import Shard
-from littlelm.data.sources import Source
+from littlelm.data.sources import Source, SourceConfig
 from littlelm.data.tokenizer import Tokenizer
 from littlelm.errors import DataError
 from littlelm.registry import DATASETS, TOKENIZERS
@@ -29,7 +38,7 @@ class DataConfig(Cfg):
 
     tokenizer: Annotated[Any, Registered(TOKENIZERS, default="bpe")] = Field(
         default_factory=lambda: {"name": "bpe"},
-        description="Tokenizer: byte, bpe, ... (littlelm list).",
+        description="Tokenizer: byte, bpe, tiktoken, huggingface, saved (littlelm list).",
     )
     sources: Annotated[Any, Registered(DATASETS, container="dict")] = Field(
         default_factory=dict, description="Mapping label -> data source (with its weight)."
@@ -38,7 +47,7 @@ class DataConfig(Cfg):
         0.01, description="Fraction of documents held out for validation.", ge=0, lt=1
     )
     val_split: Literal["hash", "tail"] = Field(
-        "hash", description="Held-out documents: seeded hash of the index, or the last ones."
+        "hash", description="Held-out documents: seeded hash of the text, or the last ones."
     )
     split_seed: int = Field(0, description="Seed of the hash split (independent of run.seed).")
     buffer_docs: int = Field(1000, description="Documents buffered for best-fit packing.", ge=1)
@@ -46,7 +55,14 @@ class DataConfig(Cfg):
         "repeat", description="When a source runs out: start a new epoch, or stop the run."
     )
     shard_tokens: int = Field(
-        100_000_000, description="Tokens per shard file when preparing.", ge=1
+        100_000_000,
+        description="Tokens per shard file when preparing (at most, plus one document).",
+        ge=1,
+    )
+    workers: int | None = Field(
+        None,
+        description="Processes tokenizing in parallel when preparing; null = every core.",
+        ge=1,
     )
     cache_dir: str | None = Field(
         None,
@@ -58,6 +74,28 @@ class DataConfig(Cfg):
     prefetch: int = Field(2, description="Batches built ahead in a background thread.", ge=1)
 
 
+class ShardsConfig(SourceConfig):
+    """Token shards made by `littlelm data prepare --out DIR` (one dataset directory)."""
+
+    path: str = Field(..., description="A dataset directory written by `littlelm data prepare`.")
+
+
+@DATASETS.register("shards", config=ShardsConfig)
+class PreparedShards(Source):
+    """Already prepared token shards; used as they are (their own train/val split)."""
+
+    prepared = True
+
+    def directory(self) -> Path:
+        return Path(self.cfg.path).expanduser()
+
+    def files(self) -> list[Path]:
+        return [self.directory()]
+
+    def identity(self) -> dict:
+        return {"shards": str(self.directory().resolve())}
+
+
 @dataclass
 class PreparedSource:
     label: str
@@ -65,6 +103,10 @@ class PreparedSource:
     directory: Path
     train: list[Shard]
     val: list[Shard]
+
+    @property
+    def train_tokens(self) -> int:
+        return sum(s.header.n_tokens for s in self.train)
 
 
 @dataclass
@@ -88,6 +130,29 @@ class RunData:
     def val_shards(self) -> list[Shard]:
         return [sh for s in self.sources.values() for sh in s.val]
 
+    def val_batches(
+        self, batch: int, seq_len: int, max_tokens: int | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Each source's validation split in turn; a token cap is shared by weight, so a capped
+        evaluation still sees every source in its mixture proportion."""
+        total = sum(s.weight for s in self.sources.values())
+        for src in self.sources.values():
+            cap = None if max_tokens is None else max(seq_len, int(max_tokens * src.weight / total))
+            yield from val_batches(src.val, batch, seq_len, cap)
+
+    def mixture_plan(self, run_tokens: int) -> list[str]:
+        """One line per source: weight, training tokens, and the epochs this run will take."""
+        total = sum(s.weight for s in self.sources.values())
+        lines = []
+        for src in self.sources.values():
+            share = src.weight / total
+            epochs = run_tokens * share / max(1, src.train_tokens)
+            lines.append(
+                f"  {src.label}: weight {share:.3f}, {src.train_tokens:,} train tokens, "
+                f"{epochs:.2f} epoch(s) in this run ({src.directory})"
+            )
+        return lines
+
 
 def build_sources(cfg: DataConfig) -> dict[str, Source]:
     if not cfg.sources:
@@ -97,36 +162,67 @@ def build_sources(cfg: DataConfig) -> dict[str, Source]:
     return {label: DATASETS.get(sc.name)(sc, label) for label, sc in cfg.sources.items()}
 
 
-def build_data(cfg: DataConfig, log=print) -> RunData:
-    """Prepare (or find in the cache) every source's shards and the tokenizer, then open them."""
+def prepare_data(
+    cfg: DataConfig,
+    out: Path | None = None,
+    only: list[str] | None = None,
+    log=print,
+    progress=None,
+) -> tuple[Tokenizer, dict[str, tuple[Source, Path, dict]]]:
+    """The tokenizer, and for each source its (source, dataset directory, manifest): raw
+    sources are prepared into `out/LABEL` (or the cache), prepared ones are read."""
     sources = build_sources(cfg)
+    unknown = sorted(set(only or []) - set(sources))
+    if unknown:
+        raise DataError(f"no source named {', '.join(unknown)}; sources: {', '.join(sources)}")
+    raw = {k: s for k, s in sources.items() if not s.prepared}
     splits = {
-        k: make_split(s, cfg.val_fraction, cfg.val_split, cfg.split_seed)
-        for k, s in sources.items()
+        k: make_split(s, cfg.val_fraction, cfg.val_split, cfg.split_seed) for k, s in raw.items()
     }
     root = cache_root(cfg.cache_dir)
     tok = resolve_tokenizer(cfg.tokenizer, sources, splits, root, log)
-    prepared = {}
+    result = {}
     for label, src in sources.items():
-        out = dataset_dir(src, tok, splits[label], root)
-        manifest = prepare_source(src, tok, splits[label], out, cfg.shard_tokens, log)
-        if manifest["tokenizer"]["fingerprint"] != tok.fingerprint:
-            raise DataError(
-                f"{out}: shards were made by a different tokenizer; delete the directory to rebuild"
-            )
-        prepared[label] = PreparedSource(
-            label,
-            src.cfg.weight,
-            out,
-            [
-                Shard(out / s["file"], cfg.verify_checksums)
-                for s in manifest["splits"]["train"]["shards"]
-            ],
-            [
-                Shard(out / s["file"], cfg.verify_checksums)
-                for s in manifest["splits"]["val"]["shards"]
-            ],
+        if only and label not in only:
+            continue
+        if src.prepared:
+            result[label] = (src, src.directory(), read_manifest(src.directory()))
+            continue
+        directory = out / label if out else dataset_dir(src, tok, splits[label], root)
+        manifest = prepare_source(
+            src, tok, splits[label], directory, cfg.shard_tokens, cfg.workers, log, progress
         )
-        if src.skipped:
-            log(f"{label}: skipped {src.skipped}")
-    return RunData(tok, prepared)
+        result[label] = (src, directory, manifest)
+    return tok, result
+
+
+def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
+    """Prepare (or find) every source's shards and the tokenizer, then open them."""
+    tok, prepared = prepare_data(cfg, log=log, progress=progress)
+    opened = {
+        label: open_dataset(label, src.cfg.weight, directory, manifest, tok, cfg.verify_checksums)
+        for label, (src, directory, manifest) in prepared.items()
+    }
+    return RunData(tok, opened)
+
+
+def open_dataset(
+    label: str, weight: float, directory: Path, manifest: dict, tok: Tokenizer, verify: bool
+) -> PreparedSource:
+    made_by = manifest.get("tokenizer", {})
+    if made_by.get("fingerprint") != tok.fingerprint:
+        raise DataError(
+            f"data.sources.{label}: the shards in {directory} were made by tokenizer "
+            f"{made_by.get('describe', '?')} (fingerprint {str(made_by.get('fingerprint'))[:12]}), "
+            f"but this run's tokenizer is {tok.describe()} (fingerprint {tok.fingerprint[:12]}); "
+            f"set data.tokenizer={{name: saved, path: {directory}}} to train with the tokenizer "
+            "that made them, or prepare the data again with this one"
+        )
+
+    def open_split(name: str) -> list[Shard]:
+        shards = [Shard(directory / s["file"], verify) for s in manifest["splits"][name]["shards"]]
+        for s in shards:
+            s.check_tokenizer(tok.fingerprint, f"this run's tokenizer, {tok.describe()}")
+        return shards
+
+    return PreparedSource(label, weight, directory, open_split("train"), open_split("val"))

@@ -1,38 +1,46 @@
-"""Raw documents -> tokenizer -> token shards, cached by what they depend on.
+"""Raw documents -> tokenizer -> token shards: one implementation for `littlelm data prepare`
+and for `littlelm train`, which prepares (and caches) its sources the same way.
 
 A prepared dataset is a directory:
 
-    manifest.json            written last: its presence means the directory is complete
-    tokenizer/               the tokenizer the shards were made with
-    train_00000.bin ...      shards (see shards.py)
-    val_00000.bin ...
+    manifest.json                written last: its presence means the directory is complete
+    tokenizer/                   the tokenizer the shards were made with
+    train-00000-000.bin ...      shards of unit 0 (see shards.py), then unit 1, ...
+    val-00000-000.bin ...
 
-`prepare_source` builds one for a source; `resolve_tokenizer` trains (or loads from the cache) the
-tokenizer a run asks for. Both work in a temporary directory renamed into place when complete.
+It is built in `NAME.partial/` and renamed into place. The source's input is cut into units of
+about one shard (sources.py); units are tokenized in parallel (workers.py), each one's shards
+renamed into place when complete and the unit then recorded in `units/`, so an interrupted
+prepare starts again where it stopped: finished units are kept, a half-done unit is redone.
+`resolve_tokenizer` trains (or finds in the cache) the tokenizer a run asks for.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
-
-import numpy as np
 
 from littlelm.config import ComponentConfig
-from littlelm.data.shards import ShardWriter
-from littlelm.data.sources import Source
+from littlelm.data.meter import Meter
+from littlelm.data.shards import read_header
+from littlelm.data.sources import Source, Unit
+from littlelm.data.split import ValSplit
 from littlelm.data.tokenizer import META, Tokenizer, load_tokenizer
+from littlelm.data.workers import UnitJob, run_units, unit_record_path
 from littlelm.errors import DataError
 from littlelm.registry import TOKENIZERS
 
 MANIFEST = "manifest.json"
-MASK64 = (1 << 64) - 1
+PLAN = "plan.json"
+FORMAT = 2
 
 
 def cache_root(configured: str | None = None) -> Path:
@@ -45,39 +53,27 @@ def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def unit_hash(i: int, seed: int) -> float:
-    """A fixed pseudo-random number in [0, 1) for document i (splitmix64)."""
-    x = (i * 0x9E3779B97F4A7C15 + seed * 0xD1B54A32D192ED03 + 1) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return (x ^ (x >> 31)) / 2.0**64
-
-
-class ValSplit:
-    """Which documents are held out: a seeded hash of the index ('hash'), or the last fraction of
-    the documents in order ('tail', like nanoGPT's last 10%)."""
-
-    def __init__(
-        self, fraction: float, mode: Literal["hash", "tail"], seed: int, n_docs: int | None = None
-    ):
-        self.fraction, self.mode, self.seed, self.n_docs = fraction, mode, seed, n_docs
-        assert mode == "hash" or n_docs is not None, "tail split needs the document count"
-
-    def is_val(self, i: int) -> bool:
-        if self.mode == "tail":
-            return i >= round(self.n_docs * (1 - self.fraction))
-        return unit_hash(i, self.seed) < self.fraction
-
-
 def make_split(source: Source, fraction: float, mode: str, seed: int) -> ValSplit:
-    n = sum(1 for _ in source.documents()) if mode == "tail" else None
+    """The source's split; 'tail' counts its documents first (one reading pass)."""
+    n = (
+        sum(1 for u in source.units(1 << 30) for _ in source.unit_documents(u))
+        if mode == "tail"
+        else None
+    )
     return ValSplit(fraction, mode, seed, n)
 
 
 def train_documents(source: Source, split: ValSplit) -> Iterator[str]:
-    for i, doc in enumerate(source.documents()):
-        if not split.is_val(i):
-            yield doc
+    """The pieces of the source's training documents, in order."""
+    i = 0
+    for unit in source.units(1 << 30):
+        for doc in source.unit_documents(unit):
+            if not split.is_val(i, doc.encode("utf-8")):
+                yield from source.pieces(doc)
+            i += 1
+
+
+# -- tokenizer -------------------------------------------------------------------------------------
 
 
 def resolve_tokenizer(
@@ -87,24 +83,31 @@ def resolve_tokenizer(
     root: Path,
     log=print,
 ) -> Tokenizer:
-    """The run's tokenizer: built directly, or trained on the sources' training documents (in
-    proportion to their weights) and cached under root/tokenizers."""
+    """The run's tokenizer: built directly, or trained on the raw sources' training documents
+    (in proportion to their weights) and cached under root/tokenizers."""
     cls = TOKENIZERS.get(cfg.name)
     if not cls.trainable:
         return cls.from_config(cfg)
+    raw = {k: s for k, s in sources.items() if not s.prepared}
+    if not raw:
+        raise DataError(
+            f"data.tokenizer {cfg.name!r} is trained on raw documents, but every source is "
+            "prepared shards; use the tokenizer they were made with: "
+            "data.tokenizer={name: saved, path: DATASET_DIR}"
+        )
     key = digest(
         {
             "tokenizer": cfg.model_dump(),
-            "sources": {k: s.identity() for k, s in sources.items()},
-            "splits": {k: vars(v) for k, v in splits.items()},
+            "sources": {k: s.identity() for k, s in raw.items()},
+            "splits": {k: splits[k].key() for k in raw},
         }
     )
     target = root / "tokenizers" / f"{cfg.name}-{key}"
     if (target / META).is_file():
         return load_tokenizer(target)
-    log(f"training a {cfg.name} tokenizer ({cls.vocab_size_for(cfg)} tokens) -> {target}")
+    log(f"training a {cfg.name} tokenizer ({cls.vocab_size_for(cfg):,} tokens) -> {target}")
     t0 = time.time()
-    tok = cls.train(cfg, _weighted_texts(sources, splits, cfg))
+    tok = cls.train(cfg, _weighted_texts(raw, splits, cfg))
     tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tok.save(tmp)
@@ -125,9 +128,22 @@ def _weighted_texts(sources: dict[str, Source], splits: dict[str, ValSplit], cfg
             yield doc
 
 
+# -- preparing a source ----------------------------------------------------------------------------
+
+
+def dataset_key(source: Source, tok: Tokenizer, split: ValSplit) -> str:
+    return digest(
+        {
+            "source": source.identity(),
+            "tokenizer": tok.fingerprint,
+            "split": split.key(),
+            "format": FORMAT,
+        }
+    )
+
+
 def dataset_dir(source: Source, tok: Tokenizer, split: ValSplit, root: Path) -> Path:
-    key = digest({"source": source.identity(), "tokenizer": tok.fingerprint, "split": vars(split)})
-    return root / "datasets" / f"{source.label}-{key}"
+    return root / "datasets" / f"{source.label}-{dataset_key(source, tok, split)}"
 
 
 def prepare_source(
@@ -136,112 +152,252 @@ def prepare_source(
     split: ValSplit,
     out: Path,
     shard_tokens: int = 100_000_000,
+    workers: int | None = None,
     log=print,
+    progress=None,
 ) -> dict:
-    """Tokenize `source` into shards under `out` (skipped when a complete copy is there)."""
+    """Tokenize `source` into shards under `out`; a complete copy is reused, a partial one
+    (`out.partial`, left by an interrupted prepare) is resumed."""
+    key = dataset_key(source, tok, split)
     if (out / MANIFEST).is_file():
-        return json.loads((out / MANIFEST).read_text())
-    log(f"preparing {source.label!r} -> {out}")
-    t0 = time.time()
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    tok.save(tmp / "tokenizer")
-    splits = {
-        "train": _SplitWriter(tmp, "train", tok, shard_tokens),
-        "val": _SplitWriter(tmp, "val", tok, shard_tokens),
-    }
-    chars = 0
-    try:
-        for batch_start, texts in _batches(source.documents(), 256):
-            for j, ids in enumerate(tok.encode_batch(texts)):
-                name = "val" if split.is_val(batch_start + j) else "train"
-                splits[name].add(np.asarray([tok.bos_id, *ids], dtype=np.int64))
-                chars += len(texts[j])
-        manifest = {
-            "format": 1,
-            "source": source.identity(),
-            "label": source.label,
-            "tokenizer": {
-                "fingerprint": tok.fingerprint,
-                "vocab_size": tok.vocab_size,
-                "bos_id": tok.bos_id,
-            },
-            "split": vars(split),
-            "chars": chars,
-            "skipped": source.skipped,
-            "splits": {k: w.close() for k, w in splits.items()},
-        }
-    except BaseException:
-        for w in splits.values():
-            w.abort()
-        raise
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    _rename_into_place(tmp, out)
-    n = manifest["splits"]["train"]["tokens"] + manifest["splits"]["val"]["tokens"]
-    log(f"prepared {n:,} tokens from {chars / 1e6:.1f}M chars in {time.time() - t0:.1f}s")
+        return _existing(out, key)
+    if out.exists() and any(out.iterdir()):
+        raise DataError(
+            f"{out} exists and is not a prepared dataset ({MANIFEST} missing); "
+            "choose another output directory or empty it"
+        )
+    partial = out.with_name(out.name + ".partial")
+    with _locked(partial, log):
+        if (out / MANIFEST).is_file():  # another process finished it while we waited
+            return _existing(out, key)
+        return _prepare_locked(
+            source, tok, split, out, partial, key, shard_tokens, workers, log, progress
+        )
+
+
+def _existing(out: Path, key: str) -> dict:
+    manifest = read_manifest(out)
+    if manifest.get("key") != key:
+        raise DataError(
+            f"{out} holds data prepared from other inputs, options or tokenizer; delete it to "
+            "prepare again, or choose another output directory"
+        )
     return manifest
 
 
-def _batches(docs: Iterator[str], size: int) -> Iterator[tuple[int, list[str]]]:
-    batch: list[str] = []
-    start = 0
-    for doc in docs:
-        batch.append(doc)
-        if len(batch) == size:
-            yield start, batch
-            start, batch = start + size, []
-    if batch:
-        yield start, batch
-
-
-class _SplitWriter:
-    """Rolls over to a new shard every `shard_tokens` tokens."""
-
-    def __init__(self, directory: Path, split: str, tok: Tokenizer, shard_tokens: int):
-        self.directory, self.split, self.tok, self.shard_tokens = (
-            directory,
-            split,
-            tok,
-            shard_tokens,
+def _prepare_locked(
+    source, tok, split, out, partial, key, shard_tokens, workers, log, progress
+) -> dict:
+    t0 = time.time()
+    plan = _load_plan(partial, key, shard_tokens, log) or _make_plan(
+        partial, source, tok, split, key, shard_tokens
+    )
+    units = [Unit.from_dict(u) for u in plan["units"]]
+    records = _finished_units(partial, len(units))
+    _clean_unfinished(partial, records)
+    jobs = [
+        UnitJob(
+            source.cfg, source.label, u, i, plan["first_doc"][i], split, str(partial), shard_tokens
         )
-        self.writer: ShardWriter | None = None
-        self.done: list[dict] = []
+        for i, u in enumerate(units)
+        if i not in records
+    ]
+    workers = workers or os.cpu_count() or 1
+    log(
+        f"preparing {source.label!r} ({tok.describe()}) -> {out}: {len(units)} unit(s)"
+        + (f", {len(records)} already done" if records else "")
+        + f", {min(workers, max(1, len(jobs)))} worker(s)"
+    )
+    meter = Meter(source.label, units, records, progress)
 
-    def add(self, doc: np.ndarray) -> None:
-        if self.writer is None:
-            path = self.directory / f"{self.split}_{len(self.done):05d}.bin"
-            self.writer = ShardWriter(
-                path, self.tok.vocab_size, self.tok.bos_id, self.tok.fingerprint
-            )
-        self.writer.add(doc)
-        if self.writer.n_tokens >= self.shard_tokens:
-            self._finish()
+    def done(job: UnitJob, record: dict) -> None:
+        records[job.uid] = record
+        meter.unit_done(job.uid, record)
 
-    def _finish(self) -> None:
-        h = self.writer.close()
-        self.done.append(
-            {
-                "file": self.writer.path.name,
-                "tokens": h.n_tokens,
-                "docs": h.n_docs,
-                "sha256": h.checksum,
-            }
+    try:
+        run_units(jobs, tok, partial / "tokenizer", workers, meter.add, done)
+    except KeyboardInterrupt:
+        meter.close()
+        log(
+            f"interrupted: {len(records)} of {len(units)} units are done and kept in {partial}; "
+            "run the same command again to finish"
         )
-        self.writer = None
+        raise
+    meter.close()
+    manifest = _manifest(source, tok, split, key, shard_tokens, units, records, time.time() - t0)
+    _check_not_empty(source, manifest)
+    (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    shutil.rmtree(partial / "units", ignore_errors=True)
+    (partial / PLAN).unlink(missing_ok=True)
+    _rename_into_place(partial, out)
+    _log_summary(manifest, log)
+    return manifest
 
-    def close(self) -> dict:
-        if self.writer is not None:
-            self._finish()
-        return {
-            "shards": self.done,
-            "tokens": sum(s["tokens"] for s in self.done),
-            "docs": sum(s["docs"] for s in self.done),
+
+def _make_plan(
+    partial: Path, source: Source, tok: Tokenizer, split: ValSplit, key: str, shard_tokens: int
+) -> dict:
+    shutil.rmtree(partial / "units", ignore_errors=True)
+    for f in partial.glob("*.bin*"):
+        f.unlink()
+    per_token = _bytes_per_token(source, tok)
+    target = max(1 << 16, int(shard_tokens * per_token))
+    units = source.units(target)
+    first_doc = [0] * len(units)
+    if split.mode == "tail":  # global document numbers: count each unit's documents
+        n = 0
+        for i, u in enumerate(units):
+            first_doc[i] = n
+            n += sum(1 for _ in source.unit_documents(u))
+        source.skipped.clear()
+    tok.save(partial / "tokenizer")
+    plan = {
+        "key": key,
+        "shard_tokens": shard_tokens,
+        "target_bytes": target,
+        "units": [u.to_dict() for u in units],
+        "first_doc": first_doc,
+    }
+    (partial / PLAN).write_text(json.dumps(plan))
+    return plan
+
+
+def _load_plan(partial: Path, key: str, shard_tokens: int, log) -> dict | None:
+    try:
+        plan = json.loads((partial / PLAN).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if (
+        plan.get("key") == key
+        and plan.get("shard_tokens") == shard_tokens
+        and (partial / "tokenizer" / META).is_file()
+    ):
+        return plan
+    log(f"{partial}: left by a prepare of other inputs or settings; starting it over")
+    return None
+
+
+def _bytes_per_token(source: Source, tok: Tokenizer, sample_bytes: int = 1 << 20) -> float:
+    """UTF-8 bytes per token on the first ~1 MB of the source, to size units like shards."""
+    texts, n = [], 0
+    for unit in source.units(sample_bytes):
+        for doc in source.unit_documents(unit):
+            texts.append(doc[:sample_bytes])
+            n += len(texts[-1].encode("utf-8"))
+            if n >= sample_bytes:
+                break
+        if n >= sample_bytes:
+            break
+    source.skipped.clear()
+    tokens = len(tok.encode_docs(texts)[0]) if texts else 0
+    return n / tokens if tokens else 4.0
+
+
+def _finished_units(partial: Path, n_units: int) -> dict[int, dict]:
+    """Records of units whose shards are all present and complete."""
+    out = {}
+    for uid in range(n_units):
+        try:
+            record = json.loads(unit_record_path(partial, uid).read_text())
+            for shard in (s for shards in record["shards"].values() for s in shards):
+                h = read_header(partial / shard["file"])
+                if (
+                    h.checksum != shard["sha256"]
+                    or (partial / shard["file"]).stat().st_size != h.file_size
+                ):
+                    raise DataError("changed")
+        except (OSError, json.JSONDecodeError, KeyError, DataError):
+            continue
+        out[uid] = record
+    return out
+
+
+def _clean_unfinished(partial: Path, records: dict[int, dict]) -> None:
+    """Remove temporary files and any shard of a unit that did not finish."""
+    keep = {s["file"] for r in records.values() for shards in r["shards"].values() for s in shards}
+    for f in partial.glob("*.bin*"):
+        if f.name not in keep:
+            f.unlink()
+
+
+def _manifest(source, tok, split, key, shard_tokens, units, records, seconds) -> dict:
+    ordered = [records[i] for i in range(len(units))]
+    skipped: Counter[str] = Counter()
+    for r in ordered:
+        skipped.update(r["skipped"])
+    splits = {}
+    for name in ("train", "val"):
+        shards = [s for r in ordered for s in r["shards"][name]]
+        splits[name] = {
+            "shards": shards,
+            "tokens": sum(s["tokens"] for s in shards),
+            "docs": sum(s["docs"] for s in shards),
         }
+    return {
+        "format": FORMAT,
+        "key": key,
+        "label": source.label,
+        "source": source.identity(),
+        "tokenizer": {
+            "fingerprint": tok.fingerprint,
+            "describe": tok.describe(),
+            "vocab_size": tok.vocab_size,
+            "bos_id": tok.bos_id,
+        },
+        "split": split.key(),
+        "shard_tokens": shard_tokens,
+        "documents": sum(r["documents"] for r in ordered),
+        "chars": sum(r["chars"] for r in ordered),
+        "bytes": sum(r["bytes"] for r in ordered),
+        "skipped": dict(skipped),
+        "splits": splits,
+        "seconds": round(seconds, 3),
+    }
 
-    def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.abort()
+
+def _check_not_empty(source: Source, manifest: dict) -> None:
+    if manifest["splits"]["train"]["docs"] == 0:
+        skipped = manifest["skipped"]
+        why = f"; skipped: {_skips(skipped)}" if skipped else ""
+        raise DataError(
+            f"source {source.label!r} has no training documents{why}; check its path"
+            + (", field or column" if skipped else "")
+            + " and data.val_fraction"
+        )
+
+
+def _skips(skipped: dict) -> str:
+    return ", ".join(f"{n:,} {reason}" for reason, n in sorted(skipped.items()))
+
+
+def _log_summary(m: dict, log) -> None:
+    tr, va = m["splits"]["train"], m["splits"]["val"]
+    secs = max(m["seconds"], 1e-9)
+    n = tr["tokens"] + va["tokens"]
+    log(
+        f"prepared {m['label']!r}: {n:,} tokens (train {tr['tokens']:,} in {len(tr['shards'])} "
+        f"shard(s), val {va['tokens']:,}) from {m['documents']:,} documents, "
+        f"{m['bytes'] / 1e6:.1f} MB, in {secs:.1f}s"
+        + (f"; skipped: {_skips(m['skipped'])}" if m["skipped"] else "")
+    )
+    if va["docs"] == 0 and m["split"]["fraction"] > 0:
+        log(f"warning: {m['label']!r} has no validation documents; raise data.val_fraction")
+
+
+@contextmanager
+def _locked(partial: Path, log):
+    """Hold an exclusive lock on `partial` (created if needed) while preparing into it."""
+    partial.mkdir(parents=True, exist_ok=True)
+    with open(partial / ".lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another process preparing {partial} ...")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _rename_into_place(tmp: Path, target: Path) -> None:
@@ -253,12 +409,16 @@ def _rename_into_place(tmp: Path, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             raise
+    (target / ".lock").unlink(missing_ok=True)
 
 
 def read_manifest(directory: Path) -> dict:
-    path = directory / MANIFEST
+    path = Path(directory) / MANIFEST
     if not path.is_file():
         raise DataError(
             f"{directory} is not a prepared dataset ({MANIFEST} missing); run `littlelm data prepare`"
         )
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{path} is unreadable ({e}); prepare the data again") from None

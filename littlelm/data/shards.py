@@ -17,6 +17,7 @@ unless told not to, the checksum; any mismatch is a DataError naming the file an
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -79,11 +80,18 @@ class ShardWriter:
         return self.offsets[-1]
 
     def add(self, doc: np.ndarray) -> None:
-        assert len(doc) and doc[0] == self.bos_id, "every document starts with BOS"
-        data = np.asarray(doc).astype(self.dtype, copy=False).tobytes()
+        self.add_docs(np.asarray(doc), np.array([len(doc)]))
+
+    def add_docs(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Append documents given flattened: `tokens` (sum(lengths),), each starting with BOS."""
+        assert len(tokens) == int(lengths.sum()) and (lengths > 0).all()
+        starts = np.cumsum(lengths) - lengths
+        assert (tokens[starts] == self.bos_id).all(), "every document starts with BOS"
+        assert int(tokens.max(initial=0)) < self.vocab_size, "token id outside the vocabulary"
+        data = tokens.astype(self.dtype, copy=False).tobytes()
         self.file.write(data)
         self.digest.update(data)
-        self.offsets.append(self.offsets[-1] + len(doc))
+        self.offsets.extend((self.offsets[-1] + np.cumsum(lengths)).tolist())
 
     def close(self) -> ShardHeader:
         itemsize = np.dtype(self.dtype).itemsize
@@ -165,11 +173,11 @@ class Shard:
                 f"{self.path} is truncated or damaged: {size} bytes, its header promises {h.file_size}; "
                 "re-run `littlelm data prepare` to rebuild it"
             )
-        mm = np.memmap(self.path, dtype=np.uint8, mode="r")
-        self.tokens = mm[HEADER_SIZE : HEADER_SIZE + h.n_tokens * h.itemsize].view(
-            DTYPES[h.itemsize]
-        )
-        self.offsets = mm[HEADER_SIZE + h.tokens_bytes :].view("<u8")
+        with open(self.path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        # Plain ndarrays over the mapping (np.memmap slices are ~10x slower to make).
+        self.tokens = np.frombuffer(self._map, DTYPES[h.itemsize], h.n_tokens, HEADER_SIZE)
+        self.offsets = np.frombuffer(self._map, "<u8", h.n_docs + 1, HEADER_SIZE + h.tokens_bytes)
         if verify:
             self.verify()
         if int(self.offsets[-1]) != h.n_tokens or (h.n_docs and int(self.offsets[0]) != 0):
@@ -180,12 +188,22 @@ class Shard:
     def verify(self) -> None:
         """Check the payload checksum (reads the whole file)."""
         digest = hashlib.sha256()
-        view = np.memmap(self.path, dtype=np.uint8, mode="r")[HEADER_SIZE:]
+        view = memoryview(self._map)[HEADER_SIZE:]
         for start in range(0, len(view), 1 << 24):
             digest.update(view[start : start + (1 << 24)])
+        view.release()
         if digest.hexdigest() != self.header.checksum:
             raise DataError(
                 f"{self.path}: checksum mismatch, the file is corrupt; re-run `littlelm data prepare`"
+            )
+
+    def check_tokenizer(self, fingerprint: str, describe: str = "this run's tokenizer") -> None:
+        """Refuse a shard made by another tokenizer."""
+        if self.header.fingerprint != fingerprint:
+            raise DataError(
+                f"{self.path} was made by a different tokenizer (fingerprint "
+                f"{self.header.fingerprint[:12]}) than {describe} ({fingerprint[:12]}); prepare "
+                "the data again with this tokenizer, or train with the one that made it"
             )
 
     def __len__(self) -> int:

@@ -1,14 +1,20 @@
-"""Data sources: where documents come from, streamed one at a time.
+"""Data sources: where documents come from, streamed a unit at a time.
 
 A source is registered by name and configured in a run's `data.sources` mapping:
 
     data:
       sources:
-        stdlib: {name: python_stdlib}
-        shakespeare: {name: text, path: data/tinyshakespeare.txt, split: paragraph}
+        web:    {name: jsonl, path: "raw/web/*.jsonl.zst", field: text, weight: 0.6}
+        pubmed: {name: parquet, path: raw/pubmed/, column: abstract, weight: 0.3}
+        code:   {name: python, path: ~/src/, weight: 0.1}
+        prose:  {name: text, path: books/, split: paragraph}
 
-`documents()` yields strings and never holds the corpus in memory. `identity()` says what the
-prepared shards depend on, so a changed file or option re-prepares the cache.
+A source's input is cut into *units* (a group of small files, a byte range of a large text or
+JSONL file, a range of Parquet row groups) of about one shard's worth of text. Units are what
+`littlelm data prepare` tokenizes in parallel and what makes it resumable. `unit_documents`
+streams the documents of one unit, so the corpus is never held in memory. Bad input (an
+unreadable file, invalid UTF-8, a record without the text field, an empty document) is counted
+in `skipped`, or raises a DataError naming it, per the source's `on_error` / `on_empty`.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import glob
 import sys
 import sysconfig
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -29,50 +37,210 @@ from littlelm.registry import DATASETS
 
 class SourceConfig(ComponentConfig):
     weight: float = Field(1.0, description="Share of training tokens drawn from this source.", gt=0)
+
+
+class DocumentSourceConfig(SourceConfig):
+    """A source of raw text documents, tokenized by `littlelm data prepare` or at train time."""
+
     max_chars: int | None = Field(
         None, description="Split documents longer than this (characters) at blank lines.", ge=16
     )
+    on_error: Literal["skip", "fail"] = Field(
+        "skip",
+        description="Unreadable file, invalid UTF-8, bad JSON, missing field: count and skip, "
+        "or stop with an error naming it.",
+    )
+    on_empty: Literal["skip", "fail"] = Field(
+        "skip", description="Empty document (file, record or cell): count and skip, or stop."
+    )
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A piece of a source's input: whole files, or one file's [start, stop) range (bytes for
+    text and JSONL, row groups for Parquet; stop None = to the end)."""
+
+    files: tuple[str, ...]
+    start: int = 0
+    stop: int | None = None
+    size: int = 0  # input bytes, for progress
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "files": list(self.files)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Unit:
+        return cls(tuple(d["files"]), d["start"], d["stop"], d["size"])
 
 
 class Source:
-    """Base class: subclasses implement `_raw_documents` and `files`."""
+    """Base class: subclasses implement `files` and `_read_unit`, and may refine `_ranges`."""
 
-    def __init__(self, cfg: SourceConfig, label: str):
+    prepared = False  # True for sources that are already token shards
+    patterns: tuple[str, ...] = ("*",)  # file names a directory is searched for
+    noun = "input files"
+
+    def __init__(self, cfg: DocumentSourceConfig, label: str):
         self.cfg, self.label = cfg, label
-        self.skipped: dict[str, int] = {}
+        self.skipped: Counter[str] = Counter()
 
-    def documents(self) -> Iterator[str]:
-        for doc in self._raw_documents():
-            if not doc.strip():
-                self._skip("empty document")
-                continue
-            if self.cfg.max_chars:
-                yield from split_long(doc, self.cfg.max_chars)
-            else:
-                yield doc
-
-    def _raw_documents(self) -> Iterator[str]:
-        raise NotImplementedError
+    # -- input files and units --------------------------------------------------------------------
 
     def files(self) -> list[Path]:
-        raise NotImplementedError
+        return find_files(
+            self.cfg.path, self.patterns, f"data.sources.{self.label}.path", self.noun
+        )
+
+    def units(self, target_bytes: int) -> list[Unit]:
+        """Consecutive small files grouped, large files cut into ranges, each ~target_bytes."""
+        units: list[Unit] = []
+        group: list[str] = []
+        group_size = 0
+        for f in self.files():
+            size = f.stat().st_size
+            ranges = self._ranges(f, size, target_bytes) if size > target_bytes else None
+            if ranges:
+                units += [Unit((str(f),), a, b, n) for a, b, n in ranges]
+                continue
+            group.append(str(f))
+            group_size += size
+            if group_size >= target_bytes:
+                units.append(Unit(tuple(group), size=group_size))
+                group, group_size = [], 0
+        if group:
+            units.append(Unit(tuple(group), size=group_size))
+        return units
+
+    def _ranges(self, path: Path, size: int, target: int) -> list[tuple[int, int | None, int]]:
+        """(start, stop, bytes) pieces of a large file, or [] to keep it whole."""
+        return []
 
     def identity(self) -> dict:
         """Config plus (path, size, mtime) of every input file: the cache key of its shards."""
         stats = [(str(f), f.stat().st_size, int(f.stat().st_mtime)) for f in self.files()]
         return {"config": self.cfg.model_dump(exclude={"weight"}), "files": stats}
 
-    def _skip(self, reason: str) -> None:
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+    # -- documents --------------------------------------------------------------------------------
 
-    def _read(self, path: Path) -> str | None:
+    def unit_documents(self, unit: Unit) -> Iterator[str]:
+        """The non-empty raw documents of one unit, in order."""
+        for doc in self._read_unit(unit):
+            if doc.strip():
+                yield doc
+            else:
+                self.empty(unit.files[0])
+
+    def pieces(self, doc: str) -> Iterator[str]:
+        """A document as it is tokenized: whole, or cut at blank lines when over max_chars."""
+        if self.cfg.max_chars:
+            yield from split_long(doc, self.cfg.max_chars)
+        else:
+            yield doc
+
+    def documents(self, target_bytes: int = 1 << 30) -> Iterator[str]:
+        """Every document (pieces), in order."""
+        for unit in self.units(target_bytes):
+            for doc in self.unit_documents(unit):
+                yield from self.pieces(doc)
+
+    def _read_unit(self, unit: Unit) -> Iterator[str]:
+        raise NotImplementedError
+
+    # -- bad input --------------------------------------------------------------------------------
+
+    def bad(self, reason: str, where: str | Path) -> None:
+        """Bad input: counted under `reason`, or an error when on_error is 'fail'."""
+        if self.cfg.on_error == "fail":
+            raise DataError(
+                f"{where}: {reason}; fix or remove it, or set "
+                f"data.sources.{self.label}.on_error=skip to count and skip such input"
+            )
+        self.skipped[reason] += 1
+
+    def empty(self, where: str | Path) -> None:
+        if self.cfg.on_empty == "fail":
+            raise DataError(
+                f"{where}: empty document; remove it, or set data.sources.{self.label}.on_empty=skip"
+            )
+        self.skipped["empty document"] += 1
+
+    def read_bytes(self, path: str | Path, start: int = 0, stop: int | None = None) -> bytes | None:
         try:
-            return path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            self._skip("invalid UTF-8")
-        except OSError:
-            self._skip("unreadable file")
-        return None
+            with open(path, "rb") as f:
+                f.seek(start)
+                return f.read() if stop is None else f.read(stop - start)
+        except OSError as e:
+            self.bad(f"unreadable file ({e.strerror or e})", path)
+            return None
+
+    def decode(self, data: bytes, where: str | Path) -> str | None:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self.bad(f"invalid UTF-8 (byte {e.start})", where)
+            return None
+
+
+def find_files(
+    spec: str | list[str],
+    patterns: tuple[str, ...],
+    key: str,
+    noun: str = "input files",
+    skip_dirs: frozenset = frozenset(),
+) -> list[Path]:
+    """Files named by a path, a directory (searched recursively for `patterns`, leaving out
+    hidden directories and `skip_dirs`), a glob, or a list of these; sorted within each entry,
+    duplicates dropped."""
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    found: dict[Path, None] = {}
+    for s in specs:
+        p = Path(s).expanduser()
+        if p.is_file():
+            hits = [p]
+        elif p.is_dir():
+            hits = sorted({f for pat in patterns for f in p.rglob(pat) if _keep(f, p, skip_dirs)})
+        else:
+            hits = sorted(Path(m) for m in glob.glob(str(p), recursive=True) if Path(m).is_file())
+        if not hits:
+            raise DataError(
+                f"{key}: no {noun} at {s} (looked for {', '.join(patterns)}); fix the path "
+                f"in the config or override it: {key}=PATH"
+            )
+        found.update(dict.fromkeys(hits))
+    return list(found)
+
+
+def _keep(f: Path, root: Path, skip_dirs: frozenset) -> bool:
+    dirs = f.relative_to(root).parts[:-1]
+    return f.is_file() and not any(d.startswith(".") or d in skip_dirs for d in dirs)
+
+
+def cut_points(path: Path, size: int, target: int, sep: bytes) -> list[tuple[int, int | None, int]]:
+    """Ranges of about `target` bytes, each ending just after `sep` (or at the end of the file)."""
+    out, start = [], 0
+    with open(path, "rb") as f:
+        while size - start > target * 1.5:
+            f.seek(start + target)
+            cut = _find_after(f, sep)
+            if cut is None:
+                break
+            out.append((start, cut, cut - start))
+            start = cut
+    out.append((start, None, size - start))
+    return out
+
+
+def _find_after(f, sep: bytes, chunk: int = 1 << 16) -> int | None:
+    """Offset just past the next `sep` from the current position of `f`."""
+    pos, tail = f.tell(), b""
+    while block := f.read(chunk):
+        data = tail + block
+        i = data.find(sep)
+        if i >= 0:
+            return pos - len(tail) + i + len(sep)
+        tail = data[-(len(sep) - 1) :] if len(sep) > 1 else b""
+        pos += len(block)
+    return None
 
 
 def split_long(text: str, max_chars: int) -> Iterator[str]:
@@ -103,47 +271,16 @@ def _units(text: str, max_chars: int) -> Iterator[str]:
                 yield line[i : i + max_chars]
 
 
-class StdlibConfig(SourceConfig):
-    root: str | None = Field(
-        None, description="Directory of Python sources; null = this interpreter's standard library."
+# -- plain text ------------------------------------------------------------------------------------
+
+
+class TextConfig(DocumentSourceConfig):
+    path: str | list[str] = Field(
+        ..., description="A .txt file, a directory of them, a glob, or a list of these."
     )
-    include_tests: bool = Field(False, description="Also take test packages (test/, tests/).")
-
-
-@DATASETS.register("python_stdlib", config=StdlibConfig)
-class PythonStdlib(Source):
-    """Every .py file of the Python standard library (or of `root`), one document per file."""
-
-    SKIP = frozenset({"site-packages", "dist-packages", "__pycache__"})
-    TESTS = frozenset({"test", "tests", "idle_test"})
-
-    def root(self) -> Path:
-        root = Path(self.cfg.root or sysconfig.get_paths()["stdlib"]).expanduser()
-        if not root.is_dir():
-            raise DataError(f"data.sources.{self.label}.root: not a directory: {root}")
-        return root
-
-    def files(self) -> list[Path]:
-        root = self.root()
-        skip = self.SKIP if self.cfg.include_tests else self.SKIP | self.TESTS
-        return sorted(
-            f for f in root.rglob("*.py") if not skip.intersection(f.relative_to(root).parts)
-        )
-
-    def _raw_documents(self) -> Iterator[str]:
-        for f in self.files():
-            text = self._read(f)
-            if text is not None:
-                yield text
-
-    def identity(self) -> dict:
-        return {**super().identity(), "python": sys.version.split()[0]}
-
-
-class TextConfig(SourceConfig):
-    path: str = Field(..., description="A .txt file, a directory of them, or a glob.")
-    split: Literal["file", "paragraph"] = Field(
-        "file", description="One document per file, or per blank-line-separated paragraph."
+    split: Literal["file", "paragraph", "line"] = Field(
+        "file",
+        description="One document per file, per blank-line-separated paragraph, or per line.",
     )
 
 
@@ -151,29 +288,91 @@ class TextConfig(SourceConfig):
 class TextFiles(Source):
     """Plain UTF-8 text files."""
 
-    def files(self) -> list[Path]:
-        spec = Path(self.cfg.path).expanduser()
-        if spec.is_file():
-            return [spec]
-        if spec.is_dir():
-            found = sorted(p for p in spec.rglob("*.txt") if p.is_file())
-        else:
-            found = sorted(
-                Path(p) for p in glob.glob(str(spec), recursive=True) if Path(p).is_file()
-            )
-        if not found:
-            raise DataError(
-                f"data.sources.{self.label}.path: no text files at {spec}; "
-                f"fix the path in the config or override it: data.sources.{self.label}.path=FILE"
-            )
-        return found
+    patterns = ("*.txt",)
+    noun = "text files"
 
-    def _raw_documents(self) -> Iterator[str]:
-        for f in self.files():
-            text = self._read(f)
-            if text is None:
+    @property
+    def sep(self) -> bytes:
+        return b"\n\n" if self.cfg.split == "paragraph" else b"\n"
+
+    def _ranges(self, path: Path, size: int, target: int) -> list:
+        return [] if self.cfg.split == "file" else cut_points(path, size, target, self.sep)
+
+    def _read_unit(self, unit: Unit) -> Iterator[str]:
+        for f in unit.files:
+            data = self.read_bytes(f, unit.start, unit.stop)
+            if data is None:
                 continue
             if self.cfg.split == "file":
+                text = self.decode(data, f)
+                if text is not None:
+                    yield text
+                continue
+            suffix = "\n" if self.cfg.split == "paragraph" else ""
+            for part in data.split(self.sep):
+                if part.strip():  # blank pieces are separators, not documents
+                    text = self.decode(part, f)
+                    if text is not None:
+                        yield text + suffix
+
+
+# -- Python source trees ---------------------------------------------------------------------------
+
+
+class PythonConfig(DocumentSourceConfig):
+    path: str | list[str] = Field(
+        ..., description="A directory of Python sources (searched recursively), a glob, or files."
+    )
+    include_tests: bool = Field(True, description="Also take test packages (test/, tests/).")
+
+
+@DATASETS.register("python", config=PythonConfig)
+class PythonFiles(Source):
+    """Every .py file of a source tree, one document per file (hidden, cache and site-packages
+    directories skipped)."""
+
+    patterns = ("*.py",)
+    noun = "Python files"
+    SKIP = frozenset({"site-packages", "dist-packages", "__pycache__", "node_modules"})
+    TESTS = frozenset({"test", "tests", "idle_test"})
+
+    def files(self) -> list[Path]:
+        skip = self.SKIP if self.cfg.include_tests else self.SKIP | self.TESTS
+        return find_files(self._spec(), self.patterns, self._key(), self.noun, skip)
+
+    def _spec(self) -> str | list[str]:
+        return self.cfg.path
+
+    def _key(self) -> str:
+        return f"data.sources.{self.label}.path"
+
+    def _read_unit(self, unit: Unit) -> Iterator[str]:
+        for f in unit.files:
+            data = self.read_bytes(f)
+            text = None if data is None else self.decode(data, f)
+            if text is not None:
                 yield text
-            else:
-                yield from (p + "\n" for p in text.split("\n\n"))
+
+
+class StdlibConfig(DocumentSourceConfig):
+    root: str | None = Field(
+        None, description="Directory of Python sources; null = this interpreter's standard library."
+    )
+    include_tests: bool = Field(False, description="Also take test packages (test/, tests/).")
+
+
+@DATASETS.register("python_stdlib", config=StdlibConfig)
+class PythonStdlib(PythonFiles):
+    """Every .py file of the Python standard library (or of `root`), one document per file."""
+
+    def _spec(self) -> str:
+        root = Path(self.cfg.root or sysconfig.get_paths()["stdlib"]).expanduser()
+        if not root.is_dir():
+            raise DataError(f"data.sources.{self.label}.root: not a directory: {root}")
+        return str(root)
+
+    def _key(self) -> str:
+        return f"data.sources.{self.label}.root"
+
+    def identity(self) -> dict:
+        return {**super().identity(), "python": sys.version.split()[0]}

@@ -1,9 +1,10 @@
-"""Tokenizers: a byte-level one, and byte-level BPE trained with the `tokenizers` library.
+"""Tokenizers: byte-level, BPE trained by littlelm, a Hugging Face tokenizer.json, a saved one.
 
-Every tokenizer has a BOS token that starts each document, a fingerprint (sha256 of what defines
-it) written into every shard header, and `token_bytes()`: the UTF-8 length of each token, which
-turns a loss in nats per token into bits per byte. A tokenizer is saved as a directory holding
-`tokenizer_meta.json` plus its own files, and loaded back by `load_tokenizer(dir)`.
+(tiktoken encodings live in `tiktoken_tokenizer.py`.) Every tokenizer has a BOS token that starts
+each document, a fingerprint (sha256 of what defines it) written into every shard header, and
+`token_bytes()`: the UTF-8 length of each token, which turns a loss in nats per token into bits
+per byte. A tokenizer is saved as a directory holding `tokenizer_meta.json` plus its own files,
+and loaded back by `load_tokenizer(dir)`; `{name: saved, path: DIR}` makes a run use one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,13 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Documents ready for a shard: (tokens, lengths), each document BOS first, flattened."""
+        ids = self.encode_batch(texts)
+        lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+        flat = chain.from_iterable((self.bos_id, *x) for x in ids)
+        return np.fromiter(flat, dtype=np.int64, count=int(lengths.sum())), lengths
+
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
 
@@ -48,9 +57,15 @@ class Tokenizer:
         """Canonical text that defines the tokenizer; its sha256 is the fingerprint."""
         raise NotImplementedError
 
+    def describe(self) -> str:
+        """A short human description, e.g. 'bpe, 4,096 tokens'."""
+        return f"{self.kind}, {self.vocab_size:,} tokens"
+
     @property
     def fingerprint(self) -> str:
-        return hashlib.sha256(self.state().encode()).hexdigest()
+        if getattr(self, "_fingerprint", None) is None:
+            self._fingerprint = hashlib.sha256(self.state().encode()).hexdigest()
+        return self._fingerprint
 
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
@@ -61,11 +76,17 @@ class Tokenizer:
             "vocab_size": self.vocab_size,
             "bos_id": self.bos_id,
             "fingerprint": self.fingerprint,
+            "describe": self.describe(),
+            **self._meta(),
         }
         (directory / META).write_text(json.dumps(meta, indent=2))
 
     def _save_files(self, directory: Path) -> None:
         pass
+
+    def _meta(self) -> dict:
+        """Extra fields `from_dir` needs, stored in tokenizer_meta.json."""
+        return {}
 
     # Class-level hooks, so a new tokenizer plugs in by registering itself.
     trainable = False  # learns from the run's documents (then `train` is called)
@@ -80,12 +101,12 @@ class Tokenizer:
         raise NotImplementedError(f"{cls.kind} tokenizers are not trained")
 
     @classmethod
-    def from_dir(cls, directory: Path) -> Tokenizer:
+    def from_dir(cls, directory: Path, meta: dict) -> Tokenizer:
         return cls()
 
     @classmethod
     def vocab_size_for(cls, cfg: ComponentConfig) -> int:
-        """The vocabulary size `cfg` will produce, without building the tokenizer."""
+        """The vocabulary size `cfg` will produce, without training it."""
         return cls.vocab_size
 
 
@@ -104,8 +125,12 @@ class ByteTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def encode_array(self, text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        raw = [t.encode("utf-8") for t in texts]
+        lengths = np.fromiter((len(b) + 1 for b in raw), dtype=np.int64, count=len(raw))
+        flat = np.frombuffer(b"\0".join([b"", *raw]), dtype=np.uint8).astype(np.int64)
+        flat[np.cumsum(lengths) - lengths] = self.bos_id  # each document's first slot
+        return flat, lengths
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
@@ -117,6 +142,77 @@ class ByteTokenizer(Tokenizer):
 
     def state(self) -> str:
         return "byte-v1"
+
+
+class HFTokenizer(Tokenizer):
+    """Wraps a `tokenizers.Tokenizer` (the Hugging Face library; encodes batches on every core)."""
+
+    kind = "huggingface"
+
+    def __init__(self, tok, bos_token: str):
+        self.tok = tok
+        self.vocab_size = tok.get_vocab_size()
+        bos = tok.token_to_id(bos_token)
+        if bos is None:
+            raise DataError(
+                f"the tokenizer has no {bos_token!r} token; set data.tokenizer.bos_token to one of "
+                f"its special tokens: {', '.join(sorted(self.special_tokens())) or '(none)'}"
+            )
+        self.bos_token, self.bos_id = bos_token, bos
+
+    def special_tokens(self) -> dict[str, int]:
+        return {t.content: i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def token_bytes(self) -> np.ndarray:
+        """Byte-level models: one character of a token's string is one byte. Others: the UTF-8
+        length of the token decoded alone (a token holding part of a character counts as 3)."""
+        out = np.zeros(self.vocab_size, dtype=np.int32)
+        special = set(self.tok.get_added_tokens_decoder())
+        byte_level = json.loads(self.tok.to_str()).get("decoder", {}) or {}
+        byte_level = byte_level.get("type") == "ByteLevel"
+        for i in range(self.vocab_size):
+            if i in special:
+                continue
+            if byte_level:
+                out[i] = len(self.tok.id_to_token(i) or "")
+            else:
+                out[i] = len(self.tok.decode([i]).encode("utf-8"))
+        return out
+
+    def state(self) -> str:
+        return json.dumps({"tokenizer": self.tok.to_str(), "bos": self.bos_token})
+
+    def _save_files(self, directory: Path) -> None:
+        self.tok.save(str(directory / "tokenizer.json"))
+
+    def _meta(self) -> dict:
+        return {"bos_token": self.bos_token}
+
+    @classmethod
+    def from_dir(cls, directory: Path, meta: dict) -> HFTokenizer:
+        return cls(_read_tokenizer_json(directory / "tokenizer.json"), meta["bos_token"])
+
+
+def _read_tokenizer_json(path: Path):
+    from tokenizers import Tokenizer as RawTokenizer
+
+    if not path.is_file():
+        raise DataError(f"tokenizer file not found: {path}")
+    try:
+        return RawTokenizer.from_file(str(path))
+    except Exception as e:  # the library raises plain Exceptions for malformed files
+        raise DataError(
+            f"{path} is not a tokenizer.json the tokenizers library reads: {e}"
+        ) from None
 
 
 class BPEConfig(ComponentConfig):
@@ -132,26 +228,21 @@ class BPEConfig(ComponentConfig):
 
 
 @TOKENIZERS.register("bpe", config=BPEConfig)
-class BPETokenizer(Tokenizer):
-    """Byte-level BPE (GPT-2 style pre-tokenisation) from the Hugging Face `tokenizers` library."""
+class BPETokenizer(HFTokenizer):
+    """Byte-level BPE (GPT-2 style pre-tokenisation) trained with the `tokenizers` library."""
 
     kind = "bpe"
     trainable = True
 
-    def __init__(self, tok):
-        self.tok = tok
-        self.vocab_size = tok.get_vocab_size()
-        bos = tok.token_to_id(BOS)
-        if bos is None:
-            raise DataError(f"tokenizer has no {BOS} token; retrain it with littlelm")
-        self.bos_id = bos
+    def __init__(self, tok, bos_token: str = BOS):
+        super().__init__(tok, bos_token)
 
     @classmethod
     def train(cls, cfg: BPEConfig, texts: Iterator[str]) -> BPETokenizer:
-        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import Tokenizer as RawTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
-        tok = HFTokenizer(models.BPE())
+        tok = RawTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
@@ -164,37 +255,15 @@ class BPETokenizer(Tokenizer):
         return cls(tok)
 
     @classmethod
-    def from_dir(cls, directory: Path) -> BPETokenizer:
-        from tokenizers import Tokenizer as HFTokenizer
-
-        return cls(HFTokenizer.from_file(str(directory / "tokenizer.json")))
+    def from_dir(cls, directory: Path, meta: dict) -> BPETokenizer:
+        return cls(_read_tokenizer_json(directory / "tokenizer.json"))
 
     @classmethod
     def vocab_size_for(cls, cfg: BPEConfig) -> int:
         return cfg.vocab_size
 
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=True)
-
-    def token_bytes(self) -> np.ndarray:
-        out = np.zeros(self.vocab_size, dtype=np.int32)
-        special = set(self.tok.get_added_tokens_decoder())
-        for i in range(self.vocab_size):
-            if i not in special:
-                out[i] = len(self.tok.decode([i]).encode("utf-8"))
-        return out
-
     def state(self) -> str:
         return self.tok.to_str()
-
-    def _save_files(self, directory: Path) -> None:
-        self.tok.save(str(directory / "tokenizer.json"))
 
 
 def _take_chars(texts: Iterator[str], limit: int) -> Iterator[str]:
@@ -206,21 +275,92 @@ def _take_chars(texts: Iterator[str], limit: int) -> Iterator[str]:
         seen += len(t)
 
 
-def load_tokenizer(directory: str | Path) -> Tokenizer:
-    """Load a tokenizer saved by `Tokenizer.save`, checking its fingerprint."""
-    directory = Path(directory)
+class HuggingFaceConfig(ComponentConfig):
+    """A Hugging Face tokenizer.json file (Llama, Mistral, GPT-NeoX, SmolLM, ...)."""
+
+    path: str = Field(..., description="A tokenizer.json file, or a directory holding one.")
+    bos_token: str | None = Field(
+        None,
+        description="Special token that starts every document; null = the first of <|bos|>, "
+        "<s>, <|begin_of_text|>, <|endoftext|>, <bos> the tokenizer has.",
+    )
+
+
+BOS_CANDIDATES = (BOS, "<s>", "<|begin_of_text|>", "<|endoftext|>", "<bos>")
+
+
+@TOKENIZERS.register("huggingface", config=HuggingFaceConfig)
+class HuggingFaceJSON(HFTokenizer):
+    """A tokenizer.json loaded with the `tokenizers` library."""
+
+    @classmethod
+    def from_config(cls, cfg: HuggingFaceConfig) -> HFTokenizer:
+        path = Path(cfg.path).expanduser()
+        raw = _read_tokenizer_json(path / "tokenizer.json" if path.is_dir() else path)
+        bos = cfg.bos_token or next(
+            (t for t in BOS_CANDIDATES if raw.token_to_id(t) is not None), None
+        )
+        if bos is None:
+            raise DataError(
+                f"data.tokenizer: {path} has none of {', '.join(BOS_CANDIDATES)}; "
+                "set data.tokenizer.bos_token to the token that should start each document"
+            )
+        return HFTokenizer(raw, bos)
+
+    @classmethod
+    def vocab_size_for(cls, cfg: HuggingFaceConfig) -> int:
+        return cls.from_config(cfg).vocab_size
+
+
+class SavedConfig(ComponentConfig):
+    """A tokenizer saved by littlelm: a prepared dataset's (or a checkpoint's) tokenizer/."""
+
+    path: str = Field(
+        ..., description="The tokenizer directory, or a prepared dataset holding tokenizer/."
+    )
+
+
+@TOKENIZERS.register("saved", config=SavedConfig)
+class SavedTokenizer(Tokenizer):
+    """Loads whatever tokenizer littlelm saved in a directory (bpe, tiktoken, ...)."""
+
+    @classmethod
+    def from_config(cls, cfg: SavedConfig) -> Tokenizer:
+        return load_tokenizer(_saved_dir(cfg))
+
+    @classmethod
+    def vocab_size_for(cls, cfg: SavedConfig) -> int:
+        return int(read_meta(_saved_dir(cfg))["vocab_size"])
+
+
+def _saved_dir(cfg: SavedConfig) -> Path:
+    path = Path(cfg.path).expanduser()
+    return path / "tokenizer" if (path / "tokenizer" / META).is_file() else path
+
+
+def read_meta(directory: Path) -> dict:
     meta_path = directory / META
     if not meta_path.is_file():
         raise DataError(
-            f"no tokenizer in {directory} ({META} missing); run `littlelm data prepare` again"
+            f"no tokenizer in {directory} ({META} missing); point at a directory written by "
+            "`littlelm data prepare` (its tokenizer/) or a checkpoint's tokenizer/"
         )
-    meta = json.loads(meta_path.read_text())
+    try:
+        return json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{meta_path} is unreadable ({e}); prepare the data again") from None
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer:
+    """Load a tokenizer saved by `Tokenizer.save`, checking its fingerprint."""
+    directory = Path(directory)
+    meta = read_meta(directory)
     kind = meta.get("kind")
     if kind not in TOKENIZERS:
         raise DataError(
-            f"{meta_path}: unknown tokenizer kind {kind!r}; known: {', '.join(TOKENIZERS.names())}"
+            f"{directory / META}: unknown tokenizer kind {kind!r}; known: {', '.join(TOKENIZERS.names())}"
         )
-    tok = TOKENIZERS.get(kind).from_dir(directory)
+    tok = TOKENIZERS.get(kind).from_dir(directory, meta)
     if meta.get("fingerprint") != tok.fingerprint:
         raise DataError(
             f"{directory}: tokenizer files do not match their recorded fingerprint (edited or corrupt)"

@@ -23,7 +23,7 @@ import torch
 
 from littlelm.config import dump_yaml, to_tree
 from littlelm.data.build import build_data
-from littlelm.data.loader import Batch, DataExhausted, Prefetcher, val_batches
+from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetcher
 from littlelm.errors import CheckpointError, ConfigError
 from littlelm.eval.bpb import evaluate_loss
 from littlelm.optim.groups import MuonConfig, group_table
@@ -47,6 +47,7 @@ RESUMABLE_CHANGES = (
     "optimizer",
     "schedule",
     "data.prefetch",
+    "data.workers",
     "data.verify_checksums",
     "data.cache_dir",
     "run.device",
@@ -100,7 +101,7 @@ class Trainer:
             JSONLLogger(),
             *(build_callback(c) for c in cfg.callbacks),
         ]
-        self.data = build_data(cfg.data, self.log)
+        self.data = build_data(cfg.data, self.log, self.progress)
         if self.data.tokenizer.vocab_size != cfg.model.vocab_size:
             raise ConfigError(
                 [
@@ -112,7 +113,7 @@ class Trainer:
         self.optimizer = OPTIMIZERS.get(cfg.optimizer.name)(self.model, cfg.optimizer)
         self.schedule = build_schedule(cfg.schedule)
         self.loader = self.data.loader(cfg.data, t.micro_batch_size, t.seq_len, cfg.run.seed)
-        self.loader_state = self.loader.state_dict()
+        self.loader_state: LoaderSnapshot = self.loader.snapshot()
         self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
         self.flops_per_token = self.model.flops_per_token(t.seq_len)
         self.peak = peak_flops(self.device)
@@ -152,6 +153,12 @@ class Trainer:
         benchmarks to simulate an interruption). Returns the final metrics."""
         self._write_run_files()
         self._print_summary()
+        self.log(
+            f"data mixture ({self.cfg.train.max_tokens:,} training tokens):\n"
+            + "\n".join(self.data.mixture_plan(self.cfg.train.max_tokens))
+        )
+        if self.step:
+            self.log(f"data realised so far: {self.loader_state.report()}")
         for cb in self.callbacks:
             cb.on_train_start(self)
         end = self.max_steps if stop_after is None else min(self.max_steps, self.step + stop_after)
@@ -220,6 +227,8 @@ class Trainer:
             "mfu": mfu,
             "train_time": self.train_time,
             "eta_s": left,
+            "mix": self.loader_state.proportions(),
+            "crop_rate": self.loader_state.crop_rate(),
         }
         self.progress.update(
             progress_line({"step": self.step, "lr_mult": self.lr_mult, **m}, self.max_steps)
@@ -229,8 +238,7 @@ class Trainer:
 
     def evaluate(self) -> dict:
         c = self.cfg
-        batches = val_batches(
-            self.data.val_shards,
+        batches = self.data.val_batches(
             c.eval.batch_size or c.train.micro_batch_size,
             c.train.seq_len,
             c.eval.max_tokens,
@@ -264,7 +272,10 @@ class Trainer:
             "train_time": self.train_time,
             "finished": done,
             **{k: v for k, v in self.last_eval.items() if k.startswith("val_")},
+            "mix": self.loader_state.proportions(),
+            "crop_rate": self.loader_state.crop_rate(),
         }
+        self.log(f"data realised: {self.loader_state.report()}")
         if done:
             for cb in self.callbacks:
                 cb.on_train_end(self, final)
@@ -285,7 +296,7 @@ class Trainer:
         state = {
             "tokens": self.tokens,
             "train_time": self.train_time,
-            "loader": self.loader_state,
+            "loader": self.loader_state.state_dict(),
             "tokenizer": self.data.tokenizer.fingerprint,
             "config": to_tree(self.cfg),
         }
@@ -316,7 +327,7 @@ class Trainer:
             self._set_origin(loaded.origin)
         self.optimizer.load_state_dict(loaded.optimizer)
         self.loader.load_state_dict(loaded.state["loader"])
-        self.loader_state = loaded.state["loader"]
+        self.loader_state = self.loader.snapshot()
         ckpt.set_rng_state(loaded.rng)
         self.step, self.tokens = loaded.state["step"], loaded.state["tokens"]
         self.train_time = loaded.state.get("train_time", 0.0)
@@ -340,7 +351,7 @@ class Trainer:
         self.optimizer = OPTIMIZERS.get(self.cfg.optimizer.name)(self.model, self.cfg.optimizer)
         if grown.loader_state is not None:
             self.loader.load_state_dict(grown.loader_state)
-            self.loader_state = grown.loader_state
+            self.loader_state = self.loader.snapshot()
         self.log(grown.summary())
 
     def _check_compatible(self, state: dict, path: Path) -> None:

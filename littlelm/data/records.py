@@ -1,0 +1,187 @@
+"""Record sources: JSON Lines (plain, gzip or zstd) and Parquet, one document per record.
+
+    web:    {name: jsonl, path: "raw/web/*.jsonl.zst", field: text}
+    pubmed: {name: parquet, path: raw/pubmed/, column: abstract}
+
+Compression is recognised by the file's first bytes, whatever its name. Plain JSONL files are
+cut into byte ranges at line ends and Parquet files into ranges of row groups, so one large file
+is still tokenized on every core; a compressed file is one unit.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import zstandard
+from pydantic import Field
+
+from littlelm.data.sources import DocumentSourceConfig, Source, Unit, cut_points
+from littlelm.registry import DATASETS
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+class JSONLConfig(DocumentSourceConfig):
+    path: str | list[str] = Field(
+        ...,
+        description="A .jsonl[.gz|.zst] file, a directory of them, a glob, or a list of these.",
+    )
+    field: str = Field(
+        "text", description="Key holding each record's text; dots reach nested keys (meta.text)."
+    )
+
+
+def _compression(path: Path) -> str | None:
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
+    return "zstd" if head == ZSTD_MAGIC else None
+
+
+def open_lines(path: Path, start: int = 0, stop: int | None = None) -> Iterator[bytes]:
+    """Lines of a plain, gzip or zstd file (a byte range of a plain one)."""
+    kind = _compression(path)
+    with open(path, "rb") as raw:
+        if kind == "gzip":
+            yield from gzip.GzipFile(fileobj=raw)
+        elif kind == "zstd":
+            reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+            yield from io.BufferedReader(reader, 1 << 20)
+        else:
+            raw.seek(start)
+            pos = start
+            for line in raw:
+                if stop is not None and pos >= stop:
+                    return
+                pos += len(line)
+                yield line
+
+
+@DATASETS.register("jsonl", config=JSONLConfig)
+class JSONLFiles(Source):
+    """JSON Lines files (plain, .gz or .zst), the text taken from one field of each record."""
+
+    noun = "JSONL files"
+    patterns = ("*.jsonl", "*.jsonl.gz", "*.jsonl.zst", "*.jsonl.zstd", "*.json.gz", "*.json.zst")
+
+    def _ranges(self, path: Path, size: int, target: int) -> list:
+        return [] if _compression(path) else cut_points(path, size, target, b"\n")
+
+    def _read_unit(self, unit: Unit) -> Iterator[str]:
+        keys = self.cfg.field.split(".")
+        for f in unit.files:
+            path = Path(f)
+            try:
+                for n, line in enumerate(open_lines(path, unit.start, unit.stop), 1):
+                    if line.strip():
+                        text = self._text(line, keys, f"{path} (line {n} of this unit)")
+                        if text is not None:
+                            yield text
+            except (
+                OSError,
+                EOFError,
+                ValueError,
+                zstandard.ZstdError,
+            ) as e:  # truncated or corrupt
+                self.bad(f"unreadable file ({type(e).__name__}: {e})", path)
+
+    def _text(self, line: bytes, keys: list[str], where: str) -> str | None:
+        try:
+            value = json.loads(line)
+        except UnicodeDecodeError:
+            return self.bad("invalid UTF-8", where)
+        except json.JSONDecodeError:
+            return self.bad("malformed JSON", where)
+        for k in keys:
+            value = value.get(k) if isinstance(value, dict) else None
+        if value is None:
+            return self.bad(f"missing field {self.cfg.field!r}", where)
+        if not isinstance(value, str):
+            return self.bad(f"field {self.cfg.field!r} is not a string", where)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate escaped in the JSON
+            return self.bad("invalid UTF-8", where)
+        return value
+
+
+class ParquetConfig(DocumentSourceConfig):
+    path: str | list[str] = Field(
+        ..., description="A .parquet file, a directory of them, a glob, or a list of these."
+    )
+    column: str = Field("text", description="Column holding each row's text.")
+
+
+@DATASETS.register("parquet", config=ParquetConfig)
+class ParquetFiles(Source):
+    """Parquet files (e.g. Hugging Face datasets), the text taken from one string column."""
+
+    patterns = ("*.parquet",)
+    noun = "Parquet files"
+    BATCH_ROWS = 4096
+
+    def _ranges(self, path: Path, size: int, target: int) -> list:
+        meta = self._metadata(path)
+        if meta is None or meta.num_row_groups < 2:
+            return []
+        out, start, acc = [], 0, 0
+        for i in range(meta.num_row_groups):
+            acc += meta.row_group(i).total_byte_size
+            if acc >= target and i + 1 < meta.num_row_groups:
+                out.append((start, i + 1, acc))
+                start, acc = i + 1, 0
+        out.append((start, None, acc))
+        return out
+
+    def _metadata(self, path: Path):
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(path).metadata
+        except Exception:  # unreadable here is reported (or skipped) when the unit is read
+            return None
+
+    def _read_unit(self, unit: Unit) -> Iterator[str]:
+        for f in unit.files:
+            yield from self._read_file(Path(f), unit.start, unit.stop)
+
+    def _read_file(self, path: Path, start: int, stop: int | None) -> Iterator[str]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(path)
+            schema = pf.schema_arrow
+            if self.cfg.column not in schema.names:
+                self.bad(
+                    f"missing column {self.cfg.column!r} (columns: {', '.join(schema.names)})", path
+                )
+                return
+            kind = schema.field(self.cfg.column).type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+                self.bad(f"column {self.cfg.column!r} holds {kind}, not text", path)
+                return
+            groups = range(start, pf.metadata.num_row_groups if stop is None else stop)
+            batches = pf.iter_batches(self.BATCH_ROWS, row_groups=groups, columns=[self.cfg.column])
+            for batch in batches:
+                yield from self._texts(batch.column(0), path)
+        except (OSError, pa.ArrowException) as e:
+            self.bad(f"unreadable file ({type(e).__name__}: {e})", path)
+
+    def _texts(self, column, path: Path) -> Iterator[str]:
+        import pyarrow as pa
+
+        binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
+        for value in column.cast(binary).to_pylist():  # bytes: decoded here, row by row
+            if value is None:
+                self.bad(f"missing value in column {self.cfg.column!r}", path)
+                continue
+            text = self.decode(value, path)
+            if text is not None:
+                yield text
