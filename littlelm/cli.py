@@ -2,6 +2,8 @@
 
     littlelm train [CONFIG] [key=value ...] [--resume auto|never|PATH]
     littlelm config show CONFIG [key=value ...] [--flat]
+    littlelm data prepare CONFIG [key=value ...] [--out DIR] [--only LABEL ...] [--workers N]
+    littlelm data inspect DIR [--samples N] [--chars N] [--no-verify]
     littlelm list
     littlelm sample CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
     littlelm grow PARENT --to RUN.yaml [key=value ...]
@@ -55,6 +57,44 @@ def cmd_config_show(args: argparse.Namespace) -> int:
             print(f"{key}: {value!r}")
     else:
         print(dump_yaml(cfg), end="")
+    return 0
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from littlelm.data.build import prepare_data
+    from littlelm.schema import load_data_config
+
+    config, overrides = _split_config(args.items)
+    if args.workers is not None:
+        overrides = [*overrides, f"data.workers={args.workers}"]
+    cfg = load_data_config(config, overrides)
+    out = Path(args.out) if args.out else None
+    _, result = prepare_data(cfg, out, args.only)
+    if out is not None:
+        print(prepared_snippet(result))
+    return 0
+
+
+def prepared_snippet(result: dict) -> str:
+    """The data section that trains on what was just prepared."""
+    first = next(iter(result.values()))[1]
+    lines = [
+        "train on it with this data section in a run file:",
+        "data:",
+        f"  tokenizer: {{name: saved, path: {first}}}",
+        "  sources:",
+    ]
+    for label, (src, directory, _) in result.items():
+        lines.append(f"    {label}: {{name: shards, path: {directory}, weight: {src.cfg.weight}}}")
+    return "\n".join(lines)
+
+
+def cmd_data_inspect(args: argparse.Namespace) -> int:
+    from littlelm.data.inspect import inspect_dataset
+
+    inspect_dataset(args.directory, args.samples, args.chars, not args.no_verify)
     return 0
 
 
@@ -225,6 +265,32 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--flat", action="store_true", help="one dotted key per line")
     show.set_defaults(fn=cmd_config_show)
 
+    d = sub.add_parser("data", help="prepare and inspect token shards")
+    dsub = d.add_subparsers(dest="data_verb", required=True, metavar="ACTION")
+    prep = dsub.add_parser(
+        "prepare", help="tokenize a config's data sources into shards (resumable, every core)"
+    )
+    prep.add_argument(
+        "items",
+        nargs="*",
+        metavar="CONFIG [key=value ...]",
+        help="run or data file, then overrides",
+    )
+    prep.add_argument(
+        "--out", help="write each source to OUT/LABEL (default: the cache `littlelm train` uses)"
+    )
+    prep.add_argument("--only", nargs="+", metavar="LABEL", help="prepare only these sources")
+    prep.add_argument("--workers", type=int, help="tokenizing processes (default: every core)")
+    prep.set_defaults(fn=cmd_data_prepare)
+    insp = dsub.add_parser("inspect", help="summarise and check a prepared dataset")
+    insp.add_argument("directory", help="a dataset directory written by `littlelm data prepare`")
+    insp.add_argument("--samples", type=int, default=1, help="decoded sample documents to print")
+    insp.add_argument("--chars", type=int, default=400, help="characters of each sample")
+    insp.add_argument(
+        "--no-verify", action="store_true", help="skip reading every shard's checksum"
+    )
+    insp.set_defaults(fn=cmd_data_inspect)
+
     ls = sub.add_parser("list", help="list every registered component")
     ls.set_defaults(fn=cmd_list)
 
@@ -345,6 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -157,6 +157,14 @@ def load_run(path: str | Path, overrides: list[str] = (), world_size: int = 1) -
     return resolve(cfg, world_size, str(path))
 
 
+def load_data_config(path: str | Path, overrides: list[str] = ()) -> DataConfig:
+    """The validated data section of a run file (or of a file holding only `data:`)."""
+    path = find_config(path)
+    tree, origin = load_tree(path)
+    apply_overrides(tree, origin, overrides)
+    return validate(RunConfig, tree, origin, str(path)).data
+
+
 def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
     """Fill in derived values; report every inconsistency at once."""
     problems: list[str] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -10,8 +11,11 @@ import pytest
 import yaml
 
 
+
 def _find_shared() -> Path:
-    """../shared beside the project root (or beside a parent: git worktrees sit one deeper)."""
+    """LITTLELM_SHARED, else ../shared beside the project root (or a parent: worktrees sit deeper)."""
+    if os.environ.get("LITTLELM_SHARED"):
+        return Path(os.environ["LITTLELM_SHARED"])
     root = Path(__file__).resolve().parents[1]
     for parent in root.parents:
         if (parent / "shared" / "data").is_dir():

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -232,3 +233,88 @@ def test_split_long_keeps_text_and_limit():
     pieces = list(split_long(text, 100))
     assert all(len(p) <= 100 for p in pieces)
     assert "".join(pieces).replace("\n", "") == (text + "\n\n").replace("\n", "")
+
+
+# -- mixtures at scale -------------------------------------------------------------------------
+
+WEIGHTS = {"web": 0.6, "math": 0.15, "pubmed": 0.15, "code": 0.1}
+
+
+def four_sources(tmp_path, seed=0, repeat=True, buffer_docs=16, row_len=33):
+    rng = np.random.default_rng(seed)
+    packers = {}
+    for i, label in enumerate(WEIGHTS):
+        lengths = rng.integers(2, 3 * row_len, size=40 + 30 * i).tolist()
+        s = shard(tmp_path, lengths, f"{label}.bin")
+        stream = DocStream([s], seed=i, repeat=repeat, label=label)
+        packers[label] = BestFitPacker(stream, row_len, buffer_docs)
+    return packers
+
+
+def test_realised_proportions_within_one_percent_over_10000_rows(tmp_path):
+    mix = MixtureLoader(four_sources(tmp_path), WEIGHTS, batch=100, seq_len=32)
+    for n in range(100):
+        mix.next_batch()
+        rows = (n + 1) * 100
+        for k, p in mix.proportions().items():
+            assert abs(p - WEIGHTS[k]) <= 1 / rows + 1e-12  # within one row, at every batch
+    assert sum(mix.rows) == 10_000
+    assert all(abs(p - WEIGHTS[k]) < 0.01 for k, p in mix.proportions().items())
+    assert 0 < mix.crop_rate() < 1
+
+
+def test_resume_is_exact_across_a_four_source_mixture(tmp_path):
+    first = MixtureLoader(four_sources(tmp_path), WEIGHTS, batch=8, seq_len=32)
+    for _ in range(200):  # every source past at least one epoch boundary
+        first.next_batch()
+    epochs = [p.stream.epoch for p in first.packers.values()]
+    assert min(epochs) >= 1
+    snap = first.snapshot()
+    state = json.loads(json.dumps(snap.state_dict()))  # what a checkpoint stores
+    expected = [first.next_batch()[0].numpy() for _ in range(20)]
+    second = MixtureLoader(four_sources(tmp_path), WEIGHTS, batch=8, seq_len=32)
+    second.load_state_dict(state)
+    assert second.snapshot().proportions() == snap.proportions()
+    for want in expected:
+        assert np.array_equal(second.next_batch()[0].numpy(), want)
+
+
+def test_mixture_stop_policy_names_the_exhausted_source(tmp_path):
+    mix = MixtureLoader(four_sources(tmp_path, repeat=False), WEIGHTS, batch=8, seq_len=32)
+    with pytest.raises(DataExhausted, match=r"source 'web' is exhausted after 1 epoch"):
+        for _ in range(1000):
+            mix.next_batch()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_run_loader_ranks_split_every_source(tmp_path, world):
+    from littlelm.data.build import DataConfig, PreparedSource, RunData
+
+    sources = {}
+    for i, label in enumerate(("a", "b")):
+        shards = [shard(tmp_path, [3] * n, f"{label}{j}.bin") for j, n in enumerate([11, 6 + i])]
+        sources[label] = PreparedSource(label, 1.0, tmp_path, shards, [])
+    data = RunData(ByteTokenizer(), sources)
+    cfg = DataConfig(on_exhausted="stop")
+    seen = {label: [] for label in sources}
+    for rank in range(world):
+        loader = data.loader(cfg, batch=2, seq_len=8, seed=3, rank=rank, world=world)
+        for label, packer in loader.packers.items():
+            while True:
+                try:
+                    s, d, _, _ = packer.stream.next()
+                except DataExhausted:
+                    break
+                seen[label].append((s, d))
+    for label, src in sources.items():
+        total = sum(len(s) for s in src.train)
+        assert len(seen[label]) == len(set(seen[label])) == total  # disjoint, nothing lost
+
+
+def test_snapshot_state_equals_state_dict(tmp_path):
+    mix = MixtureLoader(four_sources(tmp_path), WEIGHTS, batch=4, seq_len=32)
+    mix.next_batch()
+    snap = mix.snapshot()
+    assert snap.state_dict() == mix.state_dict()
+    mix.next_batch()  # the snapshot is a copy: later batches do not change it
+    assert snap.state_dict() != mix.state_dict()

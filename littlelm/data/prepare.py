@@ -241,7 +241,7 @@ def _make_plan(
     for f in partial.glob("*.bin*"):
         f.unlink()
     per_token = _bytes_per_token(source, tok)
-    target = max(1 << 16, int(shard_tokens * per_token))
+    target = max(1 << 12, int(shard_tokens * per_token))
     units = source.units(target)
     first_doc = [0] * len(units)
     if split.mode == "tail":  # global document numbers: count each unit's documents

@@ -11,7 +11,6 @@ is still tokenized on every core; a compressed file is one unit.
 from __future__ import annotations
 
 import gzip
-import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,8 +50,7 @@ def open_lines(path: Path, start: int = 0, stop: int | None = None) -> Iterator[
         if kind == "gzip":
             yield from gzip.GzipFile(fileobj=raw)
         elif kind == "zstd":
-            reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-            yield from io.BufferedReader(reader, 1 << 20)
+            yield from _lines(_zstd_chunks(raw))
         else:
             raw.seek(start)
             pos = start
@@ -61,6 +59,34 @@ def open_lines(path: Path, start: int = 0, stop: int | None = None) -> Iterator[
                     return
                 pos += len(line)
                 yield line
+
+
+def _zstd_chunks(raw, size: int = 1 << 20) -> Iterator[bytes]:
+    """Decompressed data of every frame; a file that ends inside a frame is an EOFError (the
+    library's stream reader would end silently)."""
+    dctx = zstandard.ZstdDecompressor()
+    obj, fed = dctx.decompressobj(), False
+    while chunk := raw.read(size):
+        while chunk:
+            fed = True
+            if out := obj.decompress(chunk):
+                yield out
+            if not obj.eof:
+                break
+            chunk, obj, fed = obj.unused_data, dctx.decompressobj(), False
+    if fed and not obj.eof:
+        raise EOFError("zstd data ends inside a frame (truncated file)")
+
+
+def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    tail = b""
+    for chunk in chunks:
+        lines = (tail + chunk).split(b"\n")
+        tail = lines.pop()
+        for line in lines:
+            yield line + b"\n"
+    if tail:
+        yield tail
 
 
 @DATASETS.register("jsonl", config=JSONLConfig)

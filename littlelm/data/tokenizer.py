@@ -353,6 +353,8 @@ def read_meta(directory: Path) -> dict:
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
     """Load a tokenizer saved by `Tokenizer.save`, checking its fingerprint."""
+    import littlelm.components  # noqa: F401  (every tokenizer kind registered)
+
     directory = Path(directory)
     meta = read_meta(directory)
     kind = meta.get("kind")

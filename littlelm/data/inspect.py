@@ -1,0 +1,140 @@
+"""`littlelm data inspect DIR`: what a prepared dataset holds, and whether it is intact.
+
+Prints the tokenizer, the source, tokens and documents per split, a histogram of document
+lengths, decoded sample documents and the result of checking every shard (present, complete,
+made by the dataset's tokenizer, payload checksum equal to the header's and the manifest's).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from littlelm.data.prepare import MANIFEST, read_manifest
+from littlelm.data.shards import Shard
+from littlelm.data.tokenizer import Tokenizer, load_tokenizer
+from littlelm.errors import DataError
+from littlelm.train.progress import human
+
+
+def inspect_dataset(
+    directory: Path,
+    samples: int = 1,
+    chars: int = 400,
+    verify: bool = True,
+    seed: int = 0,
+    out=print,
+) -> None:
+    """Print the report; raise DataError (after printing) when any shard fails its checks."""
+    directory = Path(directory)
+    if directory.is_file():
+        directory = directory.parent
+    m = read_manifest(directory)
+    tok = _tokenizer(directory, m, out)
+    src = m.get("source", {})
+    files = src.get("files", [])
+    out(f"dataset {directory} (source {m.get('label')!r}, {len(files)} input file(s))")
+    out(
+        f"input: {m['documents']:,} documents, {m['bytes'] / 1e6:,.1f} MB of text, prepared in "
+        f"{m.get('seconds', 0):.1f}s"
+        + (f"; skipped: {_skips(m['skipped'])}" if m.get("skipped") else "")
+    )
+    out(
+        f"{'split':<6} {'shards':>7} {'documents':>12} {'tokens':>14} {'mean':>8} {'median':>8} {'max':>9}"
+    )
+    lengths = {}
+    for name, split in m["splits"].items():
+        lengths[name] = _lengths(directory, split["shards"])
+        ls = lengths[name]
+        stats = (f"{ls.mean():8.1f} {np.median(ls):8.0f} {ls.max():9,}") if len(ls) else ""
+        out(
+            f"{name:<6} {len(split['shards']):>7,} {split['docs']:>12,} {split['tokens']:>14,} {stats}"
+        )
+    if len(lengths.get("train", [])):
+        out("train document lengths (tokens, BOS included):")
+        for line in histogram(lengths["train"]):
+            out("  " + line)
+    if tok is not None and samples:
+        _samples(directory, m, tok, samples, chars, seed, out)
+    if verify:
+        _verify(directory, m, out)
+
+
+def _tokenizer(directory: Path, m: dict, out) -> Tokenizer | None:
+    info = m["tokenizer"]
+    try:
+        tok = load_tokenizer(directory / "tokenizer")
+    except DataError as e:
+        out(f"tokenizer: {info.get('describe', '?')} — cannot load its files: {e}")
+        return None
+    ok = "" if tok.fingerprint == info["fingerprint"] else " (DIFFERS from the manifest's!)"
+    out(f"tokenizer: {tok.describe()}, BOS {tok.bos_id}, fingerprint {tok.fingerprint[:12]}{ok}")
+    return tok
+
+
+def _lengths(directory: Path, shards: list[dict]) -> np.ndarray:
+    parts = []
+    for s in shards:
+        try:
+            parts.append(Shard(directory / s["file"], verify=False).lengths())
+        except DataError:
+            continue  # reported by the checks
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def histogram(lengths: np.ndarray, width: int = 40) -> list[str]:
+    """Power-of-two buckets: '   16-31     | ######       |  12.3%  1,234'."""
+    buckets = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
+    counts = np.bincount(buckets)
+    total = counts.sum()
+    lines = []
+    for b, n in enumerate(counts):
+        if n == 0:
+            continue
+        lo, hi = 1 << b, (1 << (b + 1)) - 1
+        bar = "#" * max(1, round(width * n / counts.max()))
+        lines.append(f"{lo:>9,}-{hi:<9,} {bar:<{width}} {100 * n / total:5.1f}% {n:>12,}")
+    return lines
+
+
+def _samples(directory: Path, m: dict, tok: Tokenizer, n: int, chars: int, seed: int, out) -> None:
+    shards = m["splits"]["train"]["shards"] or m["splits"]["val"]["shards"]
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        entry = shards[int(rng.integers(len(shards)))]
+        try:
+            shard = Shard(directory / entry["file"], verify=False)
+        except DataError:
+            continue
+        d = int(rng.integers(len(shard)))
+        doc = shard.doc(d)
+        text = tok.decode(doc[: max(8, chars)].tolist())[:chars]
+        out(f"sample: {entry['file']} document {d} ({len(doc):,} tokens):")
+        out("  " + text.replace("\n", "\n  ") + (" …" if len(text) >= chars else ""))
+
+
+def _verify(directory: Path, m: dict, out) -> None:
+    entries = [s for split in m["splits"].values() for s in split["shards"]]
+    bad = []
+    for entry in entries:
+        try:
+            shard = Shard(directory / entry["file"], verify=True)
+            shard.check_tokenizer(m["tokenizer"]["fingerprint"], "the dataset's tokenizer")
+            if shard.header.checksum != entry["sha256"]:
+                raise DataError(f"{shard.path}: checksum differs from the one in {MANIFEST}")
+        except DataError as e:
+            bad.append(str(e))
+    if not bad:
+        out(f"checks: all {len(entries)} shard(s) complete, checksums match")
+        return
+    for line in bad:
+        out(f"  FAILED {line}")
+    raise DataError(
+        f"{len(bad)} of {len(entries)} shard(s) in {directory} failed their checks (listed above); "
+        "delete the directory and run `littlelm data prepare` again"
+    )
+
+
+def _skips(skipped: dict) -> str:
+    return ", ".join(f"{human(n)} {reason}" for reason, n in sorted(skipped.items()))

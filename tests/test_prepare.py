@@ -1,0 +1,353 @@
+"""`littlelm data prepare` / `inspect`, resumability, the shards source and tokenizer checks."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import WORDS, tiny_tree, write_config
+from littlelm.cli import main
+from littlelm.data import workers
+from littlelm.data.build import DataConfig, build_data, open_dataset, prepare_data
+from littlelm.data.prepare import read_manifest
+from littlelm.data.shards import Shard, ShardWriter, write_shard
+from littlelm.data.split import ValSplit
+from littlelm.data.tokenizer import ByteTokenizer
+from littlelm.errors import DataError
+from littlelm.schema import load_run
+from littlelm.train.trainer import Trainer
+
+
+def make_docs(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [
+        f"doc {i}: " + " ".join(rng.choice(WORDS, size=int(rng.integers(3, 80)))) for i in range(n)
+    ]
+
+
+@pytest.fixture
+def raw(tmp_path):
+    """Two JSONL files (one with a bad line) and a text file."""
+    d = tmp_path / "raw"
+    d.mkdir()
+    docs = make_docs(300)
+    (d / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:200]))
+    lines = [json.dumps({"text": t}) + "\n" for t in docs[200:]]
+    (d / "b.jsonl").write_text("".join(lines[:50]) + "{broken\n" + "".join(lines[50:]))
+    (d / "book.txt").write_text("\n\n".join(make_docs(100, seed=1)) + "\n")
+    return d
+
+
+def data_cfg(raw, **kw) -> DataConfig:
+    tree = {
+        "tokenizer": {"name": "byte"},
+        "sources": {
+            "web": {"name": "jsonl", "path": str(raw), "weight": 0.7},
+            "book": {"name": "text", "path": str(raw / "book.txt"), "split": "paragraph"},
+        },
+        "val_fraction": 0.1,
+        "shard_tokens": 3000,
+        "workers": 1,
+        **kw,
+    }
+    return load_run_data(tree)
+
+
+def load_run_data(data_tree: dict) -> DataConfig:
+    from littlelm.config import validate
+    from littlelm.schema import RunConfig
+
+    return validate(RunConfig, {"data": data_tree}).data
+
+
+def decoded(directory, manifest, split="train") -> list[str]:
+    tok = ByteTokenizer()
+    out = []
+    for s in manifest["splits"][split]["shards"]:
+        shard = Shard(directory / s["file"])
+        out += [tok.decode(shard.doc(i)[1:].tolist()) for i in range(len(shard))]
+    return out
+
+
+def shard_files(directory) -> dict[str, tuple[int, int]]:
+    return {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in directory.glob("*.bin")}
+
+
+def test_prepare_writes_complete_dataset(tmp_path, raw):
+    _, result = prepare_data(data_cfg(raw), tmp_path / "out", log=lambda s: None)
+    _, directory, m = result["web"]
+    assert (directory / "manifest.json").is_file() and not (tmp_path / "out/web.partial").exists()
+    assert m["documents"] == 300 and m["skipped"] == {"malformed JSON": 1}
+    tr, va = m["splits"]["train"], m["splits"]["val"]
+    assert len(tr["shards"]) > 3 and tr["docs"] + va["docs"] == 300
+    assert all(s["tokens"] < 3000 + 600 for s in tr["shards"])  # shard size, plus one document
+    docs = make_docs(300)
+    split = ValSplit(0.1, "hash", 0)
+    assert decoded(directory, m, "train") == [d for d in docs if not split.is_val(0, d.encode())]
+    assert decoded(directory, m, "val") == [d for d in docs if split.is_val(0, d.encode())]
+    for s in tr["shards"] + va["shards"]:
+        assert Shard(directory / s["file"]).header.checksum == s["sha256"]
+    assert m["tokenizer"]["fingerprint"] == ByteTokenizer().fingerprint
+
+
+def test_long_documents_never_straddle_the_split(tmp_path):
+    docs = ["\n".join(f"d{i} " + line[:40] for line in make_docs(8, seed=i)) for i in range(300)]
+    (tmp_path / "a.txt").write_text("\n\n".join(docs))
+    source = {
+        "name": "text",
+        "path": str(tmp_path / "a.txt"),
+        "split": "paragraph",
+        "max_chars": 64,
+    }
+    cfg = load_run_data(
+        {"tokenizer": {"name": "byte"}, "sources": {"t": source}, "val_fraction": 0.2, "workers": 1}
+    )
+    _, result = prepare_data(cfg, tmp_path / "out", log=lambda s: None)
+    _, directory, m = result["t"]
+    ids = {}
+    for split in ("train", "val"):
+        pieces = decoded(directory, m, split)
+        assert all(len(p) <= 64 for p in pieces)
+        ids[split] = {line.split()[0] for p in pieces for line in p.splitlines() if line.strip()}
+    assert (
+        len(ids["val"]) > 20 and not ids["train"] & ids["val"]
+    )  # a document's pieces stay together
+    assert len(ids["train"] | ids["val"]) == 300
+
+
+def test_parallel_prepare_equals_serial(tmp_path, raw):
+    _, serial = prepare_data(data_cfg(raw), tmp_path / "one", log=lambda s: None)
+    _, parallel = prepare_data(data_cfg(raw, workers=2), tmp_path / "two", log=lambda s: None)
+    for label in ("web", "book"):
+        assert serial[label][2]["splits"] == parallel[label][2]["splits"]
+
+
+def test_interrupted_prepare_resumes_without_redoing_finished_units(tmp_path, raw, monkeypatch):
+    real = workers.tokenize_unit
+
+    def dies_on_unit_3(job, tok, report):
+        if job.uid == 3:
+            raise KeyboardInterrupt
+        return real(job, tok, report)
+
+    monkeypatch.setattr(workers, "tokenize_unit", dies_on_unit_3)
+    cfg = data_cfg(raw)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data(cfg, tmp_path / "out", only=["web"], log=lambda s: None)
+    partial = tmp_path / "out" / "web.partial"
+    assert not (tmp_path / "out" / "web").exists() and not (partial / "manifest.json").exists()
+    assert sorted(p.name for p in (partial / "units").iterdir()) == [
+        "00000.json",
+        "00001.json",
+        "00002.json",
+    ]
+    assert not list(partial.glob("*.tmp")) and not list(partial.glob("*-00003-*"))
+    # A kill between a shard's rename and its unit's record leaves files that look finished:
+    (partial / "train-00003-000.bin").write_bytes((partial / "train-00000-000.bin").read_bytes())
+    (partial / "train-00003-001.bin.tmp").write_bytes(b"half a shard")
+    kept = shard_files(partial)
+    del kept["train-00003-000.bin"]
+    monkeypatch.setattr(workers, "tokenize_unit", real)
+    logs = []
+    _, result = prepare_data(cfg, tmp_path / "out", only=["web"], log=logs.append)
+    assert any("3 already done" in line for line in logs)
+    directory, m = result["web"][1], result["web"][2]
+    after = shard_files(directory)
+    assert all(after[name] == stat for name, stat in kept.items())  # not rewritten
+    _, fresh = prepare_data(cfg, tmp_path / "fresh", only=["web"], log=lambda s: None)
+    assert m["splits"] == fresh["web"][2]["splits"]
+
+
+def test_partial_from_other_settings_starts_over(tmp_path, raw, monkeypatch):
+    monkeypatch.setattr(workers, "tokenize_unit", _raise_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data(data_cfg(raw), tmp_path / "out", only=["web"], log=lambda s: None)
+    monkeypatch.undo()
+    logs = []
+    _, result = prepare_data(
+        data_cfg(raw, shard_tokens=5000), tmp_path / "out", only=["web"], log=logs.append
+    )
+    assert any("starting it over" in line for line in logs)
+    assert result["web"][2]["shard_tokens"] == 5000
+
+
+def _raise_interrupt(job, tok, report):
+    raise KeyboardInterrupt
+
+
+def test_disk_full_is_a_clear_error_and_leaves_no_complete_looking_shard(
+    tmp_path, raw, monkeypatch
+):
+    def full(self, tokens, lengths):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ShardWriter, "add_docs", full)
+    with pytest.raises(DataError, match="No space left on device; free disk space.*kept"):
+        prepare_data(data_cfg(raw), tmp_path / "out", only=["web"], log=lambda s: None)
+    partial = tmp_path / "out" / "web.partial"
+    assert not list(partial.glob("*.bin")) and not list(partial.glob("*.tmp"))
+    monkeypatch.undo()
+    _, result = prepare_data(data_cfg(raw), tmp_path / "out", only=["web"], log=lambda s: None)
+    assert result["web"][2]["splits"]["train"]["docs"] > 0
+
+
+def test_source_with_no_documents_says_why(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"body": "x"}\n' * 5)
+    cfg = load_run_data(
+        {
+            "tokenizer": {"name": "byte"},
+            "sources": {"w": {"name": "jsonl", "path": str(tmp_path / "a.jsonl")}},
+            "workers": 1,
+        }
+    )
+    with pytest.raises(
+        DataError, match=r"'w' has no training documents; skipped: 5 missing field 'text'"
+    ):
+        prepare_data(cfg, tmp_path / "out", log=lambda s: None)
+
+
+def test_out_dir_holding_other_data_is_refused(tmp_path, raw):
+    prepare_data(data_cfg(raw), tmp_path / "out", only=["book"], log=lambda s: None)
+    with pytest.raises(DataError, match="prepared from other inputs"):
+        prepare_data(data_cfg(raw, val_fraction=0.2), tmp_path / "out", only=["book"], log=print)
+    (tmp_path / "x" / "book").mkdir(parents=True)
+    (tmp_path / "x" / "book" / "mine.txt").write_text("keep me")
+    with pytest.raises(DataError, match="not a prepared dataset"):
+        prepare_data(data_cfg(raw), tmp_path / "x", only=["book"], log=lambda s: None)
+
+
+def test_tail_split_spans_units(tmp_path, raw):
+    cfg = data_cfg(raw, val_split="tail", val_fraction=0.2)
+    _, result = prepare_data(cfg, tmp_path / "out", only=["book"], log=lambda s: None)
+    _, directory, m = result["book"]
+    docs = [d + "\n" for d in make_docs(100, seed=1)]
+    docs[-1] += "\n"  # the file's final newline
+    assert len(m["splits"]["train"]["shards"]) > 1
+    assert decoded(directory, m, "val") == docs[80:] and decoded(directory, m, "train") == docs[:80]
+
+
+# -- training on prepared shards -------------------------------------------------------------------
+
+
+@pytest.fixture
+def prepared(tmp_path, raw):
+    assert main(prepare_args(tmp_path, raw)) == 0
+    return tmp_path / "prep"
+
+
+def prepare_args(tmp_path, raw) -> list[str]:
+    cfg_path = write_config(tmp_path / "data.yaml", {"data": to_tree(data_cfg(raw))})
+    return ["data", "prepare", str(cfg_path), "--out", str(tmp_path / "prep")]
+
+
+def to_tree(cfg):
+    from littlelm.config import to_tree as tree
+
+    return tree(cfg)
+
+
+def shards_run(tmp_path, prepared, **data) -> dict:
+    tree = tiny_tree(tmp_path / "unused.txt", tmp_path / "runs")
+    tree["data"] = {
+        "tokenizer": {"name": "saved", "path": str(prepared / "web")},
+        "sources": {
+            "web": {"name": "shards", "path": str(prepared / "web"), "weight": 0.75},
+            "book": {"name": "shards", "path": str(prepared / "book"), "weight": 0.25},
+        },
+        "buffer_docs": 16,
+        **data,
+    }
+    return tree
+
+
+def test_cli_prepare_prints_a_data_section_that_trains(tmp_path, raw, prepared, capsys):
+    assert main(prepare_args(tmp_path, raw)) == 0  # already complete: reused, nothing redone
+    out = capsys.readouterr().out
+    assert "preparing" not in out
+    snippet = yaml.safe_load(out[out.index("data:") :])
+    assert snippet["data"]["sources"]["web"] == {
+        "name": "shards",
+        "path": str(prepared / "web"),
+        "weight": 0.7,
+    }
+    cfg = load_run(write_config(tmp_path / "run.yaml", shards_run(tmp_path, prepared)))
+    result = Trainer(cfg, resume="never").fit()
+    assert result["finished"] and set(result["mix"]) == {"web", "book"}
+    records = [
+        json.loads(line) for line in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()
+    ]
+    train = [r for r in records if r["kind"] == "train"]
+    assert all(0 <= r["crop_rate"] < 1 and abs(sum(r["mix"].values()) - 1) < 1e-9 for r in train)
+    assert train[-1]["mix"] == {"web": 0.75, "book": 0.25}  # 24 rows: exactly 18 + 6
+    assert "web 0.750 (target 0.750)" in capsys.readouterr().out
+
+
+def test_tokenizer_mismatch_is_refused_naming_both(tmp_path, prepared):
+    tree = shards_run(tmp_path, prepared, tokenizer={"name": "bpe", "vocab_size": 300})
+    tree["data"]["sources"]["raw"] = {"name": "text", "path": str(tmp_path / "raw" / "book.txt")}
+    cfg = load_run(write_config(tmp_path / "run.yaml", tree))
+    with pytest.raises(
+        DataError,
+        match=r"made by tokenizer byte, 257 tokens .* this run's tokenizer is bpe, 300 tokens",
+    ):
+        build_data(cfg.data, log=lambda s: None)
+    only_shards = shards_run(tmp_path, prepared, tokenizer={"name": "bpe"})
+    cfg = load_run(write_config(tmp_path / "run2.yaml", only_shards))
+    with pytest.raises(DataError, match="every source is prepared shards.*name: saved"):
+        build_data(cfg.data, log=lambda s: None)
+
+
+def test_shard_from_another_tokenizer_is_refused(tmp_path):
+    tok = ByteTokenizer()
+    write_shard(tmp_path / "train.bin", [np.array([256, 1, 2])], 257, 256, "cd" * 32)
+    manifest = {
+        "tokenizer": {"fingerprint": tok.fingerprint},
+        "splits": {"train": {"shards": [{"file": "train.bin"}]}, "val": {"shards": []}},
+    }
+    with pytest.raises(DataError, match=r"train\.bin was made by a different tokenizer"):
+        open_dataset("x", 1.0, tmp_path, manifest, tok, verify=True)
+
+
+def test_inspect_reports_and_checks(prepared, capsys):
+    assert main(["data", "inspect", str(prepared / "web"), "--samples", "2", "--chars", "40"]) == 0
+    out = capsys.readouterr().out
+    m = read_manifest(prepared / "web")
+    assert f"{m['splits']['train']['tokens']:,}" in out and "train document lengths" in out
+    assert out.count("sample: ") == 2 and "skipped: 1 malformed JSON" in out
+    assert (
+        f"checks: all {len(m['splits']['train']['shards']) + len(m['splits']['val']['shards'])}"
+        in out
+    )
+
+
+def test_corrupt_shard_fails_inspect_and_training_cleanly(tmp_path, prepared, capsys):
+    first = (
+        prepared / "web" / read_manifest(prepared / "web")["splits"]["train"]["shards"][0]["file"]
+    )
+    data = bytearray(first.read_bytes())
+    data[300] ^= 0xFF
+    first.write_bytes(bytes(data))
+    assert main(["data", "inspect", str(prepared / "web")]) == 2
+    captured = capsys.readouterr()
+    assert f"FAILED {first}: checksum mismatch" in captured.out
+    assert captured.err.startswith("error: 1 of ") and "Traceback" not in captured.err
+    cfg_path = write_config(tmp_path / "run.yaml", shards_run(tmp_path, prepared))
+    assert main(["train", str(cfg_path)]) == 2
+    assert "checksum mismatch" in capsys.readouterr().err
+    with open(first, "r+b") as f:
+        f.truncate(1000)
+    assert main(["train", str(cfg_path)]) == 2
+    assert "is truncated or damaged" in capsys.readouterr().err
+
+
+def test_data_prepare_fills_the_cache_train_uses(tmp_path, raw, capsys):
+    tree = tiny_tree(raw / "book.txt", tmp_path / "runs")
+    cfg_path = write_config(tmp_path / "run.yaml", tree)
+    assert main(["data", "prepare", str(cfg_path)]) == 0
+    assert "preparing 'text'" in capsys.readouterr().out
+    Trainer(load_run(cfg_path), resume="never").fit()
+    assert "preparing" not in capsys.readouterr().out

@@ -1,0 +1,138 @@
+"""Tokenizers: tiktoken (local file, cache), Hugging Face tokenizer.json, saved, encode_docs."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import SHARED
+from littlelm.data.tiktoken_tokenizer import TiktokenConfig, TiktokenTokenizer
+from littlelm.data.tokenizer import (
+    BPEConfig,
+    BPETokenizer,
+    ByteTokenizer,
+    HuggingFaceConfig,
+    HuggingFaceJSON,
+    SavedConfig,
+    SavedTokenizer,
+    load_tokenizer,
+    vocab_size_of,
+)
+from littlelm.errors import DataError
+
+GPT2 = SHARED / "data" / "tokenizers" / "gpt2.tiktoken"
+needs_gpt2 = pytest.mark.skipif(not GPT2.is_file(), reason="shared gpt2.tiktoken not present")
+TEXT = "héllo wörld ✓ — naïve café 日本語 def f(x):\n    return x\n"
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    texts = [TEXT * 3, "the quick brown fox jumps over the lazy dog " * 20] * 20
+    return BPETokenizer.train(
+        BPEConfig(name="bpe", vocab_size=320, train_chars=20_000), iter(texts)
+    )
+
+
+def gpt2_config(**kw) -> TiktokenConfig:
+    return TiktokenConfig(name="tiktoken", encoding="gpt2", file=str(GPT2), **kw)
+
+
+@needs_gpt2
+def test_tiktoken_from_local_file(tmp_path):
+    tok = TiktokenTokenizer.from_config(gpt2_config())
+    assert tok.vocab_size == 50257 and tok.bos_id == 50256
+    assert tok.encode("hello world") == [31373, 995]  # GPT-2's ids
+    assert tok.decode(tok.encode(TEXT)) == TEXT
+    ids = tok.encode(TEXT)
+    assert tok.token_bytes()[ids].sum() == len(TEXT.encode())  # partial-character tokens too
+    tok.save(tmp_path / "tok")
+    again = load_tokenizer(tmp_path / "tok")
+    assert again.fingerprint == tok.fingerprint and again.encode(TEXT) == ids
+    assert vocab_size_of(gpt2_config()) == 50257
+
+
+@needs_gpt2
+def test_tiktoken_from_its_cache_matches_the_file(tmp_path, monkeypatch):
+    shutil.copy(GPT2, tmp_path / "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4")  # sha1 of its URL
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    cached = TiktokenTokenizer.from_config(TiktokenConfig(name="tiktoken", encoding="r50k_base"))
+    assert cached.fingerprint == TiktokenTokenizer.from_config(gpt2_config()).fingerprint
+
+
+@needs_gpt2
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"encoding": "cl100k_base"}, "is not the cl100k_base ranks file"),
+        ({"encoding": "gpt5"}, "unknown tiktoken encoding 'gpt5'"),
+        ({"file": "/nonexistent.tiktoken"}, "no such file"),
+        ({"bos_token": "<|bos|>"}, r"no special token '<\|bos\|>'.*<\|endoftext\|>"),
+    ],
+)
+def test_tiktoken_errors_are_clear(kw, message):
+    cfg = gpt2_config().model_copy(update=kw)
+    with pytest.raises(DataError, match=message):
+        TiktokenTokenizer.from_config(cfg)
+
+
+def test_tiktoken_encoding_made_here_round_trips(tmp_path):
+    """Without the shared file: a small tiktoken encoding saved and loaded by littlelm."""
+    import tiktoken
+
+    ranks = {bytes([i]): i for i in range(256)} | {b"ab": 256, b"abc": 257}
+    enc = tiktoken.Encoding(
+        name="tiny", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens={"<|s|>": 258}
+    )
+    tok = TiktokenTokenizer(enc, "<|s|>", threads=2)
+    assert tok.encode("abc ab") == [257, 32, 256] and tok.bos_id == 258
+    assert tok.encode_batch(["abc", "ab"]) == [[257], [256]]
+    tok.save(tmp_path / "tok")
+    again = load_tokenizer(tmp_path / "tok")
+    assert again.fingerprint == tok.fingerprint and again.encode("xabc") == tok.encode("xabc")
+    assert again.token_bytes().tolist()[255:] == [1, 2, 3, 0]
+
+
+def test_bpe_token_bytes_count_bytes_of_partial_characters(bpe):
+    ids = bpe.encode(TEXT)
+    assert bpe.token_bytes()[ids].sum() == len(TEXT.encode())
+
+
+def test_huggingface_tokenizer_json(tmp_path, bpe):
+    bpe.tok.save(str(tmp_path / "tokenizer.json"))
+    tok = HuggingFaceJSON.from_config(HuggingFaceConfig(name="huggingface", path=str(tmp_path)))
+    assert tok.bos_token == "<|bos|>" and tok.bos_id == bpe.bos_id
+    assert tok.encode(TEXT) == bpe.encode(TEXT) and tok.decode(tok.encode(TEXT)) == TEXT
+    tok.save(tmp_path / "saved")
+    assert load_tokenizer(tmp_path / "saved").fingerprint == tok.fingerprint
+    cfg = HuggingFaceConfig(
+        name="huggingface", path=str(tmp_path / "tokenizer.json"), bos_token="<s>"
+    )
+    with pytest.raises(DataError, match=r"no '<s>' token.*<\|bos\|>"):
+        HuggingFaceJSON.from_config(cfg)
+    (tmp_path / "bad.json").write_text("{not a tokenizer")
+    with pytest.raises(DataError, match="not a tokenizer.json"):
+        HuggingFaceJSON.from_config(
+            HuggingFaceConfig(name="huggingface", path=str(tmp_path / "bad.json"))
+        )
+
+
+def test_saved_tokenizer_from_dataset_or_tokenizer_dir(tmp_path, bpe):
+    bpe.save(tmp_path / "dataset" / "tokenizer")
+    for path in (tmp_path / "dataset", tmp_path / "dataset" / "tokenizer"):
+        cfg = SavedConfig(name="saved", path=str(path))
+        assert SavedTokenizer.from_config(cfg).fingerprint == bpe.fingerprint
+        assert SavedTokenizer.vocab_size_for(cfg) == 320
+    with pytest.raises(DataError, match="no tokenizer in"):
+        SavedTokenizer.from_config(SavedConfig(name="saved", path=str(tmp_path)))
+
+
+def test_encode_docs_prefixes_bos(bpe):
+    texts = ["abc", TEXT, "x"]
+    for tok in (ByteTokenizer(), bpe):
+        flat, lengths = tok.encode_docs(texts)
+        want = np.concatenate([[tok.bos_id, *tok.encode(t)] for t in texts])
+        assert np.array_equal(flat, want) and lengths.tolist() == [
+            len(tok.encode(t)) + 1 for t in texts
+        ]
