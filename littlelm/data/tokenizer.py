@@ -353,7 +353,7 @@ def read_meta(directory: Path) -> dict:
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
     """Load a tokenizer saved by `Tokenizer.save`, checking its fingerprint."""
-    import littlelm.components  # noqa: F401  (every tokenizer kind registered)
+    import littlelm.data.tiktoken_tokenizer  # noqa: F401  (the kind defined outside this module)
 
     directory = Path(directory)
     meta = read_meta(directory)

@@ -217,7 +217,7 @@ _WORKER: dict = {}
 
 def _init_worker(tok_dir: str, threads: int, reports) -> None:
     os.environ["RAYON_NUM_THREADS"] = str(threads)  # the `tokenizers` thread pool
-    import littlelm.components  # noqa: F401  (fills the registries in this fresh process)
+    import littlelm.data.records  # noqa: F401  (registers the record sources; no torch import)
 
     tok = load_tokenizer(tok_dir)
     if hasattr(tok, "threads"):

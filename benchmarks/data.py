@@ -1,0 +1,206 @@
+"""Data pipeline throughput: `data prepare` beside the tokenizer's own batch speed, and the loader.
+
+    .venv/bin/python benchmarks/data.py [--mb 24] [--seconds 5] [--work DIR]
+
+1. Builds a JSONL corpus (8 files) of about --mb MB from the Python standard library's sources
+   and, when ../shared is present, Tiny Shakespeare paragraphs.
+2. For each tokenizer (the GPT-2 tiktoken encoding when its file is available, a byte-level BPE
+   trained here with `tokenizers`): the raw throughput of its batch encoder on the corpus's
+   documents (1 MB batches, every core), then a full `prepare_source` of the same corpus (read,
+   split, tokenize, write shards with checksums, manifest) with every core, as MB/s of text and
+   tokens/s, and their ratio (target: prepare >= 90% of raw).
+3. The loader on one core: a four-source mixture (weights 0.6/0.15/0.15/0.1) with BOS-aligned
+   best-fit packing, seq 2048, batch 32, on synthetic shards with realistic document lengths and
+   with short ones: tokens/s (target >= 5M), crop rate.
+Prints markdown tables (paste them into benchmarks/RESULTS.md with the date and machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("LITTLELM_SHARED") or ROOT.parent / "shared")
+
+
+def make_corpus(directory: Path, megabytes: float) -> list[str]:
+    """Write the corpus as 8 JSONL files; return its documents in file order."""
+    docs, size, limit = [], 0, int(megabytes * 1e6)
+    shakespeare = SHARED / "data" / "corpus" / "tinyshakespeare.txt"
+    if shakespeare.is_file():
+        for p in shakespeare.read_text().split("\n\n"):
+            if p.strip():
+                docs.append(p)
+                size += len(p.encode())
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for f in sorted(stdlib.rglob("*.py")):
+        if size >= limit:
+            break
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if text.strip():
+            docs.append(text)
+            size += len(text.encode())
+    directory.mkdir(parents=True, exist_ok=True)
+    files = [[] for _ in range(8)]
+    for i, d in enumerate(docs):
+        files[i * 8 // len(docs)].append(d)
+    ordered = []
+    for k, part in enumerate(files):
+        with open(directory / f"part{k}.jsonl", "w") as fh:
+            for d in part:
+                fh.write(json.dumps({"text": d}) + "\n")
+        ordered += part
+    return ordered
+
+
+def tokenizers(work: Path, docs: list[str]):
+    from littlelm.data.tiktoken_tokenizer import TiktokenConfig, TiktokenTokenizer
+    from littlelm.data.tokenizer import BPEConfig, BPETokenizer
+
+    gpt2 = SHARED / "data" / "tokenizers" / "gpt2.tiktoken"
+    if gpt2.is_file():
+        cfg = TiktokenConfig(name="tiktoken", encoding="gpt2", file=str(gpt2))
+        yield "tiktoken gpt2", TiktokenTokenizer.from_config(cfg), ""
+    else:
+        print(f"(no {gpt2}: tiktoken skipped)", file=sys.stderr)
+    t0 = time.perf_counter()
+    bpe = BPETokenizer.train(BPEConfig(name="bpe", vocab_size=8192, train_chars=4_000_000), iter(docs))
+    yield "bpe 8192 (trained here)", bpe, f"trained on 4M chars in {time.perf_counter() - t0:.1f}s"
+
+
+def raw_throughput(tok, docs: list[str]) -> tuple[float, float, float]:
+    """(seconds, MB/s, tokens/s) of tok.encode_batch over the documents in ~1 MB batches."""
+    batches, batch, size = [], [], 0
+    for d in docs:
+        batch.append(d)
+        size += len(d.encode())
+        if size >= 1 << 20:
+            batches.append(batch)
+            batch, size = [], 0
+    if batch:
+        batches.append(batch)
+    nbytes = sum(len(d.encode()) for d in docs)
+    t0 = time.perf_counter()
+    tokens = sum(len(ids) for b in batches for ids in tok.encode_batch(b))
+    secs = time.perf_counter() - t0
+    return secs, nbytes / secs / 1e6, tokens / secs
+
+
+def prepare_throughput(tok, raw_dir: Path, out: Path, workers: int) -> tuple[float, float, float, int]:
+    """(seconds, MB/s, tokens/s, shards) of a complete prepare_source of the corpus."""
+    from littlelm.data.prepare import prepare_source
+    from littlelm.data.records import JSONLConfig, JSONLFiles
+    from littlelm.data.split import ValSplit
+    from littlelm.train.progress import Progress
+
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out.with_name(out.name + ".partial"), ignore_errors=True)
+    src = JSONLFiles(JSONLConfig(name="jsonl", path=str(raw_dir)), "bench")
+    quiet = Progress(open(os.devnull, "w"))  # noqa: SIM115
+    t0 = time.perf_counter()
+    m = prepare_source(src, tok, ValSplit(0.01, "hash", 0), out, 2_000_000, workers, lambda s: None, quiet)
+    secs = time.perf_counter() - t0
+    tokens = m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
+    shards = len(m["splits"]["train"]["shards"]) + len(m["splits"]["val"]["shards"])
+    return secs, m["bytes"] / secs / 1e6, tokens / secs, shards
+
+
+LENGTHS = {  # (median tokens, sigma of log) per source
+    "realistic": {"web": (500, 1.0), "math": (300, 0.8), "pubmed": (250, 0.4), "code": (700, 1.2)},
+    "short": {"web": (40, 0.7), "math": (40, 0.7), "pubmed": (40, 0.7), "code": (40, 0.7)},
+}
+WEIGHTS = {"web": 0.6, "math": 0.15, "pubmed": 0.15, "code": 0.1}
+
+
+def synthetic_shards(directory: Path, kind: str, tokens_per_source: int) -> dict:
+    import numpy as np
+
+    from littlelm.data.shards import Shard, ShardWriter
+
+    rng = np.random.default_rng(0)
+    out = {}
+    for label, (median, sigma) in LENGTHS[kind].items():
+        path = directory / f"{kind}-{label}.bin"
+        lengths = np.maximum(2, rng.lognormal(np.log(median), sigma, tokens_per_source // median))
+        lengths = lengths.astype(np.int64)
+        tokens = rng.integers(1, 50000, int(lengths.sum()), dtype=np.int64)
+        tokens[np.cumsum(lengths) - lengths] = 0  # BOS
+        w = ShardWriter(path, 50257, 0, "ab" * 32)
+        w.add_docs(tokens, lengths)
+        w.close()
+        out[label] = Shard(path)
+    return out
+
+
+def loader_throughput(shards: dict, seconds: float) -> tuple[float, float, float]:
+    """(tokens/s, crop rate, mean document length) of the mixture loader on this thread."""
+    from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader
+
+    packers = {
+        k: BestFitPacker(DocStream([s], seed=i, label=k), 2049, 1000)
+        for i, (k, s) in enumerate(shards.items())
+    }
+    mix = MixtureLoader(packers, WEIGHTS, batch=32, seq_len=2048)
+    for _ in range(20):
+        mix.next_batch()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        mix.next_batch()
+        mix.snapshot()  # what the prefetch thread takes after every batch
+        n += 1
+    secs = time.perf_counter() - t0
+    mean_len = sum(int(s.header.n_tokens) for s in shards.values()) / sum(len(s) for s in shards.values())
+    return n * 32 * 2048 / secs, mix.crop_rate(), mean_len
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mb", type=float, default=24, help="corpus size for the prepare benchmark")
+    p.add_argument("--seconds", type=float, default=5, help="loader measurement time per case")
+    p.add_argument("--loader-tokens", type=int, default=20_000_000, help="tokens per synthetic source")
+    p.add_argument("--work", help="scratch directory (default: a new temporary one, removed after)")
+    args = p.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="littlelm-bench-data-"))
+    cores = os.cpu_count() or 1
+    try:
+        docs = make_corpus(work / "raw", args.mb)
+        mb = sum(len(d.encode()) for d in docs) / 1e6
+        print(f"corpus: {len(docs):,} documents, {mb:.1f} MB in 8 JSONL files; {cores} cores\n")
+        print("| tokenizer | raw encode_batch | data prepare | prepare / raw | shards | note |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for name, tok, note in tokenizers(work, docs):
+            r_secs, r_mbs, r_toks = raw_throughput(tok, docs)
+            p_secs, p_mbs, p_toks, shards = prepare_throughput(tok, work / "raw", work / "out", cores)
+            print(
+                f"| {name} | {r_mbs:.2f} MB/s, {r_toks / 1e6:.2f}M tok/s ({r_secs:.1f}s) "
+                f"| {p_mbs:.2f} MB/s, {p_toks / 1e6:.2f}M tok/s ({p_secs:.1f}s) "
+                f"| {100 * p_mbs / r_mbs:.0f}% | {shards} | {note} |",
+                flush=True,
+            )
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        print("\nloader, one core: 4-source mixture (0.6/0.15/0.15/0.1), best-fit, seq 2048, batch 32\n")
+        print("| documents | mean length (tokens) | tokens/s | crop rate |")
+        print("| --- | --- | --- | --- |")
+        for kind in LENGTHS:
+            shards = synthetic_shards(work, kind, args.loader_tokens)
+            tok_s, crop, mean_len = loader_throughput(shards, args.seconds)
+            print(f"| {kind} | {mean_len:.0f} | {tok_s / 1e6:.1f}M | {100 * crop:.2f}% |", flush=True)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":  # guarded: prepare's worker processes (spawn) import this module
+    main()
