@@ -75,7 +75,9 @@ def tokenizers(work: Path, docs: list[str]):
     else:
         print(f"(no {gpt2}: tiktoken skipped)", file=sys.stderr)
     t0 = time.perf_counter()
-    bpe = BPETokenizer.train(BPEConfig(name="bpe", vocab_size=8192, train_chars=4_000_000), iter(docs))
+    bpe = BPETokenizer.train(
+        BPEConfig(name="bpe", vocab_size=8192, train_chars=4_000_000), iter(docs)
+    )
     yield "bpe 8192 (trained here)", bpe, f"trained on 4M chars in {time.perf_counter() - t0:.1f}s"
 
 
@@ -97,7 +99,9 @@ def raw_throughput(tok, docs: list[str]) -> tuple[float, float, float]:
     return secs, nbytes / secs / 1e6, tokens / secs
 
 
-def prepare_throughput(tok, raw_dir: Path, out: Path, workers: int) -> tuple[float, float, float, int]:
+def prepare_throughput(
+    tok, raw_dir: Path, out: Path, workers: int
+) -> tuple[float, float, float, int]:
     """(seconds, MB/s, tokens/s, shards) of a complete prepare_source of the corpus."""
     from littlelm.data.prepare import prepare_source
     from littlelm.data.records import JSONLConfig, JSONLFiles
@@ -109,7 +113,9 @@ def prepare_throughput(tok, raw_dir: Path, out: Path, workers: int) -> tuple[flo
     src = JSONLFiles(JSONLConfig(name="jsonl", path=str(raw_dir)), "bench")
     quiet = Progress(open(os.devnull, "w"))  # noqa: SIM115
     t0 = time.perf_counter()
-    m = prepare_source(src, tok, ValSplit(0.01, "hash", 0), out, 2_000_000, workers, lambda s: None, quiet)
+    m = prepare_source(
+        src, tok, ValSplit(0.01, "hash", 0), out, 2_000_000, workers, lambda s: None, quiet
+    )
     secs = time.perf_counter() - t0
     tokens = m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
     shards = len(m["splits"]["train"]["shards"]) + len(m["splits"]["val"]["shards"])
@@ -160,7 +166,9 @@ def loader_throughput(shards: dict, seconds: float) -> tuple[float, float, float
         mix.snapshot()  # what the prefetch thread takes after every batch
         n += 1
     secs = time.perf_counter() - t0
-    mean_len = sum(int(s.header.n_tokens) for s in shards.values()) / sum(len(s) for s in shards.values())
+    mean_len = sum(int(s.header.n_tokens) for s in shards.values()) / sum(
+        len(s) for s in shards.values()
+    )
     return n * 32 * 2048 / secs, mix.crop_rate(), mean_len
 
 
@@ -168,7 +176,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=float, default=24, help="corpus size for the prepare benchmark")
     p.add_argument("--seconds", type=float, default=5, help="loader measurement time per case")
-    p.add_argument("--loader-tokens", type=int, default=20_000_000, help="tokens per synthetic source")
+    p.add_argument(
+        "--loader-tokens", type=int, default=20_000_000, help="tokens per synthetic source"
+    )
     p.add_argument("--work", help="scratch directory (default: a new temporary one, removed after)")
     args = p.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="littlelm-bench-data-"))
@@ -181,7 +191,9 @@ def main() -> None:
         print("| --- | --- | --- | --- | --- | --- |")
         for name, tok, note in tokenizers(work, docs):
             r_secs, r_mbs, r_toks = raw_throughput(tok, docs)
-            p_secs, p_mbs, p_toks, shards = prepare_throughput(tok, work / "raw", work / "out", cores)
+            p_secs, p_mbs, p_toks, shards = prepare_throughput(
+                tok, work / "raw", work / "out", cores
+            )
             print(
                 f"| {name} | {r_mbs:.2f} MB/s, {r_toks / 1e6:.2f}M tok/s ({r_secs:.1f}s) "
                 f"| {p_mbs:.2f} MB/s, {p_toks / 1e6:.2f}M tok/s ({p_secs:.1f}s) "
@@ -190,13 +202,17 @@ def main() -> None:
             )
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        print("\nloader, one core: 4-source mixture (0.6/0.15/0.15/0.1), best-fit, seq 2048, batch 32\n")
+        print(
+            "\nloader, one core: 4-source mixture (0.6/0.15/0.15/0.1), best-fit, seq 2048, batch 32\n"
+        )
         print("| documents | mean length (tokens) | tokens/s | crop rate |")
         print("| --- | --- | --- | --- |")
         for kind in LENGTHS:
             shards = synthetic_shards(work, kind, args.loader_tokens)
             tok_s, crop, mean_len = loader_throughput(shards, args.seconds)
-            print(f"| {kind} | {mean_len:.0f} | {tok_s / 1e6:.1f}M | {100 * crop:.2f}% |", flush=True)
+            print(
+                f"| {kind} | {mean_len:.0f} | {tok_s / 1e6:.1f}M | {100 * crop:.2f}% |", flush=True
+            )
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)

@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 
-
 def _find_shared() -> Path:
     """LITTLELM_SHARED, else ../shared beside the project root (or a parent: worktrees sit deeper)."""
     if os.environ.get("LITTLELM_SHARED"):
