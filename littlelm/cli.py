@@ -280,7 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", help="write each source to OUT/LABEL (default: the cache `littlelm train` uses)"
     )
     prep.add_argument("--only", nargs="+", metavar="LABEL", help="prepare only these sources")
-    prep.add_argument("--workers", type=int, help="tokenizing processes (default: every core)")
+    prep.add_argument(
+        "--workers",
+        type=int,
+        help="tokenizing processes (default: one per core, one per 64 MB of input at most)",
+    )
     prep.set_defaults(fn=cmd_data_prepare)
     insp = dsub.add_parser("inspect", help="summarise and check a prepared dataset")
     insp.add_argument("directory", help="a dataset directory written by `littlelm data prepare`")

@@ -126,6 +126,26 @@ def test_parallel_prepare_equals_serial(tmp_path, raw):
         assert serial[label][2]["splits"] == parallel[label][2]["splits"]
 
 
+def test_worker_processes_only_for_enough_input(monkeypatch):
+    from littlelm.data.sources import Unit
+
+    monkeypatch.setattr(workers.os, "cpu_count", lambda: 8)
+    mb = 1 << 20
+
+    def jobs(*sizes_mb):
+        return [
+            workers.UnitJob(None, "x", Unit(("f",), size=n * mb), i, 0, None, "", 1)
+            for i, n in enumerate(sizes_mb)
+        ]
+
+    assert workers.pool_size(jobs(10, 10, 10), None) == 1  # small: this process, every core
+    assert workers.pool_size(jobs(*[50] * 6), None) == 4  # one process per 64 MB of input
+    assert workers.pool_size(jobs(*[500] * 20), None) == 8  # at most one per core
+    assert workers.pool_size(jobs(500, 500), None) == 2  # at most one per unit
+    assert workers.pool_size(jobs(1, 1, 1), 3) == 3  # an explicit count is kept
+    assert workers.pool_size(jobs(1), 4) == 1
+
+
 def test_interrupted_prepare_resumes_without_redoing_finished_units(tmp_path, raw, monkeypatch):
     real = workers.tokenize_unit
 

@@ -61,7 +61,8 @@ class DataConfig(Cfg):
     )
     workers: int | None = Field(
         None,
-        description="Processes tokenizing in parallel when preparing; null = every core.",
+        description="Processes tokenizing in parallel when preparing; null = one per core, at "
+        "most one per 64 MB of input (small sources tokenize in one process, on every core).",
         ge=1,
     )
     cache_dir: str | None = Field(

@@ -34,7 +34,7 @@ from littlelm.data.shards import read_header
 from littlelm.data.sources import Source, Unit
 from littlelm.data.split import ValSplit
 from littlelm.data.tokenizer import META, Tokenizer, load_tokenizer
-from littlelm.data.workers import UnitJob, run_units, unit_record_path
+from littlelm.data.workers import UnitJob, pool_size, run_units, unit_record_path
 from littlelm.errors import DataError
 from littlelm.registry import TOKENIZERS
 
@@ -202,11 +202,11 @@ def _prepare_locked(
         for i, u in enumerate(units)
         if i not in records
     ]
-    workers = workers or os.cpu_count() or 1
+    workers = pool_size(jobs, workers)
     log(
         f"preparing {source.label!r} ({tok.describe()}) -> {out}: {len(units)} unit(s)"
         + (f", {len(records)} already done" if records else "")
-        + f", {min(workers, max(1, len(jobs)))} worker(s)"
+        + (f", {workers} worker processes" if workers > 1 else ", tokenizing on every core")
     )
     meter = Meter(source.label, units, records, progress)
 
@@ -277,8 +277,8 @@ def _load_plan(partial: Path, key: str, shard_tokens: int, log) -> dict | None:
     return None
 
 
-def _bytes_per_token(source: Source, tok: Tokenizer, sample_bytes: int = 1 << 20) -> float:
-    """UTF-8 bytes per token on the first ~1 MB of the source, to size units like shards."""
+def _bytes_per_token(source: Source, tok: Tokenizer, sample_bytes: int = 1 << 18) -> float:
+    """UTF-8 bytes per token on the first ~256 KB of the source, to size units like shards."""
     texts, n = [], 0
     for unit in source.units(sample_bytes):
         for doc in source.unit_documents(unit):

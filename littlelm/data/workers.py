@@ -3,8 +3,8 @@
 `tokenize_unit` turns one unit (see sources.py) into its own train and val shards,
 `{split}-{unit:05d}-{k:03d}.bin`, each renamed into place when complete, and then records the
 unit as done in `units/{unit:05d}.json`. `run_units` runs the units not yet done: in this process
-(the tokenizer's own threads use every core) when there is one, else in a pool of worker
-processes, each tokenizer using cores / workers threads. Workers report text bytes and tokens
+(the tokenizer's own threads use every core) when there is one unit or little input (see
+`pool_size`), else in a pool of worker processes, each tokenizer using cores / workers threads. Workers report text bytes and tokens
 as they go, for the progress line.
 """
 
@@ -29,6 +29,7 @@ from littlelm.data.tokenizer import Tokenizer, load_tokenizer
 from littlelm.errors import DataError, LittleLMError
 
 BATCH_BYTES = 1 << 20  # text handed to the tokenizer at once
+PROCESS_MIN_BYTES = 64 << 20  # input that pays for starting one more worker process
 UNITS = "units"
 
 Report = Callable[[int, int], None]  # (text bytes, tokens) just tokenized
@@ -170,6 +171,17 @@ def _write_json(path: Path, obj: dict) -> None:
 
 
 # -- running units --------------------------------------------------------------------------------
+
+
+def pool_size(jobs: list[UnitJob], workers: int | None) -> int:
+    """Worker processes for `jobs`: `workers` when set, else one per core, but no more than one
+    per PROCESS_MIN_BYTES of input (a process costs about half a second to start and load the
+    tokenizer, so a small source is faster in this process, the tokenizer threads on every
+    core); never more than there are units."""
+    if workers is None:
+        size = sum(job.unit.size for job in jobs)
+        workers = min(os.cpu_count() or 1, size // PROCESS_MIN_BYTES)
+    return max(1, min(workers, len(jobs)))
 
 
 def run_units(
