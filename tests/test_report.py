@@ -111,7 +111,8 @@ def test_default_out_is_inside_the_run(tiny_run):
 
 def test_every_axis_has_a_unit(tiny_run, tmp_path):
     figs = render_figures([load_run_dir(tiny_run)], tmp_path)
-    assert [f.key for f in figs] == ["loss", "bpb", "lr", "throughput", "grad_norm"]
+    # the data panel: the trainer logs the realised mixture and the packer's crop rate
+    assert [f.key for f in figs] == ["loss", "bpb", "lr", "throughput", "grad_norm", "data"]
     check_axes(figs)
 
 
