@@ -43,7 +43,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     config, overrides = _split_config(args.items)
     cfg = load_run(config, overrides)
     result = Trainer(cfg, resume=args.resume).fit()
-    return 0 if result["finished"] else 1
+    return 0 if result["finished"] or result.get("stopped_by") else 1
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -254,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--resume",
         default="auto",
-        help="auto (newest checkpoint of the run, default), never, or a checkpoint path",
+        help="auto (newest complete checkpoint of the run, default), never (start fresh; "
+        "refused over existing checkpoints), or a checkpoint path",
     )
     t.set_defaults(fn=cmd_train)
 

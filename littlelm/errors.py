@@ -43,6 +43,10 @@ class EvalError(LittleLMError):
     """An evaluation that cannot run: a bad task list, task file, bundle or option."""
 
 
+class RunDirError(LittleLMError):
+    """A run directory that cannot be used: unwritable, or in use by another process."""
+
+
 class TrainingError(LittleLMError):
     """Training cannot go on (non-finite loss that rollback cannot cure, out of memory, ...)."""
 

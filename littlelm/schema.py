@@ -9,7 +9,8 @@ Sections and who owns them:
     schedule    registered lr schedule + its config             (littlelm.optim.schedule)
     train       batch, steps, precision, compile, clipping      (littlelm.train.trainer)
     eval        validation loss / bits per byte                 (littlelm.train.trainer)
-    checkpoint  interval, retention                             (littlelm.train.trainer)
+    checkpoint  interval, retention, save-failure policy        (littlelm.train.trainer)
+    guard       non-finite / spiking losses, rollback           (littlelm.train.guard)
     callbacks   list of registered callbacks                    (littlelm.train.callbacks)
     grow        start from a smaller trained checkpoint         (littlelm.model.grow)
 
@@ -33,6 +34,7 @@ from littlelm.errors import ConfigError
 from littlelm.model.grow import GrowConfig
 from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
 from littlelm.train.growth import resolve_growth
+from littlelm.train.guard import GuardConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 
@@ -95,6 +97,16 @@ class CheckpointConfig(Cfg):
     keep_last: int = Field(
         2, description="Complete checkpoints kept (the newest is never deleted).", ge=1
     )
+    keep_every: int = Field(
+        0,
+        description="Also keep every checkpoint whose step is a multiple of this; 0 = none.",
+        ge=0,
+    )
+    on_save_error: Literal["stop", "continue"] = Field(
+        "stop",
+        description="When a periodic save fails (disk full, unwritable): stop the run, or warn "
+        "and keep training (the final save always stops on failure).",
+    )
 
 
 class RunConfig(Cfg):
@@ -117,6 +129,9 @@ class RunConfig(Cfg):
     )
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoints."
+    )
+    guard: GuardConfig = Field(
+        default_factory=GuardConfig, description="Skipping bad updates, rollback, stopping."
     )
     callbacks: Annotated[Any, Registered(CALLBACKS, container="list")] = Field(
         default_factory=list, description="Extra callbacks (samples, loggers, evals)."

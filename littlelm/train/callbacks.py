@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,10 @@ class Callback:
     def on_checkpoint(self, trainer: Trainer, path: Path) -> None:
         pass
 
+    def on_rollback(self, trainer: Trainer, info: dict) -> None:
+        """After the loss guard rolled the run back; info has step (the checkpoint's),
+        failed_at, reason, rollbacks and checkpoint."""
+
     def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
         pass
 
@@ -55,6 +60,7 @@ class JSONLLogger(Callback):
 
     def __init__(self, cfg: JSONLConfig | None = None):
         self.path: Path | None = None
+        self.failed = False
 
     def on_train_start(self, trainer: Trainer) -> None:
         self.path = trainer.run_dir / "metrics.jsonl"
@@ -72,8 +78,15 @@ class JSONLLogger(Callback):
             for k, v in record.items()
         }
         clean["time"] = round(time.time(), 3)  # wall clock: the report measures sessions with it
-        with open(self.path, "a") as f:
-            f.write(json.dumps(clean) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(clean) + "\n")
+        except OSError as e:  # a full disk must not end a run; checkpoints report it loudly
+            if not self.failed:
+                warnings.warn(
+                    f"cannot append to {self.path} ({e}); metrics are being lost", stacklevel=2
+                )
+            self.failed = True
 
     def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
         if "loss" in metrics:
@@ -84,6 +97,12 @@ class JSONLLogger(Callback):
 
     def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
         self._write({"kind": "end", **metrics})
+
+    def on_rollback(self, trainer: Trainer, info: dict) -> None:
+        """The records after the checkpoint describe abandoned weights: drop them, note why."""
+        assert self.path is not None
+        truncate_metrics(self.path, info["step"])
+        self._write({"kind": "rollback", **info})
 
 
 def numeric_fields(record: dict, prefix: str = "") -> dict[str, float]:

@@ -8,33 +8,71 @@
         state.json          step, tokens, loader state, config hash, format version; written last
 
 A checkpoint is written into `step_000500.tmp-PID/`, every file fsynced, then the directory is
-renamed into place, so a directory named `step_*` is always complete. Old checkpoints are pruned
-only after the new one is in place. Loading maps tensors to the CPU first.
+renamed into place, so a directory named `step_*` is always complete. Re-saving a step that
+exists moves the old directory aside (`step_000500.replaced-PID`) before the rename and deletes it
+after, so a kill between the two renames leaves the old copy, which `list_checkpoints` still
+finds. Old checkpoints are pruned only after the new one is in place (keep the newest
+`keep_last`, plus every step that is a multiple of `keep_every`). A save that fails (disk full,
+unwritable directory) removes its temporary directory and raises `CheckpointError`; the previous
+checkpoint is untouched. Loading maps tensors to the CPU first; tensors come from safetensors and
+everything `torch.load` reads is loaded with `weights_only=True`.
+
+`LITTLELM_FAULT_SAVE_DELAY=SECONDS` (a fault-injection hook for tests and benchmarks/faults.py)
+pauses that long between the writes of a save, so a kill can be landed inside the save window.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import pickle
 import random
 import re
 import shutil
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from littlelm.errors import CheckpointError
 
 FORMAT_VERSION = 1
 STEP_DIR = re.compile(r"^step_(\d+)$")
+REPLACED_DIR = re.compile(r"^step_(\d+)\.replaced-\d+$")
+FAULT_DELAY_ENV = "LITTLELM_FAULT_SAVE_DELAY"
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """A checkpoint whose files cannot be read (truncated, corrupt, or not a checkpoint)."""
 
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:06d}"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint directory holds, from its name (`step_000500[.replaced-PID]`)."""
+    m = STEP_DIR.match(path.name) or REPLACED_DIR.match(path.name)
+    if m is None:
+        return json.loads((path / "state.json").read_text())["step"]
+    return int(m.group(1))
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _fault_pause() -> None:
+    """Test hook: sleep LITTLELM_FAULT_SAVE_DELAY seconds (unset: no-op)."""
+    delay = float(os.environ.get(FAULT_DELAY_ENV) or 0)
+    if delay > 0:
+        time.sleep(delay)
 
 
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -64,8 +102,20 @@ def _fsync_dir(path: Path) -> None:
 
 def _write(path: Path, write) -> None:
     write(path)
+    _fsync_file(path)
+    _fault_pause()
+
+
+def _fsync_file(path: Path) -> None:
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
+
+
+def _fsync_tree(path: Path) -> None:
+    for f in sorted(path.rglob("*")):
+        if f.is_file():
+            _fsync_file(f)
+    _fsync_dir(path)
 
 
 def rng_state() -> dict:
@@ -94,62 +144,188 @@ def set_rng_state(state: dict) -> None:
 def save_checkpoint(
     root: Path, step: int, model, optimizer, state: dict, origin: dict[str, str], tokenizer=None
 ) -> Path:
-    """Write a complete checkpoint for `step` under `root` and return its directory."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Write a complete checkpoint for `step` under `root` and return its directory.
+
+    Raises CheckpointError (after removing the temporary directory) when the disk is full or
+    the directory is unwritable; what was there before is untouched."""
     final = step_dir(root, step)
-    tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     try:
-        meta = {"format_version": str(FORMAT_VERSION), "origin": json.dumps(origin)}
-        _write(
-            tmp / "model.safetensors",
-            lambda p: save_file(model_tensors(model), str(p), metadata=meta),
-        )
-        _write(tmp / "optimizer.pt", lambda p: torch.save(optimizer.state_dict(), p))
-        _write(tmp / "rng.pt", lambda p: torch.save(rng_state(), p))
-        if tokenizer is not None:
-            tokenizer.save(tmp / "tokenizer")
-        full = {"format_version": FORMAT_VERSION, "step": step, **state}
-        _write(tmp / "state.json", lambda p: p.write_text(json.dumps(full, indent=1)))
-        _fsync_dir(tmp)
-        if final.exists():  # a checkpoint of the same step (e.g. re-saved after resume)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-    except BaseException:
+        root.mkdir(parents=True, exist_ok=True)
+        _check_free_space(root, step)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _write_files(tmp, step, model, optimizer, state, origin, tokenizer)
+        _publish(tmp, final)
+    except CheckpointError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except Exception as e:  # torch.save and safetensors do not always raise OSError
+        problem = _diagnose(root, e)  # before the cleanup frees the space
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_save_failed(root, step, problem)) from e
+    except BaseException:  # KeyboardInterrupt: abandon the save, keep the previous checkpoint
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
 
 
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under `root`, oldest first. Leftover temporary directories from a
-    killed save are reported and ignored."""
+def _write_files(tmp: Path, step: int, model, optimizer, state, origin, tokenizer) -> None:
+    meta = {"format_version": str(FORMAT_VERSION), "origin": json.dumps(origin)}
+    _write(
+        tmp / "model.safetensors",
+        lambda p: save_file(model_tensors(model), str(p), metadata=meta),
+    )
+    _write(tmp / "optimizer.pt", lambda p: torch.save(optimizer.state_dict(), p))
+    _write(tmp / "rng.pt", lambda p: torch.save(rng_state(), p))
+    if tokenizer is not None:
+        tokenizer.save(tmp / "tokenizer")
+        _fsync_tree(tmp / "tokenizer")
+    full = {"format_version": FORMAT_VERSION, "step": step, **state}
+    _write(tmp / "state.json", lambda p: p.write_text(json.dumps(full, indent=1)))  # last
+    _fsync_dir(tmp)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename `tmp` to `final`; an existing `final` is moved aside first and deleted after."""
+    old = None
+    if final.exists():  # the same step saved again (e.g. after a resume or a rollback)
+        old = final.with_name(f"{final.name}.replaced-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    try:
+        os.replace(tmp, final)
+    except BaseException:
+        if old is not None:
+            os.replace(old, final)
+        raise
+    _fsync_dir(final.parent)
+    _fault_pause()
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_free_space(root: Path, step: int) -> None:
+    """Refuse to start a save that cannot fit: it needs about as much as the newest one."""
+    newest = latest_checkpoint(root, warn=False)
+    if newest is None:
+        return
+    need = dir_bytes(newest)
+    usage = shutil.disk_usage(root)
+    if usage.total and usage.free < need:
+        raise CheckpointError(
+            _save_failed(
+                root,
+                step,
+                f"the disk is full: {_mb(usage.free)} free, a checkpoint takes {_mb(need)}",
+            )
+        )
+
+
+def _diagnose(root: Path, e: Exception) -> str:
+    code = getattr(e, "errno", None)
+    text = f"{type(e).__name__}: {e}"
+    where = _existing_ancestor(root)
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = None
+    if code == errno.ENOSPC or "No space left" in str(e) or (free is not None and free < 4 * 2**20):
+        return f"the disk is full ({text}; {_mb(free or 0)} free)"
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS) or not os.access(where, os.W_OK):
+        return f"the directory is not writable ({text})"
+    return text
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _save_failed(root: Path, step: int, problem: str) -> str:
+    previous = latest_checkpoint(root, warn=False) if root.is_dir() else None
+    kept = (
+        f"nothing was lost: the previous checkpoint {previous} is intact and "
+        "`littlelm train` resumes from it"
+        if previous
+        else "there is no earlier checkpoint of this run"
+    )
+    return (
+        f"cannot save the checkpoint of step {step} in {root}: {problem}. The partial write was "
+        f"removed and {kept}. Free disk space or fix the directory's permissions, or point "
+        "run.out_dir at a writable disk with room"
+    )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _scan(root: Path) -> tuple[dict[int, Path], list[Path], dict[int, Path]]:
+    """(complete step -> dir, temporary dirs, moved-aside step -> dir) under `root`."""
+    done, partial, replaced = {}, [], {}
     if not root.is_dir():
-        return []
-    done, partial = [], []
+        return done, partial, replaced
     for d in root.iterdir():
-        m = STEP_DIR.match(d.name)
+        m, r = STEP_DIR.match(d.name), REPLACED_DIR.match(d.name)
         if m and (d / "state.json").is_file():
-            done.append((int(m.group(1)), d))
+            done[int(m.group(1))] = d
+        elif r and (d / "state.json").is_file():
+            replaced[int(r.group(1))] = d
         elif d.is_dir() and ".tmp-" in d.name:
             partial.append(d)
-    for d in partial:
-        warnings.warn(f"ignoring incomplete checkpoint {d} (a save was interrupted)", stacklevel=2)
-    return [d for _, d in sorted(done)]
+    return done, partial, replaced
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    found = list_checkpoints(root)
+def list_checkpoints(root: Path, warn: bool = True) -> list[Path]:
+    """Complete checkpoints under `root`, oldest first. Leftover temporary directories from a
+    killed save are reported and ignored; a checkpoint moved aside by a save of the same step
+    that was killed before its rename counts as that step's checkpoint."""
+    done, partial, replaced = _scan(root)
+    for step, d in replaced.items():
+        done.setdefault(step, d)
+    if warn:
+        for d in sorted(partial):
+            warnings.warn(
+                f"ignoring incomplete checkpoint {d} (a save was interrupted)", stacklevel=2
+            )
+    return [done[s] for s in sorted(done)]
+
+
+def latest_checkpoint(root: Path, warn: bool = True) -> Path | None:
+    found = list_checkpoints(root, warn)
     return found[-1] if found else None
 
 
-def prune(root: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` complete checkpoints (never the newest)."""
-    found = list_checkpoints(root)
-    for d in found[: max(0, len(found) - max(1, keep_last))]:
+def clean_incomplete(root: Path) -> list[str]:
+    """Remove what interrupted saves left under `root` (call only while holding the run lock):
+    temporary directories go, a moved-aside copy is renamed back or removed. Returns messages."""
+    done, partial, replaced = _scan(root)
+    notes = []
+    for d in sorted(partial):
         shutil.rmtree(d, ignore_errors=True)
+        notes.append(f"removed incomplete checkpoint {d} (left by an interrupted save)")
+    for step, d in replaced.items():
+        if step in done:
+            shutil.rmtree(d, ignore_errors=True)
+        else:
+            os.replace(d, step_dir(root, step))
+            notes.append(f"restored checkpoint {step_dir(root, step)} (a save was interrupted)")
+    return notes
+
+
+def prune(root: Path, keep_last: int, keep_every: int = 0) -> list[Path]:
+    """Delete complete checkpoints other than the newest `keep_last` and those whose step is a
+    multiple of `keep_every` (0 = none). The newest is never deleted. Returns what was deleted."""
+    found = list_checkpoints(root, warn=False)
+    keep = set(found[-max(1, keep_last) :])
+    if keep_every:
+        keep |= {d for d in found if checkpoint_step(d) % keep_every == 0}
+    gone = [d for d in found if d not in keep]
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    return gone
 
 
 def load_model_tensors(
@@ -193,12 +369,16 @@ class Loaded:
 
 
 def load_checkpoint(path: Path, with_optimizer: bool = True) -> Loaded:
-    """Read a checkpoint directory onto the CPU."""
+    """Read a checkpoint directory onto the CPU. Raises UnreadableCheckpoint for missing or
+    corrupt files, CheckpointError for a checkpoint of a newer format."""
     path = Path(path)
     state_file = path / "state.json"
     if not state_file.is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint (state.json missing)")
-    state = json.loads(state_file.read_text())
+        raise UnreadableCheckpoint(f"{path} is not a complete checkpoint (state.json missing)")
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError) as e:
+        raise UnreadableCheckpoint(f"{path}: state.json is unreadable ({e})") from None
     version = state.get("format_version", 0)
     if version > FORMAT_VERSION:
         raise CheckpointError(
@@ -206,24 +386,31 @@ def load_checkpoint(path: Path, with_optimizer: bool = True) -> Loaded:
             f"up to {FORMAT_VERSION}); upgrade littlelm to load it"
         )
     try:
-        from safetensors import safe_open
-
         with safe_open(str(path / "model.safetensors"), "pt") as f:
             meta = f.metadata() or {}
         tensors = load_file(str(path / "model.safetensors"), device="cpu")
-        optim = (
-            torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-            if with_optimizer
-            else None
-        )
-        rng = (
-            torch.load(path / "rng.pt", map_location="cpu", weights_only=True)
-            if with_optimizer
-            else None
-        )
-    except (OSError, RuntimeError, ValueError) as e:
-        raise CheckpointError(
-            f"{path}: cannot read checkpoint files ({e}); resume from an earlier one"
+        optim = _torch_load(path / "optimizer.pt") if with_optimizer else None
+        rng = _torch_load(path / "rng.pt") if with_optimizer else None
+    except UnreadableCheckpoint:
+        raise
+    except Exception as e:  # safetensors and zip errors have many types
+        raise UnreadableCheckpoint(
+            f"{path}: cannot read checkpoint files ({type(e).__name__}: {e}); "
+            "resume from an earlier checkpoint (--resume PATH)"
         ) from None
     origin = json.loads(meta["origin"]) if "origin" in meta else None
     return Loaded(path, state, tensors, origin, optim, rng)
+
+
+def _torch_load(path: Path):
+    """torch.load restricted to tensors and plain containers (never arbitrary pickles)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        what = f" ({found.group(1)})" if found else ""
+        raise UnreadableCheckpoint(
+            f"{path} holds Python objects other than tensors and plain data{what}; littlelm "
+            "never writes such files and refuses to load one, since unpickling it could run "
+            "code. Use a checkpoint written by littlelm"
+        ) from None

@@ -9,13 +9,19 @@ gradient clipping, the optimizer and the schedule. Around it: progress and metri
 `checkpoint.every`, callbacks at each hook. A run directory holds the resolved config, the
 metrics, samples and checkpoints; a new Trainer on the same directory resumes from the newest
 complete checkpoint unless told otherwise.
+
+Reliability lives in helpers (docs/reliability.md): train/resume.py picks and checks the
+checkpoint to resume from, train/guard.py judges each step's loss, train/signals.py turns
+SIGTERM/SIGINT into a clean stop, train/runlock.py keeps one trainer per run directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,34 +30,21 @@ import torch
 from littlelm.config import dump_yaml, to_tree
 from littlelm.data.build import build_data
 from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetcher
-from littlelm.errors import CheckpointError, ConfigError
+from littlelm.errors import CheckpointError, ConfigError, RunDirError, TrainingError
 from littlelm.eval.bpb import evaluate_loss
 from littlelm.optim.groups import MuonConfig, group_table
 from littlelm.optim.schedule import build_schedule, momentum_warmup
 from littlelm.registry import MODELS, OPTIMIZERS
 from littlelm.schema import RunConfig
 from littlelm.train import checkpoint as ckpt
+from littlelm.train import resume as resuming
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
 from littlelm.train.device import autocast, peak_flops, pick_device, synchronize
 from littlelm.train.growth import grow_from_parent
+from littlelm.train.guard import LossGuard, Verdict
 from littlelm.train.progress import Progress, progress_line
-
-# Config sections a resumed run may change; any other difference is refused.
-RESUMABLE_CHANGES = (
-    "train.max_steps",
-    "train.max_tokens",
-    "train.log_every",
-    "eval",
-    "checkpoint",
-    "callbacks",
-    "optimizer",
-    "schedule",
-    "data.prefetch",
-    "data.workers",
-    "data.verify_checksums",
-    "data.cache_dir",
-    "run.device",
-)
+from littlelm.train.runlock import RunLock
+from littlelm.train.signals import StopSignals
 
 
 def grad_norm(params, clip: float | None) -> torch.Tensor:
@@ -77,11 +70,18 @@ def micro_step(forward, x: torch.Tensor, y: torch.Tensor, accum: int, autocast) 
     return loss.detach()
 
 
-def apply_update(model: torch.nn.Module, optimizer, grad_clip: float | None) -> torch.Tensor:
+def apply_update(
+    model: torch.nn.Module,
+    optimizer,
+    grad_clip: float | None,
+    accept: Callable[[torch.Tensor], bool] | None = None,
+) -> torch.Tensor:
     """Measure (and clip) the gradients, step, free them: the end of every optimizer step (the
-    planner traces it too). Returns the gradient norm before clipping."""
+    planner traces it too). `accept(norm)` (the loss guard) may leave the step out; the
+    gradients are freed either way. Returns the gradient norm before clipping."""
     norm = grad_norm(model.parameters(), grad_clip)
-    optimizer.step()
+    if accept is None or accept(norm):
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return norm
 
@@ -120,6 +120,12 @@ class Trainer:
         self.step, self.tokens, self.train_time = 0, 0, 0.0
         self._norm_sum = torch.zeros((), device=self.device)  # grad norms since the last record
         self.last_eval: dict = {}
+        self.guard = LossGuard(cfg.guard)
+        self.stop = StopSignals()
+        self.last_checkpoint: Path | None = None  # what a rollback reloads
+        self.saved_step: int | None = None  # step of the newest checkpoint in ckpt_dir
+        self.save_failures = 0
+        self.rollback_pending = False
         self._resume(resume)
         if cfg.grow is not None and self.step == 0:
             self._grow_from_parent()
@@ -150,7 +156,24 @@ class Trainer:
 
     def fit(self, stop_after: int | None = None) -> dict:
         """Train to max_steps (or `stop_after` more steps, then checkpoint: used by tests and
-        benchmarks to simulate an interruption). Returns the final metrics."""
+        benchmarks to simulate an interruption). Returns the final metrics. Holds the run
+        directory's lock throughout; SIGTERM/SIGINT stop it cleanly after a save."""
+        with self._session():
+            return self._fit(stop_after)
+
+    @contextlib.contextmanager
+    def _session(self):
+        with RunLock(self.run_dir), self.stop:
+            for note in ckpt.clean_incomplete(self.ckpt_dir):
+                self.log(note)
+            try:
+                yield
+            except KeyboardInterrupt:
+                newest = ckpt.latest_checkpoint(self.ckpt_dir, warn=False)
+                self.log(f"aborted at step {self.step} without saving; newest checkpoint: {newest}")
+                raise
+
+    def _fit(self, stop_after: int | None) -> dict:
         self._write_run_files()
         self._print_summary()
         self.log(
@@ -166,8 +189,13 @@ class Trainer:
         window = {"step": self.step, "tokens": self.tokens, "train_time": self.train_time}
         loss_sum = torch.zeros((), device=self.device)
         try:
-            while self.step < end:
+            while self.step < end and not self.stop.requested:
                 loss_sum += self.train_step(batches)
+                if self.rollback_pending:
+                    self._rollback()
+                    window.update(step=self.step, tokens=self.tokens, train_time=self.train_time)
+                    loss_sum.zero_()
+                    continue
                 metrics = {"step": self.step, "tokens": self.tokens, "lr_mult": self.lr_mult}
                 if self.step % self.cfg.train.log_every == 0 or self.step == end:
                     metrics.update(self._log_metrics(loss_sum, window))
@@ -178,6 +206,7 @@ class Trainer:
                     self.cfg.eval.every
                     and self.step % self.cfg.eval.every == 0
                     and self.step < self.max_steps
+                    and not self.stop.requested
                 ):
                     self.evaluate()
                 if (
@@ -204,21 +233,53 @@ class Trainer:
             y = batch.y.to(self.device, non_blocking=True)
             total += micro_step(self.forward, x, y, accum, self.autocast())
         self.loader_state = batch.state
-        self._norm_sum += apply_update(self.model, self.optimizer, self.cfg.train.grad_clip)
+        loss = total / accum
+        verdict = Verdict.OK
+
+        def accept(norm: torch.Tensor) -> bool:
+            nonlocal verdict
+            verdict = self._judge(loss, norm)
+            return verdict is Verdict.OK
+
+        norm = apply_update(self.model, self.optimizer, self.cfg.train.grad_clip, accept)
+        if verdict is Verdict.OK:
+            self._norm_sum += norm
         self.step += 1
         self.tokens += self.cfg.train.batch_tokens
         synchronize(self.device)
         self.train_time += time.perf_counter() - t0
-        return total / accum
+        if verdict is not Verdict.OK:
+            self._skipped(verdict)
+            return torch.zeros((), device=self.device)
+        return loss
+
+    def _judge(self, loss: torch.Tensor, norm: torch.Tensor) -> Verdict:
+        """The loss guard's verdict on this step (one host sync for both numbers)."""
+        if not self.guard.cfg.enabled:
+            return Verdict.OK
+        value, norm_value = torch.stack([loss.float(), norm.float().to(loss.device)]).tolist()
+        return self.guard.verdict(value, norm_value)
+
+    def _skipped(self, verdict: Verdict) -> None:
+        g = self.guard
+        self.log(
+            f"step {self.step}: update skipped, {g.reason} "
+            f"({g.in_a_row} in a row; {g.cfg.on_persistent} after {g.cfg.max_consecutive})"
+        )
+        if verdict is Verdict.ROLLBACK:
+            self.rollback_pending = True
+        elif verdict is Verdict.STOP:
+            raise TrainingError(self.guard.stop_message(self.step, self.last_checkpoint))
 
     def _log_metrics(self, loss_sum: torch.Tensor, window: dict) -> dict:
         steps = max(1, self.step - window["step"])
         busy = max(1e-9, self.train_time - window["train_time"])
         tok_s = (self.tokens - window["tokens"]) / busy
-        loss = loss_sum.item() / steps
+        skipped = self.guard.take_window()
+        loss = loss_sum.item() / (steps - skipped) if steps > skipped else math.nan
         left = (self.max_steps - self.step) * self.cfg.train.batch_tokens / max(tok_s, 1e-9)
         mfu = tok_s * self.flops_per_token / self.peak if math.isfinite(self.peak) else None
-        grad_norm = self._norm_sum.item() / steps
+        grad_norm = self._norm_sum.item() / (steps - skipped) if steps > skipped else math.nan
         self._norm_sum.zero_()
         m = {
             "loss": loss,
@@ -229,6 +290,7 @@ class Trainer:
             "eta_s": left,
             "mix": self.loader_state.proportions(),
             "crop_rate": self.loader_state.crop_rate(),
+            "skipped": skipped,
         }
         self.progress.update(
             progress_line({"step": self.step, "lr_mult": self.lr_mult, **m}, self.max_steps)
@@ -264,8 +326,8 @@ class Trainer:
         done = self.step >= self.max_steps
         if done and self.cfg.eval.at_end:
             self.evaluate()
-        if self.cfg.checkpoint.at_end or not done:
-            self.save()
+        if (self.cfg.checkpoint.at_end or not done) and self.saved_step != self.step:
+            self.save(final=True)
         final = {
             "step": self.step,
             "tokens": self.tokens,
@@ -274,8 +336,14 @@ class Trainer:
             **{k: v for k, v in self.last_eval.items() if k.startswith("val_")},
             "mix": self.loader_state.proportions(),
             "crop_rate": self.loader_state.crop_rate(),
+            **self._fault_summary(),
         }
         self.log(f"data realised: {self.loader_state.report()}")
+        if self.stop.requested:
+            self.log(
+                f"stopped by {self.stop.requested} at step {self.step}; checkpoint "
+                f"{self.last_checkpoint}. Run the same command to resume"
+            )
         if done:
             for cb in self.callbacks:
                 cb.on_train_end(self, final)
@@ -289,49 +357,77 @@ class Trainer:
     # Run directory, checkpoints, resume
 
     def _write_run_files(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_yaml(self.cfg))
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.run_dir / "config.yaml.tmp"
+            tmp.write_text(dump_yaml(self.cfg))
+            tmp.replace(self.run_dir / "config.yaml")
+        except OSError as e:
+            raise RunDirError(
+                f"cannot write to the run directory {self.run_dir}: {e.strerror}; free disk "
+                "space, fix its permissions, or point run.out_dir elsewhere"
+            ) from None
 
-    def save(self) -> Path:
+    def save(self, final: bool = False) -> Path | None:
+        """Checkpoint now. A failed periodic save stops the run, or with
+        checkpoint.on_save_error=continue is reported and skipped; a final save always raises."""
         state = {
             "tokens": self.tokens,
             "train_time": self.train_time,
             "loader": self.loader_state.state_dict(),
             "tokenizer": self.data.tokenizer.fingerprint,
             "config": to_tree(self.cfg),
+            "guard": self.guard.state_dict(),
         }
-        path = ckpt.save_checkpoint(
-            self.ckpt_dir,
-            self.step,
-            self.model,
-            self.optimizer,
-            state,
-            self.model.origin,
-            self.data.tokenizer,
-        )
-        ckpt.prune(self.ckpt_dir, self.cfg.checkpoint.keep_last)
+        try:
+            path = ckpt.save_checkpoint(
+                self.ckpt_dir,
+                self.step,
+                self.model,
+                self.optimizer,
+                state,
+                self.model.origin,
+                self.data.tokenizer,
+            )
+        except CheckpointError as e:
+            if final or self.cfg.checkpoint.on_save_error == "stop":
+                raise
+            self.save_failures += 1
+            self.log(f"warning: {e}\ntraining goes on (checkpoint.on_save_error is continue)")
+            return None
+        self.last_checkpoint, self.saved_step = path, self.step
+        ckpt.prune(self.ckpt_dir, self.cfg.checkpoint.keep_last, self.cfg.checkpoint.keep_every)
         for cb in self.callbacks:
             cb.on_checkpoint(self, path)
         return path
 
     def _resume(self, resume: str) -> None:
-        if resume == "never":
+        loaded = resuming.load_first(resuming.choose(self.ckpt_dir, resume))
+        if loaded is None:
             return
-        path = ckpt.latest_checkpoint(self.ckpt_dir) if resume == "auto" else Path(resume)
-        if path is None:
-            return
-        loaded = ckpt.load_checkpoint(path)
-        self._check_compatible(loaded.state, path)
-        ckpt.load_model_tensors(self.model, loaded.model, path)
-        if loaded.origin:
-            self._set_origin(loaded.origin)
-        self.optimizer.load_state_dict(loaded.optimizer)
+        changed = resuming.check_compatible(
+            loaded.state, to_tree(self.cfg), self.data.tokenizer.fingerprint, loaded.path
+        )
+        self._restore(loaded)
         self.loader.load_state_dict(loaded.state["loader"])
         self.loader_state = self.loader.snapshot()
+        self.guard.load_state_dict(loaded.state.get("guard", {}))
+        self.last_checkpoint = loaded.path
+        if loaded.path.parent.resolve() == self.ckpt_dir.resolve():
+            self.saved_step = self.step
+        self.log(f"resumed from {loaded.path} (step {self.step}, {self.tokens:,} tokens)")
+        if changed:
+            self.log(f"resuming with changed settings: {'; '.join(changed)}")
+
+    def _restore(self, loaded: ckpt.Loaded) -> None:
+        """Weights, optimizer state, RNG states and counters from a checkpoint (not the data)."""
+        ckpt.load_model_tensors(self.model, loaded.model, loaded.path)
+        if loaded.origin:
+            self._set_origin(loaded.origin)
+        resuming.load_optimizer_state(self.optimizer, loaded.optimizer)
         ckpt.set_rng_state(loaded.rng)
         self.step, self.tokens = loaded.state["step"], loaded.state["tokens"]
         self.train_time = loaded.state.get("train_time", 0.0)
-        self.log(f"resumed from {path} (step {self.step}, {self.tokens:,} tokens)")
 
     # ------------------------------------------------------------------------------------------
     # Growth (train/growth.py) and origin tags
@@ -354,29 +450,44 @@ class Trainer:
             self.loader_state = self.loader.snapshot()
         self.log(grown.summary())
 
-    def _check_compatible(self, state: dict, path: Path) -> None:
-        if state.get("tokenizer") != self.data.tokenizer.fingerprint:
-            raise CheckpointError(
-                f"{path} was trained with a different tokenizer; use --resume never or a new run.name"
-            )
-        from littlelm.config import flatten
+    def _rollback(self) -> None:
+        """Reload the last checkpoint after persistent bad steps, keeping the data loader where
+        it is so the batches since the checkpoint are skipped (train/guard.py explains)."""
+        self.rollback_pending = False
+        if self.last_checkpoint is None:
+            raise TrainingError(self.guard.stop_message(self.step, self.last_checkpoint))
+        failed_at, reason = self.step, self.guard.reason
+        loaded = ckpt.load_checkpoint(self.last_checkpoint)
+        train_time = self.train_time
+        self._restore(loaded)
+        self.train_time = train_time  # time spent is spent
+        self.guard.rolled_back(loaded.state.get("guard", {}))
+        self._norm_sum.zero_()
+        info = {
+            "step": self.step,
+            "failed_at": failed_at,
+            "reason": reason,
+            "rollbacks": self.guard.rollbacks,
+            "checkpoint": str(loaded.path),
+        }
+        self.log(
+            f"rolled back to {loaded.path} (step {self.step}) after {self.guard.cfg.max_consecutive} "
+            f"skipped updates up to step {failed_at} ({reason}); the batches of steps "
+            f"{self.step + 1}-{failed_at} are skipped (rollback {self.guard.rollbacks} of at most "
+            f"{self.guard.cfg.max_rollbacks})"
+        )
+        for cb in self.callbacks:
+            cb.on_rollback(self, info)
 
-        old, new = flatten(state.get("config", {})), flatten(to_tree(self.cfg))
-        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        refused = [
-            k
-            for k in changed
-            if not any(
-                k == p or k.startswith(p + ".") or k.startswith(p + "[") for p in RESUMABLE_CHANGES
-            )
-        ]
-        if refused:
-            raise CheckpointError(
-                f"cannot resume {path}: these settings differ from the checkpoint's and cannot change mid-run: "
-                f"{', '.join(refused)}; restore them, or start a new run (run.name=... or --resume never)"
-            )
-        if changed:
-            self.log(f"resuming with changed settings: {', '.join(changed)}")
+    def _fault_summary(self) -> dict:
+        out = {
+            "skipped_steps": self.guard.skipped_total,
+            "rollbacks": self.guard.rollbacks,
+            "save_failures": self.save_failures,
+        }
+        if self.stop.requested:
+            out["stopped_by"] = self.stop.requested
+        return out
 
     def _print_summary(self) -> None:
         from rich.console import Console

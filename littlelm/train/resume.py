@@ -1,0 +1,150 @@
+"""Which checkpoint a run resumes from, and whether this run's config may continue it.
+
+    --resume auto    the newest complete checkpoint of the run directory (an unreadable one is
+                     reported and the one before it is used); none = start fresh
+    --resume never   start fresh; refused when the run directory already has checkpoints
+    --resume PATH    that checkpoint; refused when the run directory has newer ones
+
+Refusing `never` and `PATH` over existing newer checkpoints keeps two trajectories from mixing
+in one directory: `auto` would later pick the other run's newest checkpoint, and pruning would
+delete this run's.
+
+A config may differ from its checkpoint's only in RESUMABLE_CHANGES (training length, logging,
+evaluation, checkpointing, optimizer hyper-parameters, schedule, guard, mixture weights, ...);
+every other difference (model shape, tokenizer, data sources, batch shape, seed) is refused,
+naming each key with its old and new value.
+"""
+
+from __future__ import annotations
+
+import warnings
+from fnmatch import fnmatch
+from pathlib import Path
+
+from littlelm.config import flatten
+from littlelm.errors import CheckpointError
+from littlelm.train import checkpoint as ckpt
+
+# Dotted keys (or sections, or fnmatch patterns) a resumed run may change; NOT_RESUMABLE wins.
+RESUMABLE_CHANGES = (
+    "run.name",
+    "run.out_dir",
+    "run.device",
+    "train.max_steps",
+    "train.max_tokens",
+    "train.log_every",
+    "train.grad_clip",
+    "train.compile",
+    "eval",
+    "checkpoint",
+    "guard",
+    "callbacks",
+    "optimizer",
+    "schedule",
+    "data.prefetch",
+    "data.workers",
+    "data.verify_checksums",
+    "data.cache_dir",
+    "data.on_exhausted",
+    "data.sources.*.weight",
+)
+NOT_RESUMABLE = ("optimizer.name",)  # another optimizer has another state layout
+
+
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(key == p or key.startswith((p + ".", p + "[")) or fnmatch(key, p) for p in patterns)
+
+
+def resumable(key: str) -> bool:
+    return _matches(key, RESUMABLE_CHANGES) and not _matches(key, NOT_RESUMABLE)
+
+
+def config_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
+    """(allowed, refused) differences between two config trees, as 'key: old -> new'."""
+    a, b = flatten(old), flatten(new)
+    allowed, refused = [], []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            text = f"{key}: {a.get(key, '(unset)')!r} -> {b.get(key, '(unset)')!r}"
+            (allowed if resumable(key) else refused).append(text)
+    return allowed, refused
+
+
+def check_compatible(state: dict, config: dict, fingerprint: str, path: Path) -> list[str]:
+    """Raise CheckpointError when `config` cannot continue the checkpoint's run; return the
+    allowed differences (for the log)."""
+    allowed, refused = config_changes(state.get("config", {}), config)
+    if state.get("tokenizer") != fingerprint:
+        keys = [c for c in refused if c.startswith("data.tokenizer.")]
+        refused.insert(
+            0,
+            "the tokenizer"
+            + (
+                f" ({'; '.join(keys)})"
+                if keys
+                else " (same settings, but it was trained on different text)"
+            ),
+        )
+    if refused:
+        raise CheckpointError(
+            f"cannot resume {path}: these settings differ from the checkpoint's and cannot "
+            f"change mid-run: {'; '.join(dict.fromkeys(refused))}. Restore them, or start a new "
+            "run (another run.name)"
+        )
+    return allowed
+
+
+def choose(ckpt_dir: Path, resume: str) -> list[Path]:
+    """Candidate checkpoints to resume from, best first (several only for `auto`)."""
+    found = ckpt.list_checkpoints(ckpt_dir)
+    if resume == "auto":
+        return found[::-1]
+    if resume == "never":
+        if found:
+            raise CheckpointError(
+                f"{ckpt_dir} already holds checkpoints (newest: {found[-1].name}); --resume never "
+                "would mix a new run with them. Resume it (--resume auto), delete or move that "
+                "directory, or choose another run.name"
+            )
+        return []
+    path = Path(resume)
+    if not (path / "state.json").is_file():
+        raise CheckpointError(f"--resume {resume}: not a complete checkpoint (no state.json)")
+    step = ckpt.checkpoint_step(path)
+    newer = [d.name for d in found if ckpt.checkpoint_step(d) > step]
+    if newer:
+        raise CheckpointError(
+            f"{ckpt_dir} holds checkpoints newer than {path} ({', '.join(newer)}); resuming "
+            "from an older one would mix two runs in one directory. Move them away, or train "
+            "under another run.name"
+        )
+    return [path]
+
+
+def load_first(candidates: list[Path]) -> ckpt.Loaded | None:
+    """Load the first readable candidate; an unreadable one is reported and skipped."""
+    for i, path in enumerate(candidates):
+        try:
+            return ckpt.load_checkpoint(path)
+        except ckpt.UnreadableCheckpoint as e:
+            if i + 1 == len(candidates):
+                raise
+            warnings.warn(
+                f"{e}; resuming from the one before it, {candidates[i + 1]}", stacklevel=2
+            )
+    return None
+
+
+def load_optimizer_state(optimizer, state: dict) -> None:
+    """Restore the optimizer's state (moments, step counts) but keep this run's
+    hyper-parameters: torch's load_state_dict would bring back the checkpoint's lr, betas and
+    weight decay and silently undo a changed `optimizer.*` setting."""
+    fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(
+            f"the checkpoint's optimizer state does not fit this run's optimizer ({e})"
+        ) from None
+    for group, hyper in zip(optimizer.param_groups, fresh):
+        group.update(hyper)

@@ -1,0 +1,52 @@
+"""One trainer per run directory.
+
+Two processes training into the same run directory would prune each other's checkpoints and
+interleave their metrics, e.g. when a restart loop starts a new `littlelm train` while the old
+one is still saving. `RunLock` holds an exclusive `fcntl.flock` on RUN_DIR/.lock for the whole of
+`fit()`; the kernel releases it when the process dies, even by SIGKILL, so a crashed run never
+leaves a stale lock behind. (flock is advisory and local: on a network filesystem shared by
+several machines it may not exclude a process on another machine.)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from littlelm.errors import RunDirError
+
+
+class RunLock:
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / ".lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise RunDirError(
+                f"cannot use the run directory {self.path.parent}: {e.strerror}; "
+                "point run.out_dir at a writable directory"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirError(
+                f"{self.path.parent} is in use by another littlelm process (pid {holder}); "
+                "wait for it to finish or stop it, or train under another run.name"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

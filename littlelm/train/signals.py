@@ -1,0 +1,60 @@
+"""A clean stop on SIGTERM and SIGINT.
+
+    with StopSignals() as stop:
+        while training and not stop.requested:
+            step()
+        save()
+
+The first SIGTERM (what schedulers and spot-instance reclaimers send) or SIGINT (Ctrl-C) only
+sets `requested`: the trainer finishes the step in progress, saves a checkpoint and exits 0. A
+second SIGINT raises KeyboardInterrupt at once, wherever the main thread is: a save in progress
+is abandoned (its temporary directory is removed) and the previous checkpoint stays the newest.
+A repeated SIGTERM changes nothing; a scheduler that wants the process gone sends SIGKILL after
+its grace period, which the atomic checkpoints survive.
+
+The handler writes its notice with os.write on file descriptor 2: a signal handler that used a
+buffered Python stream could interrupt the main thread in the middle of a write to that stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+    def __init__(self) -> None:
+        self.requested: str | None = None  # the name of the first signal received
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        self.requested = None
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.requested is None:
+            self.requested = name
+            again = " (Ctrl-C again aborts at once)" if signum == signal.SIGINT else ""
+            _notice(f"{name} received: finishing this step, saving a checkpoint, exiting{again}")
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt(f"second {name}")
+        else:
+            _notice(f"{name} received again: already stopping after the current step and save")
+
+
+def _notice(text: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(2, f"\n{text}\n".encode())
