@@ -155,4 +155,5 @@ class LossGuard:
         self.recent.clear()
         self.recent.extend(state.get("recent", []))
         self.in_a_row = 0
+        self.window_skipped = 0  # the rollback record reports them
         self.rollbacks += 1

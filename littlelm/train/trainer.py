@@ -341,7 +341,7 @@ class Trainer:
         self.log(f"data realised: {self.loader_state.report()}")
         if self.stop.requested:
             self.log(
-                f"stopped by {self.stop.requested} at step {self.step}; checkpoint "
+                f"stopped by {self.stop.requested} at step {self.step}; newest checkpoint: "
                 f"{self.last_checkpoint}. Run the same command to resume"
             )
         if done:
