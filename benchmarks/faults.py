@@ -16,6 +16,9 @@
    reference's, and so is every logged per-step loss.
 
 Exit status 0 only when every check passes. On 2 CPU cores it takes about two minutes.
+`--device cuda` trains on a GPU instead (for a borrowed GPU): recoveries and lost steps are
+checked the same way; weights and losses are compared and the largest difference printed, but
+bitwise equality is not required there, since some CUDA kernels are not deterministic.
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ WORDS = [
 ]
 
 
-def make_run(work: Path, name: str, steps: int, every: int) -> Path:
+def make_run(work: Path, name: str, steps: int, every: int, device: str) -> Path:
     rng = random.Random(0)
     corpus = work / "corpus.txt"
     if not corpus.exists():
@@ -102,7 +105,7 @@ def make_run(work: Path, name: str, steps: int, every: int) -> Path:
         ]
         corpus.write_text("\n\n".join(paras) + "\n")
     tree = {
-        "run": {"name": name, "out_dir": str(work / "runs"), "seed": 0, "device": "cpu"},
+        "run": {"name": name, "out_dir": str(work / "runs"), "seed": 0, "device": device},
         "model": {"name": "gpt", "n_layer": 2, "d_model": 64, "n_head": 2, "max_seq_len": 64},
         "data": {
             "tokenizer": {"name": "byte"},
@@ -223,25 +226,30 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--kills", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--kills", type=int, default=10, help="SIGKILLs to deliver")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
+    ap.add_argument("--steps", type=int, default=300, help="training steps")
     ap.add_argument("--every", type=int, default=25, help="checkpoint interval in steps")
     ap.add_argument("--save-delay", type=float, default=0.1, help="seconds per pause in a save")
-    ap.add_argument("--workdir", default=f"/tmp/littlelm-faults-{os.getpid()}")
+    ap.add_argument(
+        "--workdir",
+        default=f"/tmp/littlelm-faults-{os.getpid()}",
+        help="runs, data cache and configs go here (kept afterwards)",
+    )
+    ap.add_argument("--device", default="cpu", help="cpu (bitwise check) or cuda")
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "LITTLELM_CACHE": str(work / "cache")}
     t0 = time.monotonic()
 
-    ref_cfg = make_run(work, "reference", args.steps, args.every)
+    ref_cfg = make_run(work, "reference", args.steps, args.every, args.device)
     ref = Child(ref_cfg, env)
     if ref.drain() != 0:
         print("".join(ref.out + ref.err))
         return 1
     ref_time = time.monotonic() - t0
-    cfg = make_run(work, "faulted", args.steps, args.every)
+    cfg = make_run(work, "faulted", args.steps, args.every, args.device)
     root = work / "runs" / "faulted" / "checkpoints"
     faulty_env = {**env, ckpt.FAULT_DELAY_ENV: str(args.save_delay)}
     rng = random.Random(args.seed + 1)
@@ -286,6 +294,8 @@ def main() -> int:
     weights_equal = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     la, lb = losses(ref_cfg.parent / "runs" / "reference"), losses(root.parent)
     losses_equal = la == lb and len(la) == args.steps
+    w_diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    l_diff = max(abs(la[k] - lb.get(k, float("inf"))) for k in la)
     worst = max(r[4] for r in rows)
     in_save = sum(1 for r in rows if r[1].kind == "save")
     print(
@@ -294,17 +304,14 @@ def main() -> int:
         f"steps lost per kill: max {worst}, mean {sum(r[4] for r in rows) / len(rows):.1f} "
         f"(checkpoint interval {args.every})\n"
         f"final run exit status: {rc}\n"
-        f"final weights bitwise equal to the uninterrupted run: {'yes' if weights_equal else 'NO'}\n"
-        f"per-step losses ({len(lb)} steps) bitwise equal: {'yes' if losses_equal else 'NO'}\n"
+        f"final weights bitwise equal to the uninterrupted run: {'yes' if weights_equal else 'NO'}"
+        f" (largest difference {w_diff:.3g})\n"
+        f"per-step losses ({len(lb)} steps) bitwise equal: {'yes' if losses_equal else 'NO'}"
+        f" (largest difference {l_diff:.3g})\n"
         f"wall time: {total:.0f}s (uninterrupted run {ref_time:.0f}s)"
     )
-    passed = (
-        recovered == args.kills
-        and worst <= args.every
-        and rc == 0
-        and weights_equal
-        and losses_equal
-    )
+    exact = (weights_equal and losses_equal) or args.device != "cpu"
+    passed = recovered == args.kills and worst <= args.every and rc == 0 and exact
     print("PASS" if passed else "FAIL")
     return 0 if passed else 1
 

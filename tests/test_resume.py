@@ -177,3 +177,16 @@ def test_config_changes_are_reported_with_values():
     assert refused == ["model.d_model: 32 -> 64"]
     assert resuming.resumable("data.sources.web.weight")
     assert not resuming.resumable("data.sources.web.path")
+
+
+def test_filesystem_without_locks_warns_and_goes_on(tiny_config, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    cfg = load_run(tiny_config)
+    with pytest.warns(UserWarning, match="cannot lock .*No locks available"):
+        assert Trainer(cfg, resume="never").fit(stop_after=1)["step"] == 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import warnings
 from pathlib import Path
 
 from littlelm.errors import RunDirError
@@ -40,6 +41,14 @@ class RunLock:
                 f"{self.path.parent} is in use by another littlelm process (pid {holder}); "
                 "wait for it to finish or stop it, or train under another run.name"
             ) from None
+        except OSError as e:  # ENOLCK, EOPNOTSUPP: a filesystem without locks
+            os.close(fd)
+            warnings.warn(
+                f"cannot lock {self.path} ({e.strerror}); make sure no other littlelm process "
+                "trains into this run directory",
+                stacklevel=2,
+            )
+            return self
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
