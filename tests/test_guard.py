@@ -11,6 +11,8 @@ from safetensors.torch import load_file
 
 from conftest import tiny_tree, write_config
 from littlelm.errors import TrainingError
+from littlelm.report.figures import render_figures
+from littlelm.report.runs import load_run_dir
 from littlelm.schema import load_run
 from littlelm.train import checkpoint as ckpt
 from littlelm.train.callbacks import Callback
@@ -79,6 +81,20 @@ def train_records(cfg, kind="train"):
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
+def guard_points(cfg, out) -> dict[str, list[tuple[float, float]]]:
+    """The points `littlelm report` draws in guard.png, by line label, x in optimizer steps
+    (the plot's x axis is thousands of tokens seen)."""
+    per_step = cfg.train.batch_tokens / 1000
+    figs = {f.key: f.figure for f in render_figures([load_run_dir(cfg.run_dir())], out)}
+    assert (out / "guard.png").is_file()
+    return {
+        line.get_label(): [(round(x / per_step, 6), y) for x, y in line.get_xydata().tolist()]
+        for ax in figs["guard"].axes
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_")
+    }
+
+
 def test_nan_step_is_skipped_counted_and_the_data_moves_on(tmp_path, corpus):
     cfg = run_cfg(tmp_path, corpus, "skip")
     t = Trainer(cfg, resume="never")
@@ -103,6 +119,9 @@ def test_nan_step_is_skipped_counted_and_the_data_moves_on(tmp_path, corpus):
     result = Trainer(cfg).fit()  # the count survives a resume
     assert result["finished"] and result["skipped_steps"] == 1
     assert train_records(cfg, "end")[0]["skipped_steps"] == 1
+    assert all("skipped" not in r for r in train_records(cfg) if r["step"] != 3)
+    points = guard_points(cfg, tmp_path / "report")
+    assert list(points.values()) == [[(3, 1)]]  # the report shows the skip at step 3
 
 
 def test_loss_spike_is_skipped(tmp_path, corpus, capsys):
@@ -152,9 +171,11 @@ def test_persistent_nans_roll_back_past_the_bad_batches(tmp_path, corpus):
 
     # metrics: the abandoned steps 4-6 are replaced by a rollback record and the new 4-8
     lines = (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()
-    kinds = [(r["kind"], r["step"]) for r in map(json.loads, lines)]
+    kinds = [(r["kind"], r["step"]) for r in map(json.loads, lines) if r["kind"] != "start"]
     assert kinds[:4] == [("train", 1), ("train", 2), ("train", 3), ("rollback", 3)]
     assert [s for k, s in kinds[4:] if k == "train"] == [4, 5, 6, 7, 8]
+    # the report draws the rollback: back to step 3 from step 6 (the skips were abandoned)
+    assert list(guard_points(cfg, tmp_path / "report").values()) == [[(3, 6)]]
 
 
 def test_rollback_is_reproduced_exactly_after_a_crash(tmp_path, corpus):

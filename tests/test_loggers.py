@@ -72,7 +72,8 @@ def test_wandb_mode_env_wins_and_null_defers_to_wandb(tiny_config, fake_wandb, m
     run_with(tiny_config, "[{name: wandb}]", "train.max_steps=1")
     assert "mode" not in fake_wandb.runs[0].kwargs  # wandb reads WANDB_MODE or its own default
     monkeypatch.setenv("WANDB_MODE", "offline")
-    run_with(tiny_config, "[{name: wandb, mode: online}]", "train.max_steps=1")
+    # a second run: --resume never is refused over the first one's checkpoints
+    run_with(tiny_config, "[{name: wandb, mode: online}]", "train.max_steps=1", "run.name=second")
     assert fake_wandb.runs[1].kwargs["mode"] == "offline"
 
 

@@ -24,6 +24,7 @@ class Metric:
     scale: float = 1.0  # multiply logged values by this (fraction -> %, bytes -> GiB)
     log_y: bool = False
     from_zero: bool = False  # the y axis starts at 0 (rates, sizes: a change reads as its size)
+    points: bool = False  # events (logged only when they happen): markers, no connecting line
 
     @property
     def axis(self) -> str:
@@ -37,6 +38,7 @@ FIGURES = {
     "lr": "Learning-rate schedule",
     "throughput": "Throughput and MFU",
     "grad_norm": "Gradient norm",
+    "guard": "Loss guard: skipped updates and rollbacks",
     "memory": "Memory",
     "data": "Data",
     "evals": "Evaluation scores",
@@ -62,6 +64,12 @@ KNOWN: dict[tuple[str, str], Metric] = {
         "cropped document tokens", "fraction of tokens", "data", from_zero=True
     ),
     ("eval", "core"): Metric("CORE", "centered accuracy", "evals"),
+    ("train", "skipped"): Metric(
+        "updates skipped since the last record", "steps", "guard", from_zero=True, points=True
+    ),
+    ("rollback", "failed_at"): Metric(
+        "rollback to the point on x, from the step", "step", "guard", points=True
+    ),
 }
 
 # Fields that are bookkeeping or x axes, never plotted.
@@ -75,6 +83,7 @@ NOT_PLOTTED = {
     "val_tokens",
     "max_steps",
     "finished",
+    "rollbacks",
 }
 
 # Name suffix -> (unit, scale). The first match wins, so longer suffixes come first.

@@ -130,7 +130,7 @@ def build_panel(entries: list[Entry], runs: list[RunData], xaxis: XAxis) -> Pane
         label = " ".join(words) or e.metric.label
         x = xaxis.values(e.series)
         marker = "o" if e.kind not in ("train", "config") and len(x) <= 60 else None
-        if computed and e.kind != "config":  # logged points over the computed curve
+        if (computed and e.kind != "config") or e.metric.points:  # points, not a line
             style, marker = "none", "o"
         lines.append(Line(label, x, e.series.value * e.metric.scale, color, style, marker))
         bad = int(np.sum(~np.isfinite(e.series.value)))

@@ -103,6 +103,10 @@ def line_figure(
     axes = fig.subplots(rows, cols, sharex=True, squeeze=False).ravel()
     for ax, panel in zip(axes, panels):
         draw_panel(ax, panel)
+    if all(min(line.x, default=0) >= 0 for p in panels for line in p.lines):
+        # each panel fixed its own range; the shared axis must cover every panel's points
+        axes[0].autoscale(axis="x")
+        axes[0].set_xlim(left=0)
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
     for i, ax in enumerate(axes[: len(panels)]):

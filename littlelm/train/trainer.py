@@ -290,7 +290,7 @@ class Trainer:
             "eta_s": left,
             "mix": self.loader_state.proportions(),
             "crop_rate": self.loader_state.crop_rate(),
-            "skipped": skipped,
+            **({"skipped": skipped} if skipped else {}),  # present only when there were skips
         }
         self.progress.update(
             progress_line({"step": self.step, "lr_mult": self.lr_mult, **m}, self.max_steps)
@@ -465,6 +465,7 @@ class Trainer:
         self._norm_sum.zero_()
         info = {
             "step": self.step,
+            "tokens": self.tokens,
             "failed_at": failed_at,
             "reason": reason,
             "rollbacks": self.guard.rollbacks,
