@@ -233,6 +233,8 @@ def _validate_model(cls: type[Cfg], data: Any, loc: tuple, errors: list) -> Any:
             errors.append(((*loc, *err["loc"]), _pydantic_message(err, cls, err["loc"])))
     for key, meta in special.items():
         default = cls.model_fields[key].get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):  # an absent section: validate its defaults as data
+            default = default.model_dump()
         value = data.get(key, default)
         if isinstance(meta, Registered):
             result = _validate_components(meta, value, (*loc, key), errors)

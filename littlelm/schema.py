@@ -218,7 +218,10 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
     if t.max_steps is not None:
         t.max_tokens = t.max_steps * t.batch_tokens
     if not cfg.data.sources:
-        problems.append("data.sources is empty: name at least one source (see configs/demo.yaml)")
+        problems.append(
+            "data.sources is empty: a run needs a data section naming at least one source, e.g. "
+            "data: {sources: {main: {name: text, path: corpus.txt}}} (see littlelm/configs/demo.yaml)"
+        )
     problems += resolve_growth(cfg)
     if problems:
         raise ConfigError(problems, source or None)

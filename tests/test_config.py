@@ -98,6 +98,21 @@ def test_derived_values_are_resolved(tiny_config):
     assert cfg.train.max_tokens == 6 * 512
 
 
+def test_absent_sections_take_their_defaults(tmp_path):
+    """A run file may leave out whole sections: each gets its defaults (data's default has no
+    source, which is then named as the problem, not a type error)."""
+    path = tmp_path / "nodata.yaml"
+    path.write_text("run: {name: x}\ntrain: {max_steps: 2}\n")
+    with pytest.raises(ConfigError) as info:
+        load_run(path)
+    msg = str(info.value)
+    assert "data.sources is empty: a run needs a data section" in msg and "demo.yaml" in msg
+    assert "expected a mapping" not in msg and len(info.value.problems) == 1
+    cfg = validate(RunConfig, {})
+    assert cfg.data.tokenizer.name == "bpe" and cfg.data.sources == {}
+    assert cfg.checkpoint.keep_last == 2 and cfg.guard.enabled
+
+
 def test_batch_tokens_not_multiple_suggests_fix(tiny_config):
     with pytest.raises(ConfigError, match="use 512"):
         load_run(tiny_config, ["train.batch_tokens=500"])
