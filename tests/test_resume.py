@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_tree, write_config
+from littlelm.cli import main
 from littlelm.errors import CheckpointError, RunDirError
 from littlelm.schema import load_run
 from littlelm.train import checkpoint as ckpt
@@ -149,17 +151,40 @@ def test_resume_after_a_kill_between_renames(tiny_config):
     assert [d.name for d in ckpt.list_checkpoints(root)] == ["step_000003", "step_000006"]
 
 
-def test_resuming_a_finished_run_rewrites_nothing(tmp_path, corpus):
-    """Resuming a finished run saves nothing new and changes nothing."""
-    cfg = load_run(write_config(tmp_path / "c.yaml", tiny_tree(corpus, tmp_path / "runs")))
+def test_resuming_a_finished_run_rewrites_nothing(tmp_path, corpus, capsys):
+    """Starting a finished run again says so, names how to go on, exits 0 and writes nothing:
+    no second evaluation or end record in metrics.jsonl, no new checkpoint."""
+    config = write_config(tmp_path / "c.yaml", tiny_tree(corpus, tmp_path / "runs"))
+    cfg = load_run(config)
     Trainer(cfg, resume="never").fit()
-    path = cfg.run_dir() / "checkpoints" / "step_000006"
+    run_dir = cfg.run_dir()
+    path = run_dir / "checkpoints" / "step_000006"
     before = load_file(path / "model.safetensors")
-    mtime = (path / "state.json").stat().st_mtime_ns
+
+    def files():  # all but the run lock, which each process takes
+        return {
+            p: (p.stat().st_mtime_ns, p.read_bytes())
+            for p in run_dir.rglob("*")
+            if p.is_file() and p.name != ".lock"
+        }
+
+    before_files = files()
+    capsys.readouterr()
+    assert main(["train", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "has already finished" in out and "step 6 and train.max_steps is 6" in out
+    assert "raise train.max_steps (e.g. add train.max_steps=12" in out
+    assert files() == before_files
     result = Trainer(cfg).fit()
-    assert result["finished"] and (path / "state.json").stat().st_mtime_ns == mtime
+    assert result["finished"] and result["already_finished"] and result["step"] == 6
     after = load_file(path / "model.safetensors")
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+    # raising max_steps continues the run: its records follow on, one end record
+    Trainer(load_run(config, ["train.max_steps=8"])).fit()
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if r["kind"] == "eval"] == [3, 6, 8]
+    assert [r["step"] for r in recs if r["kind"] == "end"] == [8]
 
 
 def test_one_trainer_per_run_directory(tiny_config):

@@ -3,8 +3,8 @@
 Nothing here depends on a fixed metrics schema. Records are grouped by their `kind`; any numeric
 field of any kind becomes a series (nested mappings flattened to `field.key`); a field that is
 null in a record (how metrics.jsonl stores NaN and infinity) is a gap, counted as non-finite.
-A record repeated for the same step (a finished run started again re-evaluates its last step)
-replaces the earlier one.
+A record repeated for the same step (a resumed run re-logging a step, or an older littlelm that
+re-evaluated a finished run started again) replaces the earlier one.
 """
 
 from __future__ import annotations

@@ -174,6 +174,8 @@ class Trainer:
                 raise
 
     def _fit(self, stop_after: int | None) -> dict:
+        if self.step >= self.max_steps:
+            return self._already_finished()
         self._write_run_files()
         self._print_summary()
         self.log(
@@ -352,6 +354,24 @@ class Trainer:
                 + (f", final val bpb {final['val_bpb']:.4f}" if "val_bpb" in final else "")
             )
         return final
+
+    def _already_finished(self) -> dict:
+        """A run resumed at or past max_steps: nothing to train, so nothing is written (no
+        second evaluation, end record or checkpoint)."""
+        self.log(
+            f"run {self.cfg.run.name!r} has already finished: {self.last_checkpoint} is at step "
+            f"{self.step} and train.max_steps is {self.max_steps}; nothing to do. To train "
+            f"further, raise train.max_steps (e.g. add train.max_steps={2 * self.step} to the "
+            "command); to start over, pick another run.name"
+        )
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "train_time": self.train_time,
+            "finished": True,
+            "already_finished": True,
+            **self._fault_summary(),
+        }
 
     # ------------------------------------------------------------------------------------------
     # Run directory, checkpoints, resume
