@@ -33,7 +33,7 @@ from littlelm.plan.accounting import MemoryAccountant, Snapshot
 from littlelm.registry import MODELS, OPTIMIZERS
 from littlelm.schema import RunConfig
 from littlelm.train.device import autocast
-from littlelm.train.trainer import apply_update, micro_step
+from littlelm.train.step import apply_update, micro_step
 
 ACT, LOSS, BWD = "activations", "logits & loss", "backward temporaries"
 GRADS, STATE, SCRATCH = "gradients", "optimizer state", "optimizer scratch"

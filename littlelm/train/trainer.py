@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from littlelm.config import dump_yaml, to_tree
@@ -45,45 +42,7 @@ from littlelm.train.guard import LossGuard, Verdict
 from littlelm.train.progress import Progress, progress_line
 from littlelm.train.runlock import RunLock
 from littlelm.train.signals import StopSignals
-
-
-def grad_norm(params, clip: float | None) -> torch.Tensor:
-    """The global L2 norm of the gradients before clipping; clips them to `clip` when set."""
-    if clip is not None:
-        return torch.nn.utils.clip_grad_norm_(params, clip).detach()
-    norms = [torch.linalg.vector_norm(p.grad.detach()) for p in params if p.grad is not None]
-    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def micro_step(forward, x: torch.Tensor, y: torch.Tensor, accum: int, autocast) -> torch.Tensor:
-    """Forward and backward of one micro-batch; gradients accumulate in `.grad` (scaled by
-    1/accum). Returns the detached loss. The planner's trace runs this same function."""
-    with autocast:
-        loss = forward(x, y)
-    (loss / accum).backward()
-    return loss.detach()
-
-
-def apply_update(
-    model: torch.nn.Module,
-    optimizer,
-    grad_clip: float | None,
-    accept: Callable[[torch.Tensor], bool] | None = None,
-) -> torch.Tensor:
-    """Measure (and clip) the gradients, step, free them: the end of every optimizer step (the
-    planner traces it too). `accept(norm)` (the loss guard) may leave the step out; the
-    gradients are freed either way. Returns the gradient norm before clipping."""
-    norm = grad_norm(model.parameters(), grad_clip)
-    if accept is None or accept(norm):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm
+from littlelm.train.step import apply_update, micro_step, seed_everything
 
 
 class Trainer:

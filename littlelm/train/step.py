@@ -1,0 +1,50 @@
+"""One optimizer step, shared by the trainer and the planner's trace (plan/trace.py), so the
+planner measures exactly the step that trains: `micro_step` per micro-batch, then `apply_update`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+
+def grad_norm(params, clip: float | None) -> torch.Tensor:
+    """The global L2 norm of the gradients before clipping; clips them to `clip` when set."""
+    if clip is not None:
+        return torch.nn.utils.clip_grad_norm_(params, clip).detach()
+    norms = [torch.linalg.vector_norm(p.grad.detach()) for p in params if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def micro_step(forward, x: torch.Tensor, y: torch.Tensor, accum: int, autocast) -> torch.Tensor:
+    """Forward and backward of one micro-batch; gradients accumulate in `.grad` (scaled by
+    1/accum). Returns the detached loss. The planner's trace runs this same function."""
+    with autocast:
+        loss = forward(x, y)
+    (loss / accum).backward()
+    return loss.detach()
+
+
+def apply_update(
+    model: torch.nn.Module,
+    optimizer,
+    grad_clip: float | None,
+    accept: Callable[[torch.Tensor], bool] | None = None,
+) -> torch.Tensor:
+    """Measure (and clip) the gradients, step, free them: the end of every optimizer step (the
+    planner traces it too). `accept(norm)` (the loss guard) may leave the step out; the
+    gradients are freed either way. Returns the gradient norm before clipping."""
+    norm = grad_norm(model.parameters(), grad_clip)
+    if accept is None or accept(norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
