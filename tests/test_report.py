@@ -188,6 +188,21 @@ def test_report_is_robust_to_extra_and_missing_fields(tmp_path):
     assert "40 s" in text  # wall time from the record times: 1 session, 40 seconds
 
 
+def test_rollbacks_to_one_checkpoint_are_each_shown_once(tmp_path):
+    """Two rollbacks to step 20 (from steps 26 and 31) are two events; the first written twice
+    (a crash after it, replayed on resume) is one."""
+    run_dir = synthetic_run(tmp_path / "a", "a")
+    first = {"kind": "rollback", "step": 20, "tokens": 2000, "failed_at": 26, "rollbacks": 1}
+    second = {**first, "failed_at": 31, "rollbacks": 2}
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in (first, first, second))
+    run = load_run_dir(run_dir)
+    assert [r["failed_at"] for r in run.records["rollback"]] == [26, 31]
+    figs = {f.key: f.figure for f in render_figures([run], tmp_path / "figs")}
+    (line,) = figs["guard"].axes[0].get_lines()
+    assert list(line.get_ydata()) == [26, 31]
+
+
 def test_old_runs_without_new_fields(tmp_path):
     run_dir = synthetic_run(tmp_path / "old", "old", extra=False)
     path = write_report([run_dir], tmp_path / "rep")

@@ -146,6 +146,11 @@ def load_run_dir(path: str | Path) -> RunData:
     )
 
 
+# Kinds whose records at one step may be distinct events, told apart by this field as well: two
+# rollbacks to the same checkpoint fail at different steps (a replayed one at the same step).
+EVENT_FIELD = {"rollback": "failed_at"}
+
+
 def read_metrics(path: Path, notes: list[str]) -> dict[str, list[dict]]:
     """Records by kind, in file order, the last one kept where a (kind, step) repeats."""
     by_key: dict[tuple, dict] = {}
@@ -162,7 +167,10 @@ def read_metrics(path: Path, notes: list[str]) -> dict[str, list[dict]]:
             bad.append(lineno)
             continue
         kind = str(rec.get("kind", "train"))
-        key = (kind, rec["step"]) if "step" in rec and kind != "start" else (kind, "line", lineno)
+        if "step" in rec and kind != "start":
+            key = (kind, rec["step"], rec.get(EVENT_FIELD.get(kind, "")))
+        else:
+            key = (kind, "line", lineno)
         by_key.pop(key, None)  # a repeat moves to the end, where it was written
         by_key[key] = rec
     if bad:
