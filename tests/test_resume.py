@@ -211,7 +211,7 @@ def test_filesystem_without_locks_warns_and_goes_on(tiny_config, monkeypatch):
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
 
+    trainer = Trainer(load_run(tiny_config), resume="never")  # data prepared (it locks too)
     monkeypatch.setattr(fcntl, "flock", no_locks)
-    cfg = load_run(tiny_config)
     with pytest.warns(UserWarning, match="cannot lock .*No locks available"):
-        assert Trainer(cfg, resume="never").fit(stop_after=1)["step"] == 1
+        assert trainer.fit(stop_after=1)["step"] == 1
