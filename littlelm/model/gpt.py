@@ -13,10 +13,21 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from littlelm.config import ComponentConfig
+from littlelm.model.fp8 import check_fp8_device, linear
 from littlelm.model.kv_cache import KVCache
-from littlelm.model.loss import linear_cross_entropy, softcap
+from littlelm.model.loss import LossImpl, check_loss_impl, linear_cross_entropy, softcap
+from littlelm.model.ops import (
+    apply_rope,
+    compute_dtype,
+    gated_add,
+    relu_squared,
+    residual_mix,
+    rms_norm,
+    rope_tables,
+)
 from littlelm.registry import MODELS
 
 ROLES = ("embedding", "value_embedding", "lm_head", "matrix", "scalar")
@@ -67,6 +78,22 @@ class GPTConfig(ComponentConfig):
     )
     ve_gate_channels: int = Field(
         32, description="Residual channels that feed each value-embedding gate.", ge=1
+    )
+    loss: LossImpl = Field(
+        "chunked",
+        description="Cross-entropy implementation: chunked (never makes the full logits), "
+        "plain, or liger (CUDA, liger-kernel).",
+    )
+    loss_chunk: int = Field(256, description="Rows (tokens) per chunk of the chunked loss.", ge=1)
+    fp8: bool = Field(
+        False,
+        description="FP8 matmuls (torch._scaled_mm, e4m3 activations/weights, e5m2 gradients) "
+        "in the blocks' linears; CUDA capability 8.9+ or CPU.",
+    )
+    fp8_min_dim: int = Field(
+        256,
+        description="Linears whose smaller dimension is below this stay in bf16 under fp8.",
+        ge=16,
     )
     tie_embeddings: bool = Field(False, description="Share the token embedding with lm_head.")
     norm_affine: bool = Field(False, description="Give RMSNorms a learnable gain.")
@@ -122,29 +149,13 @@ class GPTConfig(ComponentConfig):
         return layer % 2 == (self.n_layer - 1) % 2
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-    return F.rms_norm(x, (x.size(-1),), weight)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, affine: bool):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight)
-
-
-def rope_tables(seq_len: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, D/2)
-    return angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]  # (1, T, 1, D/2)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x1[i], x2[i]) of the two halves of each head by position-dependent angles."""
-    x1, x2 = x.chunk(2, dim=-1)  # (B, T, H, D/2) each
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return rms_norm(x, self.weight, out_dtype=out_dtype)
 
 
 class Attention(nn.Module):
@@ -152,10 +163,11 @@ class Attention(nn.Module):
         super().__init__()
         self.n_head, self.n_kv, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
         self.qk_norm = cfg.qk_norm
-        self.c_q = nn.Linear(cfg.d_model, self.n_head * self.hd, bias=False)
-        self.c_k = nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=False)
-        self.c_v = nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=False)
-        self.c_proj = nn.Linear(self.n_head * self.hd, cfg.d_model, bias=False)
+        C, q_dim, kv_dim = cfg.d_model, self.n_head * self.hd, self.n_kv * self.hd
+        self.c_q = block_linear(cfg, C, q_dim)
+        self.c_k = block_linear(cfg, C, kv_dim)
+        self.c_v = block_linear(cfg, C, kv_dim)
+        self.c_proj = block_linear(cfg, q_dim, C)
         self.ve_channels = cfg.ve_gate_channels
         self.ve_gate = (
             nn.Linear(cfg.ve_gate_channels, self.n_kv, bias=False)
@@ -164,7 +176,8 @@ class Attention(nn.Module):
         )
 
     def forward(self, x, cos, sin, ve=None, cache=None, mask=None):
-        """mask: optional (B, 1, T, T) bool, True = may attend (replaces the causal mask)."""
+        """x (B, T, C) already normalised and in the matmul dtype.
+        mask: optional (B, 1, T, T) bool, True = may attend (replaces the causal mask)."""
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.hd)  # (B, T, H, D)
         k = self.c_k(x).view(B, T, self.n_kv, self.hd)  # (B, T, Hkv, D)
@@ -172,7 +185,8 @@ class Attention(nn.Module):
         if ve is not None:
             # gate in (0, 2), exactly 1 at init: 2·sigmoid(0)
             gate = 2 * torch.sigmoid(self.ve_gate(x[..., : self.ve_channels]))  # (B, T, Hkv)
-            v = v + gate.unsqueeze(-1) * ve.view(B, T, self.n_kv, self.hd)
+            ve = ve.to(v.dtype).view(B, T, self.n_kv, self.hd)
+            v = gated_add(v, gate, ve)
         if self.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -193,22 +207,27 @@ class Attention(nn.Module):
 class ReLU2MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.d_model, cfg.hidden, bias=False)
-        self.c_proj = nn.Linear(cfg.hidden, cfg.d_model, bias=False)
+        self.c_fc = block_linear(cfg, cfg.d_model, cfg.hidden)
+        self.c_proj = block_linear(cfg, cfg.hidden, cfg.d_model)
 
     def forward(self, x):
-        return self.c_proj(F.relu(self.c_fc(x)).square())
+        return self.c_proj(relu_squared(self.c_fc(x)))
 
 
 class SwiGLUMLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.d_model, cfg.hidden, bias=False)
-        self.c_gate = nn.Linear(cfg.d_model, cfg.hidden, bias=False)
-        self.c_proj = nn.Linear(cfg.hidden, cfg.d_model, bias=False)
+        self.c_fc = block_linear(cfg, cfg.d_model, cfg.hidden)
+        self.c_gate = block_linear(cfg, cfg.d_model, cfg.hidden)
+        self.c_proj = block_linear(cfg, cfg.hidden, cfg.d_model)
 
     def forward(self, x):
         return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))
+
+
+def block_linear(cfg: GPTConfig, in_features: int, out_features: int) -> nn.Linear:
+    """The blocks' matmul layers: FP8 when model.fp8 is on and the shape passes the filter."""
+    return linear(in_features, out_features, cfg.fp8, cfg.fp8_min_dim)
 
 
 class Block(nn.Module):
@@ -220,8 +239,9 @@ class Block(nn.Module):
         self.mlp = SwiGLUMLP(cfg) if cfg.mlp == "swiglu" else ReLU2MLP(cfg)
 
     def forward(self, x, cos, sin, ve=None, cache=None, mask=None):
-        x = x + self.attn(self.norm1(x), cos, sin, ve, cache, mask)
-        return x + self.mlp(self.norm2(x))
+        dt = compute_dtype(x)  # normalise straight into the matmul dtype: one cast, not three
+        x = x + self.attn(self.norm1(x, dt), cos, sin, ve, cache, mask)
+        return x + self.mlp(self.norm2(x, dt))
 
 
 @MODELS.register("gpt", config=GPTConfig)
@@ -262,6 +282,8 @@ class GPT(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
+        # train.activation_checkpointing: recompute each layer in the backward pass
+        self.activation_checkpointing = False
         # origin tag per parameter, for lr multipliers; `grow` marks copied weights "old"
         self.origin = {n: default_origin(self.role(n)) for n, _ in self.named_parameters()}
 
@@ -305,6 +327,13 @@ class GPT(nn.Module):
             return "matrix"
         return "scalar"
 
+    @staticmethod
+    def check_device(cfg: GPTConfig, device: torch.device) -> None:
+        """Fail early, with the fix, when a configured feature cannot run on `device`."""
+        check_loss_impl(cfg.loss, device)
+        if cfg.fp8:
+            check_fp8_device(device)
+
     def param_counts(self) -> dict[str, int]:
         """total, embedding (token + value tables) and non-embedding parameter counts."""
         counts = {r: 0 for r in ROLES}
@@ -323,8 +352,16 @@ class GPT(nn.Module):
         reduction='none'); without: logits (B, T, vocab_size) in fp32."""
         x = self.hidden(idx, caches)
         if targets is not None:
+            c = self.cfg
             return linear_cross_entropy(
-                x, self.lm_head.weight, targets, self.cfg.vocab_size, self.cfg.softcap, reduction
+                x,
+                self.lm_head.weight,
+                targets,
+                c.vocab_size,
+                c.softcap,
+                reduction,
+                c.loss,
+                c.loss_chunk,
             )
         return self.head(x)
 
@@ -337,14 +374,13 @@ class GPT(nn.Module):
         """
         T = idx.size(1)
         pos = 0 if caches is None else caches[0].length
-        on_autocast = torch.is_autocast_enabled(idx.device.type)
-        dt = torch.get_autocast_dtype(idx.device.type) if on_autocast else self.wte.weight.dtype
+        dt = compute_dtype(self.wte.weight)
         if positions is None:
             if pos + T > self.cfg.max_seq_len:
                 raise ValueError(
                     f"sequence of {pos + T} tokens exceeds max_seq_len {self.cfg.max_seq_len}"
                 )
-            cos = self.rope_cos[:, pos : pos + T].to(dt)  # (1, T, 1, D/2)
+            cos = self.rope_cos[:, pos : pos + T].to(dt)  # (1, T, 1, D)
             sin = self.rope_sin[:, pos : pos + T].to(dt)
         else:
             assert caches is None, "explicit positions and a KV cache do not mix"
@@ -352,27 +388,37 @@ class GPT(nn.Module):
                 raise ValueError(
                     f"position {int(positions.max())} exceeds max_seq_len {self.cfg.max_seq_len}"
                 )
-            cos = self.rope_cos[0, positions].to(dt)  # (B, T, 1, D/2)
+            cos = self.rope_cos[0, positions].to(dt)  # (B, T, 1, D)
             sin = self.rope_sin[0, positions].to(dt)
         x = rms_norm(self.wte(idx))  # (B, T, C)
         x0 = x
-        for i, block in enumerate(self.blocks):
-            if self.cfg.residual_scalars:
-                x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
-            ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
-            x = block(x, cos, sin, ve, None if caches is None else caches[i], attn_mask)
-        return self.norm_f(x)
+        recompute = self.activation_checkpointing and torch.is_grad_enabled() and caches is None
+        for i in range(self.cfg.n_layer):
+            cache = None if caches is None else caches[i]
+            if recompute:  # keep only x; redo the layer in the backward pass
+                x = checkpoint(
+                    self.layer, i, x, x0, idx, cos, sin, None, attn_mask, use_reentrant=False
+                )
+            else:
+                x = self.layer(i, x, x0, idx, cos, sin, cache, attn_mask)
+        return self.norm_f(x, compute_dtype(x))  # (B, T, C) in the matmul dtype
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (..., vocab_size) in fp32 from hidden states (..., C); padding rows cut."""
         logits = F.linear(x, self.lm_head.weight)[..., : self.cfg.vocab_size].float()
         return softcap(logits, self.cfg.softcap)
 
+    def layer(self, i: int, x, x0, idx, cos, sin, cache=None, mask=None) -> torch.Tensor:
+        """Layer i: residual scalars, value-embedding lookup, block (one checkpointing unit)."""
+        if self.cfg.residual_scalars:
+            x = residual_mix(x, x0, self.resid_lambdas[i], self.x0_lambdas[i])
+        ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
+        return self.blocks[i](x, cos, sin, ve, cache, mask)
+
     def new_caches(self, batch: int, max_len: int | None = None) -> list[KVCache]:
         """Empty per-layer KV caches for incremental decoding (see eval.generate)."""
         w = self.wte.weight
-        on_autocast = torch.is_autocast_enabled(w.device.type)
-        dt = torch.get_autocast_dtype(w.device.type) if on_autocast else w.dtype
+        dt = compute_dtype(w)
         n = max_len or self.cfg.max_seq_len
         c = self.cfg
         return [KVCache(batch, c.kv_heads, n, c.head_dim, dt, w.device) for _ in range(c.n_layer)]
