@@ -38,6 +38,7 @@ def test_adamw_path_equals_torch_adamw():
         lr=1e-2,
         betas=(0.9, 0.99),
         eps=1e-8,
+        fused=True,  # what littlelm picks on a CPU or CUDA device
     )
     for s in range(5):
         loss_step(ours, opt, s)

@@ -21,6 +21,8 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from littlelm.config import ComponentConfig
+from littlelm.errors import ConfigError
+from littlelm.optim.lowp import StochasticAdamW
 from littlelm.optim.muon import Muon
 from littlelm.registry import OPTIMIZERS
 
@@ -50,6 +52,11 @@ class AdamWConfig(ComponentConfig):
     lr_multipliers: dict[str, float] = Field(
         default_factory=dict,
         description="lr multiplier per origin tag (embedding, old, new), e.g. {old: 0.033}.",
+    )
+    adamw_8bit: bool = Field(
+        False,
+        description="Keep AdamW's two moments in 8 bits (bitsandbytes AdamW8bit; CUDA only): "
+        "2 bytes of state per AdamW parameter instead of 8.",
     )
 
     @model_validator(mode="after")
@@ -181,19 +188,70 @@ class HybridOptimizer:
                 yield from o.param_groups
 
 
-def build_optimizer(model: nn.Module, cfg: AdamWConfig) -> HybridOptimizer:
+def build_optimizer(
+    model: nn.Module, cfg: AdamWConfig, stochastic_rounding: bool = False
+) -> HybridOptimizer:
+    """The optimizer for `model`; `stochastic_rounding` (from train.stochastic_rounding) makes
+    every parameter update round stochastically into bf16 parameters."""
     use_muon = isinstance(cfg, MuonConfig)
     specs = plan_groups(model, cfg, use_muon)
     adam = [_group(s) for s in specs if s.optimizer == "adamw"]
     muon = [_group(s) for s in specs if s.optimizer == "muon"]
+    device = next(model.parameters()).device
     inner: list[torch.optim.Optimizer] = []
     if adam:
-        inner.append(torch.optim.AdamW(adam, betas=cfg.betas, eps=cfg.eps, foreach=True))
+        inner.append(make_adamw(adam, cfg, device, stochastic_rounding))
     if muon:
         inner.append(
-            Muon(muon, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps)
+            Muon(
+                muon,
+                momentum=cfg.momentum,
+                nesterov=cfg.nesterov,
+                ns_steps=cfg.ns_steps,
+                stochastic_rounding=stochastic_rounding,
+            )
         )
     return HybridOptimizer(inner, specs)
+
+
+def make_adamw(
+    groups: list[dict], cfg: AdamWConfig, device: torch.device, stochastic_rounding: bool
+) -> torch.optim.Optimizer:
+    """torch's AdamW (fused: one pass per tensor), bitsandbytes' 8-bit AdamW, or the
+    stochastic-rounding AdamW for bf16 parameters."""
+    if cfg.adamw_8bit:
+        if stochastic_rounding:
+            raise ConfigError(
+                [
+                    "optimizer.adamw_8bit and train.stochastic_rounding cannot be combined "
+                    "(bitsandbytes writes the parameters itself); turn one of them off"
+                ]
+            )
+        return _adamw_8bit(groups, cfg, device)
+    if stochastic_rounding:
+        return StochasticAdamW(groups, betas=cfg.betas, eps=cfg.eps)
+    impl = {"fused": True} if device.type in ("cpu", "cuda") else {"foreach": True}
+    return torch.optim.AdamW(groups, betas=cfg.betas, eps=cfg.eps, **impl)
+
+
+def _adamw_8bit(groups: list[dict], cfg: AdamWConfig, device: torch.device):
+    if device.type != "cuda":
+        raise ConfigError(
+            [
+                f"optimizer.adamw_8bit needs a CUDA device (bitsandbytes); this run is on "
+                f"{device.type}: set optimizer.adamw_8bit=false"
+            ]
+        )
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise ConfigError(
+            [
+                "optimizer.adamw_8bit needs bitsandbytes: pip install 'littlelm[gpu]' "
+                "(or set optimizer.adamw_8bit=false)"
+            ]
+        ) from None
+    return bnb.optim.AdamW8bit(groups, betas=cfg.betas, eps=cfg.eps)
 
 
 def _group(spec: GroupSpec) -> dict:

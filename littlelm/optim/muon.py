@@ -11,6 +11,8 @@ from collections import defaultdict
 
 import torch
 
+from littlelm.optim.lowp import stochastic_round_
+
 # Quintic Newton–Schulz coefficients chosen to push singular values towards 1 quickly from
 # anywhere in (0, 1]; five iterations land them in roughly [0.7, 1.2], which is all an update
 # direction needs. `ns_steps` trades accuracy for time.
@@ -40,10 +42,21 @@ def shape_scale(shape: torch.Size) -> float:
 class Muon(torch.optim.Optimizer):
     """Muon for 2-D parameters. Group options: lr, momentum, nesterov, weight_decay, ns_steps.
 
-    Same-shaped matrices are orthogonalised together as one batch.
+    Same-shaped matrices are orthogonalised together as one batch. With
+    `stochastic_rounding` (bf16 parameters) each update is computed in fp32 and rounded
+    stochastically into the parameter (see optim.lowp).
     """
 
-    def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, ns_steps=5):
+    def __init__(
+        self,
+        params,
+        lr=0.02,
+        momentum=0.95,
+        nesterov=True,
+        weight_decay=0.0,
+        ns_steps=5,
+        stochastic_rounding=False,
+    ):
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -52,6 +65,7 @@ class Muon(torch.optim.Optimizer):
             ns_steps=ns_steps,
         )
         super().__init__(params, defaults)
+        self.stochastic_rounding = stochastic_rounding
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:
@@ -79,8 +93,13 @@ class Muon(torch.optim.Optimizer):
             directions = bufs
         updates = orthogonalize(torch.stack(directions), group["ns_steps"])  # (N, m, n)
         lr = group["lr"] * shape_scale(params[0].shape)
+        decay = 1 - group["lr"] * group["weight_decay"]
+        if self.stochastic_rounding:
+            for p, u in zip(params, updates.unbind(0)):
+                stochastic_round_(p, p.float().mul_(decay).add_(u.float(), alpha=-lr))
+            return
         if group["weight_decay"]:
-            torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+            torch._foreach_mul_(params, decay)
         torch._foreach_add_(params, list(updates.to(params[0].dtype).unbind(0)), alpha=-lr)
 
     def _buffer(self, p: torch.Tensor) -> torch.Tensor:
