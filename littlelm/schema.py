@@ -69,7 +69,22 @@ class TrainConfig(Cfg):
         None, description="Token budget; sets max_steps when that is null.", ge=1
     )
     precision: Literal["bf16", "fp32"] = Field("bf16", description="bf16 autocast, or plain fp32.")
-    compile: bool = Field(False, description="torch.compile the model.")
+    master_weights: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="dtype of the parameters, their gradients and the optimizer state "
+        "(bf16 halves them; needs precision bf16).",
+    )
+    stochastic_rounding: bool = Field(
+        False,
+        description="Round each parameter update stochastically into bf16 parameters "
+        "(needs master_weights bf16).",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Keep only each layer's input and recompute the layer in the backward "
+        "pass (about 1/3 more compute, far less activation memory).",
+    )
+    compile: bool = Field(False, description="torch.compile the model (minutes of warm-up).")
     grad_clip: float | None = Field(
         1.0, description="Clip the global grad norm to this; null = off.", gt=0
     )
@@ -217,6 +232,13 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
         t.max_steps = max(1, t.max_tokens // t.batch_tokens)
     if t.max_steps is not None:
         t.max_tokens = t.max_steps * t.batch_tokens
+    if t.master_weights == "bf16" and t.precision != "bf16":
+        problems.append("train.master_weights=bf16 needs train.precision=bf16")
+    if t.stochastic_rounding and t.master_weights != "bf16":
+        problems.append(
+            "train.stochastic_rounding only applies to bf16 parameters: "
+            "set train.master_weights=bf16 or turn it off"
+        )
     if not cfg.data.sources:
         problems.append(
             "data.sources is empty: a run needs a data section naming at least one source, e.g. "

@@ -47,6 +47,12 @@ RESUMABLE_CHANGES = (
     "data.cache_dir",
     "data.on_exhausted",
     "data.sources.*.weight",
+    # how the same function is computed: safe to switch, e.g. to fit memory after an OOM
+    "train.activation_checkpointing",
+    "model.loss",
+    "model.loss_chunk",
+    "model.fp8",
+    "model.fp8_min_dim",
 )
 NOT_RESUMABLE = ("optimizer.name",)  # another optimizer has another state layout
 

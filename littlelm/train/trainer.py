@@ -36,13 +36,22 @@ from littlelm.schema import RunConfig
 from littlelm.train import checkpoint as ckpt
 from littlelm.train import resume as resuming
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
-from littlelm.train.device import autocast, peak_flops, pick_device, synchronize
+from littlelm.train.device import (
+    autocast,
+    peak_flops,
+    pick_device,
+    synchronize,
+    tune_cpu_allocator,
+)
 from littlelm.train.growth import grow_from_parent
 from littlelm.train.guard import LossGuard, Verdict
 from littlelm.train.progress import Progress, progress_line
 from littlelm.train.runlock import RunLock
 from littlelm.train.signals import StopSignals
 from littlelm.train.step import apply_update, micro_step, seed_everything
+
+# dtype of the parameters, their gradients and the optimizer state (train.master_weights)
+PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class Trainer:
@@ -52,6 +61,11 @@ class Trainer:
         self.run_dir = cfg.run_dir()
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.device = pick_device(cfg.run.device)
+        model_cls = MODELS.get(cfg.model.name)
+        if hasattr(model_cls, "check_device"):
+            model_cls.check_device(cfg.model, self.device)
+        if self.device.type == "cpu":
+            tune_cpu_allocator()
         seed_everything(cfg.run.seed)
         t = cfg.train
         self.max_steps: int = t.max_steps
@@ -68,8 +82,9 @@ class Trainer:
                     f"{self.data.tokenizer.vocab_size}; leave model.vocab_size null"
                 ]
             )
-        self.model = MODELS.get(cfg.model.name)(cfg.model).to(self.device)
-        self.optimizer = OPTIMIZERS.get(cfg.optimizer.name)(self.model, cfg.optimizer)
+        self.model = model_cls(cfg.model).to(self.device, PARAM_DTYPES[t.master_weights])
+        self.model.activation_checkpointing = t.activation_checkpointing
+        self.optimizer = self._build_optimizer()
         self.schedule = build_schedule(cfg.schedule)
         self.loader = self.data.loader(cfg.data, t.micro_batch_size, t.seq_len, cfg.run.seed)
         self.loader_state: LoaderSnapshot = self.loader.snapshot()
@@ -98,6 +113,10 @@ class Trainer:
 
     def autocast(self):
         return autocast(self.device, self.cfg.train.precision)
+
+    def _build_optimizer(self):
+        build = OPTIMIZERS.get(self.cfg.optimizer.name)
+        return build(self.model, self.cfg.optimizer, self.cfg.train.stochastic_rounding)
 
     def _set_lr(self) -> float:
         mult = self.schedule(self.step, self.max_steps)
@@ -415,7 +434,7 @@ class Trainer:
         """Origin tags decide the optimizer's groups: rebuild it (still stateless) on a change."""
         if origin != self.model.origin:
             self.model.origin.update(origin)
-            self.optimizer = OPTIMIZERS.get(self.cfg.optimizer.name)(self.model, self.cfg.optimizer)
+            self.optimizer = self._build_optimizer()
 
     def _grow_from_parent(self) -> None:
         """A fresh grown run: the parent's weights, origin tags and (optionally) data position."""
@@ -423,7 +442,7 @@ class Trainer:
             self.model, self.cfg.grow, self.data.tokenizer.fingerprint, to_tree(self.cfg)
         )
         # the tags changed: new groups (the optimizer has taken no step yet)
-        self.optimizer = OPTIMIZERS.get(self.cfg.optimizer.name)(self.model, self.cfg.optimizer)
+        self.optimizer = self._build_optimizer()
         if grown.loader_state is not None:
             self.loader.load_state_dict(grown.loader_state)
             self.loader_state = self.loader.snapshot()
@@ -482,6 +501,7 @@ class Trainer:
             f"= {c.train.micro_batch_size} × {c.train.seq_len} × {c.train.grad_accum} accum; "
             f"{self.max_steps} steps"
         )
+        self.log(f"speed: {speed_summary(c)}; MFU against {self.peak / 1e12:.3g} TFLOP/s")
         table = Table(title="parameter groups", title_justify="left")
         for col in ("group", "tensors", "parameters", "optimizer", "lr"):
             table.add_column(
@@ -492,3 +512,25 @@ class Trainer:
         if self.progress._open:
             self.progress.message("")
         Console(**self.progress.console_options()).print(table)
+
+
+def speed_summary(cfg: RunConfig) -> str:
+    """The speed and memory settings in force, in one line."""
+    t, m = cfg.train, cfg.model
+    parts = [f"{t.precision} compute", f"{t.master_weights} weights"]
+    if t.stochastic_rounding:
+        parts.append("stochastic rounding")
+    loss = getattr(m, "loss", None)
+    if loss:
+        parts.append(
+            f"{loss} loss" + (f" ({m.loss_chunk} rows/chunk)" if loss == "chunked" else "")
+        )
+    if getattr(m, "fp8", False):
+        parts.append(f"fp8 (layers >= {m.fp8_min_dim} wide)")
+    if getattr(cfg.optimizer, "adamw_8bit", False):
+        parts.append("8-bit AdamW")
+    if t.activation_checkpointing:
+        parts.append("activation checkpointing")
+    if t.compile:
+        parts.append("torch.compile")
+    return ", ".join(parts)
