@@ -59,9 +59,12 @@ def linear_cross_entropy(
         return plain_cross_entropy(x, weight, targets, vocab_size, cap, reduction)
     C = x.size(-1)
     x2, t2 = x.reshape(-1, C), targets.reshape(-1)  # (N, C), (N,)
-    if reduction == "none":
+    if reduction == "none" or not needs_grad:  # evaluation: no gradients to make per chunk
         with torch.no_grad():
-            return chunked_token_losses(x2, weight, t2, vocab_size, cap, chunk).view(targets.shape)
+            losses = chunked_token_losses(x2, weight, t2, vocab_size, cap, chunk)
+        if reduction == "none":
+            return losses.view(targets.shape)
+        return losses.sum() / (t2 != IGNORE).sum().clamp(min=1)
     return _ChunkedCrossEntropy.apply(x2, weight, t2, vocab_size, cap, chunk, compute_dtype(x))
 
 

@@ -46,11 +46,13 @@ class _RMSNorm(torch.autograd.Function):
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
+    eps: float | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x / sqrt(mean(x²) + eps) over the last dim (times `weight`), written in `out_dtype`
-    (default x's dtype) so that a following matmul needs no separate cast."""
+    (default x's dtype) so that a following matmul needs no separate cast. eps defaults to
+    the machine epsilon of x's dtype, as in F.rms_norm (model/grow.py relies on it being tiny)."""
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
     y = _RMSNorm.apply(x, eps, out_dtype or x.dtype)
     return y if weight is None else y * weight.to(y.dtype)
 
