@@ -84,3 +84,12 @@ def test_unknown_reduction():
     x, w, t = inputs()
     with pytest.raises(ValueError, match="reduction"):
         linear_cross_entropy(x, w, t, 70, 15.0, "sum")
+
+
+def test_mean_without_grad_equals_mean_with_grad():
+    x, w, t = inputs()
+    with torch.no_grad():
+        evaluated = linear_cross_entropy(x, w, t, 70, 15.0, "mean", "chunked", 8)
+    trained = linear_cross_entropy(x, w, t, 70, 15.0, "mean", "chunked", 8)
+    assert not evaluated.requires_grad and trained.requires_grad
+    torch.testing.assert_close(evaluated, trained.detach(), rtol=1e-6, atol=1e-6)

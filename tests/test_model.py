@@ -158,3 +158,24 @@ def test_explicit_position_beyond_context_is_an_error():
     model = GPT(tiny())
     with pytest.raises(ValueError, match="exceeds max_seq_len"):
         model.hidden(torch.zeros(1, 2, dtype=torch.long), positions=torch.tensor([[0, 16]]))
+
+
+@pytest.mark.parametrize("loss", ["chunked", "plain"])
+def test_activation_checkpointing_and_loss_impl_give_the_same_loss_and_gradients(loss):
+    x = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    results = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = randomize(GPT(tiny(loss=loss)))
+        model.activation_checkpointing = recompute
+        value = model(x, x)
+        value.backward()
+        results.append((value.detach(), [p.grad.clone() for p in model.parameters()]))
+    torch.manual_seed(0)
+    reference = randomize(GPT(tiny(loss="plain")))
+    ref_loss = reference(x, x)
+    torch.testing.assert_close(results[0][0], ref_loss.detach(), rtol=1e-5, atol=1e-6)
+    (l0, g0), (l1, g1) = results
+    assert torch.equal(l0, l1)
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
