@@ -1,0 +1,359 @@
+"""Training throughput: littlelm's step beside a naive reference GPT, each speed feature on and
+off, at the same shapes, in one run; and the chunked loss's peak memory against the plain one.
+
+    python benchmarks/throughput.py                          # headline: medium, ref/AdamW/Muon
+    python benchmarks/throughput.py --sizes small medium large --variants all
+    python benchmarks/throughput.py --loss-memory            # plain vs chunked loss, V=50304
+    python benchmarks/throughput.py --device cuda            # GPU: ~1B config, bf16 / fp8 /
+                                                             #   compile / chunked / liger ...
+
+Every variant trains on the same random tokens at the same shapes. `reference` is the naive GPT
+this file carries (plain PyTorch: RMSNorm, RoPE, SDPA, relu², untied head, F.cross_entropy on
+the full logits, torch AdamW with its default implementation, bf16 autocast, grad clip 1.0).
+The littlelm variants run the trainer's step (littlelm.train.trainer: autocast, backward per
+micro-batch, grad-norm clip, optimizer step) on littlelm's GPT with its default features (qk
+norm, value embeddings, residual scalars, soft cap, chunked loss) unless a variant changes one.
+Variants are timed in `--rounds` rounds (each variant rebuilt, warmed up and timed once per
+round, in turn), so the machine's slow spells fall on all of them; the table shows the median.
+tokens/s counts the tokens of the timed optimizer steps; MFU = tokens/s · training FLOPs per
+token / the device's bf16 peak (littlelm.train.device.peak_flops: the CUDA table, or the CPU
+matmul probe). The CPU allocator tuning the trainer applies (tune_cpu_allocator) is applied
+once for the whole process, so the reference gets it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import littlelm.components  # noqa: F401  (fills the registries)
+from littlelm.model.gpt import GPT, GPTConfig
+from littlelm.registry import OPTIMIZERS
+from littlelm.train.device import autocast, peak_flops, synchronize, tune_cpu_allocator
+from littlelm.train.trainer import PARAM_DTYPES, grad_norm
+
+# (n_layer, d_model, n_head, seq_len, micro_batch, vocab)
+SIZES = {
+    "small": (4, 256, 4, 512, 8, 8192),
+    "medium": (8, 512, 8, 512, 8, 8192),  # the issue's acceptance shape
+    "large": (12, 768, 12, 512, 8, 8192),
+    "1b": (20, 2048, 16, 2048, 8, 50304),  # GPU only: ~1.0B non-embedding parameters
+}
+
+
+@dataclass
+class Variant:
+    name: str
+    model: dict = field(default_factory=dict)  # GPTConfig overrides
+    optimizer: str = "adamw"
+    accum: int = 1
+    master_weights: str = "fp32"
+    stochastic_rounding: bool = False
+    checkpointing: bool = False
+    compile: bool = False
+    adamw_8bit: bool = False
+    cuda_only: bool = False
+
+
+VARIANTS = {
+    "reference": Variant("reference"),
+    "littlelm": Variant("littlelm"),
+    "muon_accum8": Variant("muon_accum8", optimizer="muon", accum=8),
+    "plain_loss": Variant("plain_loss", model={"loss": "plain"}),
+    "bf16_weights": Variant("bf16_weights", master_weights="bf16"),
+    "bf16_weights_sr": Variant("bf16_weights_sr", master_weights="bf16", stochastic_rounding=True),
+    "checkpointing": Variant("checkpointing", checkpointing=True),
+    "fp8": Variant("fp8", model={"fp8": True}),
+    "compile": Variant("compile", compile=True),
+    "compile_fp8": Variant("compile_fp8", model={"fp8": True}, compile=True),
+    "liger_loss": Variant("liger_loss", model={"loss": "liger"}, cuda_only=True),
+    "adamw_8bit": Variant("adamw_8bit", adamw_8bit=True, cuda_only=True),
+}
+HEADLINE = ["reference", "littlelm", "muon_accum8"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The naive reference GPT
+
+
+class RefBlock(nn.Module):
+    def __init__(self, d: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+        self.fc = nn.Linear(d, 4 * d, bias=False)
+        self.out = nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        q, k, v = self.qkv(F.rms_norm(x, (C,))).split(C, dim=-1)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head) for t in (q, k, v))  # (B,T,H,D)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )  # (B, H, T, D)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.out(F.relu(self.fc(F.rms_norm(x, (C,)))).square())
+
+
+def rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)  # (B, T, H, D/2) each
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class RefGPT(nn.Module):
+    def __init__(self, n_layer: int, d: int, n_head: int, seq: int, vocab: int):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(RefBlock(d, n_head) for _ in range(n_layer))
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        hd = d // n_head
+        inv = 1.0 / 10000 ** (torch.arange(0, hd, 2).float() / hd)
+        ang = torch.outer(torch.arange(seq).float(), inv)  # (T, D/2)
+        self.register_buffer("cos", ang.cos()[None, :, None, :], persistent=False)
+        self.register_buffer("sin", ang.sin()[None, :, None, :], persistent=False)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx)
+        cos, sin = self.cos.to(torch.bfloat16), self.sin.to(torch.bfloat16)
+        for b in self.blocks:
+            x = b(x, cos, sin)
+        logits = self.lm_head(F.rms_norm(x, (x.size(-1),)))  # (B, T, V)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+
+def ref_flops_per_token(n_layer: int, d: int, seq: int, vocab: int) -> int:
+    return 6 * (n_layer * 12 * d * d + d * vocab) + 12 * n_layer * d * seq
+
+
+# ----------------------------------------------------------------------------------------------
+# Building and timing one variant
+
+
+@dataclass
+class Setup:
+    step: object  # () -> None: one optimizer step
+    tokens: int  # tokens per optimizer step
+    flops_per_token: int
+
+
+def build(v: Variant, size: tuple, device: torch.device, data) -> Setup:
+    n_layer, d, n_head, seq, micro, vocab = size
+    torch.manual_seed(0)
+    x, y = data
+    if v.name == "reference":
+        model = RefGPT(n_layer, d, n_head, seq, vocab).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95))
+        fwd, params = model, list(model.parameters())
+        flops = ref_flops_per_token(n_layer, d, seq, vocab)
+    else:
+        cfg = GPTConfig(
+            n_layer=n_layer, d_model=d, n_head=n_head, max_seq_len=seq, vocab_size=vocab, **v.model
+        )
+        GPT.check_device(cfg, device)
+        model = GPT(cfg).to(device, PARAM_DTYPES[v.master_weights])
+        model.activation_checkpointing = v.checkpointing
+        opt_cfg = OPTIMIZERS.config_class(v.optimizer)(adamw_8bit=v.adamw_8bit)
+        opt = OPTIMIZERS.get(v.optimizer)(model, opt_cfg, v.stochastic_rounding)
+        fwd = torch.compile(model) if v.compile else model
+        params = list(model.parameters())
+        flops = model.flops_per_token(seq)
+
+    def step() -> None:  # the body of Trainer.train_step
+        for _ in range(v.accum):
+            with autocast(device, "bf16"):
+                loss = fwd(x, y)
+            (loss / v.accum).backward()
+        grad_norm(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return Setup(step, micro * seq * v.accum, flops)
+
+
+def time_variant(v, size, device, data, warmup: int, steps: int) -> tuple[float, int]:
+    """(tokens/s of `steps` optimizer steps after `warmup` untimed ones, FLOPs per token)."""
+    s = build(v, size, device, data)
+    for _ in range(warmup):
+        s.step()
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        s.step()
+    synchronize(device)
+    rate = steps * s.tokens / (time.perf_counter() - t0)
+    flops = s.flops_per_token
+    del s
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rate, flops
+
+
+def run_size(name: str, variants: list[str], args, device: torch.device, peak: float) -> None:
+    size = SIZES[name]
+    n_layer, d, n_head, seq, micro, vocab = size
+    g = torch.Generator().manual_seed(1)
+    data = tuple(torch.randint(0, vocab, (micro, seq), generator=g).to(device) for _ in range(2))
+    rates: dict[str, list[float]] = {v: [] for v in variants}
+    flops: dict[str, int] = {}
+    failed: dict[str, str] = {}
+    for _ in range(args.rounds):
+        for vn in [v for v in variants if v not in failed]:
+            v = VARIANTS[vn]
+            steps = max(1, args.steps // v.accum) if v.accum > 1 else args.steps
+            warm = args.warmup + (2 if v.compile else 0)
+            try:
+                rate, flops[vn] = time_variant(v, size, device, data, warm, steps)
+            except Exception as e:  # one failing feature (e.g. compile without a compiler)
+                failed[vn] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                print(f"  {name} {vn}: failed: {failed[vn]}", file=sys.stderr, flush=True)
+                continue
+            rates[vn].append(rate)
+            print(f"  {name} {vn}: {rate:,.0f} tok/s", file=sys.stderr, flush=True)
+    print(
+        f"\n### {name}: {n_layer} layers × {d} ({n_head} heads), seq {seq}, batch {micro}, vocab {vocab}\n"
+    )
+    print("| variant | tokens/s (median) | rounds | MFU | × reference | × littlelm |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    med = {vn: statistics.median(r) for vn, r in rates.items() if r}
+    for vn in variants:
+        if vn in failed:
+            print(f"| {vn} | failed: {failed[vn]} | | | | |")
+            continue
+        mfu = med[vn] * flops[vn] / peak if math.isfinite(peak) else float("nan")
+        ref = f"{med[vn] / med['reference']:.3f}" if "reference" in med else ""
+        lit = f"{med[vn] / med['littlelm']:.3f}" if "littlelm" in med else ""
+        each = " / ".join(f"{r:,.0f}" for r in rates[vn])
+        print(f"| {vn} | {med[vn]:,.0f} | {each} | {100 * mfu:.1f}% | {ref} | {lit} |")
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss memory: plain vs chunked
+
+
+def loss_child(impl: str, vocab: int, rows: int, width: int, device: torch.device) -> dict:
+    """Peak memory above the inputs, and time, of the loss's forward + backward (one process per
+    implementation on a CPU, so ru_maxrss is this implementation's high-water mark)."""
+    from littlelm.model.loss import linear_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    padded = (vocab + 63) // 64 * 64
+    x = torch.randn(1, rows, width, generator=g).to(device, torch.bfloat16).requires_grad_()
+    w = (torch.randn(padded, width, generator=g) * 0.02).to(device).requires_grad_()
+    t = torch.randint(0, vocab, (1, rows), generator=g).to(device)
+    w.grad = torch.zeros_like(w)  # the gradient buffer exists in training: not the loss's memory
+    x.grad = torch.zeros_like(x)
+
+    def once() -> None:
+        with autocast(device, "bf16"):
+            loss = linear_cross_entropy(x, w, t, vocab, 15.0, "mean", impl, 256)
+        loss.backward()
+
+    synchronize(device)
+    if device.type == "cuda":
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        base = current_rss()
+    times = []
+    for _ in range(4):
+        t0 = time.perf_counter()
+        once()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    return {"impl": impl, "peak_bytes": peak, "seconds": statistics.median(times[1:])}
+
+
+def current_rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def loss_memory(args, device: torch.device) -> None:
+    vocab, rows, width = 50304, 8192, args.loss_width
+    results = {}
+    for impl in ["plain", "chunked"] + (["liger"] if device.type == "cuda" else []):
+        cmd = [sys.executable, __file__, "--loss-child", impl, "--device", device.type]
+        cmd += ["--loss-width", str(width)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode:
+            print(f"  {impl}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
+            continue
+        results[impl] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"\n### loss forward + backward: vocab {vocab}, B·T {rows}, width {width}, bf16\n")
+    print("| loss | peak memory above inputs | × plain | seconds | tokens/s | × plain speed |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    plain = results.get("plain")
+    for impl, r in results.items():
+        mem = f"{r['peak_bytes'] / plain['peak_bytes']:.3f}" if plain else ""
+        spd = f"{plain['seconds'] / r['seconds']:.3f}" if plain else ""
+        gib = r["peak_bytes"] / 2**30
+        tok = rows / r["seconds"]
+        print(f"| {impl} | {gib:.2f} GiB | {mem} | {r['seconds']:.3f} | {tok:,.0f} | {spd} |")
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--sizes", nargs="+", choices=list(SIZES), help="default: medium (1b on cuda)")
+    p.add_argument("--variants", nargs="+", help=f"names from {list(VARIANTS)}, or 'all'")
+    p.add_argument("--steps", type=int, default=3, help="timed optimizer steps per round")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per round")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--loss-memory", action="store_true", help="plain vs chunked loss only")
+    p.add_argument("--loss-width", type=int, default=768, help="hidden width for --loss-memory")
+    p.add_argument("--loss-child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    device = torch.device(args.device)
+    if args.loss_child:
+        print(json.dumps(loss_child(args.loss_child, 50304, 8192, args.loss_width, device)))
+        return
+    if device.type == "cpu":
+        tune_cpu_allocator()
+    cuda = device.type == "cuda"
+    name = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
+    peak = peak_flops(device)
+    print(
+        f"{name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"bf16 peak {peak / 1e12:.3g} TFLOP/s, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
+    print("command: python " + " ".join(sys.argv))
+    if args.loss_memory:
+        loss_memory(args, device)
+        return
+    sizes = args.sizes or (["1b"] if cuda else ["medium"])
+    variants = args.variants or (list(VARIANTS) if cuda else HEADLINE)
+    if variants == ["all"]:
+        variants = list(VARIANTS)
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        p.error(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
+    variants = [v for v in variants if cuda or not VARIANTS[v].cuda_only]
+    for s in sizes:
+        run_size(s, variants, args, device, peak)
+
+
+if __name__ == "__main__":
+    main()
