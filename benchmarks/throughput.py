@@ -4,8 +4,12 @@ off, at the same shapes, in one run; and the chunked loss's peak memory against 
     python benchmarks/throughput.py                          # headline: medium, ref/AdamW/Muon
     python benchmarks/throughput.py --sizes small medium large --variants all
     python benchmarks/throughput.py --loss-memory            # plain vs chunked loss, V=50304
-    python benchmarks/throughput.py --device cuda            # GPU: ~1B config, bf16 / fp8 /
-                                                             #   compile / chunked / liger ...
+    python benchmarks/throughput.py --device cuda            # GPU, all checks (< 10 min on an
+                                                             #   H200): ~1B config, bf16 / fp8 /
+                                                             #   compile / chunked / liger ...,
+                                                             #   loss memory, FP8 demo loss
+    python benchmarks/throughput.py --fp8-loss both --out DIR   # demo config, 200 steps, bf16
+                                                             #   vs FP8: final losses side by side
 
 Every variant trains on the same random tokens at the same shapes. `reference` is the naive GPT
 this file carries (plain PyTorch: RMSNorm, RoPE, SDPA, relu², untied head, F.cross_entropy on
@@ -14,7 +18,8 @@ The littlelm variants run the trainer's step (littlelm.train.trainer: autocast, 
 micro-batch, grad-norm clip, optimizer step) on littlelm's GPT with its default features (qk
 norm, value embeddings, residual scalars, soft cap, chunked loss) unless a variant changes one.
 Variants are timed in `--rounds` rounds (each variant rebuilt, warmed up and timed once per
-round, in turn), so the machine's slow spells fall on all of them; the table shows the median.
+round, in turn, each round starting one variant later), so the machine's slow spells fall on all
+of them; the table shows every round and the median.
 tokens/s counts the tokens of the timed optimizer steps; MFU = tokens/s · training FLOPs per
 token / the device's bf16 peak (littlelm.train.device.peak_flops: the CUDA table, or the CPU
 matmul probe). The CPU allocator tuning the trainer applies (tune_cpu_allocator) is applied
@@ -34,6 +39,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -156,7 +162,8 @@ def build(v: Variant, size: tuple, device: torch.device, data) -> Setup:
     torch.manual_seed(0)
     x, y = data
     if v.name == "reference":
-        model = RefGPT(n_layer, d, n_head, seq, vocab).to(device)
+        with device:  # initialise on the device (fast on a GPU)
+            model = RefGPT(n_layer, d, n_head, seq, vocab)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95))
         fwd, params = model, list(model.parameters())
         flops = ref_flops_per_token(n_layer, d, seq, vocab)
@@ -165,7 +172,8 @@ def build(v: Variant, size: tuple, device: torch.device, data) -> Setup:
             n_layer=n_layer, d_model=d, n_head=n_head, max_seq_len=seq, vocab_size=vocab, **v.model
         )
         GPT.check_device(cfg, device)
-        model = GPT(cfg).to(device, PARAM_DTYPES[v.master_weights])
+        with device:
+            model = GPT(cfg).to(dtype=PARAM_DTYPES[v.master_weights])
         model.activation_checkpointing = v.checkpointing
         opt_cfg = OPTIMIZERS.config_class(v.optimizer)(adamw_8bit=v.adamw_8bit)
         opt = OPTIMIZERS.get(v.optimizer)(model, opt_cfg, v.stochastic_rounding)
@@ -212,8 +220,9 @@ def run_size(name: str, variants: list[str], args, device: torch.device, peak: f
     rates: dict[str, list[float]] = {v: [] for v in variants}
     flops: dict[str, int] = {}
     failed: dict[str, str] = {}
-    for _ in range(args.rounds):
-        for vn in [v for v in variants if v not in failed]:
+    for r in range(args.rounds):
+        order = variants[r % len(variants) :] + variants[: r % len(variants)]  # rotate the start
+        for vn in [v for v in order if v not in failed]:
             v = VARIANTS[vn]
             steps = max(1, args.steps // v.accum) if v.accum > 1 else args.steps
             warm = args.warmup + (2 if v.compile else 0)
@@ -312,6 +321,51 @@ def loss_memory(args, device: torch.device) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# FP8 vs bf16 loss on the demo config
+
+
+def fp8_loss(args, device: torch.device) -> None:
+    """Train the demo config for --fp8-steps steps with model.fp8 off and on (same seed, same
+    data) and compare the final losses. --stop-after N trains at most N more steps per call and
+    resumes from the checkpoint next time (to split a CPU run into short locked commands)."""
+    from littlelm.schema import load_run
+    from littlelm.train.trainer import Trainer
+
+    out = args.out
+    todo = {"both": ("bf16", "fp8"), "report": ()}.get(args.fp8_loss, (args.fp8_loss,))
+    for name in todo:
+        overrides = [
+            f"run.name=fp8check-{name}",
+            f"run.out_dir={out}",
+            f"run.device={device.type}",
+            f"train.max_steps={args.fp8_steps}",
+            f"model.fp8={name == 'fp8'}",
+            "callbacks=[]",
+            *args.override,
+        ]
+        Trainer(load_run("demo", overrides)).fit(stop_after=args.stop_after)
+    rows = {}
+    for name in ("bf16", "fp8"):
+        path = out / f"fp8check-{name}" / "metrics.jsonl"
+        if not path.is_file():
+            continue
+        recs = [json.loads(line) for line in path.read_text().splitlines()]
+        train = [r for r in recs if r["kind"] == "train"]
+        evals = [r for r in recs if r["kind"] == "eval"]
+        if train and train[-1]["step"] == args.fp8_steps and evals:
+            last = [r["loss"] for r in train[-20:]]
+            rows[name] = (evals[-1]["val_loss"], sum(last) / len(last), train[-1]["tok_per_s"])
+    print(f"\n### demo config, {args.fp8_steps} steps, bf16 vs FP8 ({' '.join(args.override)})\n")
+    print("| run | final val loss | mean train loss, last 20 logged steps | tokens/s (last) |")
+    print("| --- | --- | --- | --- |")
+    for name, (val, train_loss, tok) in rows.items():
+        print(f"| {name} | {val:.4f} | {train_loss:.4f} | {tok:,.0f} |")
+    if len(rows) == 2:
+        rel = rows["fp8"][0] / rows["bf16"][0] - 1
+        print(f"\nFP8 final val loss vs bf16: {100 * rel:+.2f}% (target: within ±2%)")
+
+
+# ----------------------------------------------------------------------------------------------
 
 
 def main() -> None:
@@ -321,10 +375,15 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", help=f"names from {list(VARIANTS)}, or 'all'")
     p.add_argument("--steps", type=int, default=3, help="timed optimizer steps per round")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per round")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, help="default: 2 (1 on cuda)")
     p.add_argument("--loss-memory", action="store_true", help="plain vs chunked loss only")
     p.add_argument("--loss-width", type=int, default=768, help="hidden width for --loss-memory")
     p.add_argument("--loss-child", help=argparse.SUPPRESS)
+    p.add_argument("--fp8-loss", choices=["bf16", "fp8", "both", "report"])
+    p.add_argument("--fp8-steps", type=int, default=200)
+    p.add_argument("--stop-after", type=int, help="with --fp8-loss: at most this many steps")
+    p.add_argument("--out", type=Path, default=Path("/tmp/littlelm-throughput"))
+    p.add_argument("--override", nargs="*", default=[], help="with --fp8-loss: KEY=VALUE ...")
     args = p.parse_args()
     device = torch.device(args.device)
     if args.loss_child:
@@ -340,8 +399,11 @@ def main() -> None:
         f"bf16 peak {peak / 1e12:.3g} TFLOP/s, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
     print("command: python " + " ".join(sys.argv))
-    if args.loss_memory:
-        loss_memory(args, device)
+    if args.loss_memory or args.fp8_loss:
+        if args.loss_memory:
+            loss_memory(args, device)
+        if args.fp8_loss:
+            fp8_loss(args, device)
         return
     sizes = args.sizes or (["1b"] if cuda else ["medium"])
     variants = args.variants or (list(VARIANTS) if cuda else HEADLINE)
@@ -351,8 +413,13 @@ def main() -> None:
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
     variants = [v for v in variants if cuda or not VARIANTS[v].cuda_only]
+    args.rounds = args.rounds or (1 if cuda else 2)
     for s in sizes:
         run_size(s, variants, args, device, peak)
+    if cuda and not args.sizes and not args.variants:  # the whole GPU check in one command
+        loss_memory(args, device)
+        args.fp8_loss = "both"
+        fp8_loss(args, device)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@ errors, and the train-section checks."""
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import torch
 
@@ -131,7 +134,11 @@ def test_every_speed_feature_at_once_trains(tmp_path, corpus, optimizer, capsys)
     trainer = Trainer(cfg, resume="never")
     first = trainer.fit(stop_after=3)
     assert all(p.dtype == torch.bfloat16 for p in trainer.model.parameters())
-    assert "bf16 weights, stochastic rounding, plain loss" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "bf16 weights, stochastic rounding, plain loss" in out and "MFU" in out
+    lines = (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()
+    train = [r for r in map(json.loads, lines) if r["kind"] == "train"]
+    assert all(r["mfu"] > 0 and math.isfinite(r["loss"]) for r in train)
     resumed = load_run(
         write_config(tmp_path / "all.yaml", tree),
         ["train.activation_checkpointing=false", "model.loss=chunked"],

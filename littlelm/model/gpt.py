@@ -175,13 +175,23 @@ class Attention(nn.Module):
             else None
         )
 
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v projections of x (B, T, C). Plain linears run as one matmul against the
+        three weights stacked (one pass over x, one larger GEMM each way); FP8 ones separately."""
+        layers = (self.c_q, self.c_k, self.c_v)
+        if any(type(m) is not nn.Linear for m in layers):
+            return tuple(m(x) for m in layers)
+        w = torch.cat([m.weight for m in layers])  # (q_dim + 2·kv_dim, C)
+        return F.linear(x, w).split([m.out_features for m in layers], dim=-1)
+
     def forward(self, x, cos, sin, ve=None, cache=None, mask=None):
         """x (B, T, C) already normalised and in the matmul dtype.
         mask: optional (B, 1, T, T) bool, True = may attend (replaces the causal mask)."""
         B, T, _ = x.shape
-        q = self.c_q(x).view(B, T, self.n_head, self.hd)  # (B, T, H, D)
-        k = self.c_k(x).view(B, T, self.n_kv, self.hd)  # (B, T, Hkv, D)
-        v = self.c_v(x).view(B, T, self.n_kv, self.hd)  # (B, T, Hkv, D)
+        q, k, v = self.qkv(x)
+        q = q.view(B, T, self.n_head, self.hd)  # (B, T, H, D)
+        k = k.view(B, T, self.n_kv, self.hd)  # (B, T, Hkv, D)
+        v = v.view(B, T, self.n_kv, self.hd)  # (B, T, Hkv, D)
         if ve is not None:
             # gate in (0, 2), exactly 1 at init: 2·sigmoid(0)
             gate = 2 * torch.sigmoid(self.ve_gate(x[..., : self.ve_channels]))  # (B, T, Hkv)

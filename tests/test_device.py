@@ -1,0 +1,51 @@
+"""Peak FLOP/s for MFU: the CUDA table, the CPU probe and its cache; the CPU allocator tuning."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+
+import pytest
+import torch
+
+from littlelm.train import device as dev
+
+
+def test_cpu_peak_is_probed_once_and_cached(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(dev, "probe_matmul", lambda: calls.append(1) or 1.25e12)
+    assert dev.cpu_peak_flops(tmp_path) == 1.25e12
+    assert dev.cpu_peak_flops(tmp_path) == 1.25e12
+    assert len(calls) == 1
+    (key,) = json.loads((tmp_path / "cpu_peak.json").read_text())
+    assert f"{torch.get_num_threads()}threads" in key and torch.__version__ in key
+
+
+def test_corrupt_cache_is_probed_again(tmp_path, monkeypatch):
+    (tmp_path / "cpu_peak.json").write_text("{not json")
+    monkeypatch.setattr(dev, "probe_matmul", lambda: 2e11)
+    assert dev.cpu_peak_flops(tmp_path) == 2e11
+    assert json.loads((tmp_path / "cpu_peak.json").read_text())  # rewritten, readable
+
+
+def test_probe_measures_a_positive_rate():
+    rate = dev.probe_matmul(sizes=(64,), seconds=0.01)
+    assert math.isfinite(rate) and rate > 0
+
+
+def test_cuda_peak_from_the_table(monkeypatch):
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H100 PCIe")
+    assert dev.peak_flops(cuda) == 756e12  # the PCIe entry, not the SXM one
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
+    assert dev.peak_flops(cuda) == 989e12
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Some Future GPU")
+    assert math.isnan(dev.peak_flops(cuda))  # MFU is then left out, not made up
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_cpu_allocator_tuning_applies_with_glibc():
+    assert dev.tune_cpu_allocator()
+    x = torch.empty(64 << 20, dtype=torch.uint8)  # still allocates and frees normally
+    del x
