@@ -29,9 +29,11 @@ once for the whole process, so the reference gets it too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
+import os
 import platform
 import resource
 import statistics
@@ -368,6 +370,14 @@ def fp8_loss(args, device: torch.device) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+def cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    return platform.processor() or "cpu"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -392,7 +402,7 @@ def main() -> None:
     if device.type == "cpu":
         tune_cpu_allocator()
     cuda = device.type == "cuda"
-    name = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
+    name = torch.cuda.get_device_name(device) if cuda else cpu_name()
     peak = peak_flops(device)
     print(
         f"{name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
