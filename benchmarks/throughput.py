@@ -14,9 +14,10 @@ off, at the same shapes, in one run; and the chunked loss's peak memory against 
 Every variant trains on the same random tokens at the same shapes. `reference` is the naive GPT
 this file carries (plain PyTorch: RMSNorm, RoPE, SDPA, relu², untied head, F.cross_entropy on
 the full logits, torch AdamW with its default implementation, bf16 autocast, grad clip 1.0).
-The littlelm variants run the trainer's step (littlelm.train.trainer: autocast, backward per
-micro-batch, grad-norm clip, optimizer step) on littlelm's GPT with its default features (qk
-norm, value embeddings, residual scalars, soft cap, chunked loss) unless a variant changes one.
+Every variant runs the trainer's step (littlelm.train.trainer's micro_step per micro-batch:
+autocast, forward, backward; then apply_update: grad-norm clip 1.0, optimizer step); the
+littlelm variants run it on littlelm's GPT with its default features (qk norm, value
+embeddings, residual scalars, soft cap, chunked loss) unless a variant changes one.
 Variants are timed in `--rounds` rounds (each variant rebuilt, warmed up and timed once per
 round, in turn, each round starting one variant later), so the machine's slow spells fall on all
 of them; the table shows every round and the median.
@@ -51,7 +52,7 @@ import littlelm.components  # noqa: F401  (fills the registries)
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.registry import OPTIMIZERS
 from littlelm.train.device import autocast, peak_flops, synchronize, tune_cpu_allocator
-from littlelm.train.trainer import PARAM_DTYPES, grad_norm
+from littlelm.train.trainer import PARAM_DTYPES, apply_update, micro_step
 
 # (n_layer, d_model, n_head, seq_len, micro_batch, vocab)
 SIZES = {
@@ -167,7 +168,7 @@ def build(v: Variant, size: tuple, device: torch.device, data) -> Setup:
         with device:  # initialise on the device (fast on a GPU)
             model = RefGPT(n_layer, d, n_head, seq, vocab)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95))
-        fwd, params = model, list(model.parameters())
+        fwd = model
         flops = ref_flops_per_token(n_layer, d, seq, vocab)
     else:
         cfg = GPTConfig(
@@ -180,17 +181,12 @@ def build(v: Variant, size: tuple, device: torch.device, data) -> Setup:
         opt_cfg = OPTIMIZERS.config_class(v.optimizer)(adamw_8bit=v.adamw_8bit)
         opt = OPTIMIZERS.get(v.optimizer)(model, opt_cfg, v.stochastic_rounding)
         fwd = torch.compile(model) if v.compile else model
-        params = list(model.parameters())
         flops = model.flops_per_token(seq)
 
-    def step() -> None:  # the body of Trainer.train_step
+    def step() -> None:  # the body of Trainer.train_step, with the trainer's own functions
         for _ in range(v.accum):
-            with autocast(device, "bf16"):
-                loss = fwd(x, y)
-            (loss / v.accum).backward()
-        grad_norm(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+            micro_step(fwd, x, y, v.accum, autocast(device, "bf16"))
+        apply_update(model, opt, 1.0)
 
     return Setup(step, micro * seq * v.accum, flops)
 
