@@ -351,10 +351,10 @@ def fp8_loss(args, device: torch.device) -> None:
         train = [r for r in recs if r["kind"] == "train"]
         evals = [r for r in recs if r["kind"] == "eval"]
         if train and train[-1]["step"] == args.fp8_steps and evals:
-            last = [r["loss"] for r in train[-20:]]
+            last = [r["loss"] for r in train[-5:]]
             rows[name] = (evals[-1]["val_loss"], sum(last) / len(last), train[-1]["tok_per_s"])
     print(f"\n### demo config, {args.fp8_steps} steps, bf16 vs FP8 ({' '.join(args.override)})\n")
-    print("| run | final val loss | mean train loss, last 20 logged steps | tokens/s (last) |")
+    print("| run | final val loss | mean train loss, last 5 records | tokens/s (last) |")
     print("| --- | --- | --- | --- |")
     for name, (val, train_loss, tok) in rows.items():
         print(f"| {name} | {val:.4f} | {train_loss:.4f} | {tok:,.0f} |")
