@@ -52,7 +52,8 @@ import littlelm.components  # noqa: F401  (fills the registries)
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.registry import OPTIMIZERS
 from littlelm.train.device import autocast, peak_flops, synchronize, tune_cpu_allocator
-from littlelm.train.trainer import PARAM_DTYPES, apply_update, micro_step
+from littlelm.train.step import apply_update, micro_step
+from littlelm.train.trainer import PARAM_DTYPES
 
 # (n_layer, d_model, n_head, seq_len, micro_batch, vocab)
 SIZES = {
