@@ -157,10 +157,6 @@ def test_measured_mfu_replaces_the_assumption(tiny_config, tmp_path):
     assert measured_mfu([], "H100-SXM", "x") is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 8 changed the step (chunked loss, hand-written ops, one q/k/v matmul, fused AdamW); plan/memory.py still counts the old step and overestimates (follow-up)",
-)
 def test_cli_plan_json(tiny_config, capsys):
     assert main(["plan", str(tiny_config), "--json", "--gpu", "H100-SXM", "--tokens", "1e9"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -22,6 +22,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+COPIES = "weight copies"
+WEIGHT_OPS = (torch.ops.aten._to_copy.default, torch.ops.aten.cat.default)
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
 
 
@@ -116,8 +118,8 @@ class MemoryAccountant(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         category = self.region
-        if func is torch.ops.aten._to_copy.default and self._is_param(args[0]):
-            category = "weight copies"  # autocast's low-precision copy of a weight
+        if func in WEIGHT_OPS and self._from_weights(args[0]):
+            category = COPIES  # a weight cast (autocast) or stacked (q, k, v) for a matmul
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 self.track(t, category)
@@ -125,6 +127,14 @@ class MemoryAccountant(TorchDispatchMode):
 
     def _is_param(self, t) -> bool:
         return isinstance(t, torch.Tensor) and id(t.untyped_storage()) in self.param_storages
+
+    def _from_weights(self, arg) -> bool:
+        """Is `arg` (a tensor, or cat's list) made of parameters or copies of them only?"""
+        tensors = arg if isinstance(arg, (list, tuple)) else [arg]
+        return bool(tensors) and all(
+            self._is_param(t) or self.live.get(id(t.untyped_storage()), (0, ""))[1] == COPIES
+            for t in tensors
+        )
 
     def track_params(self, params, buffers=(), category: str = "parameters") -> None:
         """Count parameters and buffers; casts of parameters become "weight copies"."""

@@ -63,85 +63,113 @@ class Estimate:
 
 
 def parameter_bytes(d: Dims) -> int:
-    weights = sum(block_bytes(4 * p.numel) for p in d.params)
-    return weights + sum(block_bytes(4 * math.prod(s)) for s in buffer_shapes(d.model))
+    """Parameters and the RoPE tables, in train.master_weights' dtype (fp32 or bf16)."""
+    pb = d.param_bytes
+    weights = sum(block_bytes(pb * p.numel) for p in d.params)
+    return weights + sum(block_bytes(pb * math.prod(s)) for s in buffer_shapes(d.model))
 
 
 def gradient_bytes(d: Dims) -> int:
-    return sum(block_bytes(4 * p.numel) for p in d.params)
+    return sum(block_bytes(d.param_bytes * p.numel) for p in d.params)
+
+
+BNB_MIN_8BIT = 4096  # bitsandbytes keeps tensors smaller than this in 32-bit state
+BNB_BLOCK = 256  # elements per quantization block (one fp32 absmax each)
+
+
+def adamw_state_bytes(d: Dims, numel: int) -> int:
+    """exp_avg + exp_avg_sq in the parameters' dtype and a step counter (torch's fused AdamW);
+    8-bit AdamW (bitsandbytes): one byte each plus an fp32 absmax per block of 256."""
+    if d.adamw_8bit and numel >= BNB_MIN_8BIT:
+        return 2 * block_bytes(numel) + 2 * block_bytes(4 * -(-numel // BNB_BLOCK))
+    if d.adamw_8bit:
+        return 2 * block_bytes(4 * numel)
+    return 2 * block_bytes(d.param_bytes * numel) + block_bytes(4)
 
 
 def optimizer_state_bytes(d: Dims) -> int:
-    """AdamW: exp_avg + exp_avg_sq (fp32) and a step counter per tensor; Muon: one fp32
-    momentum buffer per matrix."""
+    """AdamW (or 8-bit AdamW) for its parameters; Muon: one momentum buffer per matrix in the
+    parameters' dtype."""
     total = 0
     for p in d.params:
         if d.muon_param(p):
-            total += block_bytes(4 * p.numel)
+            total += block_bytes(d.param_bytes * p.numel)
         else:
-            total += 2 * block_bytes(4 * p.numel) + block_bytes(4)
+            total += adamw_state_bytes(d, p.numel)
     return total
 
 
 def weight_copy_bytes(d: Dims) -> int:
-    """Under bf16 autocast every weight a matmul reads is cast to bf16 once per forward (the
-    autocast cache) and kept by autograd until that matmul's backward."""
-    if not d.bf16:
-        return 0
-    m = d.model
-    mats = [p for p in d.params if p.role == "matrix"]
-    head = m.padded_vocab * m.d_model  # lm_head (or the tied embedding) as a matmul weight
-    return sum(block_bytes(2 * p.numel) for p in mats) + block_bytes(2 * head)
+    """Weights a matmul reads in another dtype than they are stored in, kept by autograd until
+    that matmul's backward: q, k and v run as one matmul against their weights concatenated
+    (a new tensor in every precision); under bf16 autocast with fp32 master weights every
+    other block matmul weight is cast to bf16 once per forward (the autocast cache), and the
+    plain loss casts lm_head's real rows. The chunked loss's bf16 lm_head is transient (it
+    is counted with the loss). bf16 master weights need no casts."""
+    m, C = d.model, d.model.d_model
+    qkv = (m.n_head + 2 * m.kv_heads) * m.head_dim * C
+    a = 2 if d.bf16 else 4
+    # under activation checkpointing the stack is remade with its layer in the backward pass
+    total = 0 if d.checkpointing else m.n_layer * block_bytes(a * qkv)
+    if not d.bf16 or d.master_bf16:
+        return total
+    attn_in = ("attn.c_q.", "attn.c_k.", "attn.c_v.")
+    mats = [p for p in d.params if p.role == "matrix" and not any(k in p.name for k in attn_in)]
+    total += sum(block_bytes(2 * p.numel) for p in mats)
+    if d.loss == "plain":
+        total += block_bytes(2 * m.vocab_size * C)
+    return total
 
 
 # ----------------------------------------------------------------------------------------------
 # Activations: what the forward keeps for backward
 
 
-def layer_activation_bytes(d: Dims, layer: int, kernels: Kernels) -> float:
-    """Bytes per token that block `layer` keeps for backward."""
-    m, a = d.model, (2 if d.bf16 else 4)
-    C, q, kv = m.d_model, m.n_head * m.head_dim, m.kv_heads * m.head_dim
-    total = (3 if m.residual_scalars else 2) * 4 * C  # fp32 residual stream
-    n_in = 2 if m.mlp == "swiglu" else 1
-    total += (3 + n_in) * 2 * C if d.bf16 else 2 * 4 * C  # matmul inputs
+def layer_activation_bytes(d: Dims, layer: int, kernels: Kernels = "cuda") -> float:
+    """Bytes per token that block `layer` keeps for backward (model/gpt.py, model/ops.py).
+    The hand-written ops keep the same tensors on every device (`kernels` is unused here)."""
+    m, a, sb = d.model, (2 if d.bf16 else 4), d.param_bytes
+    C, H, Hkv = m.d_model, m.n_head, m.kv_heads
+    q, kv = H * m.head_dim, Hkv * m.head_dim
+    ve = m.has_value_embed(layer)
+    # the stream (the embedding's dtype): the mixed input, after attention, after the MLP
+    total = (3 if m.residual_scalars else 2) * sb * C
+    total += 2 * a * C + 2 * 4  # two norms' outputs, written in the matmul dtype, and 1/rms
+    if m.norm_affine:
+        total += 2 * a * C  # the gain's product is a new tensor; its mul keeps the norm output
+    # q, k and v come out of one matmul; that output stays alive while qk-norm keeps q and k
+    # (views of it) or attention keeps v (a view of it, when no value embedding replaces v)
+    if m.qk_norm or not ve:
+        total += a * (q + 2 * kv)
     if m.qk_norm:
-        # RMSNorm keeps its input in fp32: CUDA autocast runs rms_norm in fp32 (a cast of the
-        # bf16 q and k), PyTorch's CPU path upcasts inside; plus 1/rms per head
-        total += 4 * (q + kv) + 4 * (m.n_head + m.kv_heads)
-    total += a * (q + kv) + a * kv  # q, k after RoPE and v, kept by attention
-    total += a * q + 4 * m.n_head  # attention output and its log-sum-exp
-    total += 2 * 4  # RMSNorm 1/rms per token, two norms
-    if m.norm_affine and kernels == "cpu":
-        total += 2 * 4 * C  # the CPU path keeps x/rms (fp32) for the gain's gradient
-    total += mlp_activation_bytes(d, kernels)
-    if m.has_value_embed(layer):
-        total += 4 * kv + 2 * a * m.kv_heads + (a * m.ve_gate_channels if d.bf16 else 0)
-    return total
+        total += 4 * (H + Hkv)  # 1/rms per head
+    total += a * (q + kv)  # q and k after RoPE, kept by attention
+    if ve:  # v + gate·ve, ve in the matmul dtype, the gate's sigmoid and 2·sigmoid
+        total += 2 * a * kv + 2 * a * Hkv
+    total += a * q + 4 * H  # attention output and its log-sum-exp
+    return total + mlp_activation_bytes(d)
 
 
-def mlp_activation_bytes(d: Dims, kernels: Kernels) -> int:
-    """Per token. SwiGLU keeps both projections, SiLU's output and the product. relu² keeps
-    relu's output and its square; on CUDA, autocast runs `pow` (the square) in fp32, so it keeps
-    an fp32 copy of relu's output and a bf16 copy of the square for the next matmul."""
+def mlp_activation_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
+    """Per token. SwiGLU keeps both projections, SiLU's output and the product; relu² (one
+    hand-written op) keeps relu's output and its square."""
     a, h = (2 if d.bf16 else 4), d.model.hidden
-    if d.model.mlp == "swiglu":
-        return 4 * a * h
-    if kernels == "cuda" and d.bf16:
-        return 2 * a * h + 4 * h
-    return 2 * a * h
+    return 4 * a * h if d.model.mlp == "swiglu" else 2 * a * h
 
 
 def activation_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
-    """All blocks, plus the embedding's output, x0, the token ids and the RoPE tables."""
-    m, N = d.model, d.tokens
-    per_token = sum(layer_activation_bytes(d, i, kernels) for i in range(m.n_layer))
-    per_token += 4 * m.d_model * 2 + 4 * 2 + 8 * 2  # embedding, x0 (fp32), 2 norms, ids
-    if not d.bf16:
-        per_token += 4 * m.d_model  # norm_f output, kept by lm_head
-    if m.norm_affine and kernels == "cpu":
-        per_token += 4 * m.d_model  # norm_f's x/rms
-    rope = 2 * block_bytes(2 * d.seq_len * m.head_dim // 2) if d.bf16 else 0
+    """All blocks (with activation checkpointing only their inputs), plus the embedding's
+    lookup and its normalised x0, norm_f, the token ids and the RoPE tables cast to bf16."""
+    m, N, sb = d.model, d.tokens, d.param_bytes
+    if d.checkpointing:  # each layer keeps only its input; the last layer's output too
+        per_token = m.n_layer * sb * m.d_model
+    else:
+        per_token = sum(layer_activation_bytes(d, i) for i in range(m.n_layer))
+    per_token += 2 * sb * m.d_model + 2 * 4 + 8 * 2  # lookup, x0, 2 norms' 1/rms, ids
+    if d.loss == "plain":
+        per_token += (2 if d.bf16 else 4) * m.d_model  # norm_f's output, kept by lm_head
+    casts = d.bf16 and not d.master_bf16
+    rope = 2 * block_bytes(2 * d.seq_len * m.head_dim) if casts else 0
     return int(per_token * N) + rope
 
 
@@ -150,32 +178,51 @@ def activation_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
 
 
 def loss_stage_bytes(d: Dims, kernels: Kernels = "cuda") -> dict[str, float]:
-    """Live bytes of the loss's tensors at each of its expensive moments (model/loss.py)."""
-    m, N = d.model, d.tokens
+    """Live bytes of the loss's own tensors at each of its expensive moments (model/loss.py)."""
+    if d.loss == "plain":
+        return plain_loss_stages(d)
+    return chunked_loss_stages(d)
+
+
+def chunked_loss_stages(d: Dims) -> dict[str, float]:
+    """The chunked loss makes each chunk's logits, their gradient, and adds into d(x) (N, C)
+    and d(lm_head) (V, C, fp32) during the forward pass. Its peak is at `dw += dl.T @ x` of
+    a chunk of n rows: the sigmoid of the soft cap (fp32), exp (fp32), d(logits) in the matmul
+    dtype and the (V, C) product; the loss's backward then scales d(x) and d(lm_head)."""
+    m, N, a = d.model, d.tokens, (2 if d.bf16 else 4)
     C, V, Vp = m.d_model, m.vocab_size, m.padded_vocab
-    cap = m.softcap is not None
-    x = 2 * C if d.bf16 else 0  # norm_f output cast for lm_head (fp32: counted in activations)
-    if d.bf16:
-        logits = 2 * Vp + 4 * V  # bf16 matmul output + its fp32 copy
-    else:
-        logits = 4 * Vp + (4 * V if (Vp > V and not cap) else 0)  # + reshape copy of a slice
-    saved = 8 * V if cap else 4 * V  # tanh output + log-softmax output, or log-softmax only
-    head_grad = (6 if d.bf16 else 4) * Vp * C  # lm_head's weight grad: bf16, then fp32
-    stages = {
-        "logits": N * (x + logits),
-        "softcap": N * (x + (4 * Vp if not d.bf16 else 4 * V) + 8 * V) if cap else 0,
-        "log-softmax": N * (x + saved + 4 * V + (0 if cap else (logits - 4 * V))),
-        "backward": N * (x + saved + 8 * V),
-        "lm_head backward": N * (x + (2 if d.bf16 else 4) * Vp) + head_grad,
-        "norm_f backward": N * norm_backward_bytes(d, kernels),
+    n = min(d.model.loss_chunk, N)
+    rows = block_bytes(N) + block_bytes(4 * N) + block_bytes(a * N * C)  # mask, scale, d(x)
+    dw = block_bytes(4 * V * C)
+    per_chunk = block_bytes(8 * n) + 5 * block_bytes(4 * n) + 2 * BLOCK_SCALAR
+    fp32_rows = 2 if m.softcap is not None else 1
+    chunk = fp32_rows * block_bytes(4 * n * V) + block_bytes(a * n * V)
+    return {
+        "chunk": rows + dw + BLOCK_SCALAR + per_chunk + chunk + block_bytes(a * V * C),
+        "backward": rows + 2 * dw + block_bytes(d.param_bytes * Vp * C),
     }
-    return stages
 
 
-def norm_backward_bytes(d: Dims, kernels: Kernels) -> int:
-    """Per token, at an RMSNorm's backward: CUDA's fused kernel makes the input's gradient; the
-    CPU path runs a chain of fp32 elementwise ops (five tensors of the row size alive)."""
-    return (8 if kernels == "cuda" else 20) * d.model.d_model
+BLOCK_SCALAR = 512  # a 0-d or tiny tensor takes one allocator block
+
+
+def plain_loss_stages(d: Dims) -> dict[str, float]:
+    """The plain loss: lm_head over the real rows, its fp32 copy, the soft cap (tanh keeps
+    its output), log-softmax (keeps its output), and their gradients in the backward."""
+    m, N = d.model, d.tokens
+    C, V = m.d_model, m.vocab_size
+    cap = m.softcap is not None
+    x = 2 * C if d.bf16 else 0  # norm_f output (counted in activations)
+    logits = (2 * V + 4 * V) if d.bf16 else 4 * V  # matmul output (+ its fp32 copy)
+    saved = 8 * V if cap else 4 * V  # tanh output + log-softmax output, or log-softmax only
+    head_grad = (2 + d.param_bytes) * V * C if d.bf16 else 4 * V * C
+    return {
+        "logits": N * logits,
+        "softcap": N * (4 * V + 8 * V) if cap else 0,
+        "log-softmax": N * (saved + 4 * V + (0 if cap else (logits - 4 * V))),
+        "backward": N * (saved + 8 * V),
+        "lm_head backward": N * (x + (2 if d.bf16 else 4) * V) + head_grad,
+    }
 
 
 def loss_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
@@ -187,48 +234,42 @@ def loss_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
 
 
 def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
-    """Live backward temporaries (bytes, the stream's gradient included) at the expensive
-    moments of one block's backward."""
-    m, N, a = d.model, d.tokens, (2 if d.bf16 else 4)
+    """Live backward temporaries (bytes, the stream's gradients included) at the expensive
+    moments of one block's backward: the MLP's hidden gradients, and the gradients of q, k, v
+    (per head, then stacked for the one matmul) with that matmul's input gradient."""
+    m, N, a, sb = d.model, d.tokens, (2 if d.bf16 else 4), d.param_bytes
     C, q, kv, h = m.d_model, m.n_head * m.head_dim, m.kv_heads * m.head_dim, m.hidden
-    fused = kernels == "cuda"
-    base = residual_grad_bytes(d, kernels) / N
-    norm = norm_backward_bytes(d, kernels)
-    ve = any(m.has_value_embed(i) for i in range(m.n_layer))
-    v_grad = 4 * kv if ve else a * kv
-    # gradients of the MLP's hidden tensors; relu²'s square runs in fp32 under CUDA autocast
-    if m.mlp == "swiglu":
-        mlp = 3 * a * h
-    else:
-        mlp = 16 * h if (fused and d.bf16) else 4 * a * h
-    if m.qk_norm:  # fp32 gradients through RoPE and the norm (CUDA), or the CPU's op chain
-        qk = v_grad + a * kv + ((8 + a) * q if fused else 20 * q)
-    else:
-        qk = v_grad + a * kv + 2 * a * q
-    w_mlp = (2 + 4) * C * h if d.bf16 else 4 * C * h
+    base = residual_grad_bytes(d) / N
+    mlp = (3 if m.mlp == "swiglu" else 2) * a * h
+    qkv = 2 * a * (q + 2 * kv) + a * C + (sb * C if m.residual_scalars else 0)
     # FlashAttention's backward on CUDA: the output's gradient, an fp32 accumulator for dq and
     # the softmax row sums, dq, and dk/dv at the query heads' width under GQA (summed after)
     gqa = m.kv_heads != m.n_head
     flash = a * q + 4 * q + 4 * m.n_head + a * q + (2 * a * q if gqa else 2 * a * kv)
-    return {
-        "attention kernel": N * (base + flash) if fused else 0,
-        "mlp": N * (base + mlp),
-        "mlp out projection": N * (base + a * C + a * h) + w_mlp,
-        "norm": N * (base + norm),
-        "attention": N * (base + qk),
-        "attention inputs": N * (base + (4 * C if ve else 0) + 3 * 4 * C),
-    }
+    fixed = 3 * BLOCK_SCALAR + (2 * BLOCK_SCALAR if m.residual_scalars else 0)
+    if m.tie_embeddings:  # the lm_head half of the tied embedding's gradient waits for the rest
+        fixed += block_bytes(d.param_bytes * m.padded_vocab * C)
+    stages = {"mlp": N * (base + mlp), "attention inputs": N * (base + qkv)}
+    if kernels == "cuda":
+        stages["attention kernel"] = N * (base + flash)
+    if d.checkpointing:
+        # the layer is recomputed first (its activations, less its output, are counted here);
+        # each MLP tensor is freed as its gradient is made, so one gradient fewer is alive
+        again = (max(layer_activation_bytes(d, i) for i in range(m.n_layer)) - sb * C) * N
+        stages = {k: v + again for k, v in stages.items()}
+        stages["mlp"] -= a * h * N
+        # by q, k and v's gradients the MLP's recomputed tensors and norm2's output are freed
+        stages["attention inputs"] -= (mlp_activation_bytes(d) + a * C) * N
+        if "attention kernel" in stages:
+            stages["attention kernel"] -= (mlp_activation_bytes(d) + a * C) * N
+    return {k: v + fixed for k, v in stages.items()}
 
 
-def residual_grad_bytes(d: Dims, kernels: Kernels) -> int:
-    """The stream's gradient passed down the blocks. Without residual scalars it accumulates in
-    place; with them each block makes a new one and x0's gradient accumulates beside it. On the
-    CPU an affine norm_f leaves one more fp32 tensor alive."""
+def residual_grad_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
+    """The stream's gradient passed down the blocks (the stream's dtype). Without residual
+    scalars it accumulates in place; with them x0's gradient accumulates beside it."""
     m = d.model
-    per_token = 4 * m.d_model * (2 if m.residual_scalars else 1)
-    if m.norm_affine and kernels == "cpu":
-        per_token += 4 * m.d_model
-    return per_token * d.tokens
+    return d.param_bytes * m.d_model * (2 if m.residual_scalars else 1) * d.tokens
 
 
 def backward_temp_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
@@ -239,9 +280,16 @@ def backward_temp_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
 # Optimizer step scratch
 
 
-def adamw_scratch(numels: list[int]) -> int:
-    """torch's foreach AdamW takes sqrt(exp_avg_sq) of a whole group at once (fp32)."""
-    return sum(block_bytes(4 * n) for n in numels)
+def adamw_scratch(d: Dims, numels: list[int]) -> int:
+    """torch's fused AdamW updates each tensor in one kernel, without temporaries. The
+    stochastic-rounding AdamW (optim/lowp.py) computes each tensor's update in fp32: three
+    tensors of the largest size at once."""
+    return 3 * block_bytes(4 * max(numels)) if d.stochastic_rounding else 0
+
+
+def clip_scratch(d: Dims) -> int:
+    """Gradient clipping (train/step.py) takes one fp32 norm per tensor before the step."""
+    return (len(d.params) + 2) * block_bytes(4)  # + their stack and the total
 
 
 def muon_scratch(shape: tuple[int, int], count: int, nesterov: bool) -> int:
@@ -255,11 +303,11 @@ def muon_scratch(shape: tuple[int, int], count: int, nesterov: bool) -> int:
 
 
 def optimizer_scratch_bytes(d: Dims) -> int:
-    peak = 0
+    peak = clip_scratch(d)
     for params in d.groups().values():
         adam = [p.numel for p in params if not d.muon_param(p)]
         if adam:
-            peak = max(peak, adamw_scratch(adam))
+            peak = max(peak, adamw_scratch(d, adam))
         shapes: dict[tuple[int, ...], int] = {}
         for p in params:
             if d.muon_param(p):
@@ -290,23 +338,37 @@ def estimate(d: Dims, kernels: Kernels = "cuda") -> Estimate:
 def phase_breakdowns(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, dict[str, int]]:
     """What is alive at the peak of each phase, by category (the sum is the phase's peak).
 
-    The forward/backward peak is the largest of three moments: the loss's backward (every
-    activation alive), the top block's backward, and (grad_accum = 1, where gradients appear
+    The forward/backward peak is the largest of three moments: the loss (every activation
+    alive; the chunked loss peaks inside the forward pass, before any gradient of this
+    micro-batch), the top block's backward, and (grad_accum = 1, where gradients appear
     during backward) the bottom block's, with nearly every gradient made and nearly every
     activation freed."""
-    m, N, L = d.model, d.tokens, d.model.n_layer
+    m, N, L, a = d.model, d.tokens, d.model.n_layer, (2 if d.bf16 else 4)
     kept = {PARAMS: c[PARAMS], STATE: c[STATE]}
-    head_grad = block_bytes(4 * m.padded_vocab * m.d_model)
-    layer = [int(layer_activation_bytes(d, i, kernels) * N) for i in range(L)]
-    if d.grad_accum > 1:
+    head_grad = block_bytes(d.param_bytes * m.padded_vocab * m.d_model)
+    if d.checkpointing:
+        layer = [int(m.d_model * d.param_bytes * N)] * L
+    else:
+        layer = [int(layer_activation_bytes(d, i, kernels) * N) for i in range(L)]
+    accumulating = d.grad_accum > 1
+    qkv = (m.n_head + 2 * m.kv_heads) * m.head_dim * m.d_model
+    recomputed = block_bytes(a * qkv) if d.checkpointing else 0  # one layer's q, k, v stack
+    if accumulating:
         grads_top = grads_bottom = c[GRADS]
     else:
         embeds = sum(block_bytes(4 * p.numel) for p in d.params if p.role.endswith("embedding"))
         grads_top, grads_bottom = head_grad, c[GRADS] - embeds
-    live = {**kept, COPIES: c[COPIES], ACT: c[ACT], GRADS: grads_top}
+    loss = {**kept, COPIES: c[COPIES], ACT: c[ACT], LOSS: c[LOSS]}
+    if d.loss == "plain":
+        loss[GRADS] = grads_top
+    else:  # norm_f's output and lm_head cast for the chunks are alive beside the loss
+        loss[ACT] += block_bytes(a * N * m.d_model)
+        if d.bf16 and not d.master_bf16:
+            loss[COPIES] += block_bytes(2 * m.vocab_size * m.d_model)
+        loss[GRADS] = c[GRADS] if accumulating else 0
     moments = [
-        {**live, LOSS: c[LOSS]},
-        {**live, BWD: c[BWD]},
+        loss,
+        {**kept, COPIES: c[COPIES] + recomputed, ACT: c[ACT], GRADS: grads_top, BWD: c[BWD]},
         {
             **kept,
             COPIES: c[COPIES] // L if d.bf16 else 0,

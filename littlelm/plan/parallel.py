@@ -1,7 +1,7 @@
 """Memory of data-parallel training, analytic only (littlelm's DDP and FSDP arrive later).
 
 DDP (torch.nn.parallel.DistributedDataParallel, default `gradient_as_bucket_view=False`) copies
-every gradient into its communication buckets: one more fp32 copy of the gradients. FSDP2
+every gradient into its communication buckets: one more copy of the gradients (their dtype). FSDP2
 (`fully_shard`, bf16 `param_dtype`, reshard after forward) keeps 1/N of the parameters,
 gradients and optimizer state per GPU, and gathers the layers it is working on (the current one
 and the prefetched next: bf16 weights, fp32 gradients before their reduce-scatter).
@@ -17,7 +17,7 @@ from littlelm.plan.shapes import Dims
 def ddp_bucket_bytes(d: Dims, devices: int) -> int:
     if devices <= 1:
         return 0
-    return sum(block_bytes(4 * p.numel) for p in d.params)
+    return sum(block_bytes(d.param_bytes * p.numel) for p in d.params)
 
 
 def layer_param_numel(d: Dims) -> int:
@@ -31,8 +31,9 @@ def fsdp_peak(d: Dims, shards: int, kernels: mem.Kernels = "cuda") -> int:
     e = mem.estimate(d, kernels)
     c = e.categories
     sharded = (c[mem.PARAMS] + c[mem.GRADS] + c[mem.STATE]) // shards
-    gathered = 2 * layer_param_numel(d) * (2 + 4)  # two layers: bf16 weights + fp32 grads
-    head = d.model.padded_vocab * d.model.d_model * (2 + 4)  # lm_head while the loss runs
+    per = 2 + d.param_bytes  # bf16 weights gathered + gradients (the parameters' dtype)
+    gathered = 2 * layer_param_numel(d) * per  # two layers
+    head = d.model.padded_vocab * d.model.d_model * per  # lm_head while the loss runs
     forward_backward = (
         sharded + gathered + c[mem.ACT] + max(c[mem.LOSS] + head, c[mem.BWD] + gathered)
     )

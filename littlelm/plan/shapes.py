@@ -63,8 +63,8 @@ def param_shapes(m: GPTConfig) -> list[Param]:
 
 
 def buffer_shapes(m: GPTConfig) -> list[tuple[int, ...]]:
-    """RoPE cos and sin tables (fp32)."""
-    return [(1, m.max_seq_len, 1, m.head_dim // 2)] * 2
+    """RoPE cos and sin tables ([cos, cos] and [-sin, sin], in the parameters' dtype)."""
+    return [(1, m.max_seq_len, 1, m.head_dim)] * 2
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,11 @@ class Dims:
     optimizer: str  # "adamw" or "muon"
     nesterov: bool
     params: tuple[Param, ...]
+    master_bf16: bool = False  # train.master_weights: bf16 (parameters, grads, state in bf16)
+    adamw_8bit: bool = False  # optimizer.adamw_8bit (bitsandbytes, CUDA only)
+    checkpointing: bool = False  # train.activation_checkpointing
+    fp8: bool = False  # model.fp8
+    stochastic_rounding: bool = False  # train.stochastic_rounding
 
     @classmethod
     def of(cls, cfg, micro_batch: int | None = None) -> Dims:
@@ -102,11 +107,25 @@ class Dims:
             optimizer="muon" if muon else "adamw",
             nesterov=bool(getattr(oc, "nesterov", False)),
             params=tuple(param_shapes(cfg.model)),
+            master_bf16=t.master_weights == "bf16",
+            adamw_8bit=bool(getattr(oc, "adamw_8bit", False)),
+            checkpointing=t.activation_checkpointing,
+            fp8=cfg.model.fp8,
+            stochastic_rounding=t.stochastic_rounding,
         )
 
     def with_micro_batch(self, mb: int) -> Dims:
         steps = self.micro_batch * self.grad_accum
         return replace(self, micro_batch=mb, grad_accum=max(1, steps // mb))
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes per element of parameters, gradients and optimizer state."""
+        return 2 if self.master_bf16 else 4
+
+    @property
+    def loss(self) -> str:
+        return self.model.loss
 
     @property
     def tokens(self) -> int:

@@ -34,6 +34,7 @@ from littlelm.registry import MODELS, OPTIMIZERS
 from littlelm.schema import RunConfig
 from littlelm.train.device import autocast
 from littlelm.train.step import apply_update, micro_step
+from littlelm.train.trainer import PARAM_DTYPES
 
 ACT, LOSS, BWD = "activations", "logits & loss", "backward temporaries"
 GRADS, STATE, SCRATCH = "gradients", "optimizer state", "optimizer scratch"
@@ -91,14 +92,37 @@ def optimizer_tensors(optimizer) -> list[torch.Tensor]:
     ]
 
 
+def build_like_trainer(cfg: RunConfig):
+    """The model and optimizer exactly as the Trainer builds them: parameters in
+    train.master_weights' dtype, train.activation_checkpointing, train.stochastic_rounding."""
+    t = cfg.train
+    model = MODELS.get(cfg.model.name)(cfg.model)
+    _cast(model, PARAM_DTYPES[t.master_weights])
+    model.activation_checkpointing = t.activation_checkpointing
+    optimizer = OPTIMIZERS.get(cfg.optimizer.name)(model, cfg.optimizer, t.stochastic_rounding)
+    return model, optimizer
+
+
+def _cast(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """`model.to(dtype)` for fake tensors (Module.to swaps tensors, which fake ones refuse):
+    floating parameters and buffers become `dtype`."""
+    if dtype == torch.float32:
+        return
+    for module in model.modules():
+        for _name, p in module.named_parameters(recurse=False):
+            p.data = p.data.to(dtype)
+        for name, b in module.named_buffers(recurse=False):
+            if b.is_floating_point():
+                module._buffers[name] = b.to(dtype)
+
+
 def trace_step(cfg: RunConfig, micro_batch: int | None = None) -> TraceResult:
     """Trace one optimizer step of `cfg` (at `micro_batch` sequences per micro-batch)."""
     t0 = time.perf_counter()
     mb = micro_batch or cfg.train.micro_batch_size
     accum = cfg.train.grad_accum or 1
     with FakeTensorMode(), fake_safe_optimizers():
-        model = MODELS.get(cfg.model.name)(cfg.model)
-        optimizer = OPTIMIZERS.get(cfg.optimizer.name)(model, cfg.optimizer)
+        model, optimizer = build_like_trainer(cfg)
         populate_state(model, optimizer)
         acct = MemoryAccountant()
         handles = _install_hooks(model, acct)
