@@ -9,7 +9,13 @@ import pytest
 from littlelm.cli import main
 from littlelm.errors import ConfigError
 from littlelm.plan.catalog import load_catalog
-from littlelm.plan.cost import largest_fitting, micro_batch_options, needed_gib, plan_gpu
+from littlelm.plan.cost import (
+    largest_fitting,
+    micro_batch_options,
+    needed_gib,
+    plan_gpu,
+    remedies,
+)
 from littlelm.plan.measurements import measured_mfu, save_measurement, workload_key
 from littlelm.plan.planner import make_plan
 from littlelm.plan.shapes import Dims
@@ -101,6 +107,39 @@ def test_3b_grow_verdict():
     assert f"train.micro_batch_size={a100.best_micro_batch}" in names
     assert any(r.fits for r in a100.remedies)
     assert plan.gpus[0].fits  # fitting GPUs come first
+    by_name = {r.name: r for r in a100.remedies}
+    # each speed switch that lowers memory is offered with its saving and exact override
+    for override in (
+        "optimizer.adamw_8bit=true",
+        "train.master_weights=bf16",
+        "train.activation_checkpointing=true",
+    ):
+        assert any(n.startswith(override) for n in by_name), override
+    eight = by_name["optimizer.adamw_8bit=true"]
+    assert not eight.fits and eight.saving_gib > 15  # 6 of AdamW's 8 bytes per parameter
+    combo = [r for n, r in by_name.items() if n.startswith("optimizer.adamw_8bit=true train.")]
+    assert combo and combo[0].fits  # 8-bit AdamW alone is not enough; with a smaller batch it is
+    assert any(n.startswith("FSDP over") for n in by_name)
+
+
+def test_plain_loss_gets_the_chunked_remedy(tiny_config):
+    cfg = load_run(tiny_config, ["model.loss=plain"])
+    cat = load_catalog()
+    gpu = cat.gpus["H100-SXM"].model_copy(update={"memory_gib": 0.01})
+    names = [r.name for r in remedies(Dims.of(cfg), gpu, cat)]
+    assert "model.loss=chunked" in names
+    assert "model.loss=chunked" not in [
+        r.name for r in remedies(Dims.of(load_run(tiny_config)), gpu, cat)
+    ]
+
+
+def test_trace_runs_cuda_only_optimizers_as_adamw(tiny_config):
+    """8-bit AdamW is CUDA-only: the plan traces torch's AdamW and compares it with the
+    analytic model of what it traced, while the prediction counts 8-bit state."""
+    cfg = load_run(tiny_config, ["optimizer.name=adamw", "optimizer.adamw_8bit=true"])
+    plan = make_plan(cfg, load_catalog(), ["H100-SXM"])
+    assert all(r is None or abs(r - 1) < 0.1 for r in plan.trace_check().values())
+    assert any("adamw_8bit" in n for n in plan.notes)
 
 
 def test_micro_batch_search_keeps_tokens_per_step(tiny_config):

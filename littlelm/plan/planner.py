@@ -19,17 +19,18 @@ from littlelm.plan.measurements import (
     workload_key,
 )
 from littlelm.plan.shapes import Dims
-from littlelm.plan.trace import TraceResult, trace_step
+from littlelm.plan.trace import TraceResult, trace_step, traced_dims
 
 SMALL_MODEL = 200_000_000  # parameters below which the MFU assumptions are optimistic
 
-# Where CUDA's kernels keep different tensors than the CPU kernels the trace runs.
+# Where the prediction rests on something the CPU trace cannot check.
 KERNEL_NOTES = {
-    "relu2": "relu²: CUDA autocast runs the square (pow) in fp32, the CPU in bf16: the GPU keeps "
-    "an fp32 copy of relu's output (predicted above the trace)",
-    "norm_affine": "RMSNorm gains: the CPU path also keeps x/rms in fp32 for the gain's gradient",
-    "backward": "RMSNorm backward: one fused CUDA kernel, a chain of fp32 ops on the CPU; "
-    "FlashAttention's backward on CUDA adds an fp32 dq accumulator",
+    "backward": "FlashAttention's backward on CUDA adds an fp32 dq accumulator (a backward "
+    "moment the CPU trace does not have); the model's own ops keep the same tensors on both",
+    "fp8": "model.fp8: planned as bf16 linears (an upper bound); FP8 keeps 1-byte copies of "
+    "each linear's input and weight instead, and its backward temporaries are not modelled",
+    "adamw_8bit": "optimizer.adamw_8bit: bitsandbytes runs on CUDA only, so its optimizer state "
+    "is analytic (2 bytes per parameter of tensors of 4096+ elements); the trace runs fp32 AdamW",
 }
 
 
@@ -38,7 +39,7 @@ class Plan:
     cfg: object
     dims: Dims
     estimate: mem.Estimate  # CUDA kernels: the prediction for a GPU
-    cpu_estimate: mem.Estimate  # CPU kernels: what the trace is checked against
+    cpu_estimate: mem.Estimate  # CPU kernels, of what the trace runs: checked against it
     trace: TraceResult | None
     gpus: list[GpuPlan]
     tokens: int
@@ -85,7 +86,7 @@ def make_plan(
         cfg=cfg,
         dims=d,
         estimate=estimate,
-        cpu_estimate=mem.estimate(d, "cpu"),
+        cpu_estimate=mem.estimate(traced_dims(d), "cpu"),
         trace=trace_step(cfg) if trace else None,
         gpus=gpus,
         tokens=tokens,
@@ -105,12 +106,11 @@ def resume_memory(e: mem.Estimate) -> dict[str, float]:
 
 def notes_for(cfg) -> list[str]:
     m, t = cfg.model, cfg.train
-    notes = []
-    if m.mlp == "relu2" and t.precision == "bf16":
-        notes.append(KERNEL_NOTES["relu2"])
-    if m.norm_affine:
-        notes.append(KERNEL_NOTES["norm_affine"])
-    notes.append(KERNEL_NOTES["backward"])
+    notes = [KERNEL_NOTES["backward"]]
+    if m.fp8:
+        notes.append(KERNEL_NOTES["fp8"])
+    if getattr(cfg.optimizer, "adamw_8bit", False):
+        notes.append(KERNEL_NOTES["adamw_8bit"])
     if Dims.of(cfg).n_params < SMALL_MODEL:
         notes.append(
             "the catalog's MFU assumptions are for 1B+ models; a model this small runs far below "

@@ -24,12 +24,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from littlelm.optim.groups import MuonConfig
 from littlelm.plan.accounting import MemoryAccountant, Snapshot
+from littlelm.plan.shapes import Dims
 from littlelm.registry import MODELS, OPTIMIZERS
 from littlelm.schema import RunConfig
 from littlelm.train.device import autocast
@@ -94,12 +96,20 @@ def optimizer_tensors(optimizer) -> list[torch.Tensor]:
 
 def build_like_trainer(cfg: RunConfig):
     """The model and optimizer exactly as the Trainer builds them: parameters in
-    train.master_weights' dtype, train.activation_checkpointing, train.stochastic_rounding."""
+    train.master_weights' dtype, train.activation_checkpointing, train.stochastic_rounding.
+    8-bit AdamW (bitsandbytes, CUDA only) is traced as torch's AdamW, and AdamW with
+    stochastic rounding without it (`traced_dims` says what was traced)."""
     t = cfg.train
     model = MODELS.get(cfg.model.name)(cfg.model)
     _cast(model, PARAM_DTYPES[t.master_weights])
     model.activation_checkpointing = t.activation_checkpointing
-    optimizer = OPTIMIZERS.get(cfg.optimizer.name)(model, cfg.optimizer, t.stochastic_rounding)
+    oc = cfg.optimizer
+    if getattr(oc, "adamw_8bit", False):  # bitsandbytes is CUDA-only: trace torch's AdamW
+        oc = oc.model_copy(update={"adamw_8bit": False})
+    # the stochastic-rounding AdamW reads its step counter with .item(), which a fake tensor
+    # cannot answer: AdamW is traced without it (Muon's rounding needs no .item())
+    rounding = t.stochastic_rounding and isinstance(oc, MuonConfig)
+    optimizer = OPTIMIZERS.get(oc.name)(model, oc, rounding)
     return model, optimizer
 
 
@@ -114,6 +124,12 @@ def _cast(model: torch.nn.Module, dtype: torch.dtype) -> None:
         for name, b in module.named_buffers(recurse=False):
             if b.is_floating_point():
                 module._buffers[name] = b.to(dtype)
+
+
+def traced_dims(d: Dims) -> Dims:
+    """The Dims of what `trace_step` actually runs (for comparing with the analytic model)."""
+    rounding = d.stochastic_rounding and d.optimizer == "muon"
+    return replace(d, adamw_8bit=False, stochastic_rounding=rounding)
 
 
 def trace_step(cfg: RunConfig, micro_batch: int | None = None) -> TraceResult:
