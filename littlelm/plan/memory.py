@@ -9,13 +9,11 @@ returns the categories and the peak of each phase of a step:
                       + activations + max(logits & loss, residual grad + backward temporaries)
     optimizer step    parameters + optimizer state + gradients + optimizer scratch
 
-`Kernels` says whose kernels run. On CUDA, RMSNorm is one fused kernel that keeps its input and
-1/rms (autocast runs it in fp32); PyTorch's CPU path is a chain of fp32 ops that also keeps x/rms
-when the norm has a gain, and whose backward holds five row-sized fp32 tensors at once. CUDA
-autocast also runs `pow` in fp32 (relu²'s square), and CUDA's FlashAttention backward adds an
-fp32 accumulator. (The op lists of CUDA and CPU autocast differ; these are the ops of this model
-where they do.) The plan uses "cuda"; the trace (CPU kernels)
-is compared with "cpu".
+`Kernels` says whose kernels run. The model's elementwise ops are hand-written autograd
+functions (model/ops.py) that keep the same tensors on every device, so CUDA and the CPU differ
+only in FlashAttention's backward, whose fp32 dq accumulator adds a backward moment on CUDA.
+The plan uses "cuda"; the trace (CPU kernels) is compared with "cpu". Not modelled: FP8 linears
+(planned as bf16, an upper bound) and torch.compile (planned as eager).
 """
 
 from __future__ import annotations
