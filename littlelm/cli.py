@@ -1,6 +1,6 @@
 """Command line: one function per verb, argument parsing only.
 
-    littlelm train [CONFIG] [key=value ...] [--resume auto|never|PATH]
+    littlelm train [CONFIG] [key=value ...] [--resume auto|never|PATH] [--nproc N]
     littlelm config show CONFIG [key=value ...] [--flat]
     littlelm data prepare CONFIG [key=value ...] [--out DIR] [--only LABEL ...] [--workers N]
     littlelm data inspect DIR [--samples N] [--chars N] [--no-verify]
@@ -38,11 +38,20 @@ def _split_config(items: list[str]) -> tuple[str, list[str]]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from littlelm.schema import load_run
+    from littlelm.train import distributed
+    from littlelm.train.device import pick_device
     from littlelm.train.trainer import Trainer
 
     config, overrides = _split_config(args.items)
-    cfg = load_run(config, overrides)
-    result = Trainer(cfg, resume=args.resume).fit()
+    env = distributed.detect_env()
+    if args.nproc is not None:
+        cfg = load_run(config, overrides, world_size=args.nproc)  # report config errors once
+        distributed.launch(
+            args.nproc, ["train", *args.items, "--resume", args.resume], cfg.run.device
+        )
+    cfg = load_run(config, overrides, world_size=env.world_size)
+    with distributed.session(cfg.distributed, pick_device(cfg.run.device), env) as parallel:
+        result = Trainer(cfg, resume=args.resume, parallel=parallel).fit()
     return 0 if result["finished"] or result.get("stopped_by") else 1
 
 
@@ -256,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto (newest complete checkpoint of the run, default), never (start fresh; "
         "refused over existing checkpoints), or a checkpoint path",
+    )
+    t.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train with N processes on this machine (runs torchrun; one per GPU)",
     )
     t.set_defaults(fn=cmd_train)
 

@@ -47,6 +47,10 @@ class RunDirError(LittleLMError):
     """A run directory that cannot be used: unwritable, or in use by another process."""
 
 
+class DistributedError(LittleLMError):
+    """A missing, inconsistent or broken multi-process environment (torchrun, ranks, devices)."""
+
+
 class TrainingError(LittleLMError):
     """Training cannot go on (non-finite loss that rollback cannot cure, out of memory, ...)."""
 

@@ -11,6 +11,7 @@ Sections and who owns them:
     eval        validation loss / bits per byte                 (littlelm.train.trainer)
     checkpoint  interval, retention, save-failure policy        (littlelm.train.trainer)
     guard       non-finite / spiking losses, rollback           (littlelm.train.guard)
+    distributed ddp/fsdp, optimizer sharding, world size        (littlelm.train.distributed)
     callbacks   list of registered callbacks                    (littlelm.train.callbacks)
     grow        start from a smaller trained checkpoint         (littlelm.model.grow)
 
@@ -33,6 +34,7 @@ from littlelm.data.tokenizer import vocab_size_of
 from littlelm.errors import ConfigError
 from littlelm.model.grow import GrowConfig
 from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
+from littlelm.train.distributed import DistributedConfig
 from littlelm.train.growth import resolve_growth
 from littlelm.train.guard import GuardConfig
 
@@ -148,6 +150,10 @@ class RunConfig(Cfg):
     guard: GuardConfig = Field(
         default_factory=GuardConfig, description="Skipping bad updates, rollback, stopping."
     )
+    distributed: DistributedConfig = Field(
+        default_factory=DistributedConfig,
+        description="Several processes (torchrun): ddp or fsdp, optimizer sharding.",
+    )
     callbacks: Annotated[Any, Registered(CALLBACKS, container="list")] = Field(
         default_factory=list, description="Extra callbacks (samples, loggers, evals)."
     )
@@ -239,6 +245,7 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
             "train.stochastic_rounding only applies to bf16 parameters: "
             "set train.master_weights=bf16 or turn it off"
         )
+    problems += _resolve_world(cfg, world_size)
     if not cfg.data.sources:
         problems.append(
             "data.sources is empty: a run needs a data section naming at least one source, e.g. "
@@ -248,3 +255,21 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
     if problems:
         raise ConfigError(problems, source or None)
     return cfg
+
+
+def _resolve_world(cfg: RunConfig, world_size: int) -> list[str]:
+    """distributed.world_size is the number of processes actually running."""
+    d, problems = cfg.distributed, []
+    if d.world_size is not None and d.world_size != world_size:
+        problems.append(
+            f"distributed.world_size is {d.world_size} but {world_size} process(es) are running; "
+            "it is derived from torchrun's WORLD_SIZE: remove it (and train.grad_accum, which "
+            "depends on it) from the config"
+        )
+    d.world_size = world_size
+    if world_size > 1 and cfg.data.on_exhausted == "stop":
+        problems.append(
+            "data.on_exhausted=stop needs a single process (ranks would run out of data at "
+            "different steps); use repeat and set train.max_tokens"
+        )
+    return problems

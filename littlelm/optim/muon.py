@@ -75,35 +75,57 @@ class Muon(torch.optim.Optimizer):
     def step(self, closure=None):
         assert closure is None, "Muon does not take a closure"
         for group in self.param_groups:
-            by_shape: dict[tuple, list[torch.Tensor]] = defaultdict(list)
-            for p in group["params"]:
-                if p.grad is not None:
-                    by_shape[tuple(p.shape)].append(p)
-            for params in by_shape.values():
-                self._step_same_shape(group, params)
+            for params in same_shape_buckets(group["params"]):
+                params = [p for p in params if p.grad is not None]
+                if params:
+                    self._step_same_shape(group, params)
 
     def _step_same_shape(self, group: dict, params: list[torch.Tensor]) -> None:
-        grads = [p.grad for p in params]
-        bufs = [self._buffer(p) for p in params]
+        directions = self._directions(group, params, [p.grad for p in params])
+        updates = orthogonalize(torch.stack(directions), group["ns_steps"])  # (N, m, n)
+        self._apply(group, params, list(updates.unbind(0)), params[0].shape)
+
+    def _directions(
+        self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Update the momentum buffers (kept per parameter) and return the directions to
+        orthogonalise: the Nesterov look-ahead g + mom·(buf - g), or the buffers themselves."""
+        bufs = [self._buffer(p, g) for p, g in zip(params, grads)]
         mom = group["momentum"]
         torch._foreach_lerp_(bufs, grads, 1 - mom)  # buf = mom·buf + (1-mom)·g
         if group["nesterov"]:
-            directions = torch._foreach_lerp(grads, bufs, mom)  # g + mom·(buf - g)
-        else:
-            directions = bufs
-        updates = orthogonalize(torch.stack(directions), group["ns_steps"])  # (N, m, n)
-        lr = group["lr"] * shape_scale(params[0].shape)
+            return torch._foreach_lerp(grads, bufs, mom)  # g + mom·(buf - g)
+        return bufs
+
+    def _apply(
+        self,
+        group: dict,
+        params: list[torch.Tensor],
+        updates: list[torch.Tensor],
+        shape: torch.Size,
+    ) -> None:
+        """params ← params·(1 - lr·wd) - lr·scale(shape)·update, `shape` being the full matrix's
+        (with stochastic rounding: computed in fp32, rounded stochastically into bf16)."""
+        lr = group["lr"] * shape_scale(shape)
         decay = 1 - group["lr"] * group["weight_decay"]
         if self.stochastic_rounding:
-            for p, u in zip(params, updates.unbind(0)):
+            for p, u in zip(params, updates):
                 stochastic_round_(p, p.float().mul_(decay).add_(u.float(), alpha=-lr))
             return
         if group["weight_decay"]:
             torch._foreach_mul_(params, decay)
-        torch._foreach_add_(params, list(updates.to(params[0].dtype).unbind(0)), alpha=-lr)
+        torch._foreach_add_(params, [u.to(params[0].dtype) for u in updates], alpha=-lr)
 
-    def _buffer(self, p: torch.Tensor) -> torch.Tensor:
+    def _buffer(self, p: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         state = self.state[p]
         if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(p)
+            state["momentum_buffer"] = torch.zeros_like(like)
         return state["momentum_buffer"]
+
+
+def same_shape_buckets(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Parameters grouped by shape, in first-seen order (the same on every rank)."""
+    by_shape: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    for p in params:
+        by_shape[tuple(p.shape)].append(p)
+    return list(by_shape.values())

@@ -4,7 +4,10 @@
       - {name: sample, every: 500, prompt: "def ", max_tokens: 200}
 
 A callback subclasses `Callback` and overrides the hooks it needs. The trainer always adds the
-JSONL metrics logger; TensorBoard and Weights & Biases loggers live in `train/loggers.py`.
+JSONL metrics logger; TensorBoard and Weights & Biases loggers live in `train/loggers.py`. Under
+torchrun callbacks run on rank 0 only, except those that call the model (`runs_model = True`),
+which under FSDP run on every rank (a forward pass needs them all) and write only where
+`trainer.is_main`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
 
 
 class Callback:
+    runs_model = False  # True: calls the model, so under FSDP it must run on every rank
+
     def on_train_start(self, trainer: Trainer) -> None:
         pass
 
@@ -172,6 +177,8 @@ class SampleConfig(ComponentConfig):
 class Sampler(Callback):
     """Prints (and logs to RUN_DIR/samples.txt) a generated continuation of a prompt."""
 
+    runs_model = True
+
     def __init__(self, cfg: SampleConfig):
         self.cfg = cfg
 
@@ -207,6 +214,7 @@ class Sampler(Callback):
         model.train(was_training)
         text = c.prompt + tok.decode(ids)
         trainer.log(f"--- sample at step {trainer.step} ---\n{text}\n---")
-        with open(trainer.run_dir / "samples.txt", "a") as f:
-            f.write(f"=== step {trainer.step}\n{text}\n")
+        if trainer.is_main:
+            with open(trainer.run_dir / "samples.txt", "a") as f:
+                f.write(f"=== step {trainer.step}\n{text}\n")
         return text

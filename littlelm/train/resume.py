@@ -53,6 +53,8 @@ RESUMABLE_CHANGES = (
     "model.loss_chunk",
     "model.fp8",
     "model.fp8_min_dim",
+    "distributed",  # the world size and strategy may change: checkpoints are whole
+    "train.grad_accum",  # follows the world size; train.batch_tokens must stay the same
 )
 NOT_RESUMABLE = ("optimizer.name",)  # another optimizer has another state layout
 
@@ -92,10 +94,18 @@ def check_compatible(state: dict, config: dict, fingerprint: str, path: Path) ->
             ),
         )
     if refused:
+        hint = ""
+        if any(c.startswith("train.batch_tokens:") for c in refused) and any(
+            c.startswith("distributed.world_size:") for c in allowed
+        ):
+            was = flatten(state.get("config", {})).get("train.batch_tokens")
+            hint = (
+                f" (the world size changed: set train.batch_tokens={was} to keep the global batch)"
+            )
         raise CheckpointError(
             f"cannot resume {path}: these settings differ from the checkpoint's and cannot "
-            f"change mid-run: {'; '.join(dict.fromkeys(refused))}. Restore them, or start a new "
-            "run (another run.name)"
+            f"change mid-run: {'; '.join(dict.fromkeys(refused))}{hint}. Restore them, or start "
+            "a new run (another run.name)"
         )
     return allowed
 

@@ -14,9 +14,12 @@ import torch
 def grad_norm(params, clip: float | None) -> torch.Tensor:
     """The global L2 norm of the gradients before clipping; clips them to `clip` when set."""
     if clip is not None:
-        return torch.nn.utils.clip_grad_norm_(params, clip).detach()
-    norms = [torch.linalg.vector_norm(p.grad.detach()) for p in params if p.grad is not None]
-    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
+        norm = torch.nn.utils.clip_grad_norm_(params, clip).detach()
+    else:
+        grads = [p.grad.detach() for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    # FSDP: the norm of sharded gradients is a (replicated) DTensor
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 def seed_everything(seed: int) -> None:

@@ -13,20 +13,28 @@ complete checkpoint unless told otherwise.
 Reliability lives in helpers (docs/reliability.md): train/resume.py picks and checks the
 checkpoint to resume from, train/guard.py judges each step's loss, train/signals.py turns
 SIGTERM/SIGINT into a clean stop, train/runlock.py keeps one trainer per run directory.
+
+Under torchrun every rank runs this same loop on its own slice of the data; `self.parallel`
+(train/distributed.py) does the rest: DDP or FSDP2 wrapping, no gradient sync during
+accumulation, sharded optimizers, rank-0-only output, and checkpoints that are whole (one file
+set, readable at any world size).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import math
 import time
 from pathlib import Path
 
 import torch
 
-from littlelm.config import dump_yaml, to_tree
+from littlelm.config import dump_yaml, flatten, to_tree
 from littlelm.data.build import build_data
 from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetcher
+from littlelm.data.reshard import loader_state_for
 from littlelm.errors import CheckpointError, ConfigError, RunDirError, TrainingError
 from littlelm.eval.bpb import evaluate_loss
 from littlelm.optim.groups import MuonConfig, group_table
@@ -43,7 +51,8 @@ from littlelm.train.device import (
     synchronize,
     tune_cpu_allocator,
 )
-from littlelm.train.growth import grow_from_parent
+from littlelm.train.distributed import Parallel
+from littlelm.train.growth import GrownFrom, grow_from_parent
 from littlelm.train.guard import LossGuard, Verdict
 from littlelm.train.progress import Progress, progress_line
 from littlelm.train.runlock import RunLock
@@ -55,12 +64,20 @@ PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, resume: str = "auto", progress: Progress | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume: str = "auto",
+        progress: Progress | None = None,
+        parallel: Parallel | None = None,
+    ):
         self.cfg = cfg
+        self.parallel = parallel or Parallel.single(cfg.distributed)
         self.progress = progress or Progress()
         self.run_dir = cfg.run_dir()
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.device = pick_device(cfg.run.device)
+        self.device = self.parallel.device(pick_device(cfg.run.device))
+        self._check_world(cfg)
         model_cls = MODELS.get(cfg.model.name)
         if hasattr(model_cls, "check_device"):
             model_cls.check_device(cfg.model, self.device)
@@ -74,7 +91,9 @@ class Trainer:
             JSONLLogger(),
             *(build_callback(c) for c in cfg.callbacks),
         ]
-        self.data = build_data(cfg.data, self.log, self.progress)
+        # data preparation shows progress on rank 0 only (the other ranks find it cached)
+        progress = self.progress if self.is_main else Progress(io.StringIO())
+        self.data = self.parallel.in_turns(lambda: build_data(cfg.data, self.log, progress))
         if self.data.tokenizer.vocab_size != cfg.model.vocab_size:
             raise ConfigError(
                 [
@@ -84,32 +103,65 @@ class Trainer:
             )
         self.model = model_cls(cfg.model).to(self.device, PARAM_DTYPES[t.master_weights])
         self.model.activation_checkpointing = t.activation_checkpointing
-        self.optimizer = self._build_optimizer()
-        self.schedule = build_schedule(cfg.schedule)
-        self.loader = self.data.loader(cfg.data, t.micro_batch_size, t.seq_len, cfg.run.seed)
-        self.loader_state: LoaderSnapshot = self.loader.snapshot()
-        self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
-        self.flops_per_token = self.model.flops_per_token(t.seq_len)
-        self.peak = peak_flops(self.device)
-        self.step, self.tokens, self.train_time = 0, 0, 0.0
-        self._norm_sum = torch.zeros((), device=self.device)  # grad norms since the last record
-        self.last_eval: dict = {}
         self.guard = LossGuard(cfg.guard)
         self.stop = StopSignals()
         self.last_checkpoint: Path | None = None  # what a rollback reloads
         self.saved_step: int | None = None  # step of the newest checkpoint in ckpt_dir
         self.save_failures = 0
         self.rollback_pending = False
-        self._resume(resume)
-        if cfg.grow is not None and self.step == 0:
-            self._grow_from_parent()
-        self.forward = torch.compile(self.model) if t.compile else self.model
+        loaded = self._load_weights(resume)
+        grown = None
+        if cfg.grow is not None and (loaded is None or loaded.state["step"] == 0):
+            grown = self._grow_from_parent()
+        self.parallel.shard_model(self.model, t.precision)
+        self.optimizer = self.parallel.shard_optimizer(self._build_optimizer())
+        self.schedule = build_schedule(cfg.schedule)
+        self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
+        self.loader_state: LoaderSnapshot = self.loader.snapshot()
+        self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
+        self.flops_per_token = self.model.flops_per_token(t.seq_len)
+        self.peak = peak_flops(self.device) * self.parallel.world
+        self.step, self.tokens, self.train_time = 0, 0, 0.0
+        self._norm_sum = torch.zeros((), device=self.device)  # grad norms since the last record
+        self.last_eval: dict = {}
+        if loaded is not None:
+            self._resume(loaded)
+        if grown is not None and grown.loader_state is not None:
+            self._continue_parent_data(grown.path)
+        self.forward = self.parallel.wrap(self.model)
+        if t.compile:
+            self.forward = torch.compile(self.forward)
 
     # ------------------------------------------------------------------------------------------
     # Helpers
 
+    @property
+    def is_main(self) -> bool:
+        """True on the process that prints and writes files (rank 0, or the only one)."""
+        return self.parallel.is_main
+
     def log(self, text: str) -> None:
-        self.progress.message(text)
+        if self.is_main:
+            self.progress.message(text)
+
+    def _my_callbacks(self) -> list[Callback]:
+        """Every callback on rank 0; on the others, under FSDP, those that call the model."""
+        if self.is_main:
+            return self.callbacks
+        fsdp = self.parallel.strategy == "fsdp"
+        return [cb for cb in self.callbacks if fsdp and cb.runs_model]
+
+    def _make_loader(self, rank: int, world: int):
+        t = self.cfg.train
+        return self.data.loader(
+            self.cfg.data, t.micro_batch_size, t.seq_len, self.cfg.run.seed, rank, world
+        )
+
+    def _check_world(self, cfg: RunConfig) -> None:
+        assert cfg.distributed.world_size in (None, self.parallel.world), (
+            "resolve the config with the session's world size (load_run(..., world_size=...))"
+        )
+        self.parallel.agree_config(flatten(to_tree(cfg)))
 
     def autocast(self):
         return autocast(self.device, self.cfg.train.precision)
@@ -162,7 +214,7 @@ class Trainer:
         )
         if self.step:
             self.log(f"data realised so far: {self.loader_state.report()}")
-        for cb in self.callbacks:
+        for cb in self._my_callbacks():
             cb.on_train_start(self)
         end = self.max_steps if stop_after is None else min(self.max_steps, self.step + stop_after)
         batches = Prefetcher(self.loader, self.cfg.data.prefetch)
@@ -180,7 +232,7 @@ class Trainer:
                 if self.step % self.cfg.train.log_every == 0 or self.step == end:
                     metrics.update(self._log_metrics(loss_sum, window))
                     loss_sum.zero_()
-                for cb in self.callbacks:
+                for cb in self._my_callbacks():
                     cb.on_step_end(self, metrics)
                 if (
                     self.cfg.eval.every
@@ -207,11 +259,12 @@ class Trainer:
         self.lr_mult = self._set_lr()
         accum = self.cfg.train.grad_accum
         total = torch.zeros((), device=self.device)
-        for _ in range(accum):
+        for i in range(accum):
             batch: Batch = next(batches)
             x = batch.x.to(self.device, non_blocking=True)
             y = batch.y.to(self.device, non_blocking=True)
-            total += micro_step(self.forward, x, y, accum, self.autocast())
+            with self.parallel.no_sync(skip=i < accum - 1):  # DDP: all-reduce on the last only
+                total += micro_step(self.forward, x, y, accum, self.autocast())
         self.loader_state = batch.state
         loss = total / accum
         verdict = Verdict.OK
@@ -256,6 +309,7 @@ class Trainer:
         busy = max(1e-9, self.train_time - window["train_time"])
         tok_s = (self.tokens - window["tokens"]) / busy
         skipped = self.guard.take_window()
+        loss_sum = self.parallel.mean(loss_sum)  # over every rank's micro-batches
         loss = loss_sum.item() / (steps - skipped) if steps > skipped else math.nan
         left = (self.max_steps - self.step) * self.cfg.train.batch_tokens / max(tok_s, 1e-9)
         mfu = tok_s * self.flops_per_token / self.peak if math.isfinite(self.peak) else None
@@ -272,9 +326,10 @@ class Trainer:
             "crop_rate": self.loader_state.crop_rate(),
             **({"skipped": skipped} if skipped else {}),  # present only when there were skips
         }
-        self.progress.update(
-            progress_line({"step": self.step, "lr_mult": self.lr_mult, **m}, self.max_steps)
-        )
+        if self.is_main:
+            self.progress.update(
+                progress_line({"step": self.step, "lr_mult": self.lr_mult, **m}, self.max_steps)
+            )
         window.update(tokens=self.tokens, train_time=self.train_time, step=self.step)
         return m
 
@@ -298,7 +353,7 @@ class Trainer:
             f"| {m['val_tokens']:,} tokens | train time {self.train_time:.1f}s"
         )
         self.last_eval = m
-        for cb in self.callbacks:
+        for cb in self._my_callbacks():
             cb.on_eval(self, m)
         return m
 
@@ -325,7 +380,7 @@ class Trainer:
                 f"{self.last_checkpoint}. Run the same command to resume"
             )
         if done:
-            for cb in self.callbacks:
+            for cb in self._my_callbacks():
                 cb.on_train_end(self, final)
             self.log(
                 f"done: {self.step} steps, {self.tokens:,} tokens, {self.train_time:.1f}s training"
@@ -355,6 +410,8 @@ class Trainer:
     # Run directory, checkpoints, resume
 
     def _write_run_files(self) -> None:
+        if not self.is_main:
+            return
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             tmp = self.run_dir / "config.yaml.tmp"
@@ -377,51 +434,89 @@ class Trainer:
             "config": to_tree(self.cfg),
             "guard": self.guard.state_dict(),
         }
+        # every rank takes part in gathering the whole state; rank 0 writes it
+        state.update(self._loader_states())
+        model = Frozen(self.parallel.model_state_dict(self.model))
+        optimizer = Frozen(self.optimizer.state_dict())
+        path = None
         try:
-            path = ckpt.save_checkpoint(
-                self.ckpt_dir,
-                self.step,
-                self.model,
-                self.optimizer,
-                state,
-                self.model.origin,
-                self.data.tokenizer,
-            )
+            if self.is_main:
+                path = ckpt.save_checkpoint(
+                    self.ckpt_dir,
+                    self.step,
+                    model,
+                    optimizer,
+                    state,
+                    self.model.origin,
+                    self.data.tokenizer,
+                )
         except CheckpointError as e:
             if final or self.cfg.checkpoint.on_save_error == "stop":
                 raise
             self.save_failures += 1
             self.log(f"warning: {e}\ntraining goes on (checkpoint.on_save_error is continue)")
             return None
+        path = self.parallel.broadcast_object(path)
         self.last_checkpoint, self.saved_step = path, self.step
-        ckpt.prune(self.ckpt_dir, self.cfg.checkpoint.keep_last, self.cfg.checkpoint.keep_every)
-        for cb in self.callbacks:
+        if self.is_main:
+            ckpt.prune(self.ckpt_dir, self.cfg.checkpoint.keep_last, self.cfg.checkpoint.keep_every)
+        for cb in self._my_callbacks():
             cb.on_checkpoint(self, path)
         return path
 
-    def _resume(self, resume: str) -> None:
+    def _loader_states(self) -> dict:
+        """Every rank's loader position (a checkpoint resumes each rank exactly where it was)."""
+        if self.parallel.world == 1:
+            return {}
+        return {
+            "loader_world_size": self.parallel.world,
+            "loader_ranks": self.parallel.gather_objects(self.loader_state.state_dict()),
+        }
+
+    def _load_weights(self, resume: str) -> ckpt.Loaded | None:
+        """Read the checkpoint to resume from (if any), check this run may continue it and load
+        its weights into the model (before it is sharded); the rest follows in `_resume`."""
         loaded = resuming.load_first(resuming.choose(self.ckpt_dir, resume))
+        self.parallel.agree(
+            None if loaded is None else loaded.path.name,
+            "the checkpoint to resume from (run.out_dir must be on a file system every node sees)",
+        )
         if loaded is None:
-            return
-        changed = resuming.check_compatible(
+            return None
+        self._changed = resuming.check_compatible(
             loaded.state, to_tree(self.cfg), self.data.tokenizer.fingerprint, loaded.path
         )
+        ckpt.load_model_tensors(self.model, loaded.model, loaded.path)
+        if loaded.origin:
+            self.model.origin.update(loaded.origin)  # before the optimizer's groups are made
+        return loaded
+
+    def _resume(self, loaded: ckpt.Loaded) -> None:
+        """The optimizer, counters, RNG, guard and (re-dealt if the world size changed) every
+        rank's data position from the checkpoint whose weights `_load_weights` loaded."""
         self._restore(loaded)
-        self.loader.load_state_dict(loaded.state["loader"])
+        self.loader.load_state_dict(
+            loader_state_for(
+                loaded.state, self.parallel.rank, self.parallel.world, self._make_loader
+            )
+        )
         self.loader_state = self.loader.snapshot()
         self.guard.load_state_dict(loaded.state.get("guard", {}))
         self.last_checkpoint = loaded.path
         if loaded.path.parent.resolve() == self.ckpt_dir.resolve():
             self.saved_step = self.step
         self.log(f"resumed from {loaded.path} (step {self.step}, {self.tokens:,} tokens)")
-        if changed:
-            self.log(f"resuming with changed settings: {'; '.join(changed)}")
+        if self._changed:
+            self.log(f"resuming with changed settings: {'; '.join(self._changed)}")
+        saved_world = loaded.state.get("loader_world_size", 1)
+        if saved_world != self.parallel.world:
+            self.log(
+                f"the checkpoint was written by {saved_world} process(es), this run has "
+                f"{self.parallel.world}: the data order was re-dealt (docs/distributed.md)"
+            )
 
     def _restore(self, loaded: ckpt.Loaded) -> None:
-        """Weights, optimizer state, RNG states and counters from a checkpoint (not the data)."""
-        ckpt.load_model_tensors(self.model, loaded.model, loaded.path)
-        if loaded.origin:
-            self._set_origin(loaded.origin)
+        """Optimizer state, RNG states and counters from a checkpoint (not the weights or data)."""
         resuming.load_optimizer_state(self.optimizer, loaded.optimizer)
         ckpt.set_rng_state(loaded.rng)
         self.step, self.tokens = loaded.state["step"], loaded.state["tokens"]
@@ -430,23 +525,23 @@ class Trainer:
     # ------------------------------------------------------------------------------------------
     # Growth (train/growth.py) and origin tags
 
-    def _set_origin(self, origin: dict[str, str]) -> None:
-        """Origin tags decide the optimizer's groups: rebuild it (still stateless) on a change."""
-        if origin != self.model.origin:
-            self.model.origin.update(origin)
-            self.optimizer = self._build_optimizer()
-
-    def _grow_from_parent(self) -> None:
-        """A fresh grown run: the parent's weights, origin tags and (optionally) data position."""
+    def _grow_from_parent(self) -> GrownFrom:
+        """A fresh grown run: the parent's weights and origin tags, before the model is sharded
+        and the optimizer's groups are made from the tags."""
         grown = grow_from_parent(
             self.model, self.cfg.grow, self.data.tokenizer.fingerprint, to_tree(self.cfg)
         )
-        # the tags changed: new groups (the optimizer has taken no step yet)
-        self.optimizer = self._build_optimizer()
-        if grown.loader_state is not None:
-            self.loader.load_state_dict(grown.loader_state)
-            self.loader_state = self.loader.snapshot()
         self.log(grown.summary())
+        return grown
+
+    def _continue_parent_data(self, parent: Path) -> None:
+        """grow.continue_data: start at the parent's data position (re-dealt if the parent ran
+        with another number of processes)."""
+        state = json.loads((parent / "state.json").read_text())
+        self.loader.load_state_dict(
+            loader_state_for(state, self.parallel.rank, self.parallel.world, self._make_loader)
+        )
+        self.loader_state = self.loader.snapshot()
 
     def _rollback(self) -> None:
         """Reload the last checkpoint after persistent bad steps, keeping the data loader where
@@ -457,6 +552,7 @@ class Trainer:
         failed_at, reason = self.step, self.guard.reason
         loaded = ckpt.load_checkpoint(self.last_checkpoint)
         train_time = self.train_time
+        ckpt.load_model_tensors(self.model, loaded.model, loaded.path)
         self._restore(loaded)
         self.train_time = train_time  # time spent is spent
         self.guard.rolled_back(loaded.state.get("guard", {}))
@@ -475,7 +571,7 @@ class Trainer:
             f"{self.step + 1}-{failed_at} are skipped (rollback {self.guard.rollbacks} of at most "
             f"{self.guard.cfg.max_rollbacks})"
         )
-        for cb in self.callbacks:
+        for cb in self._my_callbacks():
             cb.on_rollback(self, info)
 
     def _fault_summary(self) -> dict:
@@ -489,6 +585,8 @@ class Trainer:
         return out
 
     def _print_summary(self) -> None:
+        if not self.is_main:
+            return
         from rich.console import Console
         from rich.table import Table
 
@@ -498,7 +596,8 @@ class Trainer:
             f"model: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
             f"{self.flops_per_token / 1e6:.1f} MFLOPs/token at seq {c.train.seq_len}; "
             f"device {self.device}, {c.train.precision}; batch {c.train.batch_tokens:,} tokens "
-            f"= {c.train.micro_batch_size} × {c.train.seq_len} × {c.train.grad_accum} accum; "
+            f"= {c.train.micro_batch_size} × {c.train.seq_len} × {c.train.grad_accum} accum"
+            f"{f' × {self.parallel.world} ranks ({self.parallel.strategy})' if self.parallel.world > 1 else ''}; "
             f"{self.max_steps} steps"
         )
         self.log(f"speed: {speed_summary(c)}; MFU against {self.peak / 1e12:.3g} TFLOP/s")
@@ -512,6 +611,17 @@ class Trainer:
         if self.progress._open:
             self.progress.message("")
         Console(**self.progress.console_options()).print(table)
+
+
+class Frozen:
+    """A state dict computed already (gathered from every rank: a collective, so it cannot wait
+    until rank 0 alone writes), handed to the checkpoint writer in place of the live object."""
+
+    def __init__(self, state: dict):
+        self._state = state
+
+    def state_dict(self) -> dict:
+        return self._state
 
 
 def speed_summary(cfg: RunConfig) -> str:

@@ -1,0 +1,393 @@
+"""Several processes, one run: the environment, the process group, and what the trainer asks
+of the other ranks.
+
+    torchrun --nproc_per_node 8 -m littlelm train run.yaml     # one process per GPU
+    littlelm train run.yaml --nproc 8                          # the same; runs torchrun for you
+
+torchrun starts one process per device and sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT; `detect_env` reads them and refuses a partial or inconsistent set.
+`session` joins the process group (NCCL on GPUs, gloo on CPUs) and leaves it at the end. The
+`Parallel` it yields is everything the trainer needs: which rank it is, the device, DDP or FSDP2
+wrapping (model_parallel.py), sharded optimizers (optim/sharded.py), and a few collectives. A
+single process gets the same object with every operation a no-op. See docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal, NoReturn, TypeVar
+
+import torch
+import torch.distributed as dist
+from pydantic import Field, model_validator
+
+from littlelm.config import Cfg
+from littlelm.errors import DistributedError
+
+T = TypeVar("T")
+
+# Variables torchrun sets for every worker; a process that has some but not all was not started
+# by a launcher we understand.
+REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class DistributedConfig(Cfg):
+    """How several processes share a run (ignored by a single process)."""
+
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="ddp: every rank holds the whole model; fsdp: parameters, gradients and "
+        "optimizer state are split across ranks (FSDP2).",
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="Collective backend; auto = nccl on CUDA, gloo on the CPU."
+    )
+    shard_muon: bool = Field(
+        True,
+        description="Each rank orthogonalises only the Muon matrices it owns and the updates are "
+        "gathered; false = every rank repeats every update (ddp only).",
+    )
+    shard_adamw: bool = Field(
+        False,
+        description="ddp: split AdamW's moments across ranks (ZeRO-1); fsdp always splits them.",
+    )
+    reshard_after_forward: bool = Field(
+        True,
+        description="fsdp: free gathered parameters after forward (ZeRO-3); false keeps them "
+        "until backward (ZeRO-2: less communication, more memory).",
+    )
+    bucket_cap_mb: int = Field(25, description="ddp: gradient all-reduce bucket size in MiB.", ge=1)
+    timeout_s: int = Field(
+        1800,
+        description="Seconds a collective (or joining the group) may wait before the run fails.",
+        ge=1,
+    )
+    world_size: int | None = Field(
+        None,
+        description="Processes in the run: derived from torchrun's WORLD_SIZE; do not set.",
+        ge=1,
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> DistributedConfig:
+        if self.strategy == "fsdp" and not self.shard_muon:
+            raise ValueError(
+                "shard_muon=false is ddp-only: under fsdp every rank holds a slice of each "
+                "matrix, so Muon always runs on the rank that owns the whole matrix"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits among the run's processes (a single process: rank 0 of 1)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master: str = ""
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _int(environ: Mapping[str, str], key: str, default: int | None = None) -> int:
+    raw = environ.get(key)
+    if raw is None:
+        assert default is not None, key
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistributedError(f"{key}={raw!r} is not an integer; launch with torchrun") from None
+
+
+def detect_env(environ: Mapping[str, str] | None = None) -> DistEnv:
+    """The launcher's variables, checked. No variable at all means a single process."""
+    environ = os.environ if environ is None else environ
+    present = [k for k in REQUIRED_ENV if k in environ]
+    if not present:
+        procs = environ.get("SLURM_NTASKS")
+        if procs and procs.isdigit() and int(procs) > 1:
+            raise DistributedError(
+                f"SLURM started {procs} tasks but none has RANK/WORLD_SIZE set, so each would "
+                "train alone; start one torchrun per node (srun torchrun ... -m littlelm train), "
+                "see docs/distributed.md"
+            )
+        return DistEnv()
+    missing = [k for k in REQUIRED_ENV if k not in environ]
+    if missing:
+        raise DistributedError(
+            f"incomplete distributed environment: {', '.join(present)} set but "
+            f"{', '.join(missing)} missing; launch with `torchrun --nproc_per_node N -m littlelm "
+            "train ...` (or `littlelm train --nproc N`), or unset "
+            f"{', '.join(present)} to train in one process"
+        )
+    world = _int(environ, "WORLD_SIZE")
+    rank = _int(environ, "RANK")
+    local_rank = _int(environ, "LOCAL_RANK", rank)
+    local_world = _int(environ, "LOCAL_WORLD_SIZE", world)
+    if world < 1 or not 0 <= rank < world:
+        raise DistributedError(f"RANK={rank} is outside WORLD_SIZE={world}; relaunch with torchrun")
+    if not 0 <= local_rank < local_world or local_world > world:
+        raise DistributedError(
+            f"LOCAL_RANK={local_rank} / LOCAL_WORLD_SIZE={local_world} do not fit WORLD_SIZE="
+            f"{world}; relaunch with torchrun"
+        )
+    master = f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
+    return DistEnv(rank, world, local_rank, local_world, master)
+
+
+def torchrun_argv(nproc: int, args: list[str]) -> list[str]:
+    """The command that runs `littlelm ARGS` as `nproc` processes on this machine."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",  # a rendezvous on a free local port: runs can share a machine
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "littlelm",
+        *args,
+    ]
+
+
+def launch(nproc: int, args: list[str], device: str = "auto") -> NoReturn:
+    """Replace this process by torchrun running `littlelm ARGS` on `nproc` local processes."""
+    if detect_env().distributed:
+        raise DistributedError(
+            "--nproc is for starting a run; this process is already one of torchrun's workers: "
+            "leave --nproc out"
+        )
+    if nproc < 1:
+        raise DistributedError(f"--nproc {nproc}: give at least 1")
+    gpus = torch.cuda.device_count() if device in ("auto", "cuda") else 0
+    if gpus and nproc > gpus:
+        raise DistributedError(
+            f"--nproc {nproc} but {gpus} GPU(s) are visible: use --nproc {gpus} or fewer "
+            "(one process per GPU), or run.device=cpu"
+        )
+    argv = torchrun_argv(nproc, args)
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
+
+
+def device_type(device: torch.device, world: int) -> str:
+    if world > 1 and device.type not in ("cuda", "cpu"):
+        raise DistributedError(
+            f"run.device {device.type} cannot be shared by several processes; use cuda or cpu"
+        )
+    return device.type
+
+
+def pick_backend(requested: str, dev_type: str) -> str:
+    backend = requested if requested != "auto" else ("nccl" if dev_type == "cuda" else "gloo")
+    if backend == "nccl" and dev_type != "cuda":
+        raise DistributedError(
+            "distributed.backend=nccl needs CUDA devices but this run is on the CPU; "
+            "use distributed.backend=gloo (or auto)"
+        )
+    return backend
+
+
+@contextlib.contextmanager
+def session(
+    cfg: DistributedConfig, device: torch.device, env: DistEnv | None = None
+) -> Iterator[Parallel]:
+    """Join the process group for the duration of the block (nothing to join for one process)."""
+    env = env or detect_env()
+    if not env.distributed:
+        yield Parallel(cfg, env, device)
+        return
+    dev_type = device_type(device, env.world_size)
+    backend = pick_backend(cfg.backend, dev_type)
+    if dev_type == "cuda":
+        visible = torch.cuda.device_count()
+        if env.local_rank >= visible:
+            raise DistributedError(
+                f"LOCAL_RANK {env.local_rank} but only {visible} GPU(s) are visible on this node; "
+                f"start at most {visible} processes per node (--nproc_per_node {visible})"
+            )
+        torch.cuda.set_device(env.local_rank)
+        device = torch.device("cuda", env.local_rank)
+    try:
+        dist.init_process_group(
+            backend,
+            timeout=timedelta(seconds=cfg.timeout_s),
+            device_id=device if dev_type == "cuda" else None,
+        )
+    except (RuntimeError, ValueError, TimeoutError) as e:
+        raise DistributedError(
+            f"rank {env.rank} of {env.world_size} could not join the process group at "
+            f"{env.master} within {cfg.timeout_s}s ({str(e).splitlines()[0]}); check that every "
+            "node uses the same --rdzv-endpoint / MASTER_ADDR:MASTER_PORT, that the port is "
+            "reachable, and that all WORLD_SIZE processes were started"
+        ) from None
+    par = Parallel(cfg, env, device)
+    try:
+        par.agree(
+            {"torch": torch.__version__, "python": sys.version.split()[0], "device": dev_type},
+            "software versions and device type",
+        )
+        yield par
+        par.barrier()  # nobody tears its connections down while another rank still uses them
+    finally:
+        dist.destroy_process_group()
+
+
+class Parallel:
+    """This process's view of the run's processes; every method works for one process too."""
+
+    def __init__(self, cfg: DistributedConfig, env: DistEnv, device: torch.device):
+        self.cfg, self.env = cfg, env
+        self.rank, self.world, self.local_rank = env.rank, env.world_size, env.local_rank
+        self._device = device
+        self.ddp: torch.nn.Module | None = None
+
+    @classmethod
+    def single(cls, cfg: DistributedConfig) -> Parallel:
+        """One process. Refuses to run as a torchrun worker that never joined the group."""
+        env = detect_env()
+        if env.distributed and not dist.is_initialized():
+            raise DistributedError(
+                f"this process is rank {env.rank} of {env.world_size} (torchrun) but was given no "
+                "distributed session; run `littlelm train` under torchrun, or build the Trainer "
+                "inside `with littlelm.train.distributed.session(...) as par: Trainer(cfg, parallel=par)`"
+            )
+        return cls(cfg, DistEnv(), torch.device("cpu"))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def strategy(self) -> str:
+        return self.cfg.strategy if self.world > 1 else "single"
+
+    def device(self, device: torch.device) -> torch.device:
+        """The device this rank trains on: its own GPU (cuda:LOCAL_RANK) under torchrun."""
+        if device.type == "cuda" and self.world > 1:
+            return torch.device("cuda", self.local_rank)
+        return device
+
+    # ------------------------------------------------------------------------------------------
+    # Collectives (no-ops for one process)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def gather_objects(self, obj: T) -> list[T]:
+        """`obj` from every rank, in rank order, on every rank (small picklable data only)."""
+        if self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: T) -> T:
+        """Rank 0's `obj` on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def mean(self, t: torch.Tensor) -> torch.Tensor:
+        """The average of `t` over ranks (a new tensor)."""
+        if self.world == 1:
+            return t.clone()
+        out = t.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out / self.world
+
+    def agree(self, value: Any, what: str) -> None:
+        """Raise on every rank unless every rank has the same `value`."""
+        values = self.gather_objects(value)
+        for r, v in enumerate(values):
+            if v != values[0]:
+                raise DistributedError(
+                    f"ranks disagree on {what}: rank 0 has {_short(values[0])}, rank {r} has "
+                    f"{_short(v)}; every process must run the same software on the same kind of "
+                    "device with the same config files and data"
+                )
+
+    def agree_config(self, flat: dict[str, Any]) -> None:
+        """Every rank must run the same resolved config (the same YAML files and overrides)."""
+        values = self.gather_objects(json.dumps(flat, sort_keys=True, default=str))
+        base = json.loads(values[0])
+        for r, v in enumerate(values[1:], start=1):
+            other = json.loads(v)
+            keys = sorted(k for k in set(base) | set(other) if base.get(k) != other.get(k))
+            if keys:
+                raise DistributedError(
+                    f"rank {r}'s config differs from rank 0's at {', '.join(keys[:8])}; every "
+                    "node must see the same config files and get the same overrides"
+                )
+
+    def in_turns(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on rank 0, then on the first rank of every other node, then on every other
+        rank: the first call fills a cache (prepared data, a trained tokenizer) the rest read."""
+        result: Any = None
+        done = False
+        for turn in (self.rank == 0, self.local_rank == 0, True):
+            if turn and not done:
+                result, done = fn(), True
+            self.barrier()
+        return result
+
+    # ------------------------------------------------------------------------------------------
+    # Model and optimizer (see model_parallel.py and optim/sharded.py)
+
+    def shard_model(self, model: torch.nn.Module, precision: str) -> None:
+        """FSDP2: split the model's parameters across ranks, in place. Nothing for ddp."""
+        if self.strategy == "fsdp":
+            from littlelm.train.model_parallel import fully_shard_model
+
+            fully_shard_model(model, self.world, self._device.type, precision, self.cfg)
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module to call for training steps: DDP around the model, or the model itself."""
+        if self.strategy != "ddp":
+            return model
+        from littlelm.train.model_parallel import ddp_wrap
+
+        self.ddp = ddp_wrap(model, self._device, self.cfg.bucket_cap_mb)
+        return self.ddp
+
+    def no_sync(self, skip: bool):
+        """Around a micro-batch's forward and backward: with skip=True, DDP only accumulates
+        gradients locally (the last micro-batch of a step all-reduces them)."""
+        if skip and self.ddp is not None:
+            return self.ddp.no_sync()
+        return contextlib.nullcontext()
+
+    def shard_optimizer(self, optimizer):
+        """Replace the inner optimizers by their sharded versions (optim/sharded.py)."""
+        if self.world == 1:
+            return optimizer
+        from littlelm.optim.sharded import shard_hybrid
+
+        c = self.cfg
+        return shard_hybrid(optimizer, c.strategy == "fsdp", c.shard_muon, c.shard_adamw)
+
+    def full_model_state(self, model: torch.nn.Module):
+        """Something whose state_dict() is the whole model's (rank 0) for checkpoint saving."""
+        if self.strategy != "fsdp":
+            return model
+        from littlelm.train.model_parallel import FullModelState
+
+        return FullModelState(model)
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

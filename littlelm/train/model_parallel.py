@@ -1,0 +1,75 @@
+"""Data-parallel model wrapping: DDP (every rank holds the whole model) or FSDP2 (fully_shard:
+every rank holds a 1/world slice of each parameter and gathers whole ones only while a unit
+computes). Which modules become FSDP units, and why, is in `fsdp_units`; the memory each rank
+holds is written out in docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+
+def ddp_wrap(model: nn.Module, device: torch.device, bucket_cap_mb: int) -> nn.Module:
+    """DDP with gradients living in the all-reduce buckets (no second copy of the gradients).
+    Buffers (RoPE tables) are identical on every rank, so they are not re-broadcast each step."""
+    # torch 2.13 renamed broadcast_buffers to forward_sync_buffers
+    new_name = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    return DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=bucket_cap_mb,
+        gradient_as_bucket_view=True,
+        **{"forward_sync_buffers" if new_name else "broadcast_buffers": False},
+    )
+
+
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """Modules sharded as their own FSDP unit (gathered just before they run, freed after):
+    every transformer block, every value-embedding table and the token embedding. The root unit
+    keeps the rest: lm_head (read as a weight by the loss, not called as a module), the final
+    norm and the residual scalars; a tied token embedding stays there with lm_head."""
+    units: list[nn.Module] = list(getattr(model, "blocks", []))
+    units += list(getattr(model, "value_embeds", {}).values())
+    wte, head = getattr(model, "wte", None), getattr(model, "lm_head", None)
+    if wte is not None and (head is None or head.weight is not wte.weight):
+        units.append(wte)
+    return units
+
+
+def fully_shard_model(
+    model: nn.Module, world: int, device_type: str, precision: str, cfg
+) -> nn.Module:
+    """Apply FSDP2 in place: each unit, then the root. Under bf16 the gathered weights are cast
+    to bf16 for compute while the sharded fp32 weights stay the master copy, and gradients are
+    reduce-scattered in fp32."""
+    mesh = init_device_mesh(device_type, (world,))
+    if precision == "bf16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        mp = MixedPrecisionPolicy()
+    for unit in fsdp_units(model):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp)
+    return model
+
+
+class FullModelState:
+    """The whole state dict of an FSDP model, gathered onto rank 0's CPU (other ranks get an
+    empty dict), without tied duplicates. Every rank must call state_dict() (a collective)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_model_state_dict(self.model, options=opts)
+        every = {n for n, _ in self.model.named_parameters(remove_duplicate=False)}
+        unique = {n for n, _ in self.model.named_parameters()}
+        return {k: v for k, v in full.items() if k not in every - unique}

@@ -1,0 +1,114 @@
+"""Run by tests/test_distributed.py under torchrun (gloo, CPU): the distributed optimizers against
+the single-process one on the same gradients. Every rank computes the single-process reference
+itself; rank 0 writes the largest differences to the JSON file named by argv[1].
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/dist_optim_worker.py OUT
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from littlelm.errors import DistributedError
+from littlelm.model.gpt import GPT, GPTConfig
+from littlelm.optim.groups import MuonConfig, build_optimizer
+from littlelm.optim.sharded import shard_hybrid
+from littlelm.train.distributed import DistEnv, DistributedConfig, Parallel
+from littlelm.train.model_parallel import fully_shard_model
+
+# Odd sizes on purpose: 3 heads of 12, ve_gate (3, 32) and 3-element scalars split unevenly over
+# 2 ranks; 12 attention matrices, 3 MLP matrices of each shape, 2 gates per Muon bucket.
+MODEL = dict(name="gpt", vocab_size=100, n_layer=3, d_model=36, n_head=3, max_seq_len=16)
+OPT = MuonConfig(name="muon", weight_decay=0.1, momentum=0.9)
+
+
+def batch(step: int) -> torch.Tensor:
+    return torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(step))
+
+
+def train_step(model, opt, step: int) -> None:
+    idx = batch(step)
+    model(idx, idx).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    return max(
+        (x.detach().float() - full(y.detach()).float()).abs().max().item()
+        for x, y in zip(a.parameters(), b.parameters())
+    )
+
+
+def state_diff(ref: dict, other: dict) -> float:
+    worst = 0.0
+    for ours, theirs in zip(ref["optimizers"], other["optimizers"]):
+        assert ours["state"].keys() == theirs["state"].keys(), "state of different params"
+        for i, s in ours["state"].items():
+            for k, v in s.items():
+                worst = max(worst, (v.float() - theirs["state"][i][k].float()).abs().max().item())
+    return worst
+
+
+def variants(base: GPT) -> dict:
+    """name -> (model, optimizer) built from copies of `base`."""
+    out = {}
+    m = copy.deepcopy(base)
+    out["ref"] = (m, build_optimizer(m, OPT))
+    m = copy.deepcopy(base)
+    out["ddp"] = (m, shard_hybrid(build_optimizer(m, OPT), False, True, True))
+    m = copy.deepcopy(base)
+    fully_shard_model(m, dist.get_world_size(), "cpu", "fp32", DistributedConfig())
+    out["fsdp"] = (m, shard_hybrid(build_optimizer(m, OPT), True, True, False))
+    return out
+
+
+def main(out_path: str) -> None:
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    base = GPT(GPTConfig(**MODEL))
+    runs = variants(base)
+    for step in range(3):
+        for model, opt in runs.values():
+            train_step(model, opt, step)
+    ref_model, ref_opt = runs["ref"]
+    ref_state = ref_opt.state_dict()
+    result = {
+        "params_ddp": max_diff(ref_model, runs["ddp"][0]),
+        "params_fsdp": max_diff(ref_model, runs["fsdp"][0]),
+        "state_ddp": state_diff(ref_state, runs["ddp"][1].state_dict()),
+        "state_fsdp": state_diff(ref_state, runs["fsdp"][1].state_dict()),
+    }
+    # a single-process state loads into fresh sharded optimizers, and training continues alike
+    resumed = variants(ref_model)
+    for _, opt in resumed.values():
+        opt.load_state_dict(copy.deepcopy(ref_state))
+    for step in (3, 4):
+        train_step(ref_model, ref_opt, step)
+        for model, opt in resumed.values():
+            train_step(model, opt, step)
+    result["resumed_ddp"] = max_diff(ref_model, resumed["ddp"][0])
+    result["resumed_fsdp"] = max_diff(ref_model, resumed["fsdp"][0])
+    par = Parallel(DistributedConfig(), DistEnv(dist.get_rank(), dist.get_world_size()), None)
+    try:
+        par.agree(dist.get_rank() == 0, "a value that differs")
+        result["agree_raised"] = False
+    except DistributedError as e:
+        result["agree_raised"] = "rank 1 has" in str(e)
+    if dist.get_rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,271 @@
+"""Data-parallel training on the CPU with gloo: 2 processes against 1, resumes across world
+sizes, the sharded optimizers, and the errors of a broken environment.
+
+The corpus has documents of exactly seq_len + 1 tokens and the packer buffers one document, so
+every row is one document in the seeded order and the global batch of 2 ranks x 1 row equals
+that of 1 process x 2 accumulated rows: the loss trajectories must agree. Every multi-process
+run is a real `littlelm train` under torchrun, killed if it outlives its timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import WORDS, tiny_tree, write_config
+from littlelm.errors import CheckpointError, ConfigError, DistributedError
+from littlelm.schema import load_run
+from littlelm.train import distributed
+from littlelm.train.distributed import DistEnv, DistributedConfig, Parallel, detect_env
+from littlelm.train.trainer import Trainer
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+
+
+def equal_docs(path: Path, n: int = 48, chars: int = 31) -> Path:
+    """Paragraphs of `chars` ASCII characters: with the newline and BOS, 33 byte tokens each."""
+    rng = random.Random(0)
+    paras = []
+    for _ in range(n):
+        text = ""
+        while len(text) < chars:
+            text += rng.choice(WORDS) + " "
+        paras.append(text[:chars])
+    path.write_text("\n\n".join(paras))  # no trailing newline: the last paragraph is 31 + 1 too
+    return path
+
+
+def run_procs(cmd: list[str], cwd: Path, timeout: float = 120) -> str:
+    """Run a command that starts torchrun; on timeout torchrun is told to stop its workers
+    (SIGTERM), then killed. Returns the output; a non-zero exit fails the test."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} ran over {timeout}s:\n{out[-3000:]}")
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{out[-5000:]}"
+    return out
+
+
+@contextlib.contextmanager
+def cwd(path: Path):
+    old = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def losses(run: Path, kind: str = "train", key: str = "loss") -> dict[int, float]:
+    lines = (run / "runs/tiny/metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r[key] for r in map(json.loads, lines) if r["kind"] == kind}
+
+
+def weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(run / f"runs/tiny/checkpoints/step_{step:06d}/model.safetensors")
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], msg=k)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """`one`: 1 process, 2 accumulated rows per step; `two`: 2 processes (DDP, sharded Muon and
+    AdamW), 1 row each. Both: 4 steps, checkpoints at 2 and 4, relative out_dir `runs`."""
+    base = tmp_path_factory.mktemp("dist")
+    tree = tiny_tree(
+        equal_docs(base / "corpus.txt"),
+        Path("runs"),
+        data={"buffer_docs": 1},
+        train={"micro_batch_size": 1, "batch_tokens": 64, "max_steps": 4, "precision": "fp32"},
+        eval={"every": 2, "max_tokens": 256},
+        checkpoint={"every": 2, "keep_last": 3},
+        distributed={"timeout_s": 60, "shard_adamw": True},
+    )
+    config = write_config(base / "run.yaml", tree)
+    (base / "one").mkdir()
+    (base / "two").mkdir()
+    with cwd(base / "one"):
+        Trainer(load_run(config), resume="never").fit()
+    out = run_procs(
+        [sys.executable, "-m", "littlelm", "train", str(config), "--nproc", "2"], base / "two"
+    )
+    (base / "two" / "stdout.txt").write_text(out)
+    return {"base": base, "config": config, "one": base / "one", "two": base / "two"}
+
+
+def copy_run(runs: dict, name: str, dest: Path) -> Path:
+    shutil.copytree(runs[name], dest)
+    return dest
+
+
+def test_two_processes_match_one_process(runs):
+    one, two = runs["one"], runs["two"]
+    assert list(losses(two)) == [1, 2, 3, 4]
+    torch.testing.assert_close(losses(two), losses(one))  # fp32 tolerance, every step
+    torch.testing.assert_close(losses(two, "eval", "val_loss"), losses(one, "eval", "val_loss"))
+    assert_same_weights(weights(two, 4), weights(one, 4))
+    out = (two / "stdout.txt").read_text()
+    assert out.count("step 4/4") == 1  # only rank 0 prints
+    assert "× 2 ranks (ddp)" in out
+    resolved = (two / "runs/tiny/config.yaml").read_text()
+    assert "world_size: 2" in resolved and "grad_accum: 1" in resolved
+
+
+def test_resume_with_same_world_size_is_bitwise(runs, tmp_path):
+    run = copy_run(runs, "two", tmp_path / "again")
+    shutil.rmtree(run / "runs/tiny/checkpoints/step_000004")
+    run_procs([*TORCHRUN, "-m", "littlelm", "train", str(runs["config"])], run)
+    assert losses(run) == losses(runs["two"])  # exact floats: each rank's data position restored
+
+
+def test_checkpoint_of_two_processes_resumes_in_one(runs, tmp_path):
+    run = copy_run(runs, "two", tmp_path / "down")
+    step2 = run / "runs/tiny/checkpoints/step_000002"
+    with cwd(run):
+        trainer = Trainer(load_run(runs["config"]), resume=str(step2))
+        assert trainer.step == 2 and trainer.cfg.train.grad_accum == 2
+        trainer.fit()
+    torch.testing.assert_close(losses(run), losses(runs["two"]))
+    assert_same_weights(weights(run, 4), weights(runs["two"], 4))
+
+
+def test_checkpoint_of_one_process_resumes_in_two_with_fsdp(runs, tmp_path):
+    run = copy_run(runs, "one", tmp_path / "up")
+    step2 = "runs/tiny/checkpoints/step_000002"
+    cmd = [*TORCHRUN, "-m", "littlelm", "train", str(runs["config"]), "distributed.strategy=fsdp"]
+    out = run_procs([*cmd, "--resume", step2], run)
+    assert "written by 1 process(es), this run has 2" in out
+    torch.testing.assert_close(losses(run), losses(runs["one"]))
+    assert_same_weights(weights(run, 4), weights(runs["one"], 4))
+
+
+def test_sharded_optimizers_equal_single_process(tmp_path):
+    """Sharded Muon (ddp and fsdp), ZeRO-1 AdamW and FSDP AdamW against the single-process
+    optimizer on the same gradients, their whole state, and a load of the single-process state."""
+    out = tmp_path / "result.json"
+    run_procs([*TORCHRUN, str(ROOT / "tests/dist_optim_worker.py"), str(out)], tmp_path)
+    result = json.loads(out.read_text())
+    assert result.pop("agree_raised") is True
+    for name, diff in result.items():
+        assert diff <= 1e-6, (name, diff)
+
+
+# ----------------------------------------------------------------------------------------------
+# Environment and config errors (one process)
+
+
+def test_detect_env():
+    assert detect_env({}) == DistEnv()
+    env = detect_env(
+        {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+         "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
+    )  # fmt: skip
+    assert (env.rank, env.world_size, env.local_rank, env.master) == (3, 4, 1, "node0:29500")
+
+
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR, MASTER_PORT missing"),
+        ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "outside"),
+        ({"RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "not an integer"),
+        ({"SLURM_NTASKS": "8"}, "srun torchrun"),
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2",
+             "MASTER_ADDR": "a", "MASTER_PORT": "1"},
+            "LOCAL_RANK=2",
+        ),
+    ],
+)  # fmt: skip
+def test_broken_environment_is_refused(environ, message):
+    with pytest.raises(DistributedError, match=message):
+        detect_env(environ)
+
+
+def test_unreachable_master_is_a_clear_error():
+    """Rank 1 of 2 whose rendezvous never answers: a DistributedError naming the address."""
+    code = (
+        "import torch; from littlelm.train import distributed as d\n"
+        "cfg = d.DistributedConfig(timeout_s=2)\n"
+        "env = d.DistEnv(1, 2, 0, 1, '127.0.0.1:9')\n"
+        "try:\n"
+        "    with d.session(cfg, torch.device('cpu'), env): pass\n"
+        "except d.DistributedError as e: print('ERR', e)\n"
+    )
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9", "RANK": "1",
+           "WORLD_SIZE": "2"}  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    ).stdout
+    assert "ERR rank 1 of 2 could not join the process group at 127.0.0.1:9" in out, out
+
+
+def test_nccl_on_cpu_and_nproc_errors(monkeypatch):
+    with pytest.raises(DistributedError, match="backend=gloo"):
+        distributed.pick_backend("nccl", "cpu")
+    assert distributed.pick_backend("auto", "cpu") == "gloo"
+    assert distributed.pick_backend("auto", "cuda") == "nccl"
+    with pytest.raises(DistributedError, match="at least 1"):
+        distributed.launch(0, ["train"])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(DistributedError, match="--nproc 4 but 2 GPU"):
+        distributed.launch(4, ["train"])
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(DistributedError, match="already one of torchrun's workers"):
+        distributed.launch(2, ["train"])
+    with pytest.raises(DistributedError, match="no distributed session"):
+        Parallel.single(DistributedConfig())
+
+
+def test_config_checks(tiny_config):
+    cfg = load_run(tiny_config, world_size=2)
+    assert cfg.distributed.world_size == 2 and cfg.train.batch_tokens == 4 * 32 * 2
+    with pytest.raises(ConfigError, match="distributed.world_size is 4 but 2"):
+        load_run(tiny_config, ["distributed.world_size=4"], world_size=2)
+    with pytest.raises(ConfigError, match="on_exhausted=stop needs a single process"):
+        load_run(tiny_config, ["data.on_exhausted=stop"], world_size=2)
+    with pytest.raises(ConfigError, match="shard_muon=false is ddp-only"):
+        load_run(tiny_config, ["distributed.strategy=fsdp", "distributed.shard_muon=false"])
+
+
+def test_world_size_change_needs_the_same_global_batch(tiny_config):
+    """A checkpoint of 2 processes x 4 rows, resumed by 1 process x 4 rows: refused, naming
+    the batch_tokens that keeps the global batch."""
+    cfg = load_run(tiny_config)
+    Trainer(cfg, resume="never").fit(stop_after=2)
+    saved = cfg.run_dir() / "checkpoints/step_000002/state.json"
+    state = json.loads(saved.read_text())
+    state["config"]["distributed"]["world_size"] = 2
+    state["config"]["train"]["batch_tokens"] = 256
+    saved.write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match=r"set train.batch_tokens=256 to keep the global"):
+        Trainer(load_run(tiny_config))
