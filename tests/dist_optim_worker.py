@@ -72,6 +72,36 @@ def variants(base: GPT) -> dict:
     return out
 
 
+def ddp_accumulation(par: Parallel) -> dict:
+    """Two micro-batches per rank through Parallel.wrap (DDP) and Parallel.no_sync: the first
+    stays local, the second all-reduces; the result is the gradient of all four micro-batches."""
+    torch.manual_seed(1)
+    base = GPT(GPTConfig(**MODEL))
+    micro = [batch(10 + i) for i in range(4)]  # rank r takes micro[2r], micro[2r + 1]
+    ref = copy.deepcopy(base)
+    for idx in micro:
+        (ref(idx, idx) / 4).backward()
+    alone = copy.deepcopy(base)
+    mine = micro[2 * par.rank : 2 * par.rank + 2]
+    (alone(mine[0], mine[0]) / 2).backward()
+    model = copy.deepcopy(base)
+    ddp = par.wrap(model)
+    with par.no_sync(skip=True):
+        (ddp(mine[0], mine[0]) / 2).backward()
+    local = max(
+        (p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), alone.parameters())
+    )
+    with par.no_sync(skip=False):
+        (ddp(mine[1], mine[1]) / 2).backward()
+    return {
+        "accum_first_is_local": local,
+        "accum_grads": max(
+            (p.grad - q.grad).abs().max().item()
+            for p, q in zip(model.parameters(), ref.parameters())
+        ),
+    }
+
+
 def main(out_path: str) -> None:
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -98,7 +128,9 @@ def main(out_path: str) -> None:
             train_step(model, opt, step)
     result["resumed_ddp"] = max_diff(ref_model, resumed["ddp"][0])
     result["resumed_fsdp"] = max_diff(ref_model, resumed["fsdp"][0])
-    par = Parallel(DistributedConfig(), DistEnv(dist.get_rank(), dist.get_world_size()), None)
+    env = DistEnv(dist.get_rank(), dist.get_world_size())
+    par = Parallel(DistributedConfig(), env, torch.device("cpu"))
+    result.update(ddp_accumulation(par))
     try:
         par.agree(dist.get_rank() == 0, "a value that differs")
         result["agree_raised"] = False

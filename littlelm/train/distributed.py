@@ -379,13 +379,14 @@ class Parallel:
         c = self.cfg
         return shard_hybrid(optimizer, c.strategy == "fsdp", c.shard_muon, c.shard_adamw)
 
-    def full_model_state(self, model: torch.nn.Module):
-        """Something whose state_dict() is the whole model's (rank 0) for checkpoint saving."""
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's state dict on rank 0 (FSDP: gathered by every rank, a collective;
+        the other ranks get an empty dict)."""
         if self.strategy != "fsdp":
-            return model
-        from littlelm.train.model_parallel import FullModelState
+            return model.state_dict()
+        from littlelm.train.model_parallel import full_state_dict
 
-        return FullModelState(model)
+        return full_state_dict(model)
 
 
 def _short(value: Any, limit: int = 200) -> str:

@@ -60,16 +60,11 @@ def fully_shard_model(
     return model
 
 
-class FullModelState:
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole state dict of an FSDP model, gathered onto rank 0's CPU (other ranks get an
-    empty dict), without tied duplicates. Every rank must call state_dict() (a collective)."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        full = get_model_state_dict(self.model, options=opts)
-        every = {n for n, _ in self.model.named_parameters(remove_duplicate=False)}
-        unique = {n for n, _ in self.model.named_parameters()}
-        return {k: v for k, v in full.items() if k not in every - unique}
+    empty dict), without tied duplicates. Every rank must call it (a collective)."""
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = get_model_state_dict(model, options=opts)
+    every = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    unique = {n for n, _ in model.named_parameters()}
+    return {k: v for k, v in full.items() if k not in every - unique}
