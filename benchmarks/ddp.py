@@ -95,7 +95,9 @@ def main() -> None:
                 base = base or (tps if world == 1 else None)
                 ratio = f"{tps / base:.2f}x" if base else "-"
                 accum = batch // (world * args.micro * 512)
-                table.add_row(str(world), case, str(accum), f"{tps:,.0f}", ratio, f"{r['wall']:.0f}")
+                table.add_row(
+                    str(world), case, str(accum), f"{tps:,.0f}", ratio, f"{r['wall']:.0f}"
+                )
     Console().print(table)
     print(
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device "

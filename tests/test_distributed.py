@@ -167,6 +167,19 @@ def test_checkpoint_of_one_process_resumes_in_two_with_fsdp(runs, tmp_path):
     assert_same_weights(weights(run, 4), weights(runs["one"], 4))
 
 
+def test_fsdp_in_bf16_with_a_callback_that_runs_the_model(runs, tmp_path):
+    """bf16 mixed precision under FSDP, the sample callback on every rank (a forward pass needs
+    them all) writing once, and the grad norm of sharded gradients without clipping."""
+    cmd = [*TORCHRUN, "-m", "littlelm", "train", str(runs["config"]), "distributed.strategy=fsdp"]
+    cmd += ["train.precision=bf16", "train.grad_clip=null", "train.max_steps=2"]
+    cmd += ['callbacks=[{name: sample, max_tokens: 6, prompt: "the", temperature: 0}]']
+    out = run_procs(cmd, tmp_path)
+    assert out.count("--- sample at step 2 ---") == 1
+    assert (tmp_path / "runs/tiny/samples.txt").read_text().count("=== step 2") == 1
+    norms = losses(tmp_path, key="grad_norm")
+    assert list(norms) == [1, 2] and all(0 < n < 100 for n in norms.values())
+
+
 def test_sharded_optimizers_equal_single_process(tmp_path):
     """Sharded Muon (ddp and fsdp), ZeRO-1 AdamW and FSDP AdamW against the single-process
     optimizer on the same gradients, their whole state, and a load of the single-process state."""
