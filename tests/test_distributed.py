@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from conftest import WORDS, tiny_tree, write_config
@@ -48,9 +49,9 @@ def equal_docs(path: Path, n: int = 48, chars: int = 31) -> Path:
     return path
 
 
-def run_procs(cmd: list[str], cwd: Path, timeout: float = 120) -> str:
+def run_procs(cmd: list[str], cwd: Path, timeout: float = 120, ok: bool = True) -> str:
     """Run a command that starts torchrun; on timeout torchrun is told to stop its workers
-    (SIGTERM), then killed. Returns the output; a non-zero exit fails the test."""
+    (SIGTERM), then killed. Returns the output; the exit status must be zero (ok) or not."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -66,7 +67,7 @@ def run_procs(cmd: list[str], cwd: Path, timeout: float = 120) -> str:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
         pytest.fail(f"{' '.join(cmd)} ran over {timeout}s:\n{out[-3000:]}")
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{out[-5000:]}"
+    assert (proc.returncode == 0) == ok, f"{' '.join(cmd)}: exit {proc.returncode}\n{out[-5000:]}"
     return out
 
 
@@ -189,6 +190,17 @@ def test_sharded_optimizers_equal_single_process(tmp_path):
     assert result.pop("agree_raised") is True
     for name, diff in result.items():
         assert diff <= 1e-6, (name, diff)
+
+
+def test_a_failing_rank_stops_the_run_with_its_message(runs, tmp_path):
+    """Rank 0 fails while preparing data (the others wait for it): the run exits non-zero at once,
+    with rank 0's one-line error, and no process is left waiting."""
+    tree = yaml.safe_load(runs["config"].read_text())
+    tree["data"]["sources"]["text"]["path"] = str(tmp_path / "missing.txt")
+    config = write_config(tmp_path / "bad.yaml", tree)
+    cmd = [sys.executable, "-m", "littlelm", "train", str(config), "--nproc", "2"]
+    out = run_procs(cmd, tmp_path, timeout=60, ok=False)
+    assert "error: data.sources.text.path: no text files" in out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ single process gets the same object with every operation a no-op. See docs/distr
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -238,6 +239,9 @@ def session(
             "software versions and device type",
         )
         yield par
+        # the wrapped model (DDP reducer, FSDP hooks) refers to the group through reference
+        # cycles: free it while the group exists, or gloo can abort the process at exit
+        gc.collect()
         par.barrier()  # nobody tears its connections down while another rank still uses them
     finally:
         dist.destroy_process_group()
