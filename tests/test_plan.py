@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from littlelm.cli import main
 from littlelm.errors import ConfigError
+from littlelm.plan import memory as mem
 from littlelm.plan.catalog import load_catalog
 from littlelm.plan.cost import (
     largest_fitting,
@@ -167,7 +169,34 @@ def test_costs_follow_mfu_price_and_tokens(tiny_config):
     assert p.dollars_per_btok == pytest.approx(p.dollars)  # one billion tokens
     two = plan_gpu(d, g, cat, tokens=10**9, devices=2)
     assert two.tok_s == pytest.approx(2 * p.tok_s)
-    assert two.lines["DDP gradient buckets"] > 0 and two.needed_gib > p.needed_gib
+    assert two.needed_gib == pytest.approx(p.needed_gib)  # same Dims: nothing sharded
+
+
+def test_per_rank_memory_follows_the_distributed_strategy(tiny_config):
+    """The memory one GPU needs under littlelm's ddp (gradients in DDP's buckets, sharded Muon,
+    optionally ZeRO-1 AdamW) and fsdp, against one process with the same micro-batch."""
+    cat = load_catalog()
+    g = cat.gpus["H100-SXM"]
+    one = Dims.of(load_run(tiny_config, ["train.batch_tokens=1024"]))
+    state = {}
+    for name, extra in {
+        "ddp": [],
+        "replicated": ["distributed.shard_muon=false"],
+        "zero1": ["distributed.shard_adamw=true"],
+        "fsdp": ["distributed.strategy=fsdp"],
+    }.items():
+        cfg = load_run(tiny_config, ["train.batch_tokens=2048", *extra], world_size=2)
+        d = Dims.of(cfg)
+        assert (d.world, d.micro_batch, d.grad_accum) == (2, one.micro_batch, one.grad_accum)
+        state[name] = mem.optimizer_state_bytes(d)
+        need = plan_gpu(d, g, cat, tokens=10**9, devices=2).needed_gib
+        assert need <= plan_gpu(one, g, cat, tokens=10**9).needed_gib + 1e-9, name
+    whole = mem.optimizer_state_bytes(one)
+    assert state["replicated"] == state["fsdp"] == whole  # fsdp divides in fsdp_peak
+    muon = sum(mem.block_bytes(4 * p.numel) for p in one.params if one.muon_param(p))
+    owned = sum(mem.block_bytes(4 * math.prod(s)) * -(-n // 2) for s, n in one.muon_buckets())
+    assert state["ddp"] == whole - muon + owned and owned < muon
+    assert state["zero1"] < state["ddp"]
 
 
 def test_data_parallel_keeps_per_device_accumulation(tiny_config):

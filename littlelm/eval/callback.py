@@ -55,6 +55,8 @@ class CoreEvalConfig(ComponentConfig):
 
 @CALLBACKS.register("core", config=CoreEvalConfig)
 class CoreEval(Callback):
+    runs_model = True  # under FSDP every rank takes part in the forward passes
+
     def __init__(self, cfg: CoreEvalConfig):
         self.cfg = cfg
         self.last: SuiteResult | None = None
@@ -104,9 +106,12 @@ class CoreEval(Callback):
 
 
 def publish(trainer: Trainer, record: dict) -> None:
-    """To metrics.jsonl, and to TensorBoard / W&B (as eval/<field>) when those loggers run."""
+    """To metrics.jsonl, and to TensorBoard / W&B (as eval/<field>) when those loggers run
+    (rank 0 only under torchrun)."""
     from littlelm.train.loggers import TensorBoardLogger, WandbLogger
 
+    if not trainer.is_main:
+        return
     for cb in trainer.callbacks:
         if isinstance(cb, JSONLLogger):
             cb.write(record)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
 from littlelm.plan.catalog import GPU, Catalog
-from littlelm.plan.parallel import ddp_bucket_bytes, fsdp_peak
+from littlelm.plan.parallel import fsdp_peak
 from littlelm.plan.shapes import Dims
 
 GIB = 2**30
@@ -54,14 +54,13 @@ class GpuPlan:
 def device_lines(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> dict[str, float]:
     """The memory budget of one GPU in GiB: tensor peak, allocator margin, context."""
     e = mem.estimate(d, "cuda")
-    buckets = ddp_bucket_bytes(d, devices)
-    step_peak = e.peak + buckets
-    resume = mem.resume_device_bytes(e)
+    fsdp = d.strategy == "fsdp" and devices > 1
+    step_peak = fsdp_peak(d, devices) if fsdp else e.peak  # per rank
+    resume = mem.resume_device_bytes(e) // (devices if fsdp else 1)
     tensor_peak = max(step_peak, resume)
     margin = tensor_peak * catalog.defaults.allocator_margin
     return {
         "tensor peak": tensor_peak / GIB,
-        "DDP gradient buckets": buckets / GIB,
         "resume spike": (tensor_peak - step_peak) / GIB,
         "allocator margin": margin / GIB,
         "CUDA context & workspaces": catalog.context_gib(gpu),
@@ -188,10 +187,9 @@ def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Reme
         per_gpu = fsdp_peak(d, n) * (1 + catalog.defaults.allocator_margin) / GIB
         need = per_gpu + catalog.context_gib(gpu)
         if need <= gpu.memory_gib or n == FSDP_SIZES[-1]:
-            note = "analytic: littlelm's FSDP arrives later"
-            out.append(
-                Remedy(f"FSDP over {n} GPUs", need, base - need, need <= gpu.memory_gib, note)
-            )
+            note = "FSDP2: parameters, gradients and optimizer state split over the GPUs"
+            name = f"distributed.strategy=fsdp on {n} GPUs (--nproc {n})"
+            out.append(Remedy(name, need, base - need, need <= gpu.memory_gib, note))
             break
     return sorted(out, key=lambda r: (not r.fits, -r.needed_gib if r.fits else r.needed_gib))
 

@@ -87,13 +87,16 @@ def adamw_state_bytes(d: Dims, numel: int) -> int:
 
 def optimizer_state_bytes(d: Dims) -> int:
     """AdamW (or 8-bit AdamW) for its parameters; Muon: one momentum buffer per matrix in the
-    parameters' dtype."""
-    total = 0
+    parameters' dtype. Under ddp, rank 0's share: the Muon matrices it owns (sharded Muon) and
+    1/world of every AdamW tensor (ZeRO-1); fsdp is divided in plan/parallel.py."""
+    w = d.ddp_ranks
+    total = sum(
+        block_bytes(d.param_bytes * math.prod(shape)) * d.muon_owned(count)
+        for shape, count in d.muon_buckets()
+    )
     for p in d.params:
-        if d.muon_param(p):
-            total += block_bytes(d.param_bytes * p.numel)
-        else:
-            total += adamw_state_bytes(d, p.numel)
+        if not d.muon_param(p):
+            total += adamw_state_bytes(d, -(-p.numel // w) if d.shard_adamw else p.numel)
     return total
 
 
@@ -300,18 +303,35 @@ def muon_scratch(shape: tuple[int, int], count: int, nesterov: bool) -> int:
     return directions + 4 * k + 4 * 2 * k + 2 * 2 * count * s * s
 
 
+def sharded_exchange_bytes(shape: tuple[int, ...], owned: int, world: int) -> int:
+    """Sharded Muon under ddp: the bf16 updates of the owned matrices and the all-gather of
+    every rank's (world x owned matrices)."""
+    return 2 * (world + 1) * owned * math.prod(shape)
+
+
+def zero1_gather_bytes(d: Dims) -> int:
+    """ZeRO-1 AdamW: this rank's flat slices and the all-gather of every rank's (fp32)."""
+    w = d.ddp_ranks
+    slices = sum(-(-p.numel // w) for p in d.params if not d.muon_param(p))
+    return 4 * (w + 1) * slices
+
+
 def optimizer_scratch_bytes(d: Dims) -> int:
     peak = clip_scratch(d)
+    w = d.ddp_ranks
     for params in d.groups().values():
         adam = [p.numel for p in params if not d.muon_param(p)]
         if adam:
-            peak = max(peak, adamw_scratch(d, adam))
-        shapes: dict[tuple[int, ...], int] = {}
-        for p in params:
-            if d.muon_param(p):
-                shapes[p.shape] = shapes.get(p.shape, 0) + 1
-        for shape, count in shapes.items():
-            peak = max(peak, muon_scratch(shape, count, d.nesterov))  # type: ignore[arg-type]
+            numels = [-(-n // w) for n in adam] if d.shard_adamw else adam
+            peak = max(peak, adamw_scratch(d, numels))
+    for shape, count in d.muon_buckets():
+        owned = d.muon_owned(count)
+        need = muon_scratch(shape, owned, d.nesterov)  # type: ignore[arg-type]
+        if owned < count:
+            need += sharded_exchange_bytes(shape, owned, w)
+        peak = max(peak, need)
+    if d.shard_adamw and w > 1:
+        peak = max(peak, zero1_gather_bytes(d))
     return peak
 
 

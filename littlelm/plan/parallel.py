@@ -1,23 +1,20 @@
-"""Memory of data-parallel training, analytic only (littlelm's DDP and FSDP arrive later).
+"""Per-rank memory of data-parallel training, as littlelm runs it (train/model_parallel.py,
+optim/sharded.py; docs/distributed.md has the formulas).
 
-DDP (torch.nn.parallel.DistributedDataParallel, default `gradient_as_bucket_view=False`) copies
-every gradient into its communication buckets: one more copy of the gradients (their dtype). FSDP2
-(`fully_shard`, bf16 `param_dtype`, reshard after forward) keeps 1/N of the parameters,
-gradients and optimizer state per GPU, and gathers the layers it is working on (the current one
-and the prefetched next: bf16 weights, fp32 gradients before their reduce-scatter).
+DDP wraps with `gradient_as_bucket_view=True`: the gradients live in the all-reduce buckets, so
+DDP adds no copy; sharded Muon and ZeRO-1 shrink the optimizer state (plan/memory.py, through
+`Dims.ddp_ranks`). FSDP2 (`fully_shard` per block, bf16 `param_dtype`, reshard after forward)
+keeps 1/N of the parameters, gradients and optimizer state per GPU, and gathers the units it is
+working on (the current one and the prefetched next: bf16 weights, fp32 gradients before their
+reduce-scatter).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from littlelm.plan import memory as mem
-from littlelm.plan.accounting import block_bytes
 from littlelm.plan.shapes import Dims
-
-
-def ddp_bucket_bytes(d: Dims, devices: int) -> int:
-    if devices <= 1:
-        return 0
-    return sum(block_bytes(d.param_bytes * p.numel) for p in d.params)
 
 
 def layer_param_numel(d: Dims) -> int:
@@ -28,7 +25,7 @@ def layer_param_numel(d: Dims) -> int:
 def fsdp_peak(d: Dims, shards: int, kernels: mem.Kernels = "cuda") -> int:
     """Peak tensor bytes per GPU when parameters, gradients and optimizer state are sharded
     over `shards` GPUs (each GPU still runs its own micro-batch)."""
-    e = mem.estimate(d, kernels)
+    e = mem.estimate(replace(d, strategy="fsdp", world=shards), kernels)  # whole, then / shards
     c = e.categories
     sharded = (c[mem.PARAMS] + c[mem.GRADS] + c[mem.STATE]) // shards
     per = 2 + d.param_bytes  # bf16 weights gathered + gradients (the parameters' dtype)

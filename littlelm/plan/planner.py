@@ -6,7 +6,7 @@ print_plan(plan)        # littlelm.plan.report
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
@@ -86,7 +86,9 @@ def make_plan(
         cfg=cfg,
         dims=d,
         estimate=estimate,
-        cpu_estimate=mem.estimate(traced_dims(d), "cpu"),
+        cpu_estimate=mem.estimate(
+            replace(traced_dims(d), world=1), "cpu"
+        ),  # the trace is one process
         trace=trace_step(cfg) if trace else None,
         gpus=gpus,
         tokens=tokens,

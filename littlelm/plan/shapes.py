@@ -84,6 +84,10 @@ class Dims:
     checkpointing: bool = False  # train.activation_checkpointing
     fp8: bool = False  # model.fp8
     stochastic_rounding: bool = False  # train.stochastic_rounding
+    world: int = 1  # processes (distributed.world_size)
+    strategy: str = "ddp"  # distributed.strategy: "ddp" or "fsdp"
+    shard_muon: bool = True  # distributed.shard_muon (ddp): Muon momentum of owned matrices only
+    shard_adamw: bool = False  # distributed.shard_adamw (ddp): ZeRO-1, AdamW moments split
 
     @classmethod
     def of(cls, cfg, micro_batch: int | None = None) -> Dims:
@@ -93,7 +97,7 @@ class Dims:
             raise ConfigError(
                 [f"model.name: the planner knows the gpt model only, not {cfg.model.name!r}"]
             )
-        t, oc = cfg.train, cfg.optimizer
+        t, oc, dc = cfg.train, cfg.optimizer, cfg.distributed
         mb = micro_batch or t.micro_batch_size
         seqs = (t.grad_accum or 1) * t.micro_batch_size  # sequences per device per step
         accum = max(1, seqs // mb)
@@ -112,6 +116,10 @@ class Dims:
             checkpointing=t.activation_checkpointing,
             fp8=cfg.model.fp8,
             stochastic_rounding=t.stochastic_rounding,
+            world=dc.world_size or 1,
+            strategy=dc.strategy,
+            shard_muon=dc.shard_muon,
+            shard_adamw=dc.shard_adamw,
         )
 
     def with_micro_batch(self, mb: int) -> Dims:
@@ -147,6 +155,28 @@ class Dims:
 
     def muon_param(self, p: Param) -> bool:
         return self.optimizer == "muon" and p.role == "matrix"
+
+    @property
+    def ddp_ranks(self) -> int:
+        """Ranks of a ddp run (1 for one process or fsdp, whose sharding plan/parallel.py models)."""
+        return self.world if self.strategy == "ddp" else 1
+
+    def muon_owned(self, count: int) -> int:
+        """Matrices of a Muon bucket of `count` that rank 0 (which owns the most) steps."""
+        if self.ddp_ranks > 1 and self.shard_muon:
+            return -(-count // self.ddp_ranks)
+        return count
+
+    def muon_buckets(self) -> list[tuple[tuple[int, ...], int]]:
+        """(shape, count) of each Muon bucket: same-shaped matrices of one optimizer group."""
+        out = []
+        for params in self.groups().values():
+            shapes: dict[tuple[int, ...], int] = {}
+            for p in params:
+                if self.muon_param(p):
+                    shapes[p.shape] = shapes.get(p.shape, 0) + 1
+            out += list(shapes.items())
+        return out
 
     @property
     def ve_layers(self) -> int:
