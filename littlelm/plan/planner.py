@@ -118,6 +118,19 @@ def notes_for(cfg) -> list[str]:
             "the catalog's MFU assumptions are for 1B+ models; a model this small runs far below "
             "them on a GPU (launch overheads): run `littlelm bench` there to measure it"
         )
+    dc = cfg.distributed
+    if dc.strategy == "fsdp" and (dc.world_size or 1) > 1:
+        notes.append(
+            f"fsdp over {dc.world_size} GPUs: the categories above are one unsharded replica; "
+            "each GPU holds 1/N of parameters, gradients and optimizer state plus two gathered "
+            "units (the GPU table's `needed` is per GPU; docs/distributed.md)"
+        )
+    elif (dc.world_size or 1) > 1:
+        notes.append(
+            f"ddp over {dc.world_size} GPUs: optimizer state and scratch are rank 0's share "
+            f"(shard_muon={dc.shard_muon}, shard_adamw={dc.shard_adamw}); gradients live in "
+            "DDP's buckets (no extra copy)"
+        )
     if t.compile:
         notes.append(
             "train.compile: planned as eager; torch.compile usually keeps less (bench measures it)"
