@@ -217,6 +217,8 @@ def test_icl_records_reach_the_tensorboard_logger(tmp_path, task_dir):
     from types import SimpleNamespace
 
     record = {"kind": "icl", "step": 7, "mean_centered": 0.1, "task_acc": {"mc_words": 0.5}}
-    publish(SimpleNamespace(step=7, callbacks=[tb]), record)
+    publish(SimpleNamespace(step=7, callbacks=[tb], is_main=False), record)
+    assert tb.writer.seen == {}  # under torchrun only rank 0 writes
+    publish(SimpleNamespace(step=7, callbacks=[tb], is_main=True), record)
     assert tb.writer.seen == {"eval/mean_centered": (0.1, 7), "eval/task_acc.mc_words": (0.5, 7)}
     assert scalars({"task_acc": {"a": 1.0}}, "eval") == {"eval/task_acc.a": 1.0}
