@@ -149,6 +149,7 @@ def test_resume_with_same_world_size_is_bitwise(runs, tmp_path):
 
 def test_checkpoint_of_two_processes_resumes_in_one(runs, tmp_path):
     run = copy_run(runs, "two", tmp_path / "down")
+    shutil.rmtree(run / "runs/tiny/checkpoints/step_000004")  # --resume PATH refuses newer ones
     step2 = run / "runs/tiny/checkpoints/step_000002"
     with cwd(run):
         trainer = Trainer(load_run(runs["config"]), resume=str(step2))
@@ -160,6 +161,7 @@ def test_checkpoint_of_two_processes_resumes_in_one(runs, tmp_path):
 
 def test_checkpoint_of_one_process_resumes_in_two_with_fsdp(runs, tmp_path):
     run = copy_run(runs, "one", tmp_path / "up")
+    shutil.rmtree(run / "runs/tiny/checkpoints/step_000004")  # --resume PATH refuses newer ones
     step2 = "runs/tiny/checkpoints/step_000002"
     cmd = [*TORCHRUN, "-m", "littlelm", "train", str(runs["config"]), "distributed.strategy=fsdp"]
     out = run_procs([*cmd, "--resume", step2], run)
@@ -201,6 +203,114 @@ def test_a_failing_rank_stops_the_run_with_its_message(runs, tmp_path):
     cmd = [sys.executable, "-m", "littlelm", "train", str(config), "--nproc", "2"]
     out = run_procs(cmd, tmp_path, timeout=60, ok=False)
     assert "error: data.sources.text.path: no text files" in out
+
+
+# ----------------------------------------------------------------------------------------------
+# Reliability under several ranks: the loss guard, signals, the run lock (docs/reliability.md)
+
+
+def fault_run(runs: dict, run: Path, faults: dict[str, str], *overrides: str) -> list[dict]:
+    """tests/dist_fault_worker.py under torchrun in `run`: faults on rank 1 only; every rank's
+    `fit()` result."""
+    cmd = [*TORCHRUN, str(ROOT / "tests/dist_fault_worker.py"), str(runs["config"]), "result"]
+    run.mkdir(exist_ok=True)
+    with patch_env(faults):
+        run_procs([*cmd, *overrides], run)
+    return [json.loads((run / f"result.rank{r}.json").read_text()) for r in range(2)]
+
+
+@contextlib.contextmanager
+def patch_env(values: dict[str, str]):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+
+def test_guard_decides_the_same_on_every_rank(runs, tmp_path):
+    """Rank 1 alone sees a NaN loss (its gradients are finite, so rank 0 cannot tell from the
+    reduced gradients): both ranks skip that update; two in a row make both roll back to the
+    same checkpoint and go on. A rank that decided alone would hang in the sharded optimizer.
+    DDP and FSDP (where each rank reloads its slice of the checkpoint) give the same losses
+    after the rollback (an update left in place would move the next loss by ~1e-2)."""
+    for strategy in ("ddp", "fsdp"):
+        results = fault_run(
+            runs,
+            tmp_path / strategy,
+            {"FAULT_NAN_CALLS": "2,6,7"},
+            "train.max_steps=8",
+            "checkpoint.every=4",
+            "guard.max_consecutive=2",
+            f"distributed.strategy={strategy}",
+        )
+        for r in results:
+            r.pop("train_time")  # each rank's own clock
+        assert results[0] == results[1]
+        assert results[0]["step"] == 8 and results[0]["finished"]
+        assert results[0]["skipped_steps"] == 3 and results[0]["rollbacks"] == 1
+        metrics = tmp_path / strategy / "runs/tiny/metrics.jsonl"
+        records = [json.loads(line) for line in metrics.open()]
+        skips = [r["step"] for r in records if r.get("skipped")]
+        rollbacks = [(r["step"], r["failed_at"]) for r in records if r["kind"] == "rollback"]
+        assert skips == [2] and rollbacks == [(4, 7)]  # the records of steps 5-7 were dropped
+        assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 9))
+    # fp32 reductions in another order, amplified by Newton-Schulz in bf16: close, not equal
+    for kind, key in (("train", "loss"), ("eval", "val_loss")):
+        ddp, fsdp = losses(tmp_path / "ddp", kind, key), losses(tmp_path / "fsdp", kind, key)
+        torch.testing.assert_close(fsdp, ddp, rtol=1e-5, atol=0)
+
+
+def test_sigterm_on_one_rank_stops_every_rank_with_one_checkpoint(runs, tmp_path):
+    """The writer's save of step 2 fails (disk full, checkpoint.on_save_error=continue): every
+    rank counts it and goes on. SIGTERM reaches rank 1 only, during step 3: every rank stops
+    after step 3, one whole checkpoint of step 3 is written, every process exits 0, and the
+    checkpoint resumes (here in one process) to the same end as the uninterrupted run."""
+    faults = {"FAULT_SIGTERM_CALL": "3", "FAULT_SAVE_FAIL_STEP": "2"}
+    results = fault_run(runs, tmp_path, faults, "checkpoint.on_save_error=continue")
+    for r in results:
+        assert r["stopped_by"] == "SIGTERM" and r["step"] == 3 and not r["finished"]
+        assert r["save_failures"] == 1
+    ckpts = sorted(p.name for p in (tmp_path / "runs/tiny/checkpoints").iterdir())
+    assert ckpts == ["step_000003"]  # the failed save left nothing behind
+    state = json.loads((tmp_path / "runs/tiny/checkpoints/step_000003/state.json").read_text())
+    assert state["step"] == 3 and state["loader_world_size"] == 2
+    with cwd(tmp_path):
+        trainer = Trainer(load_run(runs["config"]))
+        assert trainer.step == 3
+        assert trainer.fit()["finished"]
+    torch.testing.assert_close(losses(tmp_path), losses(runs["two"]))
+    assert_same_weights(weights(tmp_path, 4), weights(runs["two"], 4))
+
+
+def test_run_lock_and_finished_restart_under_torchrun(runs, tmp_path):
+    """Only rank 0 takes RUN_DIR/.lock: a directory in use stops every rank with the lock's
+    message (no rank left waiting); a finished run started again exits 0 on every rank."""
+    from littlelm.train.runlock import RunLock
+
+    run = copy_run(runs, "two", tmp_path / "again")
+    cmd = [*TORCHRUN, "-m", "littlelm", "train", str(runs["config"])]
+    with RunLock(run / "runs/tiny"):
+        out = run_procs(cmd, run, timeout=60, ok=False)
+    assert out.count("is in use by another littlelm process") == 2  # rank 0's and rank 1's
+    out = run_procs(cmd, run)
+    assert out.count("has already finished") == 1  # printed by rank 0, exit 0 everywhere
+
+
+def test_a_failed_save_stops_every_rank_with_the_writers_error(runs, tmp_path):
+    """checkpoint.on_save_error=stop (the default): rank 0's failed save raises the same
+    CheckpointError (exit 2) on every rank; nothing is left half-written."""
+    cmd = [*TORCHRUN, str(ROOT / "tests/dist_fault_worker.py"), str(runs["config"]), "result"]
+    with patch_env({"FAULT_SAVE_FAIL_STEP": "2"}):
+        out = run_procs(cmd, tmp_path, timeout=60, ok=False)
+    assert out.count("error: cannot save the checkpoint of step 2") == 2
+    assert "exitcode  : 2" in out and "exitcode  : 1" not in out
+    assert not any((tmp_path / "runs/tiny/checkpoints").iterdir())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,11 +17,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
 import torch
@@ -29,7 +31,7 @@ import torch.distributed as dist
 from pydantic import Field, model_validator
 
 from littlelm.config import Cfg
-from littlelm.errors import DistributedError
+from littlelm.errors import DistributedError, LittleLMError
 
 T = TypeVar("T")
 
@@ -313,6 +315,46 @@ class Parallel:
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out / self.world
 
+    def on_main(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on rank 0 only (a write, a lock); every rank returns its result, or raises
+        the LittleLMError it raised (same class and message, hence the same exit status), so
+        the ranks never part ways over something only rank 0 does."""
+        result: Any = None
+        error: LittleLMError | None = None
+        if self.is_main:
+            try:
+                result = fn()
+            except LittleLMError as e:
+                error = e
+        if self.world > 1:
+            failed = None if error is None else (type(error), str(error))
+            result, failed = self.broadcast_object((result, failed))
+            if failed is not None and error is None:
+                error = failed[0].__new__(failed[0])
+                Exception.__init__(error, failed[1])
+        if error is not None:
+            raise error
+        return result
+
+    def agree_step(
+        self, loss: torch.Tensor, norm: torch.Tensor, signal: int
+    ) -> tuple[float, float, int]:
+        """One all-gather per step of (loss, gradient norm, signal received): the mean loss over
+        ranks (non-finite if any rank's is), the largest norm (non-finite if any is) and the
+        largest signal number (0: none). Every rank gets the same three numbers, so the loss
+        guard and the stop on SIGTERM decide the same on every rank."""
+        sig = torch.tensor(float(signal), device=loss.device)
+        mine = torch.stack([loss.detach().float(), norm.detach().float().to(loss.device), sig])
+        if self.world == 1:
+            rows = [mine]
+        else:
+            rows = [torch.empty_like(mine) for _ in range(self.world)]
+            dist.all_gather(rows, mine)
+        table = torch.stack(rows).tolist()  # (world, 3)
+        losses, norms, signals = zip(*table, strict=True)
+        finite = all(map(math.isfinite, norms))
+        return sum(losses) / len(losses), max(norms) if finite else math.nan, int(max(signals))
+
     def agree(self, value: Any, what: str) -> None:
         """Raise on every rank unless every rank has the same `value`."""
         values = self.gather_objects(value)
@@ -382,6 +424,20 @@ class Parallel:
 
         c = self.cfg
         return shard_hybrid(optimizer, c.strategy == "fsdp", c.shard_muon, c.shard_adamw)
+
+    def load_model_state(
+        self, model: torch.nn.Module, tensors: dict[str, torch.Tensor], source: Path
+    ) -> None:
+        """Load whole checkpoint tensors into the (possibly sharded) model: every rank holds the
+        same `tensors` and FSDP keeps each rank's slice."""
+        from littlelm.train import checkpoint as ckpt
+
+        if self.strategy != "fsdp":
+            ckpt.load_model_tensors(model, tensors, source)
+            return
+        from littlelm.train.model_parallel import load_full_state_dict
+
+        load_full_state_dict(model, tensors)
 
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's state dict on rank 0 (FSDP: gathered by every rank, a collective;

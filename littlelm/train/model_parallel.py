@@ -13,6 +13,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -68,3 +69,22 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     every = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     unique = {n for n, _ in model.named_parameters()}
     return {k: v for k, v in full.items() if k not in every - unique}
+
+
+@torch.no_grad()
+def load_full_state_dict(model: nn.Module, full: dict[str, torch.Tensor]) -> None:
+    """Copy a whole state dict (the same on every rank, e.g. a checkpoint each rank read) into
+    an FSDP model in place: each rank keeps its own slice. In place matters: the optimizer holds
+    these very parameters (set_model_state_dict may swap in new ones). Tied copies are absent
+    from `full` and skipped."""
+    for name, t in model.state_dict().items():
+        src = full.get(name)
+        if src is None:
+            continue
+        if isinstance(t, DTensor):
+            src = distribute_tensor(
+                src.to(t.device, t.dtype), t.device_mesh, t.placements, src_data_rank=None
+            )
+            t.to_local().copy_(src.to_local())
+        else:
+            t.copy_(src)

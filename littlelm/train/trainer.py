@@ -26,6 +26,7 @@ import contextlib
 import io
 import json
 import math
+import signal
 import time
 from pathlib import Path
 
@@ -109,6 +110,7 @@ class Trainer:
         self.saved_step: int | None = None  # step of the newest checkpoint in ckpt_dir
         self.save_failures = 0
         self.rollback_pending = False
+        self._agreed_stop: str | None = None  # see `stopping`
         loaded = self._load_weights(resume)
         grown = None
         if cfg.grow is not None and (loaded is None or loaded.state["step"] == 0):
@@ -193,15 +195,28 @@ class Trainer:
 
     @contextlib.contextmanager
     def _session(self):
-        with RunLock(self.run_dir), self.stop:
-            for note in ckpt.clean_incomplete(self.ckpt_dir):
-                self.log(note)
+        with contextlib.ExitStack() as stack:
+            # rank 0 holds the run lock and tidies the run directory; the others learn whether
+            # it could (a run directory in use stops every rank with the same error)
+            self.parallel.on_main(lambda: self._lock_run_dir(stack))
+            stack.enter_context(self.stop)
             try:
                 yield
             except KeyboardInterrupt:
                 newest = ckpt.latest_checkpoint(self.ckpt_dir, warn=False)
                 self.log(f"aborted at step {self.step} without saving; newest checkpoint: {newest}")
                 raise
+
+    def _lock_run_dir(self, stack: contextlib.ExitStack) -> None:
+        stack.enter_context(RunLock(self.run_dir))
+        for note in ckpt.clean_incomplete(self.ckpt_dir):
+            self.log(note)
+
+    @property
+    def stopping(self) -> str | None:
+        """The signal that stops the run, agreed by every rank: under torchrun a signal counts
+        from the step after it reached any rank (each step shares it), so all stop together."""
+        return self.stop.requested if self.parallel.world == 1 else self._agreed_stop
 
     def _fit(self, stop_after: int | None) -> dict:
         if self.step >= self.max_steps:
@@ -221,7 +236,7 @@ class Trainer:
         window = {"step": self.step, "tokens": self.tokens, "train_time": self.train_time}
         loss_sum = torch.zeros((), device=self.device)
         try:
-            while self.step < end and not self.stop.requested:
+            while self.step < end and not self.stopping:
                 loss_sum += self.train_step(batches)
                 if self.rollback_pending:
                     self._rollback()
@@ -238,7 +253,7 @@ class Trainer:
                     self.cfg.eval.every
                     and self.step % self.cfg.eval.every == 0
                     and self.step < self.max_steps
-                    and not self.stop.requested
+                    and not self.stopping
                 ):
                     self.evaluate()
                 if (
@@ -287,11 +302,20 @@ class Trainer:
         return loss
 
     def _judge(self, loss: torch.Tensor, norm: torch.Tensor) -> Verdict:
-        """The loss guard's verdict on this step (one host sync for both numbers)."""
-        if not self.guard.cfg.enabled:
+        """The loss guard's verdict on this step (one host sync for both numbers). Under torchrun
+        it judges the numbers every rank shares (Parallel.agree_step: the mean loss, non-finite
+        if any rank's is), and learns whether any rank received a stop signal, so every rank
+        skips, rolls back, stops and exits at the same step."""
+        if self.parallel.world > 1:
+            signum = signal.Signals[self.stop.requested].value if self.stop.requested else 0
+            value, norm_value, agreed = self.parallel.agree_step(loss, norm, signum)
+            if agreed and self._agreed_stop is None:
+                self._agreed_stop = signal.Signals(agreed).name
+        elif not self.guard.cfg.enabled:
             return Verdict.OK
-        value, norm_value = torch.stack([loss.float(), norm.float().to(loss.device)]).tolist()
-        return self.guard.verdict(value, norm_value)
+        else:
+            value, norm_value = torch.stack([loss.float(), norm.float().to(loss.device)]).tolist()
+        return self.guard.verdict(value, norm_value) if self.guard.cfg.enabled else Verdict.OK
 
     def _skipped(self, verdict: Verdict) -> None:
         g = self.guard
@@ -374,9 +398,9 @@ class Trainer:
             **self._fault_summary(),
         }
         self.log(f"data realised: {self.loader_state.report()}")
-        if self.stop.requested:
+        if self.stopping:
             self.log(
-                f"stopped by {self.stop.requested} at step {self.step}; newest checkpoint: "
+                f"stopped by {self.stopping} at step {self.step}; newest checkpoint: "
                 f"{self.last_checkpoint}. Run the same command to resume"
             )
         if done:
@@ -410,8 +434,9 @@ class Trainer:
     # Run directory, checkpoints, resume
 
     def _write_run_files(self) -> None:
-        if not self.is_main:
-            return
+        self.parallel.on_main(self._write_config)
+
+    def _write_config(self) -> None:
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             tmp = self.run_dir / "config.yaml.tmp"
@@ -438,10 +463,9 @@ class Trainer:
         state.update(self._loader_states())
         model = Frozen(self.parallel.model_state_dict(self.model))
         optimizer = Frozen(self.optimizer.state_dict())
-        path = None
-        try:
-            if self.is_main:
-                path = ckpt.save_checkpoint(
+        try:  # a failure (disk full) raises the same CheckpointError on every rank
+            path = self.parallel.on_main(
+                lambda: ckpt.save_checkpoint(
                     self.ckpt_dir,
                     self.step,
                     model,
@@ -450,13 +474,13 @@ class Trainer:
                     self.model.origin,
                     self.data.tokenizer,
                 )
+            )
         except CheckpointError as e:
             if final or self.cfg.checkpoint.on_save_error == "stop":
                 raise
             self.save_failures += 1
             self.log(f"warning: {e}\ntraining goes on (checkpoint.on_save_error is continue)")
             return None
-        path = self.parallel.broadcast_object(path)
         self.last_checkpoint, self.saved_step = path, self.step
         if self.is_main:
             ckpt.prune(self.ckpt_dir, self.cfg.checkpoint.keep_last, self.cfg.checkpoint.keep_every)
@@ -552,7 +576,8 @@ class Trainer:
         failed_at, reason = self.step, self.guard.reason
         loaded = ckpt.load_checkpoint(self.last_checkpoint)
         train_time = self.train_time
-        ckpt.load_model_tensors(self.model, loaded.model, loaded.path)
+        # every rank reads the same checkpoint (whole tensors; FSDP keeps its slice)
+        self.parallel.load_model_state(self.model, loaded.model, loaded.path)
         self._restore(loaded)
         self.train_time = train_time  # time spent is spent
         self.guard.rolled_back(loaded.state.get("guard", {}))
@@ -580,8 +605,8 @@ class Trainer:
             "rollbacks": self.guard.rollbacks,
             "save_failures": self.save_failures,
         }
-        if self.stop.requested:
-            out["stopped_by"] = self.stop.requested
+        if self.stopping:
+            out["stopped_by"] = self.stopping
         return out
 
     def _print_summary(self) -> None:
