@@ -272,4 +272,14 @@ def _resolve_world(cfg: RunConfig, world_size: int) -> list[str]:
             "data.on_exhausted=stop needs a single process (ranks would run out of data at "
             "different steps); use repeat and set train.max_tokens"
         )
+    if world_size > 1 and getattr(cfg.optimizer, "adamw_8bit", False):
+        problems.append(
+            "optimizer.adamw_8bit is not supported with several processes yet (its state is not "
+            "sharded or gathered by littlelm's ddp/fsdp optimizers); set optimizer.adamw_8bit=false"
+        )
+    if world_size > 1 and d.strategy == "fsdp" and cfg.train.master_weights == "bf16":
+        problems.append(
+            "train.master_weights=bf16 is not supported with distributed.strategy=fsdp yet; use "
+            "ddp, or fp32 master weights (FSDP already keeps 1/world of them per GPU)"
+        )
     return problems

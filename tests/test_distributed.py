@@ -390,6 +390,12 @@ def test_config_checks(tiny_config):
         load_run(tiny_config, ["data.on_exhausted=stop"], world_size=2)
     with pytest.raises(ConfigError, match="shard_muon=false is ddp-only"):
         load_run(tiny_config, ["distributed.strategy=fsdp", "distributed.shard_muon=false"])
+    with pytest.raises(ConfigError, match="adamw_8bit is not supported with several"):
+        load_run(tiny_config, ["optimizer.adamw_8bit=true"], world_size=2)
+    bf16 = ["train.precision=bf16", "train.master_weights=bf16", "distributed.strategy=fsdp"]
+    with pytest.raises(ConfigError, match="master_weights=bf16 is not supported with"):
+        load_run(tiny_config, bf16, world_size=2)
+    load_run(tiny_config, bf16, world_size=1)  # one process: fsdp is not used
 
 
 def test_world_size_change_needs_the_same_global_batch(tiny_config):
