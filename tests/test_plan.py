@@ -121,7 +121,7 @@ def test_3b_grow_verdict():
     assert not eight.fits and eight.saving_gib > 15  # 6 of AdamW's 8 bytes per parameter
     combo = [r for n, r in by_name.items() if n.startswith("optimizer.adamw_8bit=true train.")]
     assert combo and combo[0].fits  # 8-bit AdamW alone is not enough; with a smaller batch it is
-    assert any(n.startswith("FSDP over") for n in by_name)
+    assert any(n.startswith("distributed.strategy=fsdp on ") for n in by_name)
 
 
 def test_plain_loss_gets_the_chunked_remedy(tiny_config):
