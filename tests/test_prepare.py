@@ -94,6 +94,19 @@ def test_prepare_writes_complete_dataset(tmp_path, raw):
     assert m["tokenizer"]["fingerprint"] == ByteTokenizer().fingerprint
 
 
+def test_prepare_on_a_filesystem_without_locks_warns_and_goes_on(tmp_path, raw, monkeypatch):
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.warns(UserWarning, match="cannot lock .*No locks available"):
+        _, result = prepare_data(data_cfg(raw), tmp_path / "out", log=lambda s: None)
+    _, directory, m = result["web"]
+    assert (directory / "manifest.json").is_file() and m["documents"] == 300
+
+
 def test_long_documents_never_straddle_the_split(tmp_path):
     docs = ["\n".join(f"d{i} " + line[:40] for line in make_docs(8, seed=i)) for i in range(300)]
     (tmp_path / "a.txt").write_text("\n\n".join(docs))

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -394,6 +395,14 @@ def _locked(partial: Path, log):
         except BlockingIOError:
             log(f"waiting for another process preparing {partial} ...")
             fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError as e:  # ENOLCK, EOPNOTSUPP: a filesystem without locks (some NFS)
+            warnings.warn(
+                f"cannot lock {partial} ({e.strerror}); preparing without a lock: make sure no "
+                "other process prepares the same dataset at the same time",
+                stacklevel=3,
+            )
+            yield
+            return
         try:
             yield
         finally:
