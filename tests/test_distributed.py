@@ -147,12 +147,6 @@ def test_resume_with_same_world_size_is_bitwise(runs, tmp_path):
     assert losses(run) == losses(runs["two"])  # exact floats: each rank's data position restored
 
 
-@pytest.mark.xfail(
-    reason="since issue 8 made CPU AdamW fused: after a 2 -> 1 resume the residual scalars "
-    "(AdamW, lr 0.5, tiny gradients) drift from the 2-process run by ~5e-2 from step 4 (loss "
-    "1e-3 relative); with foreach AdamW this passes. Same-size resume stays bitwise. Open.",
-    strict=False,
-)
 def test_checkpoint_of_two_processes_resumes_in_one(runs, tmp_path):
     run = copy_run(runs, "two", tmp_path / "down")
     shutil.rmtree(run / "runs/tiny/checkpoints/step_000004")  # --resume PATH refuses newer ones

@@ -215,3 +215,36 @@ def test_filesystem_without_locks_warns_and_goes_on(tiny_config, monkeypatch):
     monkeypatch.setattr(fcntl, "flock", no_locks)
     with pytest.warns(UserWarning, match="cannot lock .*No locks available"):
         assert trainer.fit(stop_after=1)["step"] == 1
+
+
+def test_strided_optimizer_state_resumes_like_a_compact_one():
+    """Moments saved as strided views (as ZeroAdamW's checkpoints were: views into one gathered
+    buffer) must step exactly like compact ones; fused AdamW kernels assume contiguous state."""
+
+    def adamw() -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
+        params = [torch.nn.Parameter(torch.full((2,), 0.5)), torch.nn.Parameter(torch.zeros(2))]
+        return torch.optim.AdamW([{"params": params, "lr": 0.5}], fused=True), params
+
+    def step_after_loading(moments: list[torch.Tensor]) -> list[torch.Tensor]:
+        opt, params = adamw()
+        sd = opt.state_dict()
+        sd["state"] = {
+            i: {"step": torch.tensor(2.0), "exp_avg": moments[i], "exp_avg_sq": moments[i + 2]}
+            for i in range(2)
+        }
+        resuming.load_optimizer_state(opt, sd)
+        for p, g in zip(params, ([-0.05, -0.03], [-0.07, -0.1])):
+            p.grad = torch.tensor(g)
+        opt.step()
+        return [p.detach().clone() for p in params]
+
+    values = [[2e-4, 1e-4], [3e-4, 5e-4], [4e-8, 1e-8], [9e-8, 2e-7]]  # exp_avg, then exp_avg_sq
+    buffer = torch.zeros(2, 100)  # (ranks, gathered): each moment is a column of it
+    for col, v in enumerate(values):
+        buffer[:, col] = torch.tensor(v)
+    strided = [buffer[:, col] for col in range(4)]
+    assert not strided[0].is_contiguous()
+    want = step_after_loading([torch.tensor(v) for v in values])
+    got = step_after_loading(strided)
+    for a, b in zip(want, got):
+        assert torch.equal(a, b)

@@ -270,8 +270,12 @@ class ZeroAdamW:
                 state[i][key] if key in state.get(i, {}) else None for i in range(len(self.params))
             ]
             for i, whole in enumerate(self._gather(parts)):
-                if whole is not None:
-                    state[i][key] = whole.view(self.params[i].shape).cpu()
+                if whole is not None:  # a compact copy: `whole` may be a strided view
+                    state[i][key] = (
+                        whole.reshape(self.params[i].shape)
+                        .cpu()
+                        .clone(memory_format=torch.contiguous_format)
+                    )
         return {**sd, "state": state}
 
     def load_state_dict(self, state_dict: dict) -> None:

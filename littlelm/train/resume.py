@@ -21,6 +21,8 @@ import warnings
 from fnmatch import fnmatch
 from pathlib import Path
 
+import torch
+
 from littlelm.config import flatten
 from littlelm.errors import CheckpointError
 from littlelm.train import checkpoint as ckpt
@@ -151,13 +153,27 @@ def load_first(candidates: list[Path]) -> ckpt.Loaded | None:
     return None
 
 
+def compact(obj):
+    """`obj` with every non-contiguous tensor replaced by a contiguous copy. Fused AdamW
+    kernels assume contiguous moments and silently misplace updates in strided ones, which
+    checkpoints written by ZeroAdamW before it saved compact copies hold (views into the
+    gathered buffer)."""
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.is_contiguous() else obj.clone(memory_format=torch.contiguous_format)
+    if isinstance(obj, dict):
+        return {k: compact(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(compact(v) for v in obj)
+    return obj
+
+
 def load_optimizer_state(optimizer, state: dict) -> None:
     """Restore the optimizer's state (moments, step counts) but keep this run's
     hyper-parameters: torch's load_state_dict would bring back the checkpoint's lr, betas and
     weight decay and silently undo a changed `optimizer.*` setting."""
     fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     try:
-        optimizer.load_state_dict(state)
+        optimizer.load_state_dict(compact(state))
     except (ValueError, KeyError) as e:
         raise CheckpointError(
             f"the checkpoint's optimizer state does not fit this run's optimizer ({e})"
