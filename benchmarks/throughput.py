@@ -9,7 +9,7 @@ off, at the same shapes, in one run; and the chunked loss's peak memory against 
                                                              #   compile / chunked / liger ...,
                                                              #   loss memory, FP8 demo loss
     python benchmarks/throughput.py --fp8-loss all --out DIR    # demo config, 200 steps: bf16,
-                                                             #   FP8, bf16 at a 2nd seed; final
+                                                             #   FP8, both at a 2nd seed; final
                                                              #   val losses side by side
 
 Every variant trains on the same random tokens at the same shapes. `reference` is the naive GPT
@@ -325,28 +325,29 @@ def loss_memory(args, device: torch.device) -> None:
 
 
 def fp8_runs(args) -> dict[str, list[str]]:
-    """Run name -> its overrides: bf16, fp8 (same seed, same data) and bf16 at another seed."""
+    """Run name -> its overrides: bf16 and fp8 at the default seed (same init, same data), and
+    both again at --spread-seed."""
+    seed = [f"run.seed={args.spread_seed}"]
     return {
         "bf16": ["model.fp8=false"],
         "fp8": ["model.fp8=true"],
-        f"bf16-seed{args.spread_seed}": ["model.fp8=false", f"run.seed={args.spread_seed}"],
+        f"bf16-seed{args.spread_seed}": ["model.fp8=false", *seed],
+        f"fp8-seed{args.spread_seed}": ["model.fp8=true", *seed],
     }
 
 
 def fp8_loss(args, device: torch.device) -> None:
     """Train the demo config for --fp8-steps steps with model.fp8 off and on (same seed, same
-    data), and in bf16 at a second seed (the run-to-run spread the FP8 gap is judged against);
-    compare the final validation losses. --stop-after N trains at most N more steps per run and
+    data), and both again at a second seed (the bf16 seed-to-seed spread is what the FP8 gap is
+    judged against); compare the final validation losses. --stop-after N trains at most N more steps per run and
     call, resuming from the checkpoints next time (to split a CPU run into short locked
     commands; resumes are exact)."""
     from littlelm.schema import load_run
     from littlelm.train.trainer import Trainer
 
     runs = fp8_runs(args)
-    seed = f"bf16-seed{args.spread_seed}"
-    todo = {"seed": [seed], "both": ["bf16", "fp8"], "all": list(runs), "report": []}.get(
-        args.fp8_loss, [args.fp8_loss]
-    )
+    names = list(runs)
+    todo = {"seed": names[2:], "both": names[:2], "all": names, "report": []}[args.fp8_loss]
     for key in todo:
         overrides = [
             f"run.name=fp8check-{key}",
@@ -415,13 +416,15 @@ def fp8_report(args, runs: dict[str, list[str]], device: torch.device) -> None:
     print("| --- | --- | --- | --- |")
     for name, (val, train_loss, tok) in rows.items():
         print(f"| {name} | {val:.4f} | {train_loss:.4f} | {tok:,.0f} |")
-    seed = f"bf16-seed{args.spread_seed}"
-    if "bf16" in rows and seed in rows:
-        spread = rows[seed][0] / rows["bf16"][0] - 1
-        print(f"\nbf16 seed {args.spread_seed} vs seed 1337 final val loss: {100 * spread:+.2f}%")
+    s = args.spread_seed
+    pairs = [(f"bf16-seed{s}", "bf16", f"bf16 seed {s} vs bf16 seed 1337 (run-to-run spread)")]
+    pairs += [("fp8", "bf16", "FP8 vs bf16, seed 1337 (target: within ±2%)")]
+    pairs += [(f"fp8-seed{s}", f"bf16-seed{s}", f"FP8 vs bf16, seed {s} (target: within ±2%)")]
+    print()
+    for a, b, what in pairs:
+        if a in rows and b in rows:
+            print(f"{what}: final val loss {100 * (rows[a][0] / rows[b][0] - 1):+.2f}%")
     if "bf16" in rows and "fp8" in rows:
-        rel = rows["fp8"][0] / rows["bf16"][0] - 1
-        print(f"FP8 final val loss vs bf16: {100 * rel:+.2f}% (target: within ±2%)")
         val = bf16_eval_of_fp8(args, device)
         rel = val / rows["bf16"][0] - 1
         print(
@@ -455,9 +458,9 @@ def main() -> None:
     p.add_argument(
         "--fp8-loss",
         choices=["bf16", "fp8", "seed", "both", "all", "report"],
-        help="demo config bf16 vs FP8 (both), + bf16 at --spread-seed (all), one, or report",
+        help="demo config: bf16 and FP8 (both), both at --spread-seed (seed), all, one, report",
     )
-    p.add_argument("--spread-seed", type=int, default=7, help="with --fp8-loss: 2nd bf16 seed")
+    p.add_argument("--spread-seed", type=int, default=7, help="with --fp8-loss: 2nd seed")
     p.add_argument("--fp8-steps", type=int, default=200)
     p.add_argument("--stop-after", type=int, help="with --fp8-loss: at most this many steps")
     p.add_argument("--out", type=Path, default=Path("/tmp/littlelm-throughput"))
