@@ -347,7 +347,9 @@ def fp8_loss(args, device: torch.device) -> None:
 
     runs = fp8_runs(args)
     names = list(runs)
-    todo = {"seed": names[2:], "both": names[:2], "all": names, "report": []}[args.fp8_loss]
+    todo = {"seed": names[2:], "both": names[:2], "all": names, "report": []}.get(
+        args.fp8_loss, [args.fp8_loss]
+    )
     for key in todo:
         overrides = [
             f"run.name=fp8check-{key}",
