@@ -8,8 +8,9 @@ off, at the same shapes, in one run; and the chunked loss's peak memory against 
                                                              #   H200): ~1B config, bf16 / fp8 /
                                                              #   compile / chunked / liger ...,
                                                              #   loss memory, FP8 demo loss
-    python benchmarks/throughput.py --fp8-loss both --out DIR   # demo config, 200 steps, bf16
-                                                             #   vs FP8: final losses side by side
+    python benchmarks/throughput.py --fp8-loss all --out DIR    # demo config, 200 steps: bf16,
+                                                             #   FP8, both at a 2nd seed; final
+                                                             #   val losses side by side
 
 Every variant trains on the same random tokens at the same shapes. `reference` is the naive GPT
 this file carries (plain PyTorch: RMSNorm, RoPE, SDPA, relu², untied head, F.cross_entropy on
@@ -323,45 +324,115 @@ def loss_memory(args, device: torch.device) -> None:
 # FP8 vs bf16 loss on the demo config
 
 
+def fp8_runs(args) -> dict[str, list[str]]:
+    """Run name -> its overrides: bf16 and fp8 at the default seed (same init, same data), and
+    both again at --spread-seed."""
+    seed = [f"run.seed={args.spread_seed}"]
+    return {
+        "bf16": ["model.fp8=false"],
+        "fp8": ["model.fp8=true"],
+        f"bf16-seed{args.spread_seed}": ["model.fp8=false", *seed],
+        f"fp8-seed{args.spread_seed}": ["model.fp8=true", *seed],
+    }
+
+
 def fp8_loss(args, device: torch.device) -> None:
     """Train the demo config for --fp8-steps steps with model.fp8 off and on (same seed, same
-    data) and compare the final losses. --stop-after N trains at most N more steps per call and
-    resumes from the checkpoint next time (to split a CPU run into short locked commands)."""
+    data), and both again at a second seed (the bf16 seed-to-seed spread is what the FP8 gap is
+    judged against); compare the final validation losses. --stop-after N trains at most N more steps per run and
+    call, resuming from the checkpoints next time (to split a CPU run into short locked
+    commands; resumes are exact)."""
     from littlelm.schema import load_run
     from littlelm.train.trainer import Trainer
 
-    out = args.out
-    todo = {"both": ("bf16", "fp8"), "report": ()}.get(args.fp8_loss, (args.fp8_loss,))
-    for name in todo:
+    runs = fp8_runs(args)
+    names = list(runs)
+    todo = {"seed": names[2:], "both": names[:2], "all": names, "report": []}.get(
+        args.fp8_loss, [args.fp8_loss]
+    )
+    for key in todo:
         overrides = [
-            f"run.name=fp8check-{name}",
-            f"run.out_dir={out}",
+            f"run.name=fp8check-{key}",
+            f"run.out_dir={args.out}",
             f"run.device={device.type}",
             f"train.max_steps={args.fp8_steps}",
-            f"model.fp8={name == 'fp8'}",
             "callbacks=[]",
+            *runs[key],
             *args.override,
         ]
         Trainer(load_run("demo", overrides)).fit(stop_after=args.stop_after)
+    fp8_report(args, runs, device)
+
+
+def final_losses(path: Path, steps: int) -> tuple[float, float, float] | None:
+    """(final val loss, mean train loss of the last 5 records, last tokens/s) of a finished
+    run's metrics.jsonl; None while it has not reached `steps`."""
+    if not path.is_file():
+        return None
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    train = [r for r in recs if r["kind"] == "train"]
+    evals = [r for r in recs if r["kind"] == "eval"]
+    if not (train and train[-1]["step"] == steps and evals and evals[-1]["step"] == steps):
+        return None
+    last = [r["loss"] for r in train[-5:]]
+    return evals[-1]["val_loss"], sum(last) / len(last), train[-1]["tok_per_s"]
+
+
+def bf16_eval_of_fp8(args, device: torch.device) -> float:
+    """Validation loss of the fp8 run's final checkpoint with its FP8 linears computing in
+    bf16: how much of the FP8 gap is the FP8 forward at evaluation time."""
+    from littlelm.eval.bpb import evaluate_loss
+    from littlelm.model.fp8 import FP8Linear
+    from littlelm.schema import load_run
+    from littlelm.train.trainer import Trainer
+
+    overrides = [
+        "run.name=fp8check-fp8",
+        f"run.out_dir={args.out}",
+        f"run.device={device.type}",
+        f"train.max_steps={args.fp8_steps}",
+        "callbacks=[]",
+        "model.fp8=true",
+        *args.override,
+    ]
+    t = Trainer(load_run("demo", overrides))
+    assert t.step == args.fp8_steps, t.step
+    for m in t.model.modules():
+        if isinstance(m, FP8Linear):
+            m.__class__ = nn.Linear  # same weight; F.linear under bf16 autocast
+    c = t.cfg  # the batches Trainer.evaluate uses; not logged to the run's metrics
+    batches = t.data.val_batches(
+        c.eval.batch_size or c.train.micro_batch_size, c.train.seq_len, c.eval.max_tokens
+    )
+    return evaluate_loss(t.model, batches, t.token_bytes, t.device, t.autocast())["val_loss"]
+
+
+def fp8_report(args, runs: dict[str, list[str]], device: torch.device) -> None:
     rows = {}
-    for name in ("bf16", "fp8"):
-        path = out / f"fp8check-{name}" / "metrics.jsonl"
-        if not path.is_file():
-            continue
-        recs = [json.loads(line) for line in path.read_text().splitlines()]
-        train = [r for r in recs if r["kind"] == "train"]
-        evals = [r for r in recs if r["kind"] == "eval"]
-        if train and train[-1]["step"] == args.fp8_steps and evals:
-            last = [r["loss"] for r in train[-5:]]
-            rows[name] = (evals[-1]["val_loss"], sum(last) / len(last), train[-1]["tok_per_s"])
+    for name in runs:
+        found = final_losses(args.out / f"fp8check-{name}" / "metrics.jsonl", args.fp8_steps)
+        if found:
+            rows[name] = found
     print(f"\n### demo config, {args.fp8_steps} steps, bf16 vs FP8 ({' '.join(args.override)})\n")
     print("| run | final val loss | mean train loss, last 5 records | tokens/s (last) |")
     print("| --- | --- | --- | --- |")
     for name, (val, train_loss, tok) in rows.items():
         print(f"| {name} | {val:.4f} | {train_loss:.4f} | {tok:,.0f} |")
-    if len(rows) == 2:
-        rel = rows["fp8"][0] / rows["bf16"][0] - 1
-        print(f"\nFP8 final val loss vs bf16: {100 * rel:+.2f}% (target: within ±2%)")
+    s = args.spread_seed
+    pairs = [(f"bf16-seed{s}", "bf16", f"bf16 seed {s} vs bf16 seed 1337 (run-to-run spread)")]
+    pairs += [("fp8", "bf16", "FP8 vs bf16, seed 1337 (target: within ±2%)")]
+    pairs += [(f"fp8-seed{s}", f"bf16-seed{s}", f"FP8 vs bf16, seed {s} (target: within ±2%)")]
+    print()
+    for a, b, what in pairs:
+        if a in rows and b in rows:
+            print(f"{what}: final val loss {100 * (rows[a][0] / rows[b][0] - 1):+.2f}%")
+    if "bf16" in rows and "fp8" in rows:
+        val = bf16_eval_of_fp8(args, device)
+        rel = val / rows["bf16"][0] - 1
+        print(
+            f"FP8-trained weights evaluated with bf16 matmuls: val loss {val:.4f}, "
+            f"{100 * rel:+.2f}% vs bf16"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -386,7 +457,12 @@ def main() -> None:
     p.add_argument("--loss-memory", action="store_true", help="plain vs chunked loss only")
     p.add_argument("--loss-width", type=int, default=768, help="hidden width for --loss-memory")
     p.add_argument("--loss-child", help=argparse.SUPPRESS)
-    p.add_argument("--fp8-loss", choices=["bf16", "fp8", "both", "report"])
+    p.add_argument(
+        "--fp8-loss",
+        choices=["bf16", "fp8", "seed", "both", "all", "report"],
+        help="demo config: bf16 and FP8 (both), both at --spread-seed (seed), all, one, report",
+    )
+    p.add_argument("--spread-seed", type=int, default=7, help="with --fp8-loss: 2nd seed")
     p.add_argument("--fp8-steps", type=int, default=200)
     p.add_argument("--stop-after", type=int, help="with --fp8-loss: at most this many steps")
     p.add_argument("--out", type=Path, default=Path("/tmp/littlelm-throughput"))
@@ -425,7 +501,7 @@ def main() -> None:
         run_size(s, variants, args, device, peak)
     if cuda and not args.sizes and not args.variants:  # the whole GPU check in one command
         loss_memory(args, device)
-        args.fp8_loss = "both"
+        args.fp8_loss = "all"
         fp8_loss(args, device)
 
 

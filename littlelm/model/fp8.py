@@ -1,14 +1,23 @@
 """FP8 linear layers: all three GEMMs of a linear layer through torch._scaled_mm.
 
     forward      y  = x @ wᵀ       x, w in float8_e4m3fn
-    backward     dx = dy @ w       dy in float8_e5m2 (wider range, for gradients), w in e4m3
-                 dw = dyᵀ @ x      dy in e5m2, x in e4m3
+    backward     dx = dy @ w       dy in e4m3 (or e5m2: `model.fp8_grad_dtype`), w in e4m3
+                 dw = dyᵀ @ x      dy as above, x in e4m3
 
-Scaling is dynamic and tensorwise: each operand is multiplied by fp8_max / amax(|t|) just
-before it is cast, and _scaled_mm multiplies the product back by the inverse scales, so each
-tensor uses the whole fp8 range every step. The weights stay in their own dtype (fp32 master
-weights by default); only the GEMM inputs are fp8, and the quantised x and w are what is saved
-for the backward (1 byte per element instead of 2).
+Scaling is dynamic and tensorwise: just before the cast, each operand is multiplied by the
+largest power of two that keeps its largest magnitude (amax) within the fp8 range, and
+_scaled_mm multiplies the product back by the inverse scales. A power of two makes the scaling
+exact (only the cast rounds) and costs nothing in precision: fp8 has the same relative step in
+every binade. The weights stay in their own dtype (fp32 master weights by default); only the
+GEMM inputs are fp8, and the quantised x and w are what is saved for the backward (1 byte per
+element instead of 2). An all-zero operand gives zeros; an operand holding inf or NaN gives a
+non-finite result, which the loss guard catches, never a silently finite wrong one.
+
+Gradients are e4m3 by default, like torchao's rowwise recipe and DeepSeek-V3: with a fresh scale
+per tensor per step the wide range of e5m2 is not needed, and e4m3's extra mantissa bit shrinks
+the error of the two backward GEMMs by about a third (measured on the demo model's own gradients,
+docs/speed.md). `model.fp8_grad_dtype: e5m2` restores the classic e4m3/e5m2 recipe (torchao's
+tensorwise default, nanochat).
 
 `model.fp8` turns it on for the transformer blocks' linears that pass the filter (both
 dimensions multiples of 16, the smaller at least `model.fp8_min_dim`); embeddings, lm_head and
@@ -29,6 +38,7 @@ from littlelm.model.ops import compute_dtype
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
+GRAD_DTYPES = {"e4m3": E4M3, "e5m2": E5M2}  # model.fp8_grad_dtype
 
 
 def fp8_eligible(in_features: int, out_features: int, min_dim: int) -> bool:
@@ -60,10 +70,12 @@ def check_fp8_device(device: torch.device) -> None:
 
 
 def quantize(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(t scaled to fill dtype's range and cast, the inverse scale as an fp32 0-d tensor)."""
+    """(t times a power-of-two scale that brings its amax into dtype's range, cast to dtype;
+    the inverse scale as an fp32 0-d tensor). amax 0 gives zeros (the clamp keeps the scale
+    finite); amax inf gives scale 0 and amax NaN a NaN scale, so non-finite stays non-finite."""
     fmax = torch.finfo(dtype).max
     amax = t.abs().amax().float().clamp(min=1e-12)
-    scale = fmax / amax
+    scale = torch.exp2(torch.floor(torch.log2(fmax / amax)))
     q = (t.float() * scale).clamp_(-fmax, fmax).to(dtype)
     return q, scale.reciprocal()
 
@@ -80,39 +92,54 @@ def _mm(a, sa, b, sb, out_dtype):
 
 class _FP8Matmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, out_dtype):
+    def forward(ctx, x, w, out_dtype, grad_dtype):
         # x (M, K), w (N, K)
         xq, sx = quantize(x, E4M3)
         wq, sw = quantize(w, E4M3)
         ctx.save_for_backward(xq, sx, wq, sw)
-        ctx.dtypes = (x.dtype, w.dtype)
+        ctx.dtypes = (x.dtype, w.dtype, grad_dtype)
         return _mm(xq, sx, wq.t(), sw, out_dtype)  # (M, N)
 
     @staticmethod
     def backward(ctx, g):
         xq, sx, wq, sw = ctx.saved_tensors
-        x_dtype, w_dtype = ctx.dtypes
-        gq, sg = quantize(g, E5M2)  # (M, N)
+        x_dtype, w_dtype, grad_dtype = ctx.dtypes
+        gq, sg = quantize(g, grad_dtype)  # (M, N)
         gx = _mm(gq, sg, _col_major(wq), sw, g.dtype).to(x_dtype)  # (M, K)
         if g.size(0) % 16 == 0:
             gw = _mm(gq.t().contiguous(), sg, _col_major(xq), sx, torch.float32)  # (N, K)
         else:  # the reduction dim of dw is M = B·T; _scaled_mm needs a multiple of 16
             gw = g.t().float() @ (xq.float() * sx)
-        return gx, gw.to(w_dtype), None
+        return gx, gw.to(w_dtype), None, None
 
 
 class FP8Linear(nn.Linear):
-    """nn.Linear (no bias) whose three GEMMs run in FP8; same parameters, same checkpoints."""
+    """nn.Linear (no bias) whose three GEMMs run in FP8; same parameters, same checkpoints.
+    `grad_dtype` is the fp8 format of the output gradient in the two backward GEMMs."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, grad_dtype=E4M3
+    ) -> None:
+        assert not bias, "FP8Linear has no bias"
+        super().__init__(in_features, out_features, bias=False)
+        self.grad_dtype = grad_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_fp8_device(x.device)
         shape, out_dtype = x.shape, compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
-            y = _FP8Matmul.apply(x.reshape(-1, shape[-1]), self.weight, out_dtype)
+            x2 = x.reshape(-1, shape[-1])  # (B·T, in)
+            y = _FP8Matmul.apply(x2, self.weight, out_dtype, self.grad_dtype)
         return y.view(*shape[:-1], self.out_features)
 
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, grad_dtype={self.grad_dtype}"
 
-def linear(in_features: int, out_features: int, fp8: bool, min_dim: int) -> nn.Linear:
+
+def linear(
+    in_features: int, out_features: int, fp8: bool, min_dim: int, grad_dtype: str = "e4m3"
+) -> nn.Linear:
     """A bias-free linear layer: FP8Linear when `fp8` and the shape passes the filter."""
-    use_fp8 = fp8 and fp8_eligible(in_features, out_features, min_dim)
-    return (FP8Linear if use_fp8 else nn.Linear)(in_features, out_features, bias=False)
+    if fp8 and fp8_eligible(in_features, out_features, min_dim):
+        return FP8Linear(in_features, out_features, grad_dtype=GRAD_DTYPES[grad_dtype])
+    return nn.Linear(in_features, out_features, bias=False)

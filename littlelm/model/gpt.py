@@ -87,8 +87,13 @@ class GPTConfig(ComponentConfig):
     loss_chunk: int = Field(256, description="Rows (tokens) per chunk of the chunked loss.", ge=1)
     fp8: bool = Field(
         False,
-        description="FP8 matmuls (torch._scaled_mm, e4m3 activations/weights, e5m2 gradients) "
-        "in the blocks' linears; CUDA capability 8.9+ or CPU.",
+        description="FP8 matmuls (torch._scaled_mm, e4m3 activations/weights, dynamic "
+        "power-of-two tensorwise scales) in the blocks' linears; CUDA capability 8.9+ or CPU.",
+    )
+    fp8_grad_dtype: Literal["e4m3", "e5m2"] = Field(
+        "e4m3",
+        description="FP8 format of the output gradient in the two backward GEMMs under fp8 "
+        "(e5m2: more range, one mantissa bit less).",
     )
     fp8_min_dim: int = Field(
         256,
@@ -237,7 +242,7 @@ class SwiGLUMLP(nn.Module):
 
 def block_linear(cfg: GPTConfig, in_features: int, out_features: int) -> nn.Linear:
     """The blocks' matmul layers: FP8 when model.fp8 is on and the shape passes the filter."""
-    return linear(in_features, out_features, cfg.fp8, cfg.fp8_min_dim)
+    return linear(in_features, out_features, cfg.fp8, cfg.fp8_min_dim, cfg.fp8_grad_dtype)
 
 
 class Block(nn.Module):

@@ -55,6 +55,7 @@ RESUMABLE_CHANGES = (
     "model.loss_chunk",
     "model.fp8",
     "model.fp8_min_dim",
+    "model.fp8_grad_dtype",
     "distributed",  # the world size and strategy may change: checkpoints are whole
     "train.grad_accum",  # follows the world size; train.batch_tokens must stay the same
 )

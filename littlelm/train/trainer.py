@@ -479,7 +479,7 @@ def speed_summary(cfg: RunConfig) -> str:
             f"{loss} loss" + (f" ({m.loss_chunk} rows/chunk)" if loss == "chunked" else "")
         )
     if getattr(m, "fp8", False):
-        parts.append(f"fp8 (layers >= {m.fp8_min_dim} wide)")
+        parts.append(f"fp8 (layers >= {m.fp8_min_dim} wide, {m.fp8_grad_dtype} gradients)")
     if getattr(cfg.optimizer, "adamw_8bit", False):
         parts.append("8-bit AdamW")
     if t.activation_checkpointing:
