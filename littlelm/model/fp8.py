@@ -1,7 +1,7 @@
 """FP8 linear layers: all three GEMMs of a linear layer through torch._scaled_mm.
 
     forward      y  = x @ wᵀ       x, w in float8_e4m3fn
-    backward     dx = dy @ w       dy in e5m2 (or e4m3: `model.fp8_grad_dtype`), w in e4m3
+    backward     dx = dy @ w       dy in e4m3 (or e5m2: `model.fp8_grad_dtype`), w in e4m3
                  dw = dyᵀ @ x      dy as above, x in e4m3
 
 Scaling is dynamic and tensorwise: just before the cast, each operand is multiplied by the
@@ -13,12 +13,11 @@ GEMM inputs are fp8, and the quantised x and w are what is saved for the backwar
 element instead of 2). An all-zero operand gives zeros; an operand holding inf or NaN gives a
 non-finite result, which the loss guard catches, never a silently finite wrong one.
 
-Gradients are e5m2 by default, the classic recipe the issue asks for (torchao's tensorwise
-default, nanochat, Transformer Engine's HYBRID): gradients have the widest range. With a fresh
-scale per tensor per step, `model.fp8_grad_dtype: e4m3` (torchao's rowwise recipe, DeepSeek-V3)
-trades that range for one more mantissa bit; on the demo model's own gradients it shrinks the
-error of the two backward GEMMs by about a third (docs/speed.md). It is the option to try first
-once a GPU run has confirmed it at scale.
+Gradients are e4m3 by default, like torchao's rowwise recipe and DeepSeek-V3: with a fresh scale
+per tensor per step the wide range of e5m2 is not needed, and e4m3's extra mantissa bit shrinks
+the error of the two backward GEMMs by about a third (measured on the demo model's own gradients,
+docs/speed.md). `model.fp8_grad_dtype: e5m2` restores the classic e4m3/e5m2 recipe (torchao's
+tensorwise default, nanochat).
 
 `model.fp8` turns it on for the transformer blocks' linears that pass the filter (both
 dimensions multiples of 16, the smaller at least `model.fp8_min_dim`); embeddings, lm_head and
@@ -119,7 +118,7 @@ class FP8Linear(nn.Linear):
     `grad_dtype` is the fp8 format of the output gradient in the two backward GEMMs."""
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = False, grad_dtype=E5M2
+        self, in_features: int, out_features: int, bias: bool = False, grad_dtype=E4M3
     ) -> None:
         assert not bias, "FP8Linear has no bias"
         super().__init__(in_features, out_features, bias=False)
@@ -138,7 +137,7 @@ class FP8Linear(nn.Linear):
 
 
 def linear(
-    in_features: int, out_features: int, fp8: bool, min_dim: int, grad_dtype: str = "e5m2"
+    in_features: int, out_features: int, fp8: bool, min_dim: int, grad_dtype: str = "e4m3"
 ) -> nn.Linear:
     """A bias-free linear layer: FP8Linear when `fp8` and the shape passes the filter."""
     if fp8 and fp8_eligible(in_features, out_features, min_dim):

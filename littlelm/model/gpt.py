@@ -91,9 +91,9 @@ class GPTConfig(ComponentConfig):
         "power-of-two tensorwise scales) in the blocks' linears; CUDA capability 8.9+ or CPU.",
     )
     fp8_grad_dtype: Literal["e4m3", "e5m2"] = Field(
-        "e5m2",
+        "e4m3",
         description="FP8 format of the output gradient in the two backward GEMMs under fp8 "
-        "(e4m3: one mantissa bit more, less range).",
+        "(e5m2: more range, one mantissa bit less).",
     )
     fp8_min_dim: int = Field(
         256,
