@@ -29,7 +29,7 @@
    to the reference's, and so is every logged per-step loss.
 
 Exit status 0 only when every check passes. On 2 CPU cores the default run takes about one
-minute, `--nproc 2` (10 kills, 200 steps) about three. `--device cuda` trains on GPUs instead
+minute, `--nproc 2` (10 kills, 200 steps) about two. `--device cuda` trains on GPUs instead
 (for a borrowed GPU node): recoveries, lost steps and teardowns are checked the same way;
 weights and losses are compared and the largest difference printed, but bitwise equality is not
 required there, since some CUDA kernels are not deterministic. Linux only (reads /proc).
@@ -344,7 +344,11 @@ def collect(child: Child, kill: Kill, procs: list[int], root: Path, limit: float
     t0 = time.monotonic()
     while alive(procs) and time.monotonic() - t0 < limit:
         time.sleep(0.05)
-    out = Outcome(kill, child.last_step(), teardown=time.monotonic() - t0, rc=child.p.poll())
+    try:  # a dying process shows as a zombie before its last thread is gone and it can be reaped
+        rc = child.p.wait(max(1.0, t0 + limit - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        rc = None
+    out = Outcome(kill, child.last_step(), teardown=time.monotonic() - t0, rc=rc)
     left = alive(procs)
     out.left = len(left)
     for pid in left:  # a hang or orphans: reported; cleared away for the next run
