@@ -1,24 +1,38 @@
 """Kill a training run with SIGKILL at random moments and check that it recovers exactly.
 
     python benchmarks/faults.py [--kills 10] [--seed 0] [--steps 300] [--every 25]
+    python benchmarks/faults.py --nproc 2      # torchrun, gloo, DDP with ZeRO-1 AdamW
 
-1. Trains a small config (2 layers, d_model 64, byte tokenizer, synthetic text) in a child
-   process without interruption: the reference.
-2. Trains the same config again in a fresh run directory and kills the child with SIGKILL at
-   `--kills` random moments, then runs `littlelm train` again (it resumes by itself). About
-   four kills in ten land inside a checkpoint save: the child runs with
-   LITTLELM_FAULT_SAVE_DELAY so each save pauses between its file writes and between its
-   rename and the pruning, and the kill comes at a random moment of that window after the
-   temporary directory appears. The others land at a random moment of a random step.
-3. Prints one row per kill (the step reached, the checkpoint resumed from, the steps lost, what
-   the save left behind) and checks: every kill recovered from the newest complete checkpoint,
-   no kill lost more than one checkpoint interval, the final weights are bitwise equal to the
-   reference's, and so is every logged per-step loss.
+1. Trains a small config (2 layers, d_model 64, byte tokenizer, synthetic text) without
+   interruption: the reference. With `--nproc N` (N > 1) both runs are `littlelm train ...
+   --nproc N` (torchrun, DDP, sharded Muon, and ZeRO-1 AdamW unless `--no-zero1`).
+2. Trains the same config again in a fresh run directory and SIGKILLs it at `--kills` random
+   moments, then runs `littlelm train` again (it resumes by itself). About four kills in ten
+   land inside a checkpoint save: the run has LITTLELM_FAULT_SAVE_DELAY set, so each save pauses
+   between its file writes and between its rename and the pruning, and the kill comes at a
+   random moment of that window after rank 0's temporary directory appears. The others land at
+   a random moment of a random step. With `--nproc N` each kill hits one victim, in turn from a
+   shuffled list (one process: always the process):
+   - all: every process of the run (a node dying); all are stopped (SIGSTOP) and then
+     SIGKILLed, so none sees another die first;
+   - rank r: one worker only (an OOM kill); torchrun must then stop the other workers and exit
+     non-zero;
+   - torchrun: the launcher only (a supervisor or a hand that kills one pid); its workers must
+     not train on as orphans: they get SIGTERM from the kernel, save, and exit.
+   The run (every process it had) must end within `--teardown-limit` seconds of the kill; one
+   that does not is reported as hung (or its surviving workers as orphans) and killed so that
+   the benchmark goes on.
+3. Prints one row per kill (victim, step reached, checkpoint resumed from, steps lost, how the
+   run stopped, what the save left behind) and checks: every kill recovered from the newest
+   complete checkpoint, no kill lost more than one checkpoint interval, every run ended in time
+   with no process left (a rank kill with a non-zero exit), the final weights are bitwise equal
+   to the reference's, and so is every logged per-step loss.
 
-Exit status 0 only when every check passes. On 2 CPU cores it takes about two minutes.
-`--device cuda` trains on a GPU instead (for a borrowed GPU): recoveries and lost steps are
-checked the same way; weights and losses are compared and the largest difference printed, but
-bitwise equality is not required there, since some CUDA kernels are not deterministic.
+Exit status 0 only when every check passes. On 2 CPU cores the default run takes about one
+minute, `--nproc 2` (10 kills, 200 steps) about two. `--device cuda` trains on GPUs instead
+(for a borrowed GPU node): recoveries, lost steps and teardowns are checked the same way;
+weights and losses are compared and the largest difference printed, but bitwise equality is not
+required there, since some CUDA kernels are not deterministic. Linux only (reads /proc).
 """
 
 from __future__ import annotations
@@ -95,7 +109,7 @@ WORDS = [
 ]
 
 
-def make_run(work: Path, name: str, steps: int, every: int, device: str) -> Path:
+def make_run(work: Path, name: str, args: argparse.Namespace) -> Path:
     rng = random.Random(0)
     corpus = work / "corpus.txt"
     if not corpus.exists():
@@ -105,7 +119,7 @@ def make_run(work: Path, name: str, steps: int, every: int, device: str) -> Path
         ]
         corpus.write_text("\n\n".join(paras) + "\n")
     tree = {
-        "run": {"name": name, "out_dir": str(work / "runs"), "seed": 0, "device": device},
+        "run": {"name": name, "out_dir": str(work / "runs"), "seed": 0, "device": args.device},
         "model": {"name": "gpt", "n_layer": 2, "d_model": 64, "n_head": 2, "max_seq_len": 64},
         "data": {
             "tokenizer": {"name": "byte"},
@@ -115,25 +129,55 @@ def make_run(work: Path, name: str, steps: int, every: int, device: str) -> Path
         },
         "optimizer": {"name": "muon"},
         "schedule": {"name": "trapezoidal", "warmup_steps": 10},
-        "train": {"micro_batch_size": 8, "seq_len": 64, "max_steps": steps, "log_every": 1},
+        "train": {
+            "micro_batch_size": 8,
+            "seq_len": 64,
+            "max_steps": args.steps,
+            "log_every": 1,
+        },
         "eval": {"every": 0, "at_end": False},
-        "checkpoint": {"every": every, "keep_last": 2},
+        "checkpoint": {"every": args.every, "keep_last": 2},
     }
+    if args.nproc > 1:
+        tree["distributed"] = {"shard_adamw": args.zero1}
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
 
 
-class Child:
-    """`littlelm train CONFIG` in a child process; stdout and stderr collected by threads."""
+def process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state letter) of every process, from /proc."""
+    table = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+            table[int(d.name)] = (int(ppid), state)
+    return table
 
-    def __init__(self, config: Path, env: dict):
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of `pids` that still run (zombies and vanished processes do not)."""
+    table = process_table()
+    return [p for p in pids if p in table and table[p][1] not in "ZX"]
+
+
+class Child:
+    """`littlelm train CONFIG [--nproc N]` in its own session; stdout and stderr collected by
+    threads. With --nproc the process execs torchrun, whose workers are its children."""
+
+    def __init__(self, config: Path, env: dict, nproc: int):
+        nprocs = ["--nproc", str(nproc)] if nproc > 1 else []
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "littlelm", "train", str(config)],
+            [sys.executable, "-m", "littlelm", "train", str(config), *nprocs],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            start_new_session=True,
         )
         self.out: list[str] = []
         self.err: list[str] = []
@@ -143,6 +187,41 @@ class Child:
         ]
         for r in self.readers:
             r.start()
+
+    def tree(self) -> list[int]:
+        """This process and every live descendant (torchrun's workers and their children)."""
+        table = process_table()
+        found, todo = [], [self.p.pid]
+        while todo:
+            pid = todo.pop()
+            if pid in table and table[pid][1] not in "ZX":
+                found.append(pid)
+            todo += [c for c, (parent, _) in table.items() if parent == pid]
+        return found
+
+    def worker(self, rank: int) -> int:
+        """The pid of torchrun's worker process with RANK=rank."""
+        for pid, (parent, _) in process_table().items():
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if parent == self.p.pid and f"RANK={rank}".encode() in environ:
+                return pid
+        raise RuntimeError(f"no worker with RANK={rank} under pid {self.p.pid}")
+
+    def kill(self, victim: str | int) -> list[int]:
+        """SIGKILL every process of the run at once (all stopped first, so none sees another
+        die), torchrun alone, or one worker rank. Returns the run's processes just before."""
+        procs = self.tree()
+        if victim == "all":
+            for pid in procs:
+                os.kill(pid, signal.SIGSTOP)
+            for pid in procs:
+                os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(self.p.pid if victim == "torchrun" else self.worker(victim), signal.SIGKILL)
+        return procs
 
     def last_step(self) -> int:
         for line in reversed(self.out):
@@ -158,8 +237,12 @@ class Child:
                 return int(m.group(1))
         return None
 
-    def drain(self) -> int:
-        rc = self.p.wait()
+    def drain(self, timeout: float | None = None) -> int | None:
+        """Wait for the exit status (None: still running after `timeout` seconds)."""
+        try:
+            rc = self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
         for r in self.readers:
             r.join()
         return rc
@@ -169,17 +252,35 @@ class Child:
 class Kill:
     kind: str  # "step" or "save"
     target: int  # the step (or the checkpoint step whose save is hit)
+    victim: str | int  # "all" (every process of the run), "torchrun", or one worker rank
+
+    def moment(self) -> str:
+        return (
+            f"in save of step {self.target}" if self.kind == "save" else f"after step {self.target}"
+        )
+
+    def who(self, nproc: int) -> str:
+        if isinstance(self.victim, int):
+            return f"rank {self.victim}"
+        if self.victim == "torchrun":
+            return "torchrun"
+        return "all processes" if nproc > 1 else "the process"
 
 
-def plan(kills: int, steps: int, every: int, seed: int) -> list[Kill]:
+def plan(kills: int, steps: int, every: int, seed: int, nproc: int) -> list[Kill]:
+    """Kill moments (about 4 in 10 inside a save) and victims (all, rank 0, ..., torchrun in
+    turn, shuffled)."""
     rng = random.Random(seed)
     n_save = max(1, round(kills * 0.4))
     saves = rng.sample(range(every, steps + 1, every), n_save)
     others = [s for s in range(2, steps) if s not in saves]
-    plan = [Kill("save", s) for s in saves] + [
-        Kill("step", s) for s in rng.sample(others, kills - n_save)
+    moments = [("save", s) for s in saves] + [
+        ("step", s) for s in rng.sample(others, kills - n_save)
     ]
-    return sorted(plan, key=lambda k: k.target)
+    kinds: list[str | int] = ["all", *range(nproc), "torchrun"] if nproc > 1 else ["all"]
+    victims = (kinds * kills)[:kills]
+    rng.shuffle(victims)
+    return sorted((Kill(k, s, v) for (k, s), v in zip(moments, victims)), key=lambda k: k.target)
 
 
 def wait_for(child: Child, test, timeout: float = 300) -> bool:
@@ -191,19 +292,70 @@ def wait_for(child: Child, test, timeout: float = 300) -> bool:
     return True
 
 
-def strike(child: Child, kill: Kill, root: Path, rng: random.Random, window: float) -> bool:
-    """Wait for the kill's moment, SIGKILL the child; False if it ended first."""
+def strike(child: Child, kill: Kill, root: Path, rng: random.Random, window: float) -> list[int]:
+    """Wait for the kill's moment and deliver it; returns the run's processes just before the
+    kill (empty if the run ended first)."""
     if kill.kind == "save":
         pattern = f"step_{kill.target:06d}.tmp-*"
         if not wait_for(child, lambda: any(root.glob(pattern))):
-            return False
+            return []
         time.sleep(rng.uniform(0, window))
     else:
         if not wait_for(child, lambda: child.last_step() >= kill.target):
-            return False
+            return []
         time.sleep(rng.uniform(0, 0.05))  # somewhere inside a following step
-    child.p.send_signal(signal.SIGKILL)
-    return True
+    return child.kill(kill.victim)
+
+
+@dataclass
+class Outcome:
+    kill: Kill
+    reached: int  # the last step the run logged
+    start: int = 0  # the step the next run resumed from
+    teardown: float = 0.0  # seconds from the kill until every process of the run had ended
+    rc: int | None = None  # the killed run's exit status (None: still running at the limit)
+    left: int = 0  # processes of the run still alive at the limit (hung or orphaned)
+    partial: tuple[str, ...] = ()  # temporary directories the kill left
+    good: bool = False  # resumed from the newest complete checkpoint and trained on
+
+    @property
+    def lost(self) -> int:
+        return self.reached - self.start
+
+    @property
+    def stopped(self) -> bool:
+        """Every process ended in time; a rank kill must also end torchrun non-zero."""
+        return not self.left and (not isinstance(self.kill.victim, int) or self.rc not in (0, None))
+
+    def how(self, limit: float) -> str:
+        if self.rc is None:
+            return f"HUNG > {limit:.0f}s"
+        if self.left:
+            return f"{self.left} ORPHANS > {limit:.0f}s"
+        if self.kill.victim == "all":
+            return "killed"
+        if self.kill.victim == "torchrun":
+            return f"workers ended in {self.teardown:.1f}s"
+        return f"exit {self.rc} in {self.teardown:.1f}s"
+
+
+def collect(child: Child, kill: Kill, procs: list[int], root: Path, limit: float) -> Outcome:
+    """Wait (at most `limit` s) until every process the run had is gone; kill what is left."""
+    t0 = time.monotonic()
+    while alive(procs) and time.monotonic() - t0 < limit:
+        time.sleep(0.05)
+    try:  # a dying process shows as a zombie before its last thread is gone and it can be reaped
+        rc = child.p.wait(max(1.0, t0 + limit - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        rc = None
+    out = Outcome(kill, child.last_step(), teardown=time.monotonic() - t0, rc=rc)
+    left = alive(procs)
+    out.left = len(left)
+    for pid in left:  # a hang or orphans: reported; cleared away for the next run
+        os.kill(pid, signal.SIGKILL)
+    child.drain()
+    out.partial = tuple(sorted(d.name for d in root.glob("*.tmp-*"))) if root.is_dir() else ()
+    return out
 
 
 def recovers(child: Child, expect: int) -> bool:
@@ -224,13 +376,26 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(ckpt.latest_checkpoint(run_dir / "checkpoints") / "model.safetensors")
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--nproc", type=int, default=1, help="processes per run (>1: torchrun)")
     ap.add_argument("--kills", type=int, default=10, help="SIGKILLs to deliver")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
-    ap.add_argument("--steps", type=int, default=300, help="training steps")
-    ap.add_argument("--every", type=int, default=25, help="checkpoint interval in steps")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the kill moments and victims")
+    ap.add_argument("--steps", type=int, help="training steps (default 300; 200 with --nproc)")
+    ap.add_argument("--every", type=int, help="checkpoint interval (default 25; 20 with --nproc)")
     ap.add_argument("--save-delay", type=float, default=0.1, help="seconds per pause in a save")
+    ap.add_argument(
+        "--zero1",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --nproc: distributed.shard_adamw (ZeRO-1 AdamW moments)",
+    )
+    ap.add_argument(
+        "--teardown-limit",
+        type=float,
+        default=60,
+        help="seconds torchrun may take to stop the run after a rank is killed",
+    )
     ap.add_argument(
         "--workdir",
         default=f"/tmp/littlelm-faults-{os.getpid()}",
@@ -238,71 +403,102 @@ def main() -> int:
     )
     ap.add_argument("--device", default="cpu", help="cpu (bitwise check) or cuda")
     args = ap.parse_args()
+    multi = args.nproc > 1
+    args.steps = args.steps or (200 if multi else 300)
+    args.every = args.every or (20 if multi else 25)
+    return args
+
+
+def faulted_run(args: argparse.Namespace, cfg: Path, env: dict) -> tuple[list[Outcome], int]:
+    """Train `cfg` through every planned kill; returns the outcomes and the final exit status."""
+    root = cfg.parent / "runs" / "faulted" / "checkpoints"
+    env = {**env, ckpt.FAULT_DELAY_ENV: str(args.save_delay)}
+    rng = random.Random(args.seed + 1)
+    window = 5 * args.save_delay  # 4 file writes + the rename-to-prune gap
+    rows = []
+    child = Child(cfg, env, args.nproc)
+    for i, kill in enumerate(plan(args.kills, args.steps, args.every, args.seed, args.nproc), 1):
+        procs = strike(child, kill, root, rng, window)
+        if not procs:
+            raise SystemExit(f"kill {i}: the run ended before its moment\n" + "".join(child.err))
+        out = collect(child, kill, procs, root, args.teardown_limit)
+        newest = ckpt.latest_checkpoint(root, warn=False)
+        expect = ckpt.checkpoint_step(newest) if newest else 0
+        child = Child(cfg, env, args.nproc)
+        out.good = recovers(child, expect)
+        out.start = child.resumed_step() or 0
+        rows.append(out)
+    return rows, child.drain()
+
+
+def report(args: argparse.Namespace, rows: list[Outcome]) -> None:
+    multi = args.nproc > 1
+    setup = (
+        f"{args.nproc} processes (torchrun, DDP, sharded Muon, ZeRO-1 AdamW {'on' if args.zero1 else 'off'})"
+        if multi
+        else "1 process"
+    )
+    print(
+        f"\nfaults: {args.kills} SIGKILLs, {setup}, {args.steps} steps, checkpoint every "
+        f"{args.every} steps, save pauses {args.save_delay}s, seed {args.seed}"
+    )
+    print(
+        "| kill | moment | victim | step reached | resumed from | steps lost | run stopped "
+        "| left by the kill | recovered |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for i, r in enumerate(rows, 1):
+        stop = r.how(args.teardown_limit)
+        print(
+            f"| {i} | {r.kill.moment()} | {r.kill.who(args.nproc)} | {r.reached} | {r.start} "
+            f"| {r.lost} | {stop} | {', '.join(r.partial) or '-'} | {'yes' if r.good else 'NO'} |"
+        )
+
+
+def main() -> int:
+    args = parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "LITTLELM_CACHE": str(work / "cache")}
     t0 = time.monotonic()
 
-    ref_cfg = make_run(work, "reference", args.steps, args.every, args.device)
-    ref = Child(ref_cfg, env)
+    ref_cfg = make_run(work, "reference", args)
+    ref = Child(ref_cfg, env, args.nproc)
     if ref.drain() != 0:
         print("".join(ref.out + ref.err))
         return 1
     ref_time = time.monotonic() - t0
-    cfg = make_run(work, "faulted", args.steps, args.every, args.device)
-    root = work / "runs" / "faulted" / "checkpoints"
-    faulty_env = {**env, ckpt.FAULT_DELAY_ENV: str(args.save_delay)}
-    rng = random.Random(args.seed + 1)
-    window = 5 * args.save_delay  # 4 file writes + the rename-to-prune gap
-    rows, recovered = [], 0
-    child = Child(cfg, faulty_env)
-    for i, kill in enumerate(plan(args.kills, args.steps, args.every, args.seed), 1):
-        if not strike(child, kill, root, rng, window):
-            print(f"kill {i}: the child ended before its moment\n" + "".join(child.err))
-            return 1
-        child.drain()
-        reached = child.last_step()
-        partial = sorted(d.name for d in root.glob("*.tmp-*")) if root.is_dir() else []
-        newest = ckpt.latest_checkpoint(root, warn=False)
-        expect = ckpt.checkpoint_step(newest) if newest else 0
-        child = Child(cfg, faulty_env)
-        good = recovers(child, expect)
-        start = child.resumed_step() or 0
-        recovered += good
-        rows.append((i, kill, reached, start, reached - start, partial, good))
-    rc = child.drain()
+    cfg = make_run(work, "faulted", args)
+    rows, rc = faulted_run(args, cfg, env)
     total = time.monotonic() - t0
+    report(args, rows)
 
-    print(
-        f"\nfaults: {args.kills} SIGKILLs, {args.steps} steps, checkpoint every {args.every} steps, "
-        f"save pauses {args.save_delay}s, seed {args.seed}"
-    )
-    print(
-        "| kill | moment | step reached | resumed from | steps lost | left by the kill | recovered |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for i, kill, reached, start, lost, partial, good in rows:
-        moment = (
-            f"in save of step {kill.target}" if kill.kind == "save" else f"after step {kill.target}"
-        )
-        left = ", ".join(partial) or "-"
-        print(
-            f"| {i} | {moment} | {reached} | {start} | {lost} | {left} | {'yes' if good else 'NO'} |"
-        )
-
-    a, b = final_weights(ref_cfg.parent / "runs" / "reference"), final_weights(root.parent)
+    a, b = final_weights(work / "runs" / "reference"), final_weights(work / "runs" / "faulted")
     weights_equal = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    la, lb = losses(ref_cfg.parent / "runs" / "reference"), losses(root.parent)
+    la, lb = losses(work / "runs" / "reference"), losses(work / "runs" / "faulted")
     losses_equal = la == lb and len(la) == args.steps
     w_diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     l_diff = max(abs(la[k] - lb.get(k, float("inf"))) for k in la)
-    worst = max(r[4] for r in rows)
-    in_save = sum(1 for r in rows if r[1].kind == "save")
+    recovered = sum(r.good for r in rows)
+    worst = max(r.lost for r in rows)
+    stopped = sum(r.stopped for r in rows)
     print(
-        f"\nrecoveries: {recovered}/{args.kills} ({in_save} kills aimed inside a save; "
-        f"{sum(1 for r in rows if r[5])} kills left a half-written checkpoint directory)\n"
-        f"steps lost per kill: max {worst}, mean {sum(r[4] for r in rows) / len(rows):.1f} "
+        f"\nrecoveries: {recovered}/{args.kills} ({sum(r.kill.kind == 'save' for r in rows)} "
+        f"kills aimed inside a save; {sum(1 for r in rows if r.partial)} left a half-written "
+        "checkpoint directory)\n"
+        f"steps lost per kill: max {worst}, mean {sum(r.lost for r in rows) / len(rows):.1f} "
         f"(checkpoint interval {args.every})\n"
+        f"runs that ended in time with no process left (a rank kill: non-zero exit): {stopped}/"
+        f"{len(rows)}"
+    )
+    for victim in ("rank", "torchrun"):
+        times = [r.teardown for r in rows if victim in r.kill.who(args.nproc)]
+        if times:
+            print(
+                f"  after a kill of {'one rank' if victim == 'rank' else 'torchrun alone'}: "
+                f"slowest end {max(times):.1f}s (limit {args.teardown_limit:.0f}s)"
+            )
+    print(
         f"final run exit status: {rc}\n"
         f"final weights bitwise equal to the uninterrupted run: {'yes' if weights_equal else 'NO'}"
         f" (largest difference {w_diff:.3g})\n"
@@ -311,7 +507,13 @@ def main() -> int:
         f"wall time: {total:.0f}s (uninterrupted run {ref_time:.0f}s)"
     )
     exact = (weights_equal and losses_equal) or args.device != "cpu"
-    passed = recovered == args.kills and worst <= args.every and rc == 0 and exact
+    passed = (
+        recovered == args.kills
+        and worst <= args.every
+        and stopped == len(rows)
+        and rc == 0
+        and exact
+    )
     print("PASS" if passed else "FAIL")
     return 0 if passed else 1
 

@@ -302,6 +302,64 @@ def test_run_lock_and_finished_restart_under_torchrun(runs, tmp_path):
     assert out.count("has already finished") == 1  # printed by rank 0, exit 0 everywhere
 
 
+def children(pid: int) -> list[int]:
+    """The live child processes of `pid` (from /proc)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            stat = (d / "stat").read_text() if d.name.isdigit() else ""
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split() if stat else []
+        if fields and fields[0] not in "ZX" and int(fields[1]) == pid:
+            found.append(int(d.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_of_a_killed_torchrun_stop_with_a_checkpoint(runs, tmp_path):
+    """torchrun SIGKILLed alone (its workers run in sessions of their own): the kernel sends
+    each worker SIGTERM, every rank stops after the same step with one checkpoint and exits,
+    and the run directory is free for the restart. Before, the orphaned workers trained on to
+    max_steps holding the run lock, and the restart was refused as "in use"."""
+    from littlelm.train.runlock import RunLock
+
+    cmd = [sys.executable, "-m", "littlelm", "train", str(runs["config"]), "train.max_steps=100000",
+           "eval.every=0", "checkpoint.every=100000", "--nproc", "2"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    lines = []
+    for line in proc.stdout:  # EOF (the run failed) ends the loop too
+        lines.append(line)
+        if line.startswith("step 3/"):
+            break
+    workers = children(proc.pid)
+    assert len(workers) == 2, "".join(lines)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    try:
+        out, _ = proc.communicate(timeout=60)  # EOF once both workers have exited
+    except subprocess.TimeoutExpired:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pytest.fail("the workers of a killed torchrun are still training 60 s later")
+    stop = [line for line in out.splitlines() if line.startswith("stopped by SIGTERM at step")]
+    assert len(stop) == 1, out[-3000:]  # rank 0 reports it once
+    step = int(stop[0].split()[5].rstrip(";"))
+    state = json.loads((tmp_path / f"runs/tiny/checkpoints/step_{step:06d}/state.json").read_text())
+    assert state["step"] == step and state["loader_world_size"] == 2
+    with RunLock(tmp_path / "runs/tiny"):  # nobody holds the run lock any more
+        pass
+
+
+def test_stop_with_launcher_is_armed_only_under_torchrun():
+    assert not distributed.stop_with_launcher({"RANK": "0", "WORLD_SIZE": "2"})
+
+
 def test_a_failed_save_stops_every_rank_with_the_writers_error(runs, tmp_path):
     """checkpoint.on_save_error=stop (the default): rank 0's failed save raises the same
     CheckpointError (exit 2) on every rank; nothing is left half-written."""

@@ -15,10 +15,12 @@ single process gets the same object with every operation a no-op. See docs/distr
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import json
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ T = TypeVar("T")
 # Variables torchrun sets for every worker; a process that has some but not all was not started
 # by a launcher we understand.
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal the kernel sends when our parent dies
 
 
 class DistributedConfig(Cfg):
@@ -210,6 +213,7 @@ def session(
     if not env.distributed:
         yield Parallel(cfg, env, device)
         return
+    stop_with_launcher()
     dev_type = device_type(device, env.world_size)
     backend = pick_backend(cfg.backend, dev_type)
     if dev_type == "cuda":
@@ -247,6 +251,23 @@ def session(
         par.barrier()  # nobody tears its connections down while another rank still uses them
     finally:
         dist.destroy_process_group()
+
+
+def stop_with_launcher(environ: Mapping[str, str] | None = None) -> bool:
+    """Under torchrun on Linux, have the kernel send this worker SIGTERM when torchrun dies.
+
+    torchrun starts every worker in a session of its own and sets no parent-death signal, so a
+    torchrun killed alone (SIGKILL from a supervisor or by hand) leaves its workers training on,
+    orphaned: rank 0 keeps the run lock (the restarted run is refused as "in use") and the
+    devices stay busy. With this, the orphans stop as on any SIGTERM: every rank finishes the
+    step, one checkpoint is saved, and they exit. Returns whether the signal was armed."""
+    environ = os.environ if environ is None else environ
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in environ:
+        return False  # not a torchrun worker (tests and other launchers manage their workers)
+    libc = ctypes.CDLL(None, use_errno=True)
+    # Armed before joining the group: had torchrun died earlier, its rendezvous store (which
+    # --standalone runs in torchrun) is gone and joining fails after distributed.timeout_s.
+    return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
 
 
 class Parallel:
