@@ -26,20 +26,26 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class _RMSNorm(torch.autograd.Function):
+    """In fp32 whatever x's dtype: a bf16 x (the attention's q and k) is cast up once per pass
+    here, instead of once by each mixed-dtype op (the norm, the product, their backward)."""
+
     @staticmethod
     def forward(ctx, x, eps, out_dtype):
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)  # (..., 1)
+        xf = x.float()  # x itself when x is fp32
+        norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)  # (..., 1) fp32
         r = norm.square_().div_(x.size(-1)).add_(eps).rsqrt_()
         ctx.save_for_backward(x, r)
-        return torch.mul(x, r, out=torch.empty_like(x, dtype=out_dtype))
+        return torch.mul(xf, r, out=torch.empty_like(x, dtype=out_dtype))
 
     @staticmethod
     def backward(ctx, g):
         x, r = ctx.saved_tensors
+        xf, gf = x.float(), g.float()
         # dx = r·g - r³·x·mean(g·x), in fp32: g is nearly parallel to x (the norm removes that
         # component), so rounding the two terms to bf16 before subtracting loses the result
-        c = _row_dot(g, x).mul_(r.pow(3)).div_(-x.size(-1))  # (..., 1) fp32
-        gx = torch.addcmul(torch.mul(g, r), x, c)
+        c = torch.linalg.vecdot(gf, xf, dim=-1).unsqueeze(-1)  # (..., 1) fp32
+        c = c.mul_(r.pow(3)).div_(-x.size(-1))
+        gx = torch.mul(gf, r).addcmul_(xf, c)
         return gx.to(x.dtype), None, None
 
 
