@@ -136,7 +136,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             dx = torch.empty_like(xc)  # (N, C)
             dw = None  # (V, C) fp32, the sum of the groups' products
             total = torch.zeros((), dtype=torch.float32, device=x.device)
-            group = _group_rows(x.size(0), chunk, vocab_size, xc.element_size())
+            group = group_rows(x.size(0), chunk, vocab_size, xc.element_size())
             buf = torch.empty(min(group, x.size(0)), vocab_size, dtype=dt, device=x.device)
             for g in range(0, x.size(0), group):
                 n = min(group, x.size(0) - g)
@@ -168,7 +168,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         return gx, gw, None, None, None, None, None
 
 
-def _group_rows(n: int, chunk: int, vocab: int, itemsize: int) -> int:
+def group_rows(n: int, chunk: int, vocab: int, itemsize: int) -> int:
     """Rows whose logits' gradients are kept together for one lm_head-gradient matmul: whole
     chunks filling at most GROUP_BYTES. One larger product instead of one per chunk saves a
     (V, C) fp32 accumulation per chunk (a cast and an add, which cost as much as the product)."""

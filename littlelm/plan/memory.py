@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from littlelm.model.loss import group_rows
 from littlelm.plan.accounting import block_bytes
 from littlelm.plan.shapes import Dims, buffer_shapes
 
@@ -186,20 +187,26 @@ def loss_stage_bytes(d: Dims, kernels: Kernels = "cuda") -> dict[str, float]:
 
 
 def chunked_loss_stages(d: Dims) -> dict[str, float]:
-    """The chunked loss makes each chunk's logits, their gradient, and adds into d(x) (N, C)
-    and d(lm_head) (V, C, fp32) during the forward pass. Its peak is at `dw += dl.T @ x` of
-    a chunk of n rows: the sigmoid of the soft cap (fp32), exp (fp32), d(logits) in the matmul
-    dtype and the (V, C) product; the loss's backward then scales d(x) and d(lm_head)."""
+    """The chunked loss makes each chunk's logits and their gradient, and adds into d(x) (N, C)
+    and d(lm_head) (V, C, fp32) during the forward pass. The logits' gradients of a group of
+    chunks (model/loss.py's group_rows) share one buffer in the matmul dtype. Two moments:
+    inside a chunk of n rows (its logits, their soft cap and exp in fp32, beside the buffer),
+    and at a group's end (the buffer and the (V, C) product `dl.T @ x`); the loss's backward
+    then scales d(x) and d(lm_head)."""
     m, N, a = d.model, d.tokens, (2 if d.bf16 else 4)
     C, V, Vp = m.d_model, m.vocab_size, m.padded_vocab
     n = min(d.model.loss_chunk, N)
     rows = block_bytes(N) + block_bytes(4 * N) + block_bytes(a * N * C)  # mask, scale, d(x)
     dw = block_bytes(4 * V * C)
+    buf = block_bytes(a * min(group_rows(N, n, V, a), N) * V)
     per_chunk = block_bytes(8 * n) + 5 * block_bytes(4 * n) + 2 * BLOCK_SCALAR
     fp32_rows = 2 if m.softcap is not None else 1
+    # the fp32 capped logits and exp, beside the matmul's own output (alive until the capped
+    # copy is made)
     chunk = fp32_rows * block_bytes(4 * n * V) + block_bytes(a * n * V)
     return {
-        "chunk": rows + dw + BLOCK_SCALAR + per_chunk + chunk + block_bytes(a * V * C),
+        "chunk": rows + dw + BLOCK_SCALAR + per_chunk + chunk + buf,
+        "group": rows + dw + BLOCK_SCALAR + buf + block_bytes(a * V * C),
         "backward": rows + 2 * dw + block_bytes(d.param_bytes * Vp * C),
     }
 
