@@ -26,8 +26,11 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class _RMSNorm(torch.autograd.Function):
-    """In fp32 whatever x's dtype: a bf16 x (the attention's q and k) is cast up once per pass
-    here, instead of once by each mixed-dtype op (the norm, the product, their backward)."""
+    """The forward computes in fp32 from one fp32 copy of x (a bf16 x, the attention's q and
+    k, is cast up once, not by each mixed-dtype op). The backward makes one tensor of x's
+    dtype and no fp32 copies: dx = r·(g + k·x) with k = -r²·mean(g·x) per row, where
+    g + k·x is formed in fp32 inside one op (g is nearly parallel to x, so the two terms must
+    not be rounded before they are added) and then scaled by r in place."""
 
     @staticmethod
     def forward(ctx, x, eps, out_dtype):
@@ -40,13 +43,9 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, r = ctx.saved_tensors
-        xf, gf = x.float(), g.float()
-        # dx = r·g - r³·x·mean(g·x), in fp32: g is nearly parallel to x (the norm removes that
-        # component), so rounding the two terms to bf16 before subtracting loses the result
-        c = torch.linalg.vecdot(gf, xf, dim=-1).unsqueeze(-1)  # (..., 1) fp32
-        c = c.mul_(r.pow(3)).div_(-x.size(-1))
-        gx = torch.mul(gf, r).addcmul_(xf, c)
-        return gx.to(x.dtype), None, None
+        k = _row_dot(g, x).mul_(r.square()).div_(-x.size(-1))  # (..., 1) fp32
+        gx = torch.addcmul(g, x, k, out=torch.empty_like(x))
+        return gx.mul_(r), None, None
 
 
 def rms_norm(
@@ -132,8 +131,15 @@ def rope_tables(seq_len: int, head_dim: int, base: float) -> tuple[torch.Tensor,
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)  # (B, T, H, D/2) each
-    return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin)
+    """x·[cos, cos] + [x2, x1]·[-sin, sin], written half by half into one new tensor (no
+    temporaries: each half is one product into the output and one fused multiply-add)."""
+    h = x.size(-1) // 2
+    out = torch.empty_like(x)  # (B, T, H, D)
+    x1, x2 = x[..., :h], x[..., h:]  # (B, T, H, D/2) each
+    c = cos[..., :h]
+    torch.mul(x1, c, out=out[..., :h]).addcmul_(x2, sin[..., :h])
+    torch.mul(x2, c, out=out[..., h:]).addcmul_(x1, sin[..., h:])
+    return out
 
 
 class _RoPE(torch.autograd.Function):
