@@ -2,6 +2,7 @@
 off, at the same shapes, in one run; and the chunked loss's peak memory against the plain one.
 
     python benchmarks/throughput.py                          # headline: medium, ref/AdamW/Muon
+    python benchmarks/throughput.py --variants reference littlelm --interleave --steps 12
     python benchmarks/throughput.py --sizes small medium large --variants all
     python benchmarks/throughput.py --loss-memory            # plain vs chunked loss, V=50304
     python benchmarks/throughput.py --device cuda            # GPU, all checks (< 10 min on an
@@ -21,7 +22,11 @@ littlelm variants run it on littlelm's GPT with its default features (qk norm, v
 embeddings, residual scalars, soft cap, chunked loss) unless a variant changes one.
 Variants are timed in `--rounds` rounds (each variant rebuilt, warmed up and timed once per
 round, in turn, each round starting one variant later), so the machine's slow spells fall on all
-of them; the table shows every round and the median.
+of them; the table shows every round and the median. With `--interleave` every variant is built
+once and kept, and after `--warmup` steps each, `--steps` rounds each run one step of every
+variant in turn: each round's ratio compares steps measured seconds apart, and the table gives
+the median of those per-round ratios (and their range) beside the median step's tokens/s. This
+is the method for small differences on a noisy machine (the rebuilt rounds spread by ±5-8%).
 tokens/s counts the tokens of the timed optimizer steps; MFU = tokens/s · training FLOPs per
 token / the device's bf16 peak (littlelm.train.device.peak_flops: the CUDA table, or the CPU
 matmul probe). The CPU allocator tuning the trainer applies (tune_cpu_allocator) is applied
