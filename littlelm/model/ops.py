@@ -131,15 +131,11 @@ def rope_tables(seq_len: int, head_dim: int, base: float) -> tuple[torch.Tensor,
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x·[cos, cos] + [x2, x1]·[-sin, sin], written half by half into one new tensor (no
-    temporaries: each half is one product into the output and one fused multiply-add)."""
-    h = x.size(-1) // 2
-    out = torch.empty_like(x)  # (B, T, H, D)
-    x1, x2 = x[..., :h], x[..., h:]  # (B, T, H, D/2) each
-    c = cos[..., :h]
-    torch.mul(x1, c, out=out[..., :h]).addcmul_(x2, sin[..., :h])
-    torch.mul(x2, c, out=out[..., h:]).addcmul_(x1, sin[..., h:])
-    return out
+    """x·[cos, cos] + [x2, x1]·[-sin, sin]: the product is made first and the swapped halves
+    added into it in place (one temporary, not two; writing each half into one output with
+    `out=` slices would save that one, but breaks torch.compile's aliasing replay)."""
+    x1, x2 = x.chunk(2, dim=-1)  # (B, T, H, D/2) each
+    return torch.mul(x, cos).addcmul_(torch.cat((x2, x1), dim=-1), sin)
 
 
 class _RoPE(torch.autograd.Function):

@@ -261,8 +261,8 @@ def loss_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
 def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
     """Live backward temporaries (bytes, the stream's gradients included) at the expensive
     moments of one block's backward: the MLP's hidden gradients; q and k's gradients (side by
-    side, one tensor) through RoPE and qk-norm, each of which reads one and writes one (v's
-    gradient waits beside them); and the gradients of q, k, v stacked for the one matmul,
+    side, one tensor) through RoPE (its output beside one temporary, the swapped halves) and
+    qk-norm (one output), with v's gradient waiting beside them; and the gradients of q, k, v stacked for the one matmul,
     with that matmul's input gradient."""
     m, N, a, sb = d.model, d.tokens, (2 if d.bf16 else 4), d.param_bytes
     C, q, kv, h = m.d_model, m.n_head * m.head_dim, m.kv_heads * m.head_dim, m.hidden
@@ -276,7 +276,7 @@ def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
     fixed = 3 * BLOCK_SCALAR + (2 * BLOCK_SCALAR if m.residual_scalars else 0)
     if m.tie_embeddings:  # the lm_head half of the tied embedding's gradient waits for the rest
         fixed += block_bytes(d.param_bytes * m.padded_vocab * C)
-    rope_norm = 2 * a * (q + kv) + a * kv
+    rope_norm = 3 * a * (q + kv) + a * kv  # d(q|k), RoPE's output, the swapped halves; d(v)
     stages = {
         "mlp": N * (base + mlp),
         "rope and qk-norm": N * (base + rope_norm),
