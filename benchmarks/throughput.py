@@ -2,6 +2,7 @@
 off, at the same shapes, in one run; and the chunked loss's peak memory against the plain one.
 
     python benchmarks/throughput.py                          # headline: medium, ref/AdamW/Muon
+    python benchmarks/throughput.py --variants reference littlelm --interleave --steps 12
     python benchmarks/throughput.py --sizes small medium large --variants all
     python benchmarks/throughput.py --loss-memory            # plain vs chunked loss, V=50304
     python benchmarks/throughput.py --device cuda            # GPU, all checks (< 10 min on an
@@ -21,7 +22,11 @@ littlelm variants run it on littlelm's GPT with its default features (qk norm, v
 embeddings, residual scalars, soft cap, chunked loss) unless a variant changes one.
 Variants are timed in `--rounds` rounds (each variant rebuilt, warmed up and timed once per
 round, in turn, each round starting one variant later), so the machine's slow spells fall on all
-of them; the table shows every round and the median.
+of them; the table shows every round and the median. With `--interleave` every variant is built
+once and kept, and after `--warmup` steps each, `--steps` rounds each run one step of every
+variant in turn: each round's ratio compares steps measured seconds apart, and the table gives
+the median of those per-round ratios (and their range) beside the median step's tokens/s. This
+is the method for small differences on a noisy machine (the rebuilt rounds spread by ±5-8%).
 tokens/s counts the tokens of the timed optimizer steps; MFU = tokens/s · training FLOPs per
 token / the device's bf16 peak (littlelm.train.device.peak_flops: the CUDA table, or the CPU
 matmul probe). The CPU allocator tuning the trainer applies (tune_cpu_allocator) is applied
@@ -212,11 +217,80 @@ def time_variant(v, size, device, data, warmup: int, steps: int) -> tuple[float,
     return rate, flops
 
 
-def run_size(name: str, variants: list[str], args, device: torch.device, peak: float) -> None:
-    size = SIZES[name]
-    n_layer, d, n_head, seq, micro, vocab = size
+def size_data(size: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    *_, seq, micro, vocab = size
     g = torch.Generator().manual_seed(1)
-    data = tuple(torch.randint(0, vocab, (micro, seq), generator=g).to(device) for _ in range(2))
+    return tuple(torch.randint(0, vocab, (micro, seq), generator=g).to(device) for _ in range(2))
+
+
+def size_title(name: str) -> str:
+    n_layer, d, n_head, seq, micro, vocab = SIZES[name]
+    return f"### {name}: {n_layer} layers × {d} ({n_head} heads), seq {seq}, batch {micro}, vocab {vocab}"
+
+
+def run_interleaved(name: str, variants: list[str], args, device: torch.device, peak: float):
+    """Every variant built once and kept; after --warmup steps each, --steps rounds in which
+    each variant runs one optimizer step, in turn (the start rotating by one each round). A
+    slow spell of the machine then falls on neighbouring steps of every variant, and each
+    round gives a ratio of two steps measured seconds apart: `× reference` is the median of
+    those per-round ratios, tokens/s the median step's."""
+    size = SIZES[name]
+    data = size_data(size, device)
+    setups: dict[str, Setup] = {}
+    failed: dict[str, str] = {}
+    for vn in variants:
+        try:
+            setups[vn] = build(VARIANTS[vn], size, device, data)
+            for _ in range(args.warmup + (2 if VARIANTS[vn].compile else 0)):
+                setups[vn].step()
+        except Exception as e:  # one failing feature (e.g. compile without a compiler)
+            failed[vn] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160]}"
+            setups.pop(vn, None)
+            print(f"  {name} {vn}: failed: {failed[vn]}", file=sys.stderr, flush=True)
+    names = list(setups)
+    rates: dict[str, list[float]] = {v: [] for v in names}
+    for r in range(args.steps):
+        for vn in names[r % len(names) :] + names[: r % len(names)]:
+            synchronize(device)
+            t0 = time.perf_counter()
+            setups[vn].step()
+            synchronize(device)
+            rates[vn].append(setups[vn].tokens / (time.perf_counter() - t0))
+        print(
+            f"  {name} round {r + 1}: " + ", ".join(f"{v} {rates[v][-1]:,.0f}" for v in names),
+            file=sys.stderr,
+            flush=True,
+        )
+    print(f"\n{size_title(name)} (interleaved, {args.steps} rounds)\n")
+    print(
+        "| variant | tokens/s (median step) | min-max | MFU | × reference | × littlelm | ref. ratio min-max |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+
+    def ratio(vn: str, base: str) -> tuple[str, str]:
+        if base not in rates:
+            return "", ""
+        each = sorted(a / b for a, b in zip(rates[vn], rates[base], strict=True))
+        return f"{statistics.median(each):.3f}", f"{each[0]:.3f}-{each[-1]:.3f}"
+
+    for vn in variants:
+        if vn in failed:
+            print(f"| {vn} | failed: {failed[vn]} | | | | | |")
+            continue
+        med = statistics.median(rates[vn])
+        mfu = med * setups[vn].flops_per_token / peak if math.isfinite(peak) else float("nan")
+        (ref, spread), (lit, _) = ratio(vn, "reference"), ratio(vn, "littlelm")
+        lo, hi = min(rates[vn]), max(rates[vn])
+        print(
+            f"| {vn} | {med:,.0f} | {lo:,.0f}-{hi:,.0f} | {100 * mfu:.1f}% | {ref} | {lit} | {spread} |"
+        )
+
+
+def run_size(name: str, variants: list[str], args, device: torch.device, peak: float) -> None:
+    if args.interleave:
+        return run_interleaved(name, variants, args, device, peak)
+    size = SIZES[name]
+    data = size_data(size, device)
     rates: dict[str, list[float]] = {v: [] for v in variants}
     flops: dict[str, int] = {}
     failed: dict[str, str] = {}
@@ -234,9 +308,7 @@ def run_size(name: str, variants: list[str], args, device: torch.device, peak: f
                 continue
             rates[vn].append(rate)
             print(f"  {name} {vn}: {rate:,.0f} tok/s", file=sys.stderr, flush=True)
-    print(
-        f"\n### {name}: {n_layer} layers × {d} ({n_head} heads), seq {seq}, batch {micro}, vocab {vocab}\n"
-    )
+    print(f"\n{size_title(name)}\n")
     print("| variant | tokens/s (median) | rounds | MFU | × reference | × littlelm |")
     print("| --- | --- | --- | --- | --- | --- |")
     med = {vn: statistics.median(r) for vn, r in rates.items() if r}
@@ -454,6 +526,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="timed optimizer steps per round")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per round")
     p.add_argument("--rounds", type=int, help="default: 2 (1 on cuda)")
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="build every variant once and alternate their steps (--steps rounds); ratios are "
+        "medians of per-round ratios",
+    )
     p.add_argument("--loss-memory", action="store_true", help="plain vs chunked loss only")
     p.add_argument("--loss-width", type=int, default=768, help="hidden width for --loss-memory")
     p.add_argument("--loss-child", help=argparse.SUPPRESS)

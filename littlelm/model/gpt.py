@@ -180,31 +180,34 @@ class Attention(nn.Module):
             else None
         )
 
-    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v projections of x (B, T, C). Plain linears run as one matmul against the
-        three weights stacked (one pass over x, one larger GEMM each way); FP8 ones separately."""
+    def qk_v(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projections of x (B, T, C): q and k side by side (B, T, H + Hkv, D), so that qk-norm
+        and RoPE treat them in one pass each, and v (B, T, Hkv, D). Plain linears run as one
+        matmul against the three weights stacked (one pass over x, one larger GEMM each way);
+        FP8 ones separately."""
+        B, T, _ = x.shape
         layers = (self.c_q, self.c_k, self.c_v)
         if any(type(m) is not nn.Linear for m in layers):
-            return tuple(m(x) for m in layers)
-        w = torch.cat([m.weight for m in layers])  # (q_dim + 2·kv_dim, C)
-        return F.linear(x, w).split([m.out_features for m in layers], dim=-1)
+            qk, v = torch.cat([self.c_q(x), self.c_k(x)], dim=-1), self.c_v(x)
+        else:
+            w = torch.cat([m.weight for m in layers])  # (q_dim + 2·kv_dim, C)
+            qk_dim = self.c_q.out_features + self.c_k.out_features
+            qk, v = F.linear(x, w).split([qk_dim, self.c_v.out_features], dim=-1)
+        return qk.view(B, T, self.n_head + self.n_kv, self.hd), v.view(B, T, self.n_kv, self.hd)
 
     def forward(self, x, cos, sin, ve=None, cache=None, mask=None):
         """x (B, T, C) already normalised and in the matmul dtype.
         mask: optional (B, 1, T, T) bool, True = may attend (replaces the causal mask)."""
         B, T, _ = x.shape
-        q, k, v = self.qkv(x)
-        q = q.view(B, T, self.n_head, self.hd)  # (B, T, H, D)
-        k = k.view(B, T, self.n_kv, self.hd)  # (B, T, Hkv, D)
-        v = v.view(B, T, self.n_kv, self.hd)  # (B, T, Hkv, D)
+        qk, v = self.qk_v(x)  # (B, T, H + Hkv, D), (B, T, Hkv, D)
         if ve is not None:
             # gate in (0, 2), exactly 1 at init: 2·sigmoid(0)
             gate = 2 * torch.sigmoid(self.ve_gate(x[..., : self.ve_channels]))  # (B, T, Hkv)
             ve = ve.to(v.dtype).view(B, T, self.n_kv, self.hd)
             v = gated_add(v, gate, ve)
         if self.qk_norm:
-            q, k = rms_norm(q), rms_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            qk = rms_norm(qk)  # per head: the same for q and k
+        q, k = apply_rope(qk, cos, sin).split([self.n_head, self.n_kv], dim=2)  # (B, T, H|Hkv, D)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         gqa = self.n_kv != self.n_head
         if mask is not None:

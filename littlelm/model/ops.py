@@ -26,21 +26,26 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class _RMSNorm(torch.autograd.Function):
+    """The forward computes in fp32 from one fp32 copy of x (a bf16 x, the attention's q and
+    k, is cast up once, not by each mixed-dtype op). The backward makes one tensor of x's
+    dtype and no fp32 copies: dx = r·(g + k·x) with k = -r²·mean(g·x) per row, where
+    g + k·x is formed in fp32 inside one op (g is nearly parallel to x, so the two terms must
+    not be rounded before they are added) and then scaled by r in place."""
+
     @staticmethod
     def forward(ctx, x, eps, out_dtype):
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)  # (..., 1)
+        xf = x.float()  # x itself when x is fp32
+        norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)  # (..., 1) fp32
         r = norm.square_().div_(x.size(-1)).add_(eps).rsqrt_()
         ctx.save_for_backward(x, r)
-        return torch.mul(x, r, out=torch.empty_like(x, dtype=out_dtype))
+        return torch.mul(xf, r, out=torch.empty_like(x, dtype=out_dtype))
 
     @staticmethod
     def backward(ctx, g):
         x, r = ctx.saved_tensors
-        # dx = r·g - r³·x·mean(g·x), in fp32: g is nearly parallel to x (the norm removes that
-        # component), so rounding the two terms to bf16 before subtracting loses the result
-        c = _row_dot(g, x).mul_(r.pow(3)).div_(-x.size(-1))  # (..., 1) fp32
-        gx = torch.addcmul(torch.mul(g, r), x, c)
-        return gx.to(x.dtype), None, None
+        k = _row_dot(g, x).mul_(r.square()).div_(-x.size(-1))  # (..., 1) fp32
+        gx = torch.addcmul(g, x, k, out=torch.empty_like(x))
+        return gx.mul_(r), None, None
 
 
 def rms_norm(
@@ -126,8 +131,11 @@ def rope_tables(seq_len: int, head_dim: int, base: float) -> tuple[torch.Tensor,
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x·[cos, cos] + [x2, x1]·[-sin, sin]: the product is made first and the swapped halves
+    added into it in place (one temporary, not two; writing each half into one output with
+    `out=` slices would save that one, but breaks torch.compile's aliasing replay)."""
     x1, x2 = x.chunk(2, dim=-1)  # (B, T, H, D/2) each
-    return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin)
+    return torch.mul(x, cos).addcmul_(torch.cat((x2, x1), dim=-1), sin)
 
 
 class _RoPE(torch.autograd.Function):

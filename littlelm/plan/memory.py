@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from littlelm.model.loss import group_rows
 from littlelm.plan.accounting import block_bytes
 from littlelm.plan.shapes import Dims, buffer_shapes
 
@@ -186,21 +187,44 @@ def loss_stage_bytes(d: Dims, kernels: Kernels = "cuda") -> dict[str, float]:
 
 
 def chunked_loss_stages(d: Dims) -> dict[str, float]:
-    """The chunked loss makes each chunk's logits, their gradient, and adds into d(x) (N, C)
-    and d(lm_head) (V, C, fp32) during the forward pass. Its peak is at `dw += dl.T @ x` of
-    a chunk of n rows: the sigmoid of the soft cap (fp32), exp (fp32), d(logits) in the matmul
-    dtype and the (V, C) product; the loss's backward then scales d(x) and d(lm_head)."""
+    """The chunked loss (model/loss.py) makes, during the forward pass, each chunk's logits
+    and their gradient, written into a buffer (matmul dtype) shared by a group of chunks
+    (group_rows); at a group's end one product makes d(x) for its rows (into the (N, C)
+    d(x)) and one makes its (V, C) share of d(lm_head), which is summed in fp32. Beside the
+    rows' tensors (mask, scale, d(x)) and the buffer, three moments:
+
+    - inside a chunk of n rows: the matmul's output, its fp32 copy and (soft cap) the copy's
+      sigmoid scaled anew; in fp32 the copy is the output itself, and the chunk's small
+      per-row tensors (targets, gathers, sums) are alive beside its fp32 rows. d(lm_head)
+      exists only from the end of the first group on;
+    - a group's end: the (V, C) product in the matmul dtype beside its fp32 sum (the first
+      group's cast, or the running sum of the earlier groups; in fp32 the first product is
+      the sum itself);
+    - the loss's backward: d(x) and d(lm_head) scaled by the incoming gradient (the latter
+      into a zero-padded tensor of lm_head's dtype when padded rows or dtypes differ)."""
     m, N, a = d.model, d.tokens, (2 if d.bf16 else 4)
     C, V, Vp = m.d_model, m.vocab_size, m.padded_vocab
     n = min(d.model.loss_chunk, N)
     rows = block_bytes(N) + block_bytes(4 * N) + block_bytes(a * N * C)  # mask, scale, d(x)
+    rows += BLOCK_SCALAR  # the running loss sum
     dw = block_bytes(4 * V * C)
-    per_chunk = block_bytes(8 * n) + 5 * block_bytes(4 * n) + 2 * BLOCK_SCALAR
+    group = min(group_rows(N, n, V, a), N)
+    buf = block_bytes(a * group * V)
+    many_groups = group < N
     fp32_rows = 2 if m.softcap is not None else 1
-    chunk = fp32_rows * block_bytes(4 * n * V) + block_bytes(a * n * V)
+    logits_copy = block_bytes(a * n * V) if a != 4 else 0  # the matmul output, before .float()
+    small = block_bytes(8 * n) + 6 * block_bytes(4 * n) + BLOCK_SCALAR  # per-row tensors
+    chunk = fp32_rows * block_bytes(4 * n * V) + max(logits_copy, small)
+    product = block_bytes(a * V * C)
+    running = dw if (a != 4 or many_groups) else 0
+    padded = Vp != V or d.param_bytes != 4
     return {
-        "chunk": rows + dw + BLOCK_SCALAR + per_chunk + chunk + block_bytes(a * V * C),
-        "backward": rows + 2 * dw + block_bytes(d.param_bytes * Vp * C),
+        "chunk": rows + buf + chunk + (dw if many_groups else 0),
+        "group": rows + buf + product + running,
+        "backward": rows
+        + block_bytes(a * N * C)
+        + 2 * dw
+        + (block_bytes(d.param_bytes * Vp * C) if padded else 0),
     }
 
 
@@ -236,8 +260,10 @@ def loss_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
 
 def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
     """Live backward temporaries (bytes, the stream's gradients included) at the expensive
-    moments of one block's backward: the MLP's hidden gradients, and the gradients of q, k, v
-    (per head, then stacked for the one matmul) with that matmul's input gradient."""
+    moments of one block's backward: the MLP's hidden gradients; q and k's gradients (side by
+    side, one tensor) through RoPE (its output beside one temporary, the swapped halves) and
+    qk-norm (one output), with v's gradient waiting beside them; and the gradients of q, k, v stacked for the one matmul,
+    with that matmul's input gradient."""
     m, N, a, sb = d.model, d.tokens, (2 if d.bf16 else 4), d.param_bytes
     C, q, kv, h = m.d_model, m.n_head * m.head_dim, m.kv_heads * m.head_dim, m.hidden
     base = residual_grad_bytes(d) / N
@@ -250,7 +276,12 @@ def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
     fixed = 3 * BLOCK_SCALAR + (2 * BLOCK_SCALAR if m.residual_scalars else 0)
     if m.tie_embeddings:  # the lm_head half of the tied embedding's gradient waits for the rest
         fixed += block_bytes(d.param_bytes * m.padded_vocab * C)
-    stages = {"mlp": N * (base + mlp), "attention inputs": N * (base + qkv)}
+    rope_norm = 3 * a * (q + kv) + a * kv  # d(q|k), RoPE's output, the swapped halves; d(v)
+    stages = {
+        "mlp": N * (base + mlp),
+        "rope and qk-norm": N * (base + rope_norm),
+        "attention inputs": N * (base + qkv),
+    }
     if kernels == "cuda":
         stages["attention kernel"] = N * (base + flash)
     if d.checkpointing:
@@ -259,10 +290,10 @@ def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
         again = (max(layer_activation_bytes(d, i) for i in range(m.n_layer)) - sb * C) * N
         stages = {k: v + again for k, v in stages.items()}
         stages["mlp"] -= a * h * N
-        # by q, k and v's gradients the MLP's recomputed tensors and norm2's output are freed
-        stages["attention inputs"] -= (mlp_activation_bytes(d) + a * C) * N
-        if "attention kernel" in stages:
-            stages["attention kernel"] -= (mlp_activation_bytes(d) + a * C) * N
+        # by the attention's backward the MLP's recomputed tensors and norm2's output are freed
+        for k in ("rope and qk-norm", "attention inputs", "attention kernel"):
+            if k in stages:
+                stages[k] -= (mlp_activation_bytes(d) + a * C) * N
     return {k: v + fixed for k, v in stages.items()}
 
 
