@@ -94,15 +94,20 @@ def test_param_shapes_mirror_the_model(tmp_path, corpus):
 
 
 def test_cuda_and_cpu_kernels_differ_only_where_documented(tmp_path, corpus):
-    """The hand-written ops keep the same tensors on every device: activations are equal on
-    CUDA and CPU kernels; only FlashAttention's backward (an fp32 dq accumulator) adds a
-    backward moment on CUDA."""
+    """The hand-written ops keep the same tensors on every device; only attention differs:
+    FlashAttention keeps a log-sum-exp (fp32, per head and row) that the CPU's blocked kernel
+    recomputes, and each has its own backward moment."""
     for sections in ({}, {"model": {"mlp": "swiglu", "norm_affine": True}}):
         d = Dims.of(config(tmp_path, corpus, sections))
-        assert mem.activation_bytes(d, "cuda") == mem.activation_bytes(d, "cpu")
-        assert "attention kernel" in mem.block_backward_stages(d, "cuda")
-        assert "attention kernel" not in mem.block_backward_stages(d, "cpu")
-        assert mem.backward_temp_bytes(d, "cuda") >= mem.backward_temp_bytes(d, "cpu")
+        lse = d.model.n_layer * d.tokens * 4 * d.model.n_head
+        assert mem.activation_bytes(d, "cuda") - mem.activation_bytes(d, "cpu") == lse
+        cuda, cpu = mem.block_backward_stages(d, "cuda"), mem.block_backward_stages(d, "cpu")
+        assert cuda.keys() == cpu.keys() and "attention kernel" in cpu
+        assert {k: v for k, v in cuda.items() if k != "attention kernel"} == {
+            k: v for k, v in cpu.items() if k != "attention kernel"
+        }
+        # at 128 tokens per row the CPU kernel's block of scores outweighs FlashAttention's dq
+        assert cpu["attention kernel"] > cuda["attention kernel"]
 
 
 def test_speed_switches_in_the_analytic_model(tmp_path, corpus):

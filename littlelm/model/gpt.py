@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from littlelm.config import ComponentConfig
+from littlelm.model.attention import causal_attention
 from littlelm.model.fp8 import check_fp8_device, linear
 from littlelm.model.kv_cache import KVCache
 from littlelm.model.loss import LossImpl, check_loss_impl, linear_cross_entropy, softcap
@@ -214,7 +215,7 @@ class Attention(nn.Module):
             assert cache is None, "an explicit mask and a KV cache do not mix"
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         elif cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            y = causal_attention(q, k, v)  # on the CPU a faster blocked kernel (model/attention.py)
         else:
             k, v, mask = cache.update(k, v)  # all cached positions; mask is None or (T, T_all)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)

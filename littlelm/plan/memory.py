@@ -11,7 +11,9 @@ returns the categories and the peak of each phase of a step:
 
 `Kernels` says whose kernels run. The model's elementwise ops are hand-written autograd
 functions (model/ops.py) that keep the same tensors on every device, so CUDA and the CPU differ
-only in FlashAttention's backward, whose fp32 dq accumulator adds a backward moment on CUDA.
+only in attention (model/attention.py): FlashAttention keeps a log-sum-exp per head and row and
+its backward has an fp32 dq accumulator; the CPU's blocked kernel keeps no log-sum-exp and its
+backward holds one block of query rows' scores against all keys.
 The plan uses "cuda"; the trace (CPU kernels) is compared with "cpu". Not modelled: FP8 linears
 (planned as bf16, an upper bound) and torch.compile (planned as eager).
 """
@@ -22,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from littlelm.model.attention import BLOCK as ATTENTION_BLOCK
 from littlelm.model.loss import group_rows
 from littlelm.plan.accounting import block_bytes
 from littlelm.plan.shapes import Dims, buffer_shapes
@@ -129,7 +132,8 @@ def weight_copy_bytes(d: Dims) -> int:
 
 def layer_activation_bytes(d: Dims, layer: int, kernels: Kernels = "cuda") -> float:
     """Bytes per token that block `layer` keeps for backward (model/gpt.py, model/ops.py).
-    The hand-written ops keep the same tensors on every device (`kernels` is unused here)."""
+    The hand-written ops keep the same tensors on every device; FlashAttention also keeps its
+    log-sum-exp, the CPU's blocked attention (model/attention.py) recomputes it."""
     m, a, sb = d.model, (2 if d.bf16 else 4), d.param_bytes
     C, H, Hkv = m.d_model, m.n_head, m.kv_heads
     q, kv = H * m.head_dim, Hkv * m.head_dim
@@ -148,7 +152,7 @@ def layer_activation_bytes(d: Dims, layer: int, kernels: Kernels = "cuda") -> fl
     total += a * (q + kv)  # q and k after RoPE, kept by attention
     if ve:  # v + gate·ve, ve in the matmul dtype, the gate's sigmoid and 2·sigmoid
         total += 2 * a * kv + 2 * a * Hkv
-    total += a * q + 4 * H  # attention output and its log-sum-exp
+    total += a * q + (4 * H if kernels == "cuda" else 0)  # attention output (and log-sum-exp)
     return total + mlp_activation_bytes(d)
 
 
@@ -166,7 +170,7 @@ def activation_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
     if d.checkpointing:  # each layer keeps only its input; the last layer's output too
         per_token = m.n_layer * sb * m.d_model
     else:
-        per_token = sum(layer_activation_bytes(d, i) for i in range(m.n_layer))
+        per_token = sum(layer_activation_bytes(d, i, kernels) for i in range(m.n_layer))
     per_token += 2 * sb * m.d_model + 2 * 4 + 8 * 2  # lookup, x0, 2 norms' 1/rms, ids
     if d.loss == "plain":
         per_token += (2 if d.bf16 else 4) * m.d_model  # norm_f's output, kept by lm_head
@@ -284,6 +288,8 @@ def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
     }
     if kernels == "cuda":
         stages["attention kernel"] = N * (base + flash)
+    else:  # the blocked CPU kernel at its last query block (model/attention.py)
+        stages["attention kernel"] = N * (base + cpu_attention_backward_bytes(d))
     if d.checkpointing:
         # the layer is recomputed first (its activations, less its output, are counted here);
         # each MLP tensor is freed as its gradient is made, so one gradient fewer is alive
@@ -295,6 +301,18 @@ def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
             if k in stages:
                 stages[k] -= (mlp_activation_bytes(d) + a * C) * N
     return {k: v + fixed for k, v in stages.items()}
+
+
+def cpu_attention_backward_bytes(d: Dims) -> float:
+    """Per token, the blocked CPU attention's backward at its largest moment, the last query
+    block making dS: the output's gradient, dq, the fp32 dk and dv accumulators, the fp32 row
+    sums, q·scale made again; and for the block's rows against all keys the probabilities, dP,
+    P·(dP - delta) in fp32 and dS in the matmul dtype (the fp32 one itself in an fp32 run)."""
+    m, a = d.model, (2 if d.bf16 else 4)
+    q, kv = m.n_head * m.head_dim, m.kv_heads * m.head_dim
+    rows = min(ATTENTION_BLOCK, d.seq_len)
+    scores = 2 * a + 4 + (a if d.bf16 else 0)
+    return 3 * a * q + 2 * 4 * kv + 4 * m.n_head + m.n_head * rows * scores
 
 
 def residual_grad_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
@@ -389,7 +407,7 @@ def phase_breakdowns(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, 
 
     The forward/backward peak is the largest of three moments: the loss (every activation
     alive; the chunked loss peaks inside the forward pass, before any gradient of this
-    micro-batch), the top block's backward, and (grad_accum = 1, where gradients appear
+    micro-batch), the top block's backward (each of its stages), and (grad_accum = 1, where gradients appear
     during backward) the bottom block's, with nearly every gradient made and nearly every
     activation freed."""
     m, N, L, a = d.model, d.tokens, d.model.n_layer, (2 if d.bf16 else 4)
@@ -415,9 +433,22 @@ def phase_breakdowns(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, 
         if d.bf16 and not d.master_bf16:
             loss[COPIES] += block_bytes(2 * m.vocab_size * m.d_model)
         loss[GRADS] = c[GRADS] if accumulating else 0
+    # the top block's backward, at each of its moments: by the attention's, its MLP's
+    # tensors and norm2's output are freed (with checkpointing the stages count that already)
+    freed = 0 if d.checkpointing else (mlp_activation_bytes(d) + a * m.d_model) * N
+    top = [
+        {
+            **kept,
+            COPIES: c[COPIES] + recomputed,
+            ACT: c[ACT] - (0 if stage == "mlp" else int(freed)),
+            GRADS: grads_top,
+            BWD: int(temps),
+        }
+        for stage, temps in block_backward_stages(d, kernels).items()
+    ]
     moments = [
         loss,
-        {**kept, COPIES: c[COPIES] + recomputed, ACT: c[ACT], GRADS: grads_top, BWD: c[BWD]},
+        *top,
         {
             **kept,
             COPIES: c[COPIES] // L if d.bf16 else 0,
