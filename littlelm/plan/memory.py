@@ -288,8 +288,12 @@ def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
     }
     if kernels == "cuda":
         stages["attention kernel"] = N * (base + flash)
-    else:  # the blocked CPU kernel at its last query block (model/attention.py)
-        stages["attention kernel"] = N * (base + cpu_attention_backward_bytes(d))
+    else:  # the blocked CPU kernel at its last query block (model/attention.py), beside two
+        # gradients of the stream (the block's output's and its sum with the MLP's input's)
+        # and the block's causal mask
+        rows = min(ATTENTION_BLOCK, d.seq_len)
+        stream = max(base, 2 * sb * C)
+        stages["attention kernel"] = N * (stream + cpu_attention_backward_bytes(d)) + rows**2
     if d.checkpointing:
         # the layer is recomputed first (its activations, less its output, are counted here);
         # each MLP tensor is freed as its gradient is made, so one gradient fewer is alive
@@ -305,14 +309,14 @@ def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
 
 def cpu_attention_backward_bytes(d: Dims) -> float:
     """Per token, the blocked CPU attention's backward at its largest moment, the last query
-    block making dS: the output's gradient, dq, the fp32 dk and dv accumulators, the fp32 row
-    sums, q·scale made again; and for the block's rows against all keys the probabilities, dP,
-    P·(dP - delta) in fp32 and dS in the matmul dtype (the fp32 one itself in an fp32 run)."""
+    block (model/attention.py): the output's gradient and its contiguous copy, q·scale made
+    again, contiguous copies of k and v, dq, the fp32 dk and dv accumulators, the row sums;
+    and for the block's rows against all keys the probabilities and dP (dS is made in place
+    of dP)."""
     m, a = d.model, (2 if d.bf16 else 4)
     q, kv = m.n_head * m.head_dim, m.kv_heads * m.head_dim
     rows = min(ATTENTION_BLOCK, d.seq_len)
-    scores = 2 * a + 4 + (a if d.bf16 else 0)
-    return 3 * a * q + 2 * 4 * kv + 4 * m.n_head + m.n_head * rows * scores
+    return 4 * a * q + 2 * a * kv + 2 * 4 * kv + a * m.n_head + 2 * a * m.n_head * rows
 
 
 def residual_grad_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
