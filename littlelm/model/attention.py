@@ -59,13 +59,22 @@ def _scaled(q: torch.Tensor) -> torch.Tensor:
     return torch.mul(q, q.size(-1) ** -0.5, out=out)
 
 
-def _probs(qs: torch.Tensor, k: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
-    """Softmax probabilities (B, Hkv, G, n, r1) of query rows r0..r1 (already scaled by
-    1/sqrt(D)) over keys 0..r1, causal within the diagonal square; in q's dtype."""
-    s = torch.matmul(qs[..., r0:r1, :], k[..., :r1, :].transpose(-1, -2))
+def _rows(t: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    """Rows r0..r1 of every query head of a (B, Hkv, G, T, D) tensor as (B, Hkv, G·n, D): the
+    G query heads sharing a key/value head are stacked as rows of one matmul against it (a
+    small copy when G > 1), so k and v are never expanded to the query heads."""
+    B, Hkv, G, _, D = t.shape
+    return t[..., r0:r1, :].reshape(B, Hkv, G * (r1 - r0), D)
+
+
+def _probs(qb: torch.Tensor, k: torch.Tensor, G: int, r0: int, r1: int) -> torch.Tensor:
+    """Softmax probabilities (B, Hkv, G·n, r1) of the query rows qb (`_rows` of q/sqrt(D)) for
+    positions r0..r1 over keys 0..r1 of k (B, Hkv, T, D), causal within the diagonal square;
+    in q's dtype."""
+    s = torch.matmul(qb, k[..., :r1, :].transpose(-1, -2))  # (B, Hkv, G·n, r1)
     n = r1 - r0
     above = torch.ones(n, n, dtype=torch.bool, device=s.device).triu_(1)
-    s[..., r0:].masked_fill_(above, float("-inf"))
+    s.unflatten(2, (G, n))[..., r0:].masked_fill_(above, float("-inf"))
     return torch.softmax(s, dim=-1)
 
 
@@ -74,14 +83,16 @@ class _BlockedCausalAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, block):
         B, H, T, D = q.shape
         Hkv = k.size(1)
+        G = H // Hkv
         qs = _grouped(_scaled(q), Hkv)  # (B, Hkv, G, T, D), a temporary: q itself is kept
-        k5, v5 = k.contiguous().unsqueeze(2), v.contiguous().unsqueeze(2)  # (B, Hkv, 1, T, D)
+        kc, vc = k.contiguous(), v.contiguous()  # (B, Hkv, T, D)
         # the output in (B, T, H, D) storage, like SDPA's: the caller's transpose + reshape to
         # (B, T, H·D) is then free
         out = q.new_empty(B, T, H, D).transpose(1, 2)
         o5 = _grouped(out, Hkv)
         for r0, r1 in _blocks(T, block):
-            o5[..., r0:r1, :] = torch.matmul(_probs(qs, k5, r0, r1), v5[..., :r1, :])
+            p = _probs(_rows(qs, r0, r1), kc, G, r0, r1)
+            o5[..., r0:r1, :] = torch.matmul(p, vc[..., :r1, :]).unflatten(2, (G, r1 - r0))
         ctx.save_for_backward(q, k, v, out)
         ctx.block = block
         return out
@@ -90,32 +101,29 @@ class _BlockedCausalAttention(torch.autograd.Function):
     def backward(ctx, g):
         q, k, v, out = ctx.saved_tensors
         Hkv, block = k.size(1), ctx.block
-        B, _, T, D = q.shape
+        B, H, T, D = q.shape
+        G = H // Hkv
         qs = _grouped(_scaled(q), Hkv)  # made again rather than kept: one pass over q
         g5, o5 = _grouped(g.contiguous(), Hkv), _grouped(out, Hkv)
         # delta = rowsum(dO·O) = Σ_j p_j·dp_j, the softmax backward's per-row term, summed in
         # fp32 and then rounded like dP, from which it is subtracted
         delta = torch.mul(g5, o5).sum(-1, keepdim=True, dtype=torch.float32).to(q.dtype)
-        k5, v5 = k.contiguous().unsqueeze(2), v.contiguous().unsqueeze(2)
+        kc, vc = k.contiguous(), v.contiguous()
         dq = torch.empty_like(qs)  # (B, Hkv, G, T, D)
         dk = torch.zeros(B, Hkv, T, D, dtype=torch.float32, device=k.device)
         dv = torch.zeros_like(dk)
         for r0, r1 in _blocks(T, block):
-            p = _probs(qs, k5, r0, r1)  # (B, Hkv, G, n, r1), recomputed
-            gb = g5[..., r0:r1, :]  # (B, Hkv, G, n, D)
-            # dV and dK sum over the G query heads of each kv head: contract over G·n rows
-            pf = p.flatten(2, 3)  # (B, Hkv, G·n, r1)
-            dv[..., :r1, :] += torch.matmul(pf.transpose(-1, -2), gb.flatten(2, 3))
-            dp = torch.matmul(gb, v5[..., :r1, :].transpose(-1, -2))  # (B, Hkv, G, n, r1)
+            qb, gb = _rows(qs, r0, r1), _rows(g5, r0, r1)  # (B, Hkv, G·n, D)
+            p = _probs(qb, kc, G, r0, r1)  # (B, Hkv, G·n, r1), recomputed
+            # contracting over the G·n rows sums dV and dK over the G query heads
+            dv[..., :r1, :] += torch.matmul(p.transpose(-1, -2), gb)
+            dp = torch.matmul(gb, vc[..., :r1, :].transpose(-1, -2))  # (B, Hkv, G·n, r1)
             # dS = P·(dP - delta), in place of dP: an fp32 dS would cost a slow cast back to
             # bf16 for the matmuls, and dP is already rounded to q's dtype
-            ds = dp.sub_(delta[..., r0:r1, :]).mul_(p)
-            del p, pf, dp
-            dq[..., r0:r1, :] = torch.matmul(ds, k5[..., :r1, :])
-            dk[..., :r1, :] += torch.matmul(
-                ds.flatten(2, 3).transpose(-1, -2), qs[..., r0:r1, :].flatten(2, 3)
-            )
-            del ds  # before the next block's scores: two (rows, keys) tensors at a time
-        scale = D**-0.5
-        dq = dq.mul_(scale).flatten(1, 2)  # d(q·scale)/dq
+            ds = dp.sub_(_rows(delta, r0, r1)).mul_(p)
+            del p, dp
+            dq[..., r0:r1, :] = torch.matmul(ds, kc[..., :r1, :]).unflatten(2, (G, r1 - r0))
+            dk[..., :r1, :] += torch.matmul(ds.transpose(-1, -2), qb)
+            del ds, qb, gb  # before the next block's scores: two (rows, keys) tensors at a time
+        dq = dq.mul_(D**-0.5).flatten(1, 2)  # d(q·scale)/dq
         return dq, dk.to(k.dtype), dv.to(v.dtype), None
