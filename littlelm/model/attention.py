@@ -10,7 +10,8 @@ on the diagonal square. Per block: scores = q·kᵀ, softmax, p·v, each one bat
 fused kernel. The backward recomputes the scores and probabilities block by block (as
 FlashAttention does) instead of keeping them, so the forward keeps exactly what SDPA keeps: q,
 k, v and the output. Same forward and backward as SDPA up to bf16 rounding
-(tests/test_attention.py); 1.5x faster forward + backward at the shape above.
+(tests/test_attention.py); 1.6x faster forward + backward at the shape above
+(benchmarks/attention.py).
 
 `causal_attention` picks it for causal attention without a mask or KV cache on the CPU; CUDA
 (FlashAttention), explicit masks and cached decoding use SDPA.
