@@ -8,8 +8,8 @@ split into blocks of `BLOCK` rows; block i attends to keys 0..end of block i (th
 are masked for every row, so they are skipped, not computed), with the causal mask applied only
 on the diagonal square. Per block: scores = q·kᵀ, softmax, p·v, each one batched matmul or one
 fused kernel. The backward recomputes the scores and probabilities block by block (as
-FlashAttention does) instead of keeping them, so the forward keeps exactly what SDPA keeps: q,
-k, v and the output. Same forward and backward as SDPA up to bf16 rounding
+FlashAttention does) instead of keeping them, so the forward keeps q, k, v and the output
+only (SDPA also keeps a log-sum-exp). Same forward and backward as SDPA up to bf16 rounding
 (tests/test_attention.py); 1.6x faster forward + backward at the shape above
 (benchmarks/attention.py).
 
