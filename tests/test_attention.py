@@ -58,7 +58,7 @@ def test_blocked_matches_sdpa_in_fp32(T, block, H, Hkv):
 def test_blocked_bf16_error_is_bf16_rounding(H, Hkv):
     """In bf16 the scores are rounded to bf16 before the softmax (SDPA keeps them in fp32),
     so both are compared against float64: the blocked kernel's error stays below 1%, about
-    twice SDPA's (measured 0.34% vs 0.20% on the output, 0.45% vs 0.25% on dq)."""
+    twice SDPA's (measured 0.34% vs 0.20% on the output, 0.50% vs 0.25% on dq)."""
     B, T, D = 2, 256, 64
     q, k, v = qkv(B, T, H, Hkv, D, torch.bfloat16)
     grad = torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(1)).bfloat16()
@@ -80,7 +80,7 @@ def test_output_is_laid_out_like_sdpa():
     assert flat.data_ptr() == out.data_ptr() and out.transpose(1, 2).is_contiguous()
 
 
-def test_keeps_only_what_sdpa_keeps():
+def test_keeps_only_its_inputs_and_output():
     """The forward saves q, k, v and the output for backward and nothing per score: the
     scores and probabilities are made again block by block in the backward."""
     B, T, H, D = 2, 256, 4, 16

@@ -411,9 +411,9 @@ def phase_breakdowns(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, 
 
     The forward/backward peak is the largest of three moments: the loss (every activation
     alive; the chunked loss peaks inside the forward pass, before any gradient of this
-    micro-batch), the top block's backward (each of its stages), and (grad_accum = 1, where gradients appear
-    during backward) the bottom block's, with nearly every gradient made and nearly every
-    activation freed."""
+    micro-batch), the top block's backward (each of its stages), and (grad_accum = 1, where
+    gradients appear during backward) the bottom block's, with nearly every gradient made and
+    nearly every activation freed."""
     m, N, L, a = d.model, d.tokens, d.model.n_layer, (2 if d.bf16 else 4)
     kept = {PARAMS: c[PARAMS], STATE: c[STATE]}
     head_grad = block_bytes(d.param_bytes * m.padded_vocab * m.d_model)
