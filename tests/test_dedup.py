@@ -6,12 +6,11 @@ import json
 
 import numpy as np
 
+from conftest import WORDS
 from littlelm.config import validate
 from littlelm.data.build import prepare_data
 from littlelm.data.inspect import inspect_dataset
 from littlelm.schema import RunConfig
-
-WORDS = "the a of cat dog tree river stone light dark ran sat under over".split()
 
 
 def corpus(path, unique: int = 90, copies: int = 10, files: int = 3):
