@@ -113,3 +113,29 @@ def test_split_state_refused_by_crop_mode(tmp_path):
     first.next_batch()
     with pytest.raises(DataError, match="long_docs=split"):
         mixture(a, b, "crop").load_state_dict(first.state_dict())
+
+
+def test_long_docs_is_a_per_source_option(tmp_path):
+    from conftest import make_corpus
+    from littlelm.config import validate
+    from littlelm.data.build import build_data
+    from littlelm.schema import RunConfig
+
+    text = str(make_corpus(tmp_path / "a.txt", 60))
+    tree = {
+        "tokenizer": {"name": "byte"},
+        "sources": {
+            "a": {"name": "text", "path": text, "split": "paragraph", "long_docs": "split"},
+            "b": {"name": "text", "path": text, "split": "paragraph"},  # crop, the default
+        },
+        "buffer_docs": 8,
+    }
+    cfg = validate(RunConfig, {"data": tree}).data
+    data = build_data(cfg, log=lambda _: None)
+    key = [data.sources[k].directory.name.split("-", 1)[1] for k in "ab"]
+    assert key[0] == key[1]  # the same cache key: long_docs is a loader option
+    loader = data.loader(cfg, batch=4, seq_len=24, seed=0)
+    for _ in range(20):
+        loader.next_batch()
+    a, b = loader.packers["a"].stats, loader.packers["b"].stats
+    assert a.cropped == 0 and a.split > 0 and b.cropped > 0 and b.split == 0
