@@ -233,9 +233,7 @@ _WORKER: dict = {}
 
 def _init_worker(tok_dir: str, threads: int, reports) -> None:
     os.environ["RAYON_NUM_THREADS"] = str(threads)  # the `tokenizers` thread pool
-    # registers the record and hf sources (no torch import)
-    import littlelm.data.hub
-    import littlelm.data.records  # noqa: F401
+    import littlelm.data.records  # noqa: F401  (registers the record sources; no torch import)
 
     tok = load_tokenizer(tok_dir)
     if hasattr(tok, "threads"):
