@@ -139,3 +139,34 @@ def test_long_docs_is_a_per_source_option(tmp_path):
         loader.next_batch()
     a, b = loader.packers["a"].stats, loader.packers["b"].stats
     assert a.cropped == 0 and a.split > 0 and b.cropped > 0 and b.split == 0
+
+
+def test_split_state_survives_a_change_of_world_size(tmp_path):
+    from littlelm.data.reshard import reshard
+
+    a = numbered_shard(tmp_path, [100, 5, 70, 9, 40] * 8, "a.bin")
+
+    def make(rank: int, world: int) -> MixtureLoader:
+        packer = BestFitPacker(
+            DocStream([a], seed=1, rank=rank, world=world, label="a"), 33, 4, "split"
+        )
+        return MixtureLoader({"a": packer}, {"a": 1.0}, batch=2, seq_len=32)
+
+    old = [make(r, 2) for r in range(2)]
+    for loader in old:
+        for _ in range(3):
+            loader.next_batch()
+    states = [json.loads(json.dumps(o.state_dict())) for o in old]
+    assert any(s["packers"]["a"]["pieces"] for s in states)  # split pieces were waiting
+    [new] = reshard(states, 1, make)
+    waiting = {(e[2], e[3]) for s in states for e in s["packers"]["a"]["buffer"]}
+    waiting |= {(q[1], q[2]) for s in states for q in s["packers"]["a"]["pieces"]}
+    kept = {(e[2], e[3]) for e in new["packers"]["a"]["buffer"]}
+    kept |= {(q[1], q[2]) for q in new["packers"]["a"]["pieces"]}
+    assert kept and kept <= waiting  # documents read before the restart point stay, with offsets
+    pieces = {(q[1], q[2], q[3]) for s in states for q in s["packers"]["a"]["pieces"]}
+    assert {(q[1], q[2], q[3]) for q in new["packers"]["a"]["pieces"]} <= pieces
+    loader = make(0, 1)
+    loader.load_state_dict(new)
+    for _ in range(5):
+        loader.next_batch()
