@@ -174,6 +174,8 @@ class BestFitPacker:
         self.pieces: deque[tuple[int, int, int, int, int]] = deque()
         self.seq = 0
         self.stats = PackStats()
+        if self.split:
+            self.fill = self.fill_split
 
     def _refill(self) -> None:
         keys, where, nxt, split = self.keys, self.where, self.stream.next, self.split
@@ -200,16 +202,35 @@ class BestFitPacker:
         return start + off, n
 
     def fill(self, row: np.ndarray) -> None:
-        """Fill `row` (row_len,) in place."""
-        keys, where, tokens, offs = self.keys, self.where, self.stream.tokens, self.offs
-        pos, row_len, cropped, cont = 0, self.row_len, 0, 0
-        if self.split:
+        """Fill `row` (row_len,) in place (crop mode; split mode uses `fill_split`)."""
+        keys, where, tokens = self.keys, self.where, self.stream.tokens
+        pos, row_len, cropped = 0, self.row_len, 0
+        while pos < row_len:
             if len(keys) < self.buffer_docs:
                 self._refill()
-            if self.pieces:  # a whole-row piece of a long document
-                _, s, _, start, off = self.pieces.popleft()
-                row[:] = tokens[s][start : start + row_len]
-                pos, cont = row_len, row_len if off else 0
+            room = row_len - pos
+            i = bisect_right(keys, ((room + 1) << SEQ_BITS) - 1) - 1
+            key = keys.pop(i if i >= 0 else 0)
+            n = key >> SEQ_BITS
+            s, _, start = where.pop(key & SEQ_MASK)
+            take = n if n <= room else room
+            row[pos : pos + take] = tokens[s][start : start + take]
+            pos += take
+            cropped += n - take
+        st = self.stats
+        st.rows, st.tokens, st.cropped = st.rows + 1, st.tokens + row_len, st.cropped + cropped
+
+    def fill_split(self, row: np.ndarray) -> None:
+        """Fill `row` (row_len,) in place, dropping nothing: a whole-row piece if one waits,
+        else best fit, the rest of a document that fills the end of the row kept for later."""
+        keys, where, tokens, offs = self.keys, self.where, self.stream.tokens, self.offs
+        pos, row_len, cont = 0, self.row_len, 0
+        if len(keys) < self.buffer_docs:
+            self._refill()
+        if self.pieces:  # a whole-row piece of a long document
+            _, s, _, start, off = self.pieces.popleft()
+            row[:] = tokens[s][start : start + row_len]
+            pos, cont = row_len, row_len if off else 0
         while pos < row_len:
             if len(keys) < self.buffer_docs:
                 self._refill()
@@ -224,16 +245,12 @@ class BestFitPacker:
             off = offs.pop(seq, 0) if offs else 0
             if off:
                 cont += take
-            if take < n:
-                if self.split:  # the rest waits, from the last token placed here
-                    insort(keys, ((n - take + 1) << SEQ_BITS) | seq)
-                    where[seq] = (s, d, start + take - 1)
-                    offs[seq] = off + take - 1
-                else:
-                    cropped += n - take
+            if take < n:  # the rest waits, from the last token placed here
+                insort(keys, ((n - take + 1) << SEQ_BITS) | seq)
+                where[seq] = (s, d, start + take - 1)
+                offs[seq] = off + take - 1
         st = self.stats
-        st.rows, st.tokens, st.cropped = st.rows + 1, st.tokens + row_len, st.cropped + cropped
-        st.split += cont
+        st.rows, st.tokens, st.split = st.rows + 1, st.tokens + row_len, st.split + cont
 
     def snapshot(self) -> tuple:
         """A cheap copy of the state; `state_from_snapshot` turns it into plain data."""
