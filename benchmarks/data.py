@@ -14,7 +14,9 @@
 3. The loader on one core: a four-source mixture (weights 0.6/0.15/0.15/0.1) with BOS-aligned
    best-fit packing, seq 2048, batch 32, on synthetic shards with realistic (log-normal) document
    lengths, the same with long documents cut into pieces of at most 2048 tokens (what
-   `max_chars` does at prepare time), and short ones: tokens/s (target >= 5M), crop rate.
+   `max_chars` does at prepare time), and short ones, each packed with long_docs=crop and
+   long_docs=split: tokens/s and tokens per CPU-second of the loader thread (target >= 5M),
+   crop rate, split rate. --loader-only skips 1-2.
 Prints markdown tables (paste them into benchmarks/RESULTS.md with the date and machine).
 """
 
@@ -158,27 +160,64 @@ def synthetic_shards(directory: Path, kind: str, tokens_per_source: int) -> dict
     return out
 
 
-def loader_throughput(shards: dict, seconds: float) -> tuple[float, float, float]:
-    """(tokens/s, crop rate, mean document length) of the mixture loader on this thread."""
+def loader_throughput(
+    shards: dict, seconds: float, long_docs: str
+) -> tuple[float, float, float, float, float]:
+    """(tokens/s, tokens per CPU-second of this thread, crop rate, split rate, mean document
+    length) of the mixture loader on this thread. CPU time is what a busy shared machine does
+    not take away."""
     from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader
 
     packers = {
-        k: BestFitPacker(DocStream([s], seed=i, label=k), 2049, 1000)
+        k: BestFitPacker(DocStream([s], seed=i, label=k), 2049, 1000, long_docs)
         for i, (k, s) in enumerate(shards.items())
     }
     mix = MixtureLoader(packers, WEIGHTS, batch=32, seq_len=2048)
     for _ in range(20):
         mix.next_batch()
-    n, t0 = 0, time.perf_counter()
+    n, t0, c0 = 0, time.perf_counter(), time.thread_time()
     while time.perf_counter() - t0 < seconds:
         mix.next_batch()
         mix.snapshot()  # what the prefetch thread takes after every batch
         n += 1
-    secs = time.perf_counter() - t0
+    secs, cpu = time.perf_counter() - t0, time.thread_time() - c0
     mean_len = sum(int(s.header.n_tokens) for s in shards.values()) / sum(
         len(s) for s in shards.values()
     )
-    return n * 32 * 2048 / secs, mix.crop_rate(), mean_len
+    tokens = n * 32 * 2048
+    return tokens / secs, tokens / cpu, mix.crop_rate(), mix.split_rate(), mean_len
+
+
+def prepare_tables(work: Path, args, cores: int) -> None:
+    """Raw tokenizer speed beside a full prepare, per tokenizer and worker mode."""
+    docs = make_corpus(work / "raw", args.mb)
+    mb = sum(len(d.encode()) for d in docs) / 1e6
+    print(f"corpus: {len(docs):,} documents, {mb:.1f} MB in 8 JSONL files; {cores} cores")
+    print(
+        f"best of {args.repeats} alternating runs each; workers 'default' = data.workers null "
+        f"(one process per 64 MB of input, so here one process, tokenizer threads on every "
+        f"core), '{cores} processes' = data.workers {cores}\n"
+    )
+    print("| tokenizer | raw encode_batch | data prepare | workers | prepare / raw | shards |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    modes = {"default": None, f"{cores} processes": cores}
+    for name, tok, note in tokenizers(work, docs):
+        raws, preps = [], {m: [] for m in modes}
+        for _ in range(args.repeats):
+            raws.append(raw_throughput(tok, docs))
+            for mode, workers in modes.items():
+                preps[mode].append(prepare_throughput(tok, work / "raw", work / "out", workers))
+        r_secs, r_mbs, r_toks = min(raws)
+        raw = f"{r_mbs:.2f} MB/s, {r_toks / 1e6:.2f}M tok/s ({r_secs:.1f}s)"
+        for mode in modes:
+            p_secs, p_mbs, p_toks, shards = min(preps[mode])
+            print(
+                f"| {name} | {raw} | {p_mbs:.2f} MB/s, {p_toks / 1e6:.2f}M tok/s "
+                f"({p_secs:.1f}s) | {mode} | {100 * p_mbs / r_mbs:.0f}% | {shards} |",
+                flush=True,
+            )
+        if note:
+            print(f"({name}: {note})", file=sys.stderr)
 
 
 def main() -> None:
@@ -190,51 +229,34 @@ def main() -> None:
         "--loader-tokens", type=int, default=20_000_000, help="tokens per synthetic source"
     )
     p.add_argument("--work", help="scratch directory (default: a new temporary one, removed after)")
+    p.add_argument("--loader-only", action="store_true", help="measure the loader only")
     args = p.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="littlelm-bench-data-"))
     cores = os.cpu_count() or 1
     try:
-        docs = make_corpus(work / "raw", args.mb)
-        mb = sum(len(d.encode()) for d in docs) / 1e6
-        print(f"corpus: {len(docs):,} documents, {mb:.1f} MB in 8 JSONL files; {cores} cores")
-        print(
-            f"best of {args.repeats} alternating runs each; workers 'default' = data.workers null "
-            f"(one process per 64 MB of input, so here one process, tokenizer threads on every "
-            f"core), '{cores} processes' = data.workers {cores}\n"
-        )
-        print("| tokenizer | raw encode_batch | data prepare | workers | prepare / raw | shards |")
-        print("| --- | --- | --- | --- | --- | --- |")
-        modes = {"default": None, f"{cores} processes": cores}
-        for name, tok, note in tokenizers(work, docs):
-            raws, preps = [], {m: [] for m in modes}
-            for _ in range(args.repeats):
-                raws.append(raw_throughput(tok, docs))
-                for mode, workers in modes.items():
-                    preps[mode].append(prepare_throughput(tok, work / "raw", work / "out", workers))
-            r_secs, r_mbs, r_toks = min(raws)
-            raw = f"{r_mbs:.2f} MB/s, {r_toks / 1e6:.2f}M tok/s ({r_secs:.1f}s)"
-            for mode in modes:
-                p_secs, p_mbs, p_toks, shards = min(preps[mode])
-                print(
-                    f"| {name} | {raw} | {p_mbs:.2f} MB/s, {p_toks / 1e6:.2f}M tok/s "
-                    f"({p_secs:.1f}s) | {mode} | {100 * p_mbs / r_mbs:.0f}% | {shards} |",
-                    flush=True,
-                )
-            if note:
-                print(f"({name}: {note})", file=sys.stderr)
+        if not args.loader_only:
+            prepare_tables(work, args, cores)
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         print(
             "\nloader, one core: 4-source mixture (0.6/0.15/0.15/0.1), best-fit, seq 2048, batch 32\n"
         )
-        print("| documents | mean length (tokens) | tokens/s | crop rate |")
-        print("| --- | --- | --- | --- |")
+        print(
+            "| documents | long_docs | mean length (tokens) | tokens/s | tokens/CPU-s | crop rate "
+            "| split rate |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- |")
         for kind in LENGTHS:
             shards = synthetic_shards(work, kind, args.loader_tokens)
-            tok_s, crop, mean_len = loader_throughput(shards, args.seconds)
-            print(
-                f"| {kind} | {mean_len:.0f} | {tok_s / 1e6:.1f}M | {100 * crop:.2f}% |", flush=True
-            )
+            for long_docs in ("crop", "split"):
+                tok_s, tok_cpu, crop, split, mean_len = loader_throughput(
+                    shards, args.seconds, long_docs
+                )
+                print(
+                    f"| {kind} | {long_docs} | {mean_len:.0f} | {tok_s / 1e6:.1f}M | "
+                    f"{tok_cpu / 1e6:.1f}M | {100 * crop:.2f}% | {100 * split:.2f}% |",
+                    flush=True,
+                )
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)

@@ -4,6 +4,7 @@ A new component module is added here once; nothing else needs to know about it.
 """
 
 import littlelm.data.build
+import littlelm.data.hub
 import littlelm.data.records
 import littlelm.data.sources
 import littlelm.data.tiktoken_tokenizer

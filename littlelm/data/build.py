@@ -104,6 +104,7 @@ class PreparedSource:
     directory: Path
     train: list[Shard]
     val: list[Shard]
+    long_docs: str = "crop"
 
     @property
     def train_tokens(self) -> int:
@@ -123,7 +124,7 @@ class RunData:
             stream = DocStream(
                 src.train, seed + 7919 * i, rank, world, cfg.on_exhausted == "repeat", label
             )
-            packers[label] = BestFitPacker(stream, seq_len + 1, cfg.buffer_docs)
+            packers[label] = BestFitPacker(stream, seq_len + 1, cfg.buffer_docs, src.long_docs)
         weights = {k: s.weight for k, s in self.sources.items()}
         return MixtureLoader(packers, weights, batch, seq_len)
 
@@ -204,6 +205,8 @@ def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
         label: open_dataset(label, src.cfg.weight, directory, manifest, tok, cfg.verify_checksums)
         for label, (src, directory, manifest) in prepared.items()
     }
+    for label, (src, _, _) in prepared.items():
+        opened[label].long_docs = src.cfg.long_docs
     return RunData(tok, opened)
 
 

@@ -41,6 +41,11 @@ def inspect_dataset(
         + (f"; skipped: {_skips(m['skipped'])}" if m.get("skipped") else "")
     )
     out(
+        f"exact duplicates dropped: {m['duplicates']:,}"
+        if "duplicates" in m
+        else "exact duplicates: not removed (prepared before dedup existed)"
+    )
+    out(
         f"{'split':<6} {'shards':>7} {'documents':>12} {'tokens':>14} {'mean':>8} {'median':>8} {'max':>9}"
     )
     lengths = {}

@@ -5,9 +5,21 @@
     MixtureLoader  picks each row's source so that realised token shares follow the weights
     Prefetcher     builds batches in a background thread
 
-Every row starts at a document's BOS. The packer puts the largest buffered document that fits
-next; when none fits it crops the shortest to fill the row (the cropped tail is dropped and
-counted). There is no padding. Each class's `state_dict()` is plain data (ints and lists) and
+The packer puts the largest buffered document that fits next; when none fits it fills the row
+with the head of the shortest. What happens to the rest is the source's `long_docs` option:
+
+    crop   (the default) the rest is dropped and counted (crop rate); every row starts at a
+           document's BOS
+    split  nothing is dropped. A document longer than a row is cut when it arrives into pieces
+           of one row each, then the rest (at most a row) joins the buffer; the rest of a
+           document that fills the end of a row goes back into the buffer. A piece after the
+           first starts on the last token of the piece before it and has no BOS of its own, so
+           every token of the document after its BOS is a prediction target exactly once per
+           epoch (the row's first token is input only); a row may start mid-document. Whole-row
+           pieces are taken at the start of the next rows, in order. The share of row tokens
+           that are such continuations is counted (split rate).
+
+There is no padding. Each class's `state_dict()` is plain data (ints and lists) and
 restores the exact same sequence of batches, which checkpoints rely on.
 
 Speed: the hot loop touches only Python ints and lists (document starts and lengths are turned
@@ -20,6 +32,7 @@ from __future__ import annotations
 import queue
 import threading
 from bisect import bisect_right, insort
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -128,38 +141,68 @@ class PackStats:
     rows: int = 0
     tokens: int = 0  # tokens placed in rows
     cropped: int = 0  # tokens dropped when a document was cropped to fill a row
+    split: int = 0  # row tokens from a piece that does not start at its document's BOS
 
     @property
     def crop_rate(self) -> float:
         return self.cropped / max(1, self.tokens + self.cropped)
 
+    @property
+    def split_rate(self) -> float:
+        return self.split / max(1, self.tokens)
+
 
 class BestFitPacker:
-    """Packs whole documents into rows of `row_len` tokens, best fit first.
+    """Packs documents into rows of `row_len` tokens, best fit first.
 
     The buffer is a sorted list of keys `length << SEQ_BITS | seq` (seq = arrival number), so
     `bisect` finds the largest document that fits (the latest arrival among equal lengths) and
-    index 0 is the shortest (the earliest among equals); `where[seq]` = (shard, doc, start)."""
+    index 0 is the shortest (the earliest among equals); `where[seq]` = (shard, doc, start).
+    Split mode adds `offs[seq]`, the offset of `start` in its document when it is not 0, and
+    `pieces`, the whole-row pieces of long documents, (seq, shard, doc, start, offset) each,
+    taken first at the start of a row."""
 
-    def __init__(self, stream: DocStream, row_len: int, buffer_docs: int = 1000):
+    def __init__(
+        self, stream: DocStream, row_len: int, buffer_docs: int = 1000, long_docs: str = "crop"
+    ):
+        assert long_docs in ("crop", "split"), long_docs
         self.stream, self.row_len, self.buffer_docs = stream, row_len, buffer_docs
+        self.split = long_docs == "split"
         self.keys: list[int] = []
         self.where: dict[int, tuple[int, int, int]] = {}
+        self.offs: dict[int, int] = {}
+        self.pieces: deque[tuple[int, int, int, int, int]] = deque()
         self.seq = 0
         self.stats = PackStats()
+        if self.split:
+            self.fill = self.fill_split
 
     def _refill(self) -> None:
-        keys, where, nxt = self.keys, self.where, self.stream.next
-        seq = self.seq
-        while len(keys) < self.buffer_docs:
-            s, d, start, n = nxt()
-            insort(keys, (n << SEQ_BITS) | seq)
-            where[seq] = (s, d, start)
-            seq += 1
-        self.seq = seq
+        keys, where, nxt, split = self.keys, self.where, self.stream.next, self.split
+        seq, row_len = self.seq, self.row_len
+        try:
+            while len(keys) < self.buffer_docs:
+                s, d, start, n = nxt()
+                if split and n > row_len:
+                    start, n = self._cut(seq, s, d, start, n)
+                insort(keys, (n << SEQ_BITS) | seq)
+                where[seq] = (s, d, start)
+                seq += 1
+        finally:  # a source that runs out mid-refill keeps what it read
+            self.seq = seq
+
+    def _cut(self, seq: int, s: int, d: int, start: int, n: int) -> tuple[int, int]:
+        """Queue the whole-row pieces of a long document (each starting on the last token of
+        the one before); return the start and length of the rest, at most a row."""
+        off, row_len = 0, self.row_len
+        while n > row_len:
+            self.pieces.append((seq, s, d, start + off, off))
+            off, n = off + row_len - 1, n - row_len + 1
+        self.offs[seq] = off
+        return start + off, n
 
     def fill(self, row: np.ndarray) -> None:
-        """Fill `row` (row_len,) in place."""
+        """Fill `row` (row_len,) in place (crop mode; split mode uses `fill_split`)."""
         keys, where, tokens = self.keys, self.where, self.stream.tokens
         pos, row_len, cropped = 0, self.row_len, 0
         while pos < row_len:
@@ -177,33 +220,88 @@ class BestFitPacker:
         st = self.stats
         st.rows, st.tokens, st.cropped = st.rows + 1, st.tokens + row_len, st.cropped + cropped
 
+    def fill_split(self, row: np.ndarray) -> None:
+        """Fill `row` (row_len,) in place, dropping nothing: a whole-row piece if one waits,
+        else best fit, the rest of a document that fills the end of the row kept for later."""
+        keys, where, tokens, offs = self.keys, self.where, self.stream.tokens, self.offs
+        pos, row_len, cont = 0, self.row_len, 0
+        if len(keys) < self.buffer_docs:
+            self._refill()
+        if self.pieces:  # a whole-row piece of a long document
+            _, s, _, start, off = self.pieces.popleft()
+            row[:] = tokens[s][start : start + row_len]
+            pos, cont = row_len, row_len if off else 0
+        while pos < row_len:
+            if len(keys) < self.buffer_docs:
+                self._refill()
+            room = row_len - pos
+            i = bisect_right(keys, ((room + 1) << SEQ_BITS) - 1) - 1
+            key = keys.pop(i if i >= 0 else 0)
+            n, seq = key >> SEQ_BITS, key & SEQ_MASK
+            s, d, start = where.pop(seq)
+            take = n if n <= room else room
+            row[pos : pos + take] = tokens[s][start : start + take]
+            pos += take
+            off = offs.pop(seq, 0) if offs else 0
+            if off:
+                cont += take
+            if take < n:  # the rest waits, from the last token placed here
+                insort(keys, ((n - take + 1) << SEQ_BITS) | seq)
+                where[seq] = (s, d, start + take - 1)
+                offs[seq] = off + take - 1
+        st = self.stats
+        st.rows, st.tokens, st.split = st.rows + 1, st.tokens + row_len, st.split + cont
+
     def snapshot(self) -> tuple:
         """A cheap copy of the state; `state_from_snapshot` turns it into plain data."""
         st = self.stats
+        split = (self.offs.copy(), tuple(self.pieces)) if self.split else None
         return (
             self.stream.state_dict(),
             self.keys.copy(),
             self.where.copy(),
             self.seq,
-            (st.rows, st.tokens, st.cropped),
+            (st.rows, st.tokens, st.cropped, st.split),
+            split,
         )
 
     @staticmethod
     def state_from_snapshot(snap: tuple) -> dict:
-        stream, keys, where, seq, stats = snap
-        buffer = [[k >> SEQ_BITS, k & SEQ_MASK, *where[k & SEQ_MASK][:2]] for k in keys]
-        return {"stream": stream, "buffer": buffer, "seq": seq, "stats": list(stats)}
+        """Buffer entries are [length, arrival, shard, doc], plus the offset in the document
+        when it is not 0; split mode adds `pieces`, [arrival, shard, doc, offset] each."""
+        stream, keys, where, seq, stats, split = snap
+        offs, pieces = split or ({}, None)
+        buffer = []
+        for k in keys:
+            q = k & SEQ_MASK
+            off = offs.get(q, 0)
+            buffer.append([k >> SEQ_BITS, q, *where[q][:2]] + ([off] if off else []))
+        state = {"stream": stream, "buffer": buffer, "seq": seq, "stats": list(stats)}
+        if pieces is not None:
+            state["pieces"] = [[q, s, d, off] for q, s, d, _, off in pieces]
+        return state
 
     def state_dict(self) -> dict:
         return self.state_from_snapshot(self.snapshot())
 
     def load_state_dict(self, state: dict) -> None:
+        if not self.split and (state.get("pieces") or any(len(b) > 4 for b in state["buffer"])):
+            raise DataError(
+                f"the checkpoint's loader state of source {self.stream.label!r} was saved with "
+                f"long_docs=split; set data.sources.{self.stream.label}.long_docs=split to resume"
+            )
         self.stream.load_state_dict(state["stream"])
-        self.keys, self.where = [], {}
-        for n, seq, s, d in state["buffer"]:
+        start_of = self.stream.start_of
+        self.keys, self.where, self.offs = [], {}, {}
+        for n, seq, s, d, *off in state["buffer"]:
             self.keys.append((n << SEQ_BITS) | seq)
-            self.where[seq] = (s, d, self.stream.start_of(s, d))
+            self.where[seq] = (s, d, start_of(s, d) + sum(off))
+            if off:
+                self.offs[seq] = off[0]
         self.keys.sort()
+        self.pieces = deque(
+            (q, s, d, start_of(s, d) + off, off) for q, s, d, off in state.get("pieces", [])
+        )
         self.seq = state["seq"]
         self.stats = PackStats(*state["stats"])
 
@@ -232,13 +330,22 @@ class LoaderSnapshot:
         cropped, tokens = sum(s[2] for s in stats), sum(s[1] for s in stats)
         return cropped / max(1, tokens + cropped)
 
+    def split_rate(self) -> float:
+        """Share of row tokens that continue a document split across rows (split mode)."""
+        stats = [p[4] for p in self.packers.values()]
+        return sum(s[3] for s in stats) / max(1, sum(s[1] for s in stats))
+
     def report(self) -> str:
-        """'web 0.601 (target 0.600), math 0.149 (0.150); 1.2% of tokens cropped'."""
+        """'web 0.601 (target 0.600), math 0.149 (0.150); 1.20% of document tokens cropped,
+        0.00% of row tokens continue a split document'."""
         mix = ", ".join(
             f"{k} {p:.3f} (target {w:.3f})"
             for (k, p), w in zip(self.proportions().items(), self.weights)
         )
-        return f"{mix}; {100 * self.crop_rate():.2f}% of document tokens cropped"
+        return (
+            f"{mix}; {100 * self.crop_rate():.2f}% of document tokens cropped, "
+            f"{100 * self.split_rate():.2f}% of row tokens continue a split document"
+        )
 
 
 class MixtureLoader:
@@ -291,6 +398,9 @@ class MixtureLoader:
 
     def crop_rate(self) -> float:
         return self.snapshot().crop_rate()
+
+    def split_rate(self) -> float:
+        return self.snapshot().split_rate()
 
     def state_dict(self) -> dict:
         return self.snapshot().state_dict()

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 from littlelm.config import ComponentConfig
 from littlelm.data.meter import Meter
 from littlelm.data.shards import read_header
@@ -196,9 +198,18 @@ def _prepare_locked(
     units = [Unit.from_dict(u) for u in plan["units"]]
     records = _finished_units(partial, len(units))
     _clean_unfinished(partial, records)
+    dups = plan.get("duplicates") or [[] for _ in units]
     jobs = [
         UnitJob(
-            source.cfg, source.label, u, i, plan["first_doc"][i], split, str(partial), shard_tokens
+            source.cfg,
+            source.label,
+            u,
+            i,
+            plan["first_doc"][i],
+            split,
+            str(partial),
+            shard_tokens,
+            frozenset(dups[i]),
         )
         for i, u in enumerate(units)
         if i not in records
@@ -244,13 +255,7 @@ def _make_plan(
     per_token = _bytes_per_token(source, tok)
     target = max(1 << 12, int(shard_tokens * per_token))
     units = source.units(target)
-    first_doc = [0] * len(units)
-    if split.mode == "tail":  # global document numbers: count each unit's documents
-        n = 0
-        for i, u in enumerate(units):
-            first_doc[i] = n
-            n += sum(1 for _ in source.unit_documents(u))
-        source.skipped.clear()
+    first_doc, duplicates = _scan(source, units, split.mode == "tail")
     tok.save(partial / "tokenizer")
     plan = {
         "key": key,
@@ -258,9 +263,38 @@ def _make_plan(
         "target_bytes": target,
         "units": [u.to_dict() for u in units],
         "first_doc": first_doc,
+        "duplicates": duplicates,
     }
     (partial / PLAN).write_text(json.dumps(plan))
     return plan
+
+
+def _scan(source: Source, units: list[Unit], count: bool) -> tuple[list[int], list[list[int]]]:
+    """One reading pass, when needed: the global number of each unit's first document (for the
+    tail split) and, per unit, the numbers of the documents that repeat an earlier one exactly
+    (dedup). A document is known by a 64-bit hash of its text: 8 bytes per document in memory."""
+    first_doc, hashes = [0] * len(units), []
+    if not (count or source.cfg.dedup):
+        return first_doc, [[] for _ in units]
+    n = 0
+    for i, u in enumerate(units):
+        first_doc[i] = n
+        h = [_doc_hash(doc) for doc in source.unit_documents(u)]
+        hashes.append(np.array(h, dtype=np.uint64))
+        n += len(h)
+    source.skipped.clear()
+    if not source.cfg.dedup:
+        return first_doc, [[] for _ in units]
+    everything = np.concatenate(hashes) if n else np.zeros(0, np.uint64)
+    keep = np.zeros(n, dtype=bool)
+    keep[np.unique(everything, return_index=True)[1]] = True  # the first copy of each text
+    return first_doc, [
+        np.flatnonzero(~keep[a : a + len(h)]).tolist() for a, h in zip(first_doc, hashes)
+    ]
+
+
+def _doc_hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
 
 
 def _load_plan(partial: Path, key: str, shard_tokens: int, log) -> dict | None:
@@ -348,6 +382,7 @@ def _manifest(source, tok, split, key, shard_tokens, units, records, seconds) ->
         "split": split.key(),
         "shard_tokens": shard_tokens,
         "documents": sum(r["documents"] for r in ordered),
+        "duplicates": sum(r.get("duplicates", 0) for r in ordered),
         "chars": sum(r["chars"] for r in ordered),
         "bytes": sum(r["bytes"] for r in ordered),
         "skipped": dict(skipped),
@@ -379,6 +414,7 @@ def _log_summary(m: dict, log) -> None:
         f"prepared {m['label']!r}: {n:,} tokens (train {tr['tokens']:,} in {len(tr['shards'])} "
         f"shard(s), val {va['tokens']:,}) from {m['documents']:,} documents, "
         f"{m['bytes'] / 1e6:.1f} MB, in {secs:.1f}s"
+        + (f"; {m['duplicates']:,} exact duplicate(s) dropped" if m.get("duplicates") else "")
         + (f"; skipped: {_skips(m['skipped'])}" if m["skipped"] else "")
     )
     if va["docs"] == 0 and m["split"]["fraction"] > 0:

@@ -59,31 +59,39 @@ def reshard(states: list[dict], world: int, make_loader: MakeLoader) -> list[dic
 
 def _reshard_source(streams: list[DocStream], packers: list[dict], world: int) -> list[dict]:
     """One source's packer states for the new ranks, from the old ranks' streams and packer
-    states (buffer entries are [length, arrival, shard, doc])."""
+    states (buffer entries are [length, arrival, shard, doc(, offset)], split mode's whole-row
+    pieces [arrival, shard, doc, offset]; the pieces of one document share its arrival)."""
     fronts = [front(s) for s in streams]
     start = min(fronts)
-    kept = []  # (arrival, old rank, entry): waiting documents read before the restart point
+    kept: dict[tuple[int, int], tuple[list, list]] = {}  # (arrival, old rank) -> entries
     for r, (stream, p, f) in enumerate(zip(streams, packers, fronts)):
         reread = reads_between(stream, start, f)  # read at or after `start`: read again
-        kept += [(b[1], r, b) for b in p["buffer"] if b[1] < p["seq"] - reread]
-    kept.sort()
+        for b in p["buffer"]:  # waiting documents read before the restart point
+            if b[1] < p["seq"] - reread:
+                kept.setdefault((b[1], r), ([], []))[0].append(b)
+        for q in p.get("pieces", []):
+            if q[0] < p["seq"] - reread:
+                kept.setdefault((q[0], r), ([], []))[1].append(q)
+    docs = sorted(kept)
     epoch, shard_pos, k = start
     seq = max(p["seq"] for p in packers)
     out = []
     for r in range(world):
         doc_pos = max(0, -(-(k - r) // world))  # first position >= k that is r mod world
-        mine = [b for _, _, b in kept[r::world]]
+        mine = docs[r::world]
         # arrival numbers identify a buffered document within one packer: renumber, in order
-        buffer = [[n, j, s, d] for j, (n, _, s, d) in enumerate(mine)]
-        out.append(
-            {
-                "stream": {"epoch": epoch, "shard_pos": shard_pos, "doc_pos": doc_pos},
-                "buffer": buffer,
-                "seq": max(seq, len(buffer)),
-                "stats": [0, 0, 0],
-            }
-        )
-    out[0]["stats"] = [sum(int(p["stats"][i]) for p in packers) for i in range(3)]
+        buffer = [[b[0], j, *b[2:]] for j, key in enumerate(mine) for b in kept[key][0]]
+        state = {
+            "stream": {"epoch": epoch, "shard_pos": shard_pos, "doc_pos": doc_pos},
+            "buffer": buffer,
+            "seq": max(seq, len(mine)),
+            "stats": [0] * len(packers[0]["stats"]),
+        }
+        if any("pieces" in p for p in packers):
+            state["pieces"] = [[j, *q[1:]] for j, key in enumerate(mine) for q in kept[key][1]]
+        out.append(state)
+    n_stats = len(packers[0]["stats"])
+    out[0]["stats"] = [sum(int(p["stats"][i]) for p in packers) for i in range(n_stats)]
     return out
 
 

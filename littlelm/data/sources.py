@@ -37,6 +37,14 @@ from littlelm.registry import DATASETS
 
 class SourceConfig(ComponentConfig):
     weight: float = Field(1.0, description="Share of training tokens drawn from this source.", gt=0)
+    long_docs: Literal["crop", "split"] = Field(
+        "crop",
+        description="A document that does not fit the rest of a row: crop it there (the rest is "
+        "dropped), or split it into row-sized pieces that are all trained on (docs/data.md).",
+    )
+
+
+LOADER_ONLY = {"weight", "long_docs"}  # options that do not change the prepared shards
 
 
 class DocumentSourceConfig(SourceConfig):
@@ -52,6 +60,11 @@ class DocumentSourceConfig(SourceConfig):
     )
     on_empty: Literal["skip", "fail"] = Field(
         "skip", description="Empty document (file, record or cell): count and skip, or stop."
+    )
+    dedup: bool = Field(
+        True,
+        description="Drop exact duplicate documents (same text, by a 64-bit hash) when preparing; "
+        "the first copy is kept and the count is in the manifest (`littlelm data inspect`).",
     )
 
 
@@ -118,7 +131,7 @@ class Source:
     def identity(self) -> dict:
         """Config plus (path, size, mtime) of every input file: the cache key of its shards."""
         stats = [(str(f), f.stat().st_size, int(f.stat().st_mtime)) for f in self.files()]
-        return {"config": self.cfg.model_dump(exclude={"weight"}), "files": stats}
+        return {"config": self.cfg.model_dump(exclude=LOADER_ONLY), "files": stats}
 
     # -- documents --------------------------------------------------------------------------------
 

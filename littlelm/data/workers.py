@@ -47,6 +47,7 @@ class UnitJob:
     split: ValSplit
     out: str
     shard_tokens: int
+    duplicates: frozenset[int] = frozenset()  # numbers (in this unit) of documents to drop
 
 
 def unit_record_path(out: Path, uid: int) -> Path:
@@ -65,6 +66,8 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
     docs = chars = nbytes = 0
     try:
         for i, raw in enumerate(source.unit_documents(job.unit)):
+            if i in job.duplicates:
+                continue
             data = raw.encode("utf-8")
             docs, chars, nbytes = docs + 1, chars + len(raw), nbytes + len(data)
             name = "val" if job.split.is_val(job.first_doc + i, data) else "train"
@@ -86,6 +89,7 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
         "chars": chars,
         "bytes": nbytes,
         "skipped": dict(source.skipped),
+        "duplicates": len(job.duplicates),
         "shards": shards,
     }
     _write_json(unit_record_path(out, job.uid), record)

@@ -63,6 +63,9 @@ KNOWN: dict[tuple[str, str], Metric] = {
     ("train", "crop_rate"): Metric(
         "cropped document tokens", "fraction of tokens", "data", from_zero=True
     ),
+    ("train", "split_rate"): Metric(
+        "row tokens continuing a split document", "fraction of tokens", "data", from_zero=True
+    ),
     ("eval", "core"): Metric("CORE", "centered accuracy", "evals"),
     ("train", "skipped"): Metric(
         "updates skipped since the last record", "steps", "guard", from_zero=True, points=True

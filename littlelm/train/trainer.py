@@ -346,6 +346,7 @@ class Trainer(RunState):
             "eta_s": left,
             "mix": self.loader_state.proportions(),
             "crop_rate": self.loader_state.crop_rate(),
+            "split_rate": self.loader_state.split_rate(),
             **({"skipped": skipped} if skipped else {}),  # present only when there were skips
         }
         if self.is_main:
@@ -393,6 +394,7 @@ class Trainer(RunState):
             **{k: v for k, v in self.last_eval.items() if k.startswith("val_")},
             "mix": self.loader_state.proportions(),
             "crop_rate": self.loader_state.crop_rate(),
+            "split_rate": self.loader_state.split_rate(),
             **self._fault_summary(),
         }
         self.log(f"data realised: {self.loader_state.report()}")

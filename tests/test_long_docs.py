@@ -1,0 +1,172 @@
+"""Long documents: crop (drop what does not fit) vs split (every token trained on), and the
+loader state of split mode (data/loader.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from littlelm.data.loader import BestFitPacker, DataExhausted, DocStream, MixtureLoader
+from littlelm.data.shards import Shard, write_shard
+from littlelm.errors import DataError
+
+BOS = 0
+FP = "ab" * 32
+
+
+def numbered_shard(tmp_path, lengths, name="s.bin") -> Shard:
+    """Documents whose tokens after the BOS are distinct numbers 1, 2, ... (so a token says
+    which document position it is)."""
+    docs, t = [], 1
+    for n in lengths:
+        docs.append(np.array([BOS, *range(t, t + n - 1)]))
+        t += n - 1
+    write_shard(tmp_path / name, docs, t + 1, BOS, FP)
+    return Shard(tmp_path / name)
+
+
+def epoch_targets(packer: BestFitPacker) -> list[int]:
+    """The target tokens (row[1:]) of every row packed from one epoch of the source, including
+    what is left in the buffer when the source runs dry."""
+    row_len, targets = packer.row_len, []
+    while True:
+        row = np.full(row_len, -1, dtype=np.int64)
+        try:
+            packer.fill(row)
+        except DataExhausted:
+            packer.buffer_docs = 0  # read nothing more: place what is buffered
+        except IndexError:  # buffer empty: the epoch is done
+            targets += [t for t in row[1:] if t >= 0]
+            return targets
+        targets += [t for t in row[1:] if t >= 0]
+
+
+LENGTHS = [3, 70, 9, 200, 17, 33, 5, 64, 65, 66, 130, 2, 41, 11, 300, 8]
+
+
+@pytest.mark.parametrize("buffer_docs", [1, 4, 50])
+def test_split_trains_on_every_document_token(tmp_path, buffer_docs):
+    s = numbered_shard(tmp_path, LENGTHS)
+    packer = BestFitPacker(DocStream([s], seed=3, repeat=False), 33, buffer_docs, "split")
+    targets = epoch_targets(packer)
+    tokens_in = sum(n - 1 for n in LENGTHS)  # every token after a document's BOS
+    trained = {t for t in targets if t != BOS}
+    assert len(trained) == tokens_in and trained == set(range(1, tokens_in + 1))
+    assert packer.stats.cropped == 0 and packer.stats.split > 0
+    # one token per piece boundary may be a target twice (a rest placed mid-row), no more
+    assert sum(t != BOS for t in targets) - tokens_in <= sum(n // 32 + 1 for n in LENGTHS)
+
+
+def test_crop_loses_tokens_that_split_keeps(tmp_path):
+    s = numbered_shard(tmp_path, LENGTHS)
+    packer = BestFitPacker(DocStream([s], seed=3, repeat=False), 33, 4, "crop")
+    trained = {t for t in epoch_targets(packer) if t != BOS}
+    assert len(trained) < sum(n - 1 for n in LENGTHS) and packer.stats.cropped > 0
+
+
+def test_split_pieces_are_whole_rows_in_order(tmp_path):
+    s = numbered_shard(tmp_path, [100])  # one document of 100 tokens, rows of 33
+    packer = BestFitPacker(DocStream([s], seed=0), 33, 1, "split")
+    rows = []
+    for _ in range(3):
+        row = np.empty(33, dtype=np.int64)
+        packer.fill(row)
+        rows.append(row)
+    assert rows[0][0] == BOS and list(rows[0][1:]) == list(range(1, 33))
+    assert list(rows[1]) == list(range(32, 65))  # starts on the last token of the piece before
+    assert list(rows[2]) == list(range(64, 97))  # no BOS: a continuation
+    assert packer.stats.split == 66 and packer.stats.split_rate == pytest.approx(66 / 99)
+
+
+def mixture(a: Shard, b: Shard, long_docs: str) -> MixtureLoader:
+    pa = BestFitPacker(DocStream([a], seed=1, label="a"), 33, 6, long_docs)
+    pb = BestFitPacker(DocStream([b], seed=2, label="b"), 33, 6, long_docs)
+    return MixtureLoader({"a": pa, "b": pb}, {"a": 0.7, "b": 0.3}, batch=4, seq_len=32)
+
+
+def test_split_loader_state_restores_exact_sequence(tmp_path):
+    rng = np.random.default_rng(1)
+    a = numbered_shard(tmp_path, rng.integers(2, 120, size=60).tolist(), "a.bin")
+    b = numbered_shard(tmp_path, rng.integers(2, 90, size=40).tolist(), "b.bin")
+    first = mixture(a, b, "split")
+    for _ in range(40):  # past an epoch boundary of both sources
+        first.next_batch()
+    state = json.loads(json.dumps(first.snapshot().state_dict()))  # what a checkpoint stores
+    assert state["packers"]["a"]["pieces"] or any(
+        len(e) > 4 for e in state["packers"]["a"]["buffer"]
+    )
+    expected = [first.next_batch()[0] for _ in range(15)]
+    second = mixture(a, b, "split")
+    second.load_state_dict(state)
+    for want in expected:
+        assert np.array_equal(second.next_batch()[0].numpy(), want.numpy())
+    assert 0 < second.split_rate() < 1 and second.crop_rate() == 0
+    assert "continue a split document" in second.snapshot().report()
+
+
+def test_split_state_refused_by_crop_mode(tmp_path):
+    a = numbered_shard(tmp_path, [100] * 10, "a.bin")
+    b = numbered_shard(tmp_path, [100] * 10, "b.bin")
+    first = mixture(a, b, "split")
+    first.next_batch()
+    with pytest.raises(DataError, match="long_docs=split"):
+        mixture(a, b, "crop").load_state_dict(first.state_dict())
+
+
+def test_long_docs_is_a_per_source_option(tmp_path):
+    from conftest import make_corpus
+    from littlelm.config import validate
+    from littlelm.data.build import build_data
+    from littlelm.schema import RunConfig
+
+    text = str(make_corpus(tmp_path / "a.txt", 60))
+    tree = {
+        "tokenizer": {"name": "byte"},
+        "sources": {
+            "a": {"name": "text", "path": text, "split": "paragraph", "long_docs": "split"},
+            "b": {"name": "text", "path": text, "split": "paragraph"},  # crop, the default
+        },
+        "buffer_docs": 8,
+    }
+    cfg = validate(RunConfig, {"data": tree}).data
+    data = build_data(cfg, log=lambda _: None)
+    key = [data.sources[k].directory.name.split("-", 1)[1] for k in "ab"]
+    assert key[0] == key[1]  # the same cache key: long_docs is a loader option
+    loader = data.loader(cfg, batch=4, seq_len=24, seed=0)
+    for _ in range(20):
+        loader.next_batch()
+    a, b = loader.packers["a"].stats, loader.packers["b"].stats
+    assert a.cropped == 0 and a.split > 0 and b.cropped > 0 and b.split == 0
+
+
+def test_split_state_survives_a_change_of_world_size(tmp_path):
+    from littlelm.data.reshard import reshard
+
+    a = numbered_shard(tmp_path, [100, 5, 70, 9, 40] * 8, "a.bin")
+
+    def make(rank: int, world: int) -> MixtureLoader:
+        packer = BestFitPacker(
+            DocStream([a], seed=1, rank=rank, world=world, label="a"), 33, 4, "split"
+        )
+        return MixtureLoader({"a": packer}, {"a": 1.0}, batch=2, seq_len=32)
+
+    old = [make(r, 2) for r in range(2)]
+    for loader in old:
+        for _ in range(3):
+            loader.next_batch()
+    states = [json.loads(json.dumps(o.state_dict())) for o in old]
+    assert any(s["packers"]["a"]["pieces"] for s in states)  # split pieces were waiting
+    [new] = reshard(states, 1, make)
+    waiting = {(e[2], e[3]) for s in states for e in s["packers"]["a"]["buffer"]}
+    waiting |= {(q[1], q[2]) for s in states for q in s["packers"]["a"]["pieces"]}
+    kept = {(e[2], e[3]) for e in new["packers"]["a"]["buffer"]}
+    kept |= {(q[1], q[2]) for q in new["packers"]["a"]["pieces"]}
+    assert kept and kept <= waiting  # documents read before the restart point stay, with offsets
+    pieces = {(q[1], q[2], q[3]) for s in states for q in s["packers"]["a"]["pieces"]}
+    assert {(q[1], q[2], q[3]) for q in new["packers"]["a"]["pieces"]} <= pieces
+    loader = make(0, 1)
+    loader.load_state_dict(new)
+    for _ in range(5):
+        loader.next_batch()
