@@ -41,6 +41,7 @@ from littlelm.optim.groups import MuonConfig, group_table
 from littlelm.optim.schedule import build_schedule, momentum_warmup
 from littlelm.registry import MODELS, OPTIMIZERS
 from littlelm.schema import RunConfig
+from littlelm.train import budget as budgeting
 from littlelm.train import checkpoint as ckpt
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
 from littlelm.train.device import (
@@ -84,7 +85,7 @@ class Trainer(RunState):
             tune_cpu_allocator()
         seed_everything(cfg.run.seed)
         t = cfg.train
-        self.max_steps: int = t.max_steps
+        self.max_steps: float = t.max_steps or math.inf  # inf: a time budget decides (budget.py)
         # Callbacks first: a missing optional package (wandb, tensorboard) fails before data prep.
         self.callbacks: list[Callback] = [
             JSONLLogger(),
@@ -126,6 +127,7 @@ class Trainer(RunState):
         self.last_eval: dict = {}
         if loaded is not None:
             self._resume(loaded)
+        self._build_budget(loaded)  # budget (train/budget.py)
         if grown is not None and grown.loader_state is not None:
             self._continue_parent_data(grown.path)
         self.forward = self.parallel.wrap(self.model)
@@ -170,8 +172,33 @@ class Trainer(RunState):
         build = OPTIMIZERS.get(self.cfg.optimizer.name)
         return build(self.model, self.cfg.optimizer, self.cfg.train.stochastic_rounding)
 
+    def _build_budget(self, loaded: ckpt.Loaded | None) -> None:
+        """A time or money budget (train/budget.py): check it holds a step, restore its spent time."""
+        val = sum(len(sh.tokens) for sh in self.data.val_shards)
+        self.budget = budgeting.build_budget(
+            self.cfg,
+            self.run_dir,
+            self.parallel.broadcast_object,
+            min(val, self.cfg.eval.max_tokens or val),
+        )
+        if self.budget is None:
+            return
+        t = self.cfg.train
+        problem = budgeting.check_budget_fits(
+            self.budget.seconds, t.batch_tokens, self.flops_per_token, self.peak, self.device.type
+        )
+        if problem:
+            raise ConfigError([problem])
+        self.ledger = budgeting.Ledger(self.run_dir / "budget.json" if self.is_main else None)
+        budgeting.restore(self.budget, loaded.state if loaded else None, self.ledger.read())
+        if self.budget.finished:
+            self.max_steps = self.step
+
     def _set_lr(self) -> float:
-        mult = self.schedule(self.step, self.max_steps)
+        if self.budget is not None:  # the budget says how far through the run this step is
+            mult = self.budget.multiplier(self.step, budgeting.now())
+        else:
+            mult = self.schedule(self.step, self.max_steps)
         for g in self.optimizer.param_groups:
             g["lr"] = g["base_lr"] * mult
         oc = self.cfg.optimizer
@@ -221,10 +248,11 @@ class Trainer(RunState):
             return self._already_finished()
         self._write_run_files()
         self._print_summary()
-        self.log(
-            f"data mixture ({self.cfg.train.max_tokens:,} training tokens):\n"
-            + "\n".join(self.data.mixture_plan(self.cfg.train.max_tokens))
-        )
+        if self.cfg.train.max_tokens:  # a time budget does not know its tokens in advance
+            self.log(
+                f"data mixture ({self.cfg.train.max_tokens:,} training tokens):\n"
+                + "\n".join(self.data.mixture_plan(self.cfg.train.max_tokens))
+            )
         if self.step:
             self.log(f"data realised so far: {self.loader_state.report()}")
         for cb in self._my_callbacks():
@@ -233,9 +261,13 @@ class Trainer(RunState):
         batches = Prefetcher(self.loader, self.cfg.data.prefetch)
         window = {"step": self.step, "tokens": self.tokens, "train_time": self.train_time}
         loss_sum = torch.zeros((), device=self.device)
+        if self.budget is not None:
+            self.budget.start(budgeting.now())
         try:
             while self.step < end and not self.stopping:
                 loss_sum += self.train_step(batches)
+                if self.budget is not None and self._budget_stepped():
+                    end = self.max_steps = self.step  # the budget's last step, cooldown done
                 if self.rollback_pending:
                     self._rollback()
                     window.update(step=self.step, tokens=self.tokens, train_time=self.train_time)
@@ -259,7 +291,10 @@ class Trainer(RunState):
                     and self.step % self.cfg.checkpoint.every == 0
                     and self.step < end
                 ):
+                    t0 = time.perf_counter()
                     self.save()
+                    if self.budget is not None:
+                        self.budget.note_save(time.perf_counter() - t0)
         except DataExhausted as e:
             self.log(f"stopping: {e}")
         finally:
@@ -326,6 +361,13 @@ class Trainer(RunState):
         elif verdict is Verdict.STOP:
             raise TrainingError(self.guard.stop_message(self.step, self.last_checkpoint))
 
+    def _budget_stepped(self) -> bool:
+        """Count the step's time against the budget; True when it was the budget's last."""
+        now = budgeting.now()
+        last = self.budget.stepped(now)
+        self.ledger.write(self.budget, self.step, now, force=last)
+        return last
+
     def _log_metrics(self, loss_sum: torch.Tensor, window: dict) -> dict:
         steps = max(1, self.step - window["step"])
         busy = max(1e-9, self.train_time - window["train_time"])
@@ -348,10 +390,15 @@ class Trainer(RunState):
             "crop_rate": self.loader_state.crop_rate(),
             **({"skipped": skipped} if skipped else {}),  # present only when there were skips
         }
+        total, line = self.max_steps, {"step": self.step, "lr_mult": self.lr_mult}
+        if self.budget is not None:  # budget (train/budget.py): time spent, projected end
+            now = budgeting.now()
+            m.update(eta_s=self.budget.seconds - self.budget.elapsed(now))
+            m.update(budget_spent=self.budget.elapsed(now), budget_progress=self.budget.progress)
+            line["budget"] = self.budget.summary(now, self.parallel.world, self.cfg.train.budget)
+            total = self.budget.projected_total(self.step, now) or "?"
         if self.is_main:
-            self.progress.update(
-                progress_line({"step": self.step, "lr_mult": self.lr_mult, **m}, self.max_steps)
-            )
+            self.progress.update(progress_line({**line, **m}, total))
         window.update(tokens=self.tokens, train_time=self.train_time, step=self.step)
         return m
 
@@ -374,9 +421,13 @@ class Trainer(RunState):
             f"eval step {self.step}: val loss {m['val_loss']:.4f} | val bpb {m['val_bpb']:.4f} "
             f"| {m['val_tokens']:,} tokens | train time {self.train_time:.1f}s"
         )
+        if self.budget is not None:
+            m["budget_spent"] = self.budget.elapsed(budgeting.now())
         self.last_eval = m
         for cb in self._my_callbacks():
             cb.on_eval(self, m)
+        if self.budget is not None:  # the evaluation and its callbacks (samples) took this long
+            self.budget.note_eval(time.perf_counter() - t0)
         return m
 
     def _finish(self, end: int) -> dict:
@@ -395,6 +446,8 @@ class Trainer(RunState):
             "crop_rate": self.loader_state.crop_rate(),
             **self._fault_summary(),
         }
+        if self.budget is not None:  # the final evaluation and save count too
+            self._close_budget(final)
         self.log(f"data realised: {self.loader_state.report()}")
         if self.stopping:
             self.log(
@@ -409,6 +462,21 @@ class Trainer(RunState):
                 + (f", final val bpb {final['val_bpb']:.4f}" if "val_bpb" in final else "")
             )
         return final
+
+    def _close_budget(self, final: dict) -> None:
+        now = budgeting.now()
+        self.budget.close(now)
+        self.ledger.write(self.budget, self.step, now, force=True)
+        final["budget_spent"] = self.budget.spent
+        final["budget_seconds"] = self.budget.seconds
+        cost = self.cfg.train.budget.dollars_for(self.budget.spent, self.parallel.world)
+        if cost is not None:
+            final["budget_dollars"] = cost
+        self.log(
+            f"budget: {self.budget.spent:.1f}s of {self.budget.seconds:.1f}s used "
+            f"({self.budget.spent / self.budget.seconds:.1%})"
+            + (f", ${cost:.2f}" if cost is not None else "")
+        )
 
     def _already_finished(self) -> dict:
         """A run resumed at or past max_steps: nothing to train, so nothing is written (no
@@ -452,7 +520,11 @@ class Trainer(RunState):
             f"device {self.device}, {c.train.precision}; batch {c.train.batch_tokens:,} tokens "
             f"= {c.train.micro_batch_size} × {c.train.seq_len} × {c.train.grad_accum} accum"
             f"{f' × {self.parallel.world} ranks ({self.parallel.strategy})' if self.parallel.world > 1 else ''}; "
-            f"{self.max_steps} steps"
+            + (
+                f"{self.max_steps} steps"
+                if math.isfinite(self.max_steps)
+                else "steps set by the budget"
+            )
         )
         self.log(f"speed: {speed_summary(c)}; MFU against {self.peak / 1e12:.3g} TFLOP/s")
         table = Table(title="parameter groups", title_justify="left")
