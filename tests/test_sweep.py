@@ -132,7 +132,7 @@ def test_sweep_runs_resumes_and_compares(tiny_config, tmp_path, monkeypatch, cap
         "loss_vs_dollars.png",
     }
     manifest = json.loads((sweep_dir / "sweep.json").read_text())
-    assert [v["name"] for v in manifest["variants"]][0] == "n_layer=1,d_model=32"
+    assert manifest["variants"][0]["name"] == "n_layer=1,d_model=32"
     with pytest.raises(SweepError, match="holds another sweep"):
         run_sweep(SweepOptions(str(tiny_config), sets=["model.n_layer=1,3"]))
 
