@@ -192,3 +192,27 @@ def test_trainer_follows_a_time_budget_and_resumes_it(tmp_path, corpus, monkeypa
     assert json.loads((run / "budget.json").read_text())["finished"]
     again = Trainer(load_run(path)).fit()  # a finished budget run does nothing more
     assert again.get("already_finished") and again["step"] == result["step"]
+
+
+def test_plan_shows_what_a_budget_buys_on_each_gpu(tiny_config):
+    from littlelm.plan.catalog import load_catalog
+    from littlelm.plan.planner import make_plan
+
+    over = ["train.max_steps=null", "train.budget.price_per_gpu_hour=1"]
+    hours = make_plan(
+        load_run(tiny_config, [*over, "train.budget.hours=2"]),
+        load_catalog([]),
+        ["H100-SXM", "RTX-4090"],
+        trace=False,
+    )
+    for p in hours.gpus:
+        assert p.hours == 2 and p.budget_tokens == int(p.tok_s * 7200)
+        assert p.budget_steps == p.budget_tokens // 128
+    dollars = make_plan(
+        load_run(tiny_config, [*over, "train.budget.dollars=10"]),
+        load_catalog([]),
+        ["H100-SXM"],
+        trace=False,
+    )
+    p = dollars.gpus[0]
+    assert p.dollars == pytest.approx(10) and p.hours == pytest.approx(10 / p.gpu.price_per_hour)
