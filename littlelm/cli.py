@@ -411,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_sweep(sub) -> None:
     w = sub.add_parser(
         "sweep",
-        help="run variants of a config (at equal budget) and compare them (docs/sweeps.md)",
+        help="run variants of a config (at equal budget) and compare them (docs/budget.md)",
     )
     w.add_argument("items", nargs="*", metavar="CONFIG [key=value ...]")
     w.add_argument(

@@ -35,6 +35,7 @@ from pathlib import Path
 from pydantic import Field
 
 from littlelm.config import Cfg
+from littlelm.errors import ConfigError
 from littlelm.optim.schedule import PROGRESS_FORMS, ProgressSchedule, build_progress_schedule
 from littlelm.train.progress import duration
 
@@ -365,3 +366,85 @@ def build_budget(cfg, run_dir: Path | None, agree: Callable, eval_tokens: int) -
         batch_tokens=cfg.train.batch_tokens,
         agree=agree,
     )
+
+
+class RunBudget:
+    """What the trainer holds for a time or money budget: the Budget, its ledger, and the text and
+    metrics it adds to the progress line, metrics.jsonl and the end of the run."""
+
+    def __init__(self, budget: Budget, ledger: Ledger, cfg: BudgetConfig, world: int):
+        self.budget, self.ledger, self.cfg, self.world = budget, ledger, cfg, world
+
+    @classmethod
+    def for_trainer(cls, tr, loaded_state: dict | None) -> RunBudget | None:
+        """Build (None without a time or money budget), check it holds one step at the device's
+        peak (a ConfigError before anything trains) and restore the time already spent."""
+        val = sum(len(sh.tokens) for sh in tr.data.val_shards)
+        val = min(val, tr.cfg.eval.max_tokens or val)
+        budget = build_budget(tr.cfg, tr.run_dir, tr.parallel.broadcast_object, val)
+        if budget is None:
+            return None
+        t = tr.cfg.train
+        problem = check_budget_fits(
+            budget.seconds, t.batch_tokens, tr.flops_per_token, tr.peak, tr.device.type
+        )
+        if problem:
+            raise ConfigError([problem])
+        ledger = Ledger(tr.run_dir / "budget.json" if tr.is_main else None)
+        restore(budget, loaded_state, ledger.read())
+        cap = f"; train.max_steps={t.max_steps} stays a cap" if t.max_steps else ""
+        tr.log(f"budget: {budget.seconds:.0f}s, {budget.spent:.0f}s spent before{cap}")
+        return cls(budget, ledger, t.budget, tr.parallel.world)
+
+    @property
+    def finished(self) -> bool:
+        return self.budget.finished
+
+    def multiplier(self, step: int) -> float:
+        return self.budget.multiplier(step, now())
+
+    def start(self) -> None:
+        self.budget.start(now())
+
+    def stepped(self, step: int) -> bool:
+        """Count the step's time; True when it was the budget's last."""
+        t = now()
+        last = self.budget.stepped(t)
+        self.ledger.write(self.budget, step, t, force=last)
+        return last
+
+    def note_eval(self, seconds: float) -> None:
+        self.budget.note_eval(seconds)
+
+    def note_save(self, seconds: float) -> None:
+        self.budget.note_save(seconds)
+
+    def spent(self) -> float:
+        return self.budget.elapsed(now())
+
+    def state_dict(self) -> dict:
+        """For the checkpoint: the time spent up to now, progress, measured speeds."""
+        return self.budget.state_dict(now())
+
+    def log_metrics(self, step: int, m: dict) -> tuple[str, int | str]:
+        """Add budget_spent, budget_progress and the budget's eta_s to `m`; returns the progress
+        line's budget text and its projected step count."""
+        t = now()
+        b = self.budget
+        m.update(eta_s=b.seconds - b.elapsed(t), budget_spent=b.elapsed(t))
+        m["budget_progress"] = b.progress
+        return b.summary(t, self.world, self.cfg), b.projected_total(step, t) or "?"
+
+    def close(self, step: int, final: dict) -> str:
+        """The session ends: count its tail, add the budget's figures to `final`; a log line."""
+        t = now()
+        b = self.budget
+        b.close(t)
+        self.ledger.write(b, step, t, force=True)
+        final.update(budget_spent=b.spent, budget_seconds=b.seconds)
+        cost = self.cfg.dollars_for(b.spent, self.world)
+        if cost is not None:
+            final["budget_dollars"] = cost
+        return f"budget: {b.spent:.1f}s of {b.seconds:.1f}s used ({b.spent / b.seconds:.1%})" + (
+            f", ${cost:.2f}" if cost is not None else ""
+        )

@@ -13,7 +13,6 @@ from pathlib import Path
 from littlelm.config import dump_yaml, to_tree
 from littlelm.data.reshard import loader_state_for
 from littlelm.errors import CheckpointError, RunDirError, TrainingError
-from littlelm.train import budget as budgeting
 from littlelm.train import checkpoint as ckpt
 from littlelm.train import resume as resuming
 from littlelm.train.growth import GrownFrom, grow_from_parent
@@ -50,7 +49,7 @@ class RunState:
             "guard": self.guard.state_dict(),
         }
         if getattr(self, "budget", None) is not None:  # time spent counts after a resume
-            state["budget"] = self.budget.state_dict(budgeting.now())
+            state["budget"] = self.budget.state_dict()
         # every rank takes part in gathering the whole state; rank 0 writes it
         state.update(self._loader_states())
         model = Frozen(self.parallel.model_state_dict(self.model))

@@ -127,7 +127,10 @@ class Trainer(RunState):
         self.last_eval: dict = {}
         if loaded is not None:
             self._resume(loaded)
-        self._build_budget(loaded)  # budget (train/budget.py)
+        # budget (train/budget.py): a time or money budget decides the end from measured speed
+        self.budget = budgeting.RunBudget.for_trainer(self, loaded.state if loaded else None)
+        if self.budget is not None and self.budget.finished:
+            self.max_steps = self.step
         if grown is not None and grown.loader_state is not None:
             self._continue_parent_data(grown.path)
         self.forward = self.parallel.wrap(self.model)
@@ -172,31 +175,9 @@ class Trainer(RunState):
         build = OPTIMIZERS.get(self.cfg.optimizer.name)
         return build(self.model, self.cfg.optimizer, self.cfg.train.stochastic_rounding)
 
-    def _build_budget(self, loaded: ckpt.Loaded | None) -> None:
-        """A time or money budget (train/budget.py): check it holds a step, restore its spent time."""
-        val = sum(len(sh.tokens) for sh in self.data.val_shards)
-        self.budget = budgeting.build_budget(
-            self.cfg,
-            self.run_dir,
-            self.parallel.broadcast_object,
-            min(val, self.cfg.eval.max_tokens or val),
-        )
-        if self.budget is None:
-            return
-        t = self.cfg.train
-        problem = budgeting.check_budget_fits(
-            self.budget.seconds, t.batch_tokens, self.flops_per_token, self.peak, self.device.type
-        )
-        if problem:
-            raise ConfigError([problem])
-        self.ledger = budgeting.Ledger(self.run_dir / "budget.json" if self.is_main else None)
-        budgeting.restore(self.budget, loaded.state if loaded else None, self.ledger.read())
-        if self.budget.finished:
-            self.max_steps = self.step
-
     def _set_lr(self) -> float:
         if self.budget is not None:  # the budget says how far through the run this step is
-            mult = self.budget.multiplier(self.step, budgeting.now())
+            mult = self.budget.multiplier(self.step)
         else:
             mult = self.schedule(self.step, self.max_steps)
         for g in self.optimizer.param_groups:
@@ -262,11 +243,11 @@ class Trainer(RunState):
         window = {"step": self.step, "tokens": self.tokens, "train_time": self.train_time}
         loss_sum = torch.zeros((), device=self.device)
         if self.budget is not None:
-            self.budget.start(budgeting.now())
+            self.budget.start()
         try:
             while self.step < end and not self.stopping:
                 loss_sum += self.train_step(batches)
-                if self.budget is not None and self._budget_stepped():
+                if self.budget is not None and self.budget.stepped(self.step):
                     end = self.max_steps = self.step  # the budget's last step, cooldown done
                 if self.rollback_pending:
                     self._rollback()
@@ -361,13 +342,6 @@ class Trainer(RunState):
         elif verdict is Verdict.STOP:
             raise TrainingError(self.guard.stop_message(self.step, self.last_checkpoint))
 
-    def _budget_stepped(self) -> bool:
-        """Count the step's time against the budget; True when it was the budget's last."""
-        now = budgeting.now()
-        last = self.budget.stepped(now)
-        self.ledger.write(self.budget, self.step, now, force=last)
-        return last
-
     def _log_metrics(self, loss_sum: torch.Tensor, window: dict) -> dict:
         steps = max(1, self.step - window["step"])
         busy = max(1e-9, self.train_time - window["train_time"])
@@ -392,11 +366,7 @@ class Trainer(RunState):
         }
         total, line = self.max_steps, {"step": self.step, "lr_mult": self.lr_mult}
         if self.budget is not None:  # budget (train/budget.py): time spent, projected end
-            now = budgeting.now()
-            m.update(eta_s=self.budget.seconds - self.budget.elapsed(now))
-            m.update(budget_spent=self.budget.elapsed(now), budget_progress=self.budget.progress)
-            line["budget"] = self.budget.summary(now, self.parallel.world, self.cfg.train.budget)
-            total = self.budget.projected_total(self.step, now) or "?"
+            line["budget"], total = self.budget.log_metrics(self.step, m)
         if self.is_main:
             self.progress.update(progress_line({**line, **m}, total))
         window.update(tokens=self.tokens, train_time=self.train_time, step=self.step)
@@ -422,7 +392,7 @@ class Trainer(RunState):
             f"| {m['val_tokens']:,} tokens | train time {self.train_time:.1f}s"
         )
         if self.budget is not None:
-            m["budget_spent"] = self.budget.elapsed(budgeting.now())
+            m["budget_spent"] = self.budget.spent()
         self.last_eval = m
         for cb in self._my_callbacks():
             cb.on_eval(self, m)
@@ -447,7 +417,7 @@ class Trainer(RunState):
             **self._fault_summary(),
         }
         if self.budget is not None:  # the final evaluation and save count too
-            self._close_budget(final)
+            self.log(self.budget.close(self.step, final))
         self.log(f"data realised: {self.loader_state.report()}")
         if self.stopping:
             self.log(
@@ -462,21 +432,6 @@ class Trainer(RunState):
                 + (f", final val bpb {final['val_bpb']:.4f}" if "val_bpb" in final else "")
             )
         return final
-
-    def _close_budget(self, final: dict) -> None:
-        now = budgeting.now()
-        self.budget.close(now)
-        self.ledger.write(self.budget, self.step, now, force=True)
-        final["budget_spent"] = self.budget.spent
-        final["budget_seconds"] = self.budget.seconds
-        cost = self.cfg.train.budget.dollars_for(self.budget.spent, self.parallel.world)
-        if cost is not None:
-            final["budget_dollars"] = cost
-        self.log(
-            f"budget: {self.budget.spent:.1f}s of {self.budget.seconds:.1f}s used "
-            f"({self.budget.spent / self.budget.seconds:.1%})"
-            + (f", ${cost:.2f}" if cost is not None else "")
-        )
 
     def _already_finished(self) -> dict:
         """A run resumed at or past max_steps: nothing to train, so nothing is written (no
