@@ -24,6 +24,7 @@ import yaml
 
 from littlelm.config import parse_yaml
 from littlelm.errors import ConfigError, LittleLMError
+from littlelm.model.gpt import flops_per_token
 from littlelm.schema import RunConfig, load_run
 from littlelm.train.budget import check_budget_fits
 
@@ -169,8 +170,6 @@ def load_variants(
 
 def check_budgets(configs: list[RunConfig], names: list[str], peak_of) -> None:
     """A time budget too small for one step of a variant, at its device's peak: an error."""
-    from littlelm.model.gpt import flops_per_token
-
     problems = []
     for cfg, name in zip(configs, names, strict=True):
         b = cfg.train.budget
