@@ -20,6 +20,7 @@ cooldown completed. Takes about (runs + 1) x (minutes + start-up); run it under 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -36,7 +37,11 @@ def records(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # the line a SIGKILL cut short
+            out.append(json.loads(line))
+    return out
 
 
 def train(run_dir: Path, minutes: float, extra: list[str]) -> subprocess.Popen:
