@@ -42,9 +42,11 @@ from littlelm.train.progress import duration
 WINDOW = 32  # step times averaged for the speed (recent ones: a shared machine's speed drifts)
 LAST_BELOW = 1.5  # a step is the last when fewer than this many projected steps fit
 LEDGER_EVERY = 5.0  # seconds between writes of RUN_DIR/budget.json
-# The CPU's peak comes from a short matmul probe, which reads low on a busy machine: the check that
-# a budget holds one step allows for that (a CUDA peak comes from a table, exact).
-PEAK_SLACK = {"cpu": 8.0}
+# The CPU's "peak" comes from a short bf16 matmul probe, which can read 100x below what training
+# reaches (no native bf16, a busy machine: 1.3 GFLOP/s on the shared 2-core box, where the demo
+# trains at ~180), so on a CPU the check that a budget holds one step only catches nonsense.
+# A CUDA peak comes from a table.
+PEAK_SLACK = {"cpu": 1000.0}
 EVAL_FORWARD_SHARE = 1 / 3  # an eval token costs about a third of a training token (no backward)
 
 
