@@ -13,6 +13,8 @@
     littlelm plan CONFIG [key=value ...] [--gpu NAME ...] [--tokens N] [--devices N] [--json]
                   [--gpus FILE] [--chart OUT.png] [--no-trace]
     littlelm bench CONFIG [key=value ...] [--steps N] [--json]
+    littlelm sweep CONFIG [key=value ...] --set KEY=v1,v2 [--set ...] [--grid|--zip]
+                   [--budget 30m|2h|$5|500M] [--seeds N] [--devices 0,1] [--name NAME]
 
 CONFIG is a YAML path or the name of a packaged config (`demo`, `shakespeare_char`); it
 defaults to `demo`. User errors print one message and exit non-zero, without a traceback.
@@ -155,7 +157,12 @@ def cmd_grow(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from littlelm.report import write_report
+    from littlelm.report.compare import is_sweep_dir, write_sweep_report
 
+    if len(args.run_dirs) == 1 and is_sweep_dir(args.run_dirs[0]):  # a sweep: its comparison
+        path, table = write_sweep_report(args.run_dirs[0], args.price_per_hour)
+        print(f"{table}\nwrote {path} and its plots ({path.parent})")
+        return 0
     path = write_report(args.run_dirs, args.out, args.price_per_hour)
     print(f"wrote {path} and its plots ({path.parent})")
     return 0
@@ -237,6 +244,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=1))
     else:
         print_bench(result)
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from littlelm.report.compare import write_sweep_report
+    from littlelm.sweep import SweepOptions, run_sweep
+
+    config, overrides = _split_config(args.items)
+    opts = SweepOptions(
+        base=config,
+        overrides=overrides,
+        sets=args.set or [],
+        zip=args.zip,
+        budget=args.budget,
+        seeds=args.seeds,
+        devices=args.devices.split(",") if args.devices else None,
+        name=args.name,
+        price_per_hour=args.price_per_hour,
+    )
+    sweep_dir = run_sweep(opts)
+    path, table = write_sweep_report(sweep_dir, args.price_per_hour)
+    print(f"{table}\nwrote {path} and its plots ({path.parent})")
     return 0
 
 
@@ -375,7 +404,36 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--steps", type=_positive, default=4, help="steps before and after resume")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.set_defaults(fn=cmd_bench)
+    _add_sweep(sub)
     return p
+
+
+def _add_sweep(sub) -> None:
+    w = sub.add_parser(
+        "sweep",
+        help="run variants of a config (at equal budget) and compare them (docs/budget.md)",
+    )
+    w.add_argument("items", nargs="*", metavar="CONFIG [key=value ...]")
+    w.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=v1,v2",
+        help="a key and the values to try (repeatable)",
+    )
+    mode = w.add_mutually_exclusive_group()
+    mode.add_argument("--grid", action="store_true", help="every combination (default)")
+    mode.add_argument("--zip", action="store_true", help="the i-th values of every key together")
+    w.add_argument("--budget", help="every variant's budget: 90s, 30m, 2h, $5 or 500M (tokens)")
+    w.add_argument("--seeds", type=_positive, default=1, help="repeats of each variant")
+    w.add_argument("--devices", help="GPU indices to run variants side by side, e.g. 0,1,2,3")
+    w.add_argument("--name", help="sweep directory name under run.out_dir (default sweep-CONFIG)")
+    w.add_argument(
+        "--price-per-hour",
+        type=float,
+        metavar="DOLLARS",
+        help="dollars per GPU-hour, for a $ budget and the table's cost column",
+    )
+    w.set_defaults(fn=cmd_sweep)
 
 
 def _add_eval(sub) -> None:

@@ -34,6 +34,7 @@ from littlelm.data.tokenizer import vocab_size_of
 from littlelm.errors import ConfigError
 from littlelm.model.grow import GrowConfig
 from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
+from littlelm.train.budget import BudgetConfig, resolve_budget
 from littlelm.train.distributed import DistributedConfig
 from littlelm.train.growth import resolve_growth
 from littlelm.train.guard import GuardConfig
@@ -69,6 +70,11 @@ class TrainConfig(Cfg):
     )
     max_tokens: int | None = Field(
         None, description="Token budget; sets max_steps when that is null.", ge=1
+    )
+    budget: BudgetConfig | None = Field(
+        None,
+        description="Train to a budget of tokens, hours or dollars (train/budget.py); "
+        "max_steps/max_tokens, when also set, stay a cap.",
     )
     precision: Literal["bf16", "fp32"] = Field("bf16", description="bf16 autocast, or plain fp32.")
     master_weights: Literal["fp32", "bf16"] = Field(
@@ -232,9 +238,11 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
             t.grad_accum = t.batch_tokens // per_micro
     t.grad_accum = t.grad_accum or 1
     t.batch_tokens = per_micro * t.grad_accum
-    if t.max_steps is None and t.max_tokens is None:
-        problems.append("set train.max_steps or train.max_tokens")
-    elif t.max_steps is None:
+    problems += resolve_budget(cfg)
+    timed = t.budget is not None and t.budget.kind in ("hours", "dollars")
+    if t.max_steps is None and t.max_tokens is None and not timed:
+        problems.append("set train.max_steps, train.max_tokens or train.budget")
+    elif t.max_steps is None and t.max_tokens is not None:
         t.max_steps = max(1, t.max_tokens // t.batch_tokens)
     if t.max_steps is not None:
         t.max_tokens = t.max_steps * t.batch_tokens

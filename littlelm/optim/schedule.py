@@ -3,6 +3,12 @@
 Registered by name; the config's schedule section picks one and sets its options:
 
     schedule: {name: trapezoidal, warmup_steps: 100, cooldown_frac: 0.4, floor: 0.0}
+
+A run with a time or money budget (train.budget) does not know its step count in advance, so each
+schedule also has a progress form, (step, progress) -> multiplier, where progress in [0, 1] is how
+far through the run the end of this step is and 1 means the last step (train/budget.py answers it
+from measured speed). Warmup still counts steps; the decay phase follows progress and reaches its
+final value exactly at progress 1.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from littlelm.config import ComponentConfig
 from littlelm.registry import SCHEDULES
 
 Schedule = Callable[[int, int], float]
+ProgressSchedule = Callable[[int, float], float]  # (step, progress in [0, 1]) -> multiplier
 
 
 def _warmup(step: int, warmup_steps: int) -> float:
@@ -51,6 +58,40 @@ def constant(step: int, total: int, warmup_steps: int = 0) -> float:
     return _warmup(step, warmup_steps)
 
 
+def trapezoidal_at(
+    step: int,
+    progress: float,
+    warmup_steps: int = 0,
+    cooldown_frac: float = 0.4,
+    floor: float = 0.0,
+) -> float:
+    """trapezoidal driven by progress: the cooldown starts when the run is 1 - cooldown_frac of
+    the way through and reaches `floor` at progress 1 (the last step, even inside the warmup)."""
+    if progress >= 1.0:
+        return floor if cooldown_frac > 0 else 1.0
+    if step < warmup_steps:
+        return _warmup(step, warmup_steps)
+    start = 1.0 - cooldown_frac
+    if cooldown_frac == 0 or progress < start:
+        return 1.0
+    return 1.0 + (floor - 1.0) * (progress - start) / cooldown_frac
+
+
+def cosine_at(step: int, progress: float, warmup_steps: int = 0, floor: float = 0.0) -> float:
+    """cosine driven by progress: half a cosine from 1 at progress 0 to `floor` at progress 1
+    (the warmup's steps are inside that span, so the curve goes on where the warmup ends)."""
+    if progress >= 1.0:
+        return floor
+    if step < warmup_steps:
+        return _warmup(step, warmup_steps)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * max(0.0, progress)))
+
+
+def constant_at(step: int, progress: float, warmup_steps: int = 0) -> float:
+    """constant driven by progress (no decay phase: the last step keeps the full lr)."""
+    return _warmup(step, warmup_steps)
+
+
 def momentum_warmup(step: int, start: float, end: float, steps: int) -> float:
     """Muon momentum rising linearly from `start` to `end` over `steps` optimizer steps."""
     if steps <= 0:
@@ -82,7 +123,22 @@ SCHEDULES.register("cosine", config=CosineConfig)(cosine)
 SCHEDULES.register("constant", config=ConstantConfig)(constant)
 
 
+# The progress form of each registered schedule (a schedule without one cannot follow a budget).
+PROGRESS_FORMS: dict[str, ProgressSchedule] = {
+    "trapezoidal": trapezoidal_at,
+    "cosine": cosine_at,
+    "constant": constant_at,
+}
+
+
 def build_schedule(cfg: ComponentConfig) -> Schedule:
     fn = SCHEDULES.get(cfg.name)
     options = cfg.model_dump(exclude={"name"})
     return functools.partial(fn, **options)
+
+
+def build_progress_schedule(cfg: ComponentConfig) -> ProgressSchedule:
+    """The schedule `cfg` names, driven by progress through the run (see the module doc)."""
+    fn = PROGRESS_FORMS.get(cfg.name)
+    assert fn is not None, f"schedule {cfg.name!r} has no progress form (checked in resolve)"
+    return functools.partial(fn, **cfg.model_dump(exclude={"name"}))

@@ -49,6 +49,8 @@ class GpuPlan:
     dollars_per_btok: float
     remedies: list[Remedy] = field(default_factory=list)
     measured: dict | None = None  # bench's measurement of this run on this GPU, if any
+    budget_tokens: int | None = None  # what a time or money budget buys here (plan/budget.py)
+    budget_steps: int | None = None
 
 
 def device_lines(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> dict[str, float]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
+from littlelm.plan.budget import apply_budget
 from littlelm.plan.catalog import Catalog
 from littlelm.plan.cost import GIB, GpuPlan, plan_gpu
 from littlelm.plan.measurements import (
@@ -71,13 +72,18 @@ def make_plan(
     trace: bool = True,
 ) -> Plan:
     d = Dims.of(cfg)
-    tokens = tokens or cfg.train.max_tokens
+    b = cfg.train.budget
+    timed = tokens is None and b is not None and b.kind in ("hours", "dollars")
+    tokens = tokens or cfg.train.max_tokens or 1
     records = load_measurements()
     key = workload_key(cfg)
     gpus = [
         plan_gpu(d, g, catalog, tokens, devices, measured_mfu(records, g.name, key))
         for g in catalog.select(gpu_names)
     ]
+    if timed:  # what the budget buys on each GPU (plan/budget.py)
+        cap = cfg.train.max_tokens  # train.max_steps, when also set, stays a cap
+        gpus = [apply_budget(p, b, cfg.train.batch_tokens, cap) for p in gpus]
     for p in gpus:
         p.measured = measured_memory(records, p.gpu.name, key, d.micro_batch)
     gpus.sort(key=lambda p: (not p.fits and p.best_micro_batch is None, not p.fits, p.dollars))

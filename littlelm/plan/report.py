@@ -68,8 +68,16 @@ def summary_line(plan: Plan) -> str:
         f"{d.seq_len} × accum {d.grad_accum}"
         + (f" × {plan.devices} GPUs" if plan.devices > 1 else "")
         + f" = {tokens_step:,} tokens/step; {cfg.train.precision}, {d.optimizer}; "
-        f"budget {human(plan.tokens)} tokens"
+        + budget_text(plan)
     )
+
+
+def budget_text(plan: Plan) -> str:
+    b = plan.cfg.train.budget
+    if plan.gpus and plan.gpus[0].budget_tokens is not None:  # a time or money budget
+        what = f"{b.hours:g} hours" if b.kind == "hours" else f"${b.dollars:g}"
+        return f"budget {what} (the table shows the tokens and steps it buys on each GPU)"
+    return f"budget {human(plan.tokens)} tokens"
 
 
 def memory_table(plan: Plan) -> Table:
@@ -133,6 +141,9 @@ def gpu_table(plan: Plan) -> Table:
         ("$/B tokens", True),
     ):
         t.add_column(col, justify="right" if right else "left")
+    bought = bool(plan.gpus) and plan.gpus[0].budget_tokens is not None
+    if bought:  # a time or money budget: what it buys on each GPU
+        t.add_column("budget buys (tokens / steps)", justify="right")
     for p in plan.gpus:
         best = f"{p.best_micro_batch} ({p.best_grad_accum})" if p.best_micro_batch else "none"
         t.add_row(
@@ -147,6 +158,7 @@ def gpu_table(plan: Plan) -> Table:
             duration(p.hours),
             money(p.dollars),
             money(p.dollars_per_btok),
+            *([f"{human(p.budget_tokens)} / {human(p.budget_steps)}"] if bought else []),
         )
     t.caption = "prices: typical on-demand, dated in the catalog (littlelm/plan/gpus.yaml)"
     return t
@@ -225,6 +237,11 @@ def _gpu_json(p: GpuPlan) -> dict:
         "max_micro_batch": p.best_micro_batch,
         "grad_accum_at_max": p.best_grad_accum,
         "tokens_per_s": p.tok_s,
+        **(
+            {"budget_tokens": p.budget_tokens, "budget_steps": p.budget_steps}
+            if p.budget_tokens is not None
+            else {}
+        ),
         "mfu": p.mfu,
         "mfu_source": p.mfu_source,
         "hours": p.hours,

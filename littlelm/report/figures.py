@@ -94,6 +94,8 @@ def schedule_series(run: RunData, points: int = 2000) -> Series | None:
     cfg = run.run_config()
     if cfg is None or not cfg.train.max_steps or not cfg.train.batch_tokens:
         return None
+    if cfg.train.budget is not None and cfg.train.budget.kind in ("hours", "dollars"):
+        return None  # the schedule followed measured time (train/budget.py): the logged lr shows it
     from littlelm.optim.schedule import build_schedule
 
     fn, total = build_schedule(cfg.schedule), cfg.train.max_steps

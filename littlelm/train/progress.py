@@ -37,7 +37,7 @@ def duration(seconds: float) -> str:
     return f"{s}s"
 
 
-def progress_line(m: dict, max_steps: int) -> str:
+def progress_line(m: dict, max_steps: int | str) -> str:
     parts = [
         f"step {m['step']}/{max_steps}",
         f"loss {m['loss']:.4f}",
@@ -49,6 +49,8 @@ def progress_line(m: dict, max_steps: int) -> str:
     if m.get("mfu") is not None:
         parts.append(f"MFU {100 * m['mfu']:.1f}%")
     parts.append(f"ETA {duration(m['eta_s'])}")
+    if m.get("budget"):  # a time or money budget: spent so far (train/budget.py)
+        parts.append(m["budget"])
     return " | ".join(parts)
 
 

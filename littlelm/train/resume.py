@@ -34,6 +34,7 @@ RESUMABLE_CHANGES = (
     "run.device",
     "train.max_steps",
     "train.max_tokens",
+    "train.budget",  # a budget may be raised or lowered mid-run
     "train.log_every",
     "train.grad_clip",
     "train.compile",

@@ -48,6 +48,8 @@ class RunState:
             "config": to_tree(self.cfg),
             "guard": self.guard.state_dict(),
         }
+        if getattr(self, "budget", None) is not None:  # time spent counts after a resume
+            state["budget"] = self.budget.state_dict()
         # every rank takes part in gathering the whole state; rank 0 writes it
         state.update(self._loader_states())
         model = Frozen(self.parallel.model_state_dict(self.model))

@@ -41,6 +41,7 @@ from littlelm.optim.groups import MuonConfig, group_table
 from littlelm.optim.schedule import build_schedule, momentum_warmup
 from littlelm.registry import MODELS, OPTIMIZERS
 from littlelm.schema import RunConfig
+from littlelm.train import budget as budgeting
 from littlelm.train import checkpoint as ckpt
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
 from littlelm.train.device import (
@@ -84,7 +85,7 @@ class Trainer(RunState):
             tune_cpu_allocator()
         seed_everything(cfg.run.seed)
         t = cfg.train
-        self.max_steps: int = t.max_steps
+        self.max_steps: float = t.max_steps or math.inf  # inf: a time budget decides (budget.py)
         # Callbacks first: a missing optional package (wandb, tensorboard) fails before data prep.
         self.callbacks: list[Callback] = [
             JSONLLogger(),
@@ -126,6 +127,10 @@ class Trainer(RunState):
         self.last_eval: dict = {}
         if loaded is not None:
             self._resume(loaded)
+        # budget (train/budget.py): a time or money budget decides the end from measured speed
+        self.budget = budgeting.RunBudget.for_trainer(self, loaded.state if loaded else None)
+        if self.budget is not None and self.budget.finished:
+            self.max_steps = self.step
         if grown is not None and grown.loader_state is not None:
             self._continue_parent_data(grown.path)
         self.forward = self.parallel.wrap(self.model)
@@ -171,7 +176,10 @@ class Trainer(RunState):
         return build(self.model, self.cfg.optimizer, self.cfg.train.stochastic_rounding)
 
     def _set_lr(self) -> float:
-        mult = self.schedule(self.step, self.max_steps)
+        if self.budget is not None:  # the budget says how far through the run this step is
+            mult = self.budget.multiplier(self.step)
+        else:
+            mult = self.schedule(self.step, self.max_steps)
         for g in self.optimizer.param_groups:
             g["lr"] = g["base_lr"] * mult
         oc = self.cfg.optimizer
@@ -221,10 +229,11 @@ class Trainer(RunState):
             return self._already_finished()
         self._write_run_files()
         self._print_summary()
-        self.log(
-            f"data mixture ({self.cfg.train.max_tokens:,} training tokens):\n"
-            + "\n".join(self.data.mixture_plan(self.cfg.train.max_tokens))
-        )
+        if self.cfg.train.max_tokens:  # a time budget does not know its tokens in advance
+            self.log(
+                f"data mixture ({self.cfg.train.max_tokens:,} training tokens):\n"
+                + "\n".join(self.data.mixture_plan(self.cfg.train.max_tokens))
+            )
         if self.step:
             self.log(f"data realised so far: {self.loader_state.report()}")
         for cb in self._my_callbacks():
@@ -233,9 +242,13 @@ class Trainer(RunState):
         batches = Prefetcher(self.loader, self.cfg.data.prefetch)
         window = {"step": self.step, "tokens": self.tokens, "train_time": self.train_time}
         loss_sum = torch.zeros((), device=self.device)
+        if self.budget is not None:
+            self.budget.start()
         try:
             while self.step < end and not self.stopping:
                 loss_sum += self.train_step(batches)
+                if self.budget is not None and self.budget.stepped(self.step):
+                    end = self.max_steps = self.step  # the budget's last step, cooldown done
                 if self.rollback_pending:
                     self._rollback()
                     window.update(step=self.step, tokens=self.tokens, train_time=self.train_time)
@@ -259,7 +272,10 @@ class Trainer(RunState):
                     and self.step % self.cfg.checkpoint.every == 0
                     and self.step < end
                 ):
+                    t0 = time.perf_counter()
                     self.save()
+                    if self.budget is not None:
+                        self.budget.note_save(time.perf_counter() - t0)
         except DataExhausted as e:
             self.log(f"stopping: {e}")
         finally:
@@ -349,10 +365,11 @@ class Trainer(RunState):
             "split_rate": self.loader_state.split_rate(),
             **({"skipped": skipped} if skipped else {}),  # present only when there were skips
         }
+        total, line = self.max_steps, {"step": self.step, "lr_mult": self.lr_mult}
+        if self.budget is not None:  # budget (train/budget.py): time spent, projected end
+            line["budget"], total = self.budget.log_metrics(self.step, m)
         if self.is_main:
-            self.progress.update(
-                progress_line({"step": self.step, "lr_mult": self.lr_mult, **m}, self.max_steps)
-            )
+            self.progress.update(progress_line({**line, **m}, total))
         window.update(tokens=self.tokens, train_time=self.train_time, step=self.step)
         return m
 
@@ -375,9 +392,13 @@ class Trainer(RunState):
             f"eval step {self.step}: val loss {m['val_loss']:.4f} | val bpb {m['val_bpb']:.4f} "
             f"| {m['val_tokens']:,} tokens | train time {self.train_time:.1f}s"
         )
+        if self.budget is not None:
+            m["budget_spent"] = self.budget.spent()
         self.last_eval = m
         for cb in self._my_callbacks():
             cb.on_eval(self, m)
+        if self.budget is not None:  # the evaluation and its callbacks (samples) took this long
+            self.budget.note_eval(time.perf_counter() - t0)
         return m
 
     def _finish(self, end: int) -> dict:
@@ -397,6 +418,8 @@ class Trainer(RunState):
             "split_rate": self.loader_state.split_rate(),
             **self._fault_summary(),
         }
+        if self.budget is not None:  # the final evaluation and save count too
+            self.log(self.budget.close(self.step, final))
         self.log(f"data realised: {self.loader_state.report()}")
         if self.stopping:
             self.log(
@@ -454,7 +477,11 @@ class Trainer(RunState):
             f"device {self.device}, {c.train.precision}; batch {c.train.batch_tokens:,} tokens "
             f"= {c.train.micro_batch_size} × {c.train.seq_len} × {c.train.grad_accum} accum"
             f"{f' × {self.parallel.world} ranks ({self.parallel.strategy})' if self.parallel.world > 1 else ''}; "
-            f"{self.max_steps} steps"
+            + (
+                f"{self.max_steps} steps"
+                if math.isfinite(self.max_steps)
+                else "steps set by the budget"
+            )
         )
         self.log(f"speed: {speed_summary(c)}; MFU against {self.peak / 1e12:.3g} TFLOP/s")
         table = Table(title="parameter groups", title_justify="left")

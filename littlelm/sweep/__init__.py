@@ -1,0 +1,126 @@
+"""`littlelm sweep`: a list of config diffs run as ordinary runs, compared at equal budget.
+
+    opts = SweepOptions("demo", sets=["model.n_layer=4,6"], budget="10m")
+    sweep_dir = run_sweep(opts)          # then littlelm.report.compare.write_sweep_report
+
+spec.py turns --set/--grid/--zip/--seeds/--budget into variants and checks every variant's config
+before anything trains; runner.py runs them (resumably) as `littlelm train` processes. The
+comparison (table and plots) is `littlelm report SWEEP_DIR` (report/compare.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from littlelm.schema import load_run
+from littlelm.sweep.runner import Pool, finished, launch, train_command, write_manifest
+from littlelm.sweep.spec import (
+    SweepError,
+    Variant,
+    budget_override,
+    check_budgets,
+    load_variants,
+    make_variants,
+    parse_budget,
+    parse_set,
+)
+from littlelm.train.device import peak_flops, pick_device
+
+__all__ = ["SweepError", "SweepOptions", "plan_sweep", "run_sweep"]
+
+
+@dataclass
+class SweepOptions:
+    base: str
+    overrides: list[str] = field(default_factory=list)  # key=value for every variant
+    sets: list[str] = field(default_factory=list)  # KEY=v1,v2 (one per --set)
+    zip: bool = False
+    budget: str | None = None
+    seeds: int = 1
+    devices: list[str] | None = None  # GPU indices for side-by-side runs; None = one at a time
+    name: str | None = None
+    price_per_hour: float | None = None  # dollars per GPU-hour, for --budget $X and the table
+
+
+@dataclass
+class Job:
+    variant: Variant
+    run_dir: Path
+    log: Path
+    command: list[str]
+
+    @property
+    def name(self) -> str:
+        return self.variant.name
+
+    def done(self) -> bool:
+        return finished(self.run_dir)
+
+    def summary(self, rc: int) -> str:
+        state = "finished" if self.done() else f"stopped (exit {rc}; see {self.log})"
+        return f"variant {self.name}: {state}"
+
+
+def plan_sweep(opts: SweepOptions) -> tuple[Path, list[Job]]:
+    """The sweep directory and one job per variant, every config checked; nothing runs."""
+    if opts.seeds < 1:
+        raise SweepError(f"--seeds must be at least 1, got {opts.seeds}")
+    base_cfg = load_run(opts.base, opts.overrides)
+    price = opts.price_per_hour
+    if price is None and base_cfg.train.budget is not None:
+        price = base_cfg.train.budget.price_per_gpu_hour
+    budget = parse_budget(opts.budget, price) if opts.budget else None
+    variants = make_variants(
+        [parse_set(s) for s in opts.sets], opts.zip, opts.seeds, base_cfg.run.seed
+    )
+    sweep_dir = Path(base_cfg.run.out_dir) / (opts.name or f"sweep-{Path(opts.base).stem}")
+    configs = load_variants(opts.base, opts.overrides, variants, sweep_dir, budget_override(budget))
+    check_budgets(configs, [v.name for v in variants], _peak)
+    jobs = []
+    for v, cfg in zip(variants, configs, strict=True):
+        overrides = [*opts.overrides, *budget_override(budget), *v.overrides]
+        overrides += [f"run.name={json.dumps(v.name)}", f"run.out_dir={json.dumps(str(sweep_dir))}"]
+        log = sweep_dir / "logs" / f"{v.name}.log"
+        jobs.append(Job(v, cfg.run_dir(), log, train_command(opts.base, overrides)))
+    return sweep_dir, jobs
+
+
+def _peak(cfg) -> tuple[float, str]:
+    device = pick_device(cfg.run.device)
+    return peak_flops(device), device.type
+
+
+def run_sweep(opts: SweepOptions, say=print) -> Path:
+    """Run every unfinished variant; returns the sweep directory (raises if any failed)."""
+    sweep_dir, jobs = plan_sweep(opts)
+    args = {
+        "overrides": opts.overrides,
+        "sets": opts.sets,
+        "zip": opts.zip,
+        "budget": opts.budget,
+        "seeds": opts.seeds,
+        "price_per_hour": opts.price_per_hour,
+    }
+    write_manifest(sweep_dir, opts.base, args, [j.variant for j in jobs])
+    todo = [j for j in jobs if not j.done()]
+    for j in jobs:
+        if j not in todo:
+            say(f"variant {j.name}: already finished, skipped")
+    say(
+        f"sweep {sweep_dir}: {len(jobs)} variant(s), {len(todo)} to run"
+        + (f" on devices {','.join(opts.devices)}" if opts.devices else ", one after another")
+    )
+
+    def start(job: Job, device: str | None):
+        say(f"variant {job.name}: training (log: {job.log})")
+        return launch(job.command, job.log, device)
+
+    failed = Pool(opts.devices or [None], start, say).run(todo)
+    if failed:
+        raise SweepError(
+            f"{len(failed)} variant(s) did not finish: {'; '.join(failed)}. Fix the cause and "
+            "run the same command: finished variants are skipped, the others resume"
+        )
+    return sweep_dir

@@ -1,0 +1,140 @@
+"""Running a sweep's variants: one `littlelm train` process each, resumable.
+
+The sweep directory holds sweep.json (the base config, the variants and their status), one run
+directory per variant, logs/NAME.log with each variant's output, and report/ (the comparison).
+Variants run one after another, or side by side with `--devices 0,1,...` (one variant per GPU,
+CUDA_VISIBLE_DEVICES set for each). Run again, the same command skips finished variants (their
+run directory holds an end record) and resumes the others from their newest checkpoint, as
+`littlelm train` does. A SIGTERM or SIGINT to the sweep reaches every running variant, which
+saves and stops; on Linux a variant also gets SIGTERM if the sweep process dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from littlelm.sweep.spec import SweepError, Variant
+
+MANIFEST = "sweep.json"
+PR_SET_PDEATHSIG = 1
+
+
+def finished(run_dir: Path) -> bool:
+    """True when the run's metrics hold an end record (it trained to its end)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return False
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines():
+            if '"kind": "end"' in line:
+                return True
+    return False
+
+
+def write_manifest(sweep_dir: Path, base: str, args: dict, variants: list[Variant]) -> None:
+    """sweep.json; a different sweep already in the directory is an error, not overwritten."""
+    path = sweep_dir / MANIFEST
+    data = {"base": base, **args, "variants": [asdict(v) for v in variants]}
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if [v["name"] for v in old.get("variants", [])] != [v.name for v in variants] or [
+            v["overrides"] for v in old["variants"]
+        ] != [v.overrides for v in variants]:
+            raise SweepError(
+                f"{sweep_dir} holds another sweep (its variants differ); pass another --name, "
+                "or repeat that sweep's exact arguments to resume it"
+            )
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the sweep process dies (Linux), so no variant trains on as an
+    orphan holding its run directory's lock."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def launch(cmd: list[str], log: Path, device: str | None) -> subprocess.Popen:
+    env = dict(os.environ)
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        return subprocess.Popen(
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+
+
+def train_command(base: str, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "littlelm", "train", base, *overrides]
+
+
+class Pool:
+    """Variants on devices: at most one process per device; `start(job, device)` makes one."""
+
+    def __init__(self, devices: list[str | None], start: Callable, say: Callable = print):
+        self.free, self.start, self.say = list(devices), start, say
+        self.running: dict = {}  # process -> (job, device)
+        self.failed: list[str] = []
+
+    def run(self, jobs: list, poll: float = 0.5) -> list[str]:
+        pending = list(jobs)
+        with self._forwarding_signals():
+            while pending or self.running:
+                while pending and self.free:
+                    job, device = pending.pop(0), self.free.pop(0)
+                    self.running[self.start(job, device)] = (job, device)
+                self._reap()
+                if self.running:
+                    time.sleep(poll)
+        return self.failed
+
+    def _reap(self) -> None:
+        for proc, (job, device) in list(self.running.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            del self.running[proc]
+            self.free.append(device)
+            if not job.done():
+                self.failed.append(f"{job.name} (exit {rc}; log: {job.log})")
+            self.say(job.summary(rc))
+
+    @contextlib.contextmanager
+    def _forwarding_signals(self):
+        """SIGTERM/SIGINT: every running variant gets SIGTERM (it saves), then the sweep stops."""
+
+        def stop(signum, _frame):
+            for proc in self.running:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+            for proc in self.running:
+                proc.wait()
+            raise SweepError(
+                f"stopped by {signal.Signals(signum).name}; every running variant saved a "
+                "checkpoint. Run the same command to resume the sweep"
+            )
+
+        old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)

@@ -1,0 +1,218 @@
+"""train.budget: the budget logic on a fake clock, the schedules' progress forms, config checks,
+and the trainer on a tiny run (train/budget.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from conftest import tiny_tree, write_config
+from littlelm.errors import ConfigError
+from littlelm.optim import schedule as sch
+from littlelm.schema import load_run
+from littlelm.train import budget as bg
+from littlelm.train.trainer import Trainer
+
+TRAP = dict(warmup_steps=3, cooldown_frac=0.4, floor=0.05)
+
+
+def make_budget(seconds, **kw) -> bg.Budget:
+    opts = dict(eval_every=10, save_every=25, eval_tokens=0, batch_tokens=1)
+    opts.update(kw)
+    return bg.Budget(seconds, lambda s, p: sch.trapezoidal_at(s, p, **TRAP), **opts)
+
+
+def simulate(b: bg.Budget, step_s=1.0, eval_s=2.0, save_s=0.5, now=0.0, step=0, stop_at=None):
+    """Drive `b` as the trainer does, on a fake clock; returns (mults, times, step, now)."""
+    mults, times = [], []
+    b.start(now)
+    while stop_at is None or now < stop_at:
+        mults.append(b.multiplier(step, now))
+        now += step_s * (3 if step == 0 else 1)  # the first step warms up
+        step += 1
+        last = b.stepped(now)
+        times.append(now)
+        if last:
+            now += eval_s + save_s  # the final evaluation and save
+            b.close(now)
+            break
+        if step % b.eval_every == 0:
+            now += eval_s
+            b.note_eval(eval_s)
+        if step % b.save_every == 0:
+            now += save_s
+            b.note_save(save_s)
+    return mults, times, step, now
+
+
+def test_trapezoidal_progress_form():
+    f = sch.trapezoidal_at
+    assert f(0, 0.0, **TRAP) == pytest.approx(1 / 3)  # warmup counts steps
+    assert f(10, 0.59, **TRAP) == 1.0  # before the cooldown
+    assert f(10, 0.8, **TRAP) == pytest.approx(1 + (0.05 - 1) * 0.5)
+    assert f(10, 1.0, **TRAP) == 0.05 and f(1, 1.0, **TRAP) == 0.05  # the last step: the floor
+    assert sch.cosine_at(5, 1.0, warmup_steps=2, floor=0.1) == 0.1
+    assert sch.cosine_at(5, 0.5, warmup_steps=2) == pytest.approx(0.5)
+    assert sch.constant_at(5, 1.0) == 1.0
+
+
+def test_time_budget_ends_on_time_with_the_cooldown_done():
+    b = make_budget(300.0)
+    mults, times, _, end = simulate(b)
+    assert end == pytest.approx(300.0, abs=1.5)  # within a step and a half of the budget
+    assert b.spent == pytest.approx(end) and b.finished
+    assert mults[-1] == TRAP["floor"] and min(mults[:-1]) > TRAP["floor"]
+    # the cooldown starts when the projected time left is cooldown_frac of the budget
+    first_cool = next(i for i, m in enumerate(mults) if i >= 3 and m < 1.0)
+    assert times[first_cool - 1] == pytest.approx(0.6 * 300, abs=4)
+    assert all(a >= b_ for a, b_ in itertools.pairwise(mults[3:]))  # never rises
+
+
+def test_dollar_budget_ends_where_the_equal_hours_budget_does():
+    hours = bg.BudgetConfig(hours=0.05)
+    dollars = bg.BudgetConfig(dollars=0.6, price_per_gpu_hour=1.5, gpus=8)  # 0.6 / 12 $/h
+    assert dollars.seconds() == pytest.approx(hours.seconds()) == 180
+    assert dollars.dollars_for(180) == pytest.approx(0.6)
+    a = simulate(make_budget(hours.seconds()))
+    b = simulate(make_budget(dollars.seconds()))
+    assert a[0] == pytest.approx(b[0]) and a[2] == b[2] and a[3] == pytest.approx(b[3])
+    assert bg.BudgetConfig(dollars=3, price_per_gpu_hour=1.5).seconds(world=2) == 3600
+
+
+def test_resumed_budget_counts_the_time_before_the_crash():
+    first = make_budget(200.0)
+    simulate(first, stop_at=90.0)
+    state = {"budget": first.state_dict()}  # as the checkpoint holds it
+    lost = first.spent + 7.0  # the run went on after its checkpoint, and the ledger saw it
+    second = make_budget(200.0)
+    bg.restore(second, state, {"spent": lost})
+    assert second.spent == lost and second.prior_step == pytest.approx(1.0)
+    mults, _, _, end = simulate(second, now=1000.0, step=80)
+    assert second.spent == pytest.approx(200.0, abs=1.5) and mults[-1] == TRAP["floor"]
+    assert end - 1000.0 == pytest.approx(200.0 - lost, abs=1.5)
+    stale = make_budget(200.0)
+    bg.restore(stale, state, {"spent": 1.0})  # an older ledger never lowers the figure
+    assert stale.spent == first.spent
+
+
+def test_step_cap_and_speed_change():
+    b = make_budget(1000.0, max_steps=20)
+    mults, _, steps, _ = simulate(b)
+    assert steps == 20 and mults[-1] == TRAP["floor"]  # the cap came first
+    slow = make_budget(100.0)  # the machine slows down half-way: still ends on time
+    simulate(slow, stop_at=50.0)
+    _, _, _, end = simulate(slow, step_s=2.0, now=slow.spent)
+    assert end == pytest.approx(100.0, abs=3.0)
+
+
+def test_ledger_roundtrip(tmp_path):
+    b = make_budget(50.0)
+    simulate(b, stop_at=10.0)
+    ledger = bg.Ledger(tmp_path / "budget.json")
+    ledger.write(b, 9, 12.0, force=True)
+    assert ledger.read()["spent"] == pytest.approx(b.spent + (12.0 - b.mark))
+    ledger.write(b, 10, 13.0)  # within LEDGER_EVERY of the last write: skipped
+    assert ledger.read()["step"] == 9
+    (tmp_path / "budget.json").write_text("{torn")
+    assert ledger.read() == {}
+
+
+def budget_cfg(tmp_path, corpus, budget, **train):
+    tree = tiny_tree(corpus, tmp_path / "runs", train={"max_steps": None, **train})
+    tree["train"]["budget"] = budget
+    return write_config(tmp_path / "b.yaml", tree)
+
+
+@pytest.mark.parametrize(
+    "budget,message",
+    [
+        ({}, "set exactly one of tokens, hours or dollars"),
+        ({"hours": 1, "tokens": 1000}, "(got tokens and hours)"),
+        ({"dollars": 5}, "needs train.budget.price_per_gpu_hour"),
+        ({"tokens": 100}, "less than one step's batch of 128 tokens"),
+        ({"hours": -1}, "greater than 0"),
+    ],
+)
+def test_bad_budgets_are_clear(tmp_path, corpus, budget, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_run(budget_cfg(tmp_path, corpus, budget))
+
+
+def test_tokens_budget_sets_the_steps_and_max_steps_caps(tmp_path, corpus):
+    assert load_run(budget_cfg(tmp_path, corpus, {"tokens": 1000})).train.max_steps == 7
+    capped = load_run(budget_cfg(tmp_path, corpus, {"tokens": 1000}, max_steps=4))
+    assert capped.train.max_steps == 4
+    timed = load_run(budget_cfg(tmp_path, corpus, {"hours": 1}))
+    assert timed.train.max_steps is None and timed.train.max_tokens is None
+
+
+def test_schedule_without_progress_form_is_refused(tmp_path, corpus, monkeypatch):
+    monkeypatch.delitem(sch.PROGRESS_FORMS, "trapezoidal")
+    with pytest.raises(ConfigError, match="cannot follow a time or money budget"):
+        load_run(budget_cfg(tmp_path, corpus, {"hours": 1}))
+
+
+def test_budget_too_small_for_one_step_fails_before_training(tmp_path, corpus):
+    assert bg.check_budget_fits(1.0, 8192, 40_000_000, 1e12) is None
+    assert "less than one step takes" in bg.check_budget_fits(0.1, 8192, 40_000_000, 1e12)
+    cfg = load_run(budget_cfg(tmp_path, corpus, {"hours": 1e-12}))
+    with pytest.raises(ConfigError, match="less than one step takes"):
+        Trainer(cfg, resume="never")
+    assert not (cfg.run_dir() / "metrics.jsonl").exists()
+
+
+class FakeClock:
+    """Each reading is `tick` seconds after the previous one (a step reads it about 3 times)."""
+
+    def __init__(self, tick: float):
+        self.t, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.t += self.tick
+        return self.t
+
+
+def test_trainer_follows_a_time_budget_and_resumes_it(tmp_path, corpus, monkeypatch):
+    monkeypatch.setattr(bg, "now", FakeClock(1.0))
+    path = budget_cfg(tmp_path, corpus, {"hours": 40 / 3600}, log_every=1)
+    cfg = load_run(path)
+    run = cfg.run_dir()
+    Trainer(cfg, resume="never").fit(stop_after=2)  # an interruption after two steps
+    saved = json.loads(next((run / "checkpoints").glob("step_*/state.json")).read_text())
+    assert saved["budget"]["spent"] > 0 and not saved["budget"]["finished"]
+    result = Trainer(load_run(path)).fit()
+    assert result["finished"] and result["budget_spent"] >= saved["budget"]["spent"]
+    assert 35 <= result["budget_spent"] <= 45  # the fake clock's 40 s, within a step
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in lines if r["kind"] == "train"]
+    assert train[-1]["lr_mult"] == 0.0  # the tiny config's trapezoidal floor: cooldown done
+    assert all("budget_spent" in r for r in train)
+    assert json.loads((run / "budget.json").read_text())["finished"]
+    again = Trainer(load_run(path)).fit()  # a finished budget run does nothing more
+    assert again.get("already_finished") and again["step"] == result["step"]
+
+
+def test_plan_shows_what_a_budget_buys_on_each_gpu(tiny_config):
+    from littlelm.plan.catalog import load_catalog
+    from littlelm.plan.planner import make_plan
+
+    over = ["train.max_steps=null", "train.budget.price_per_gpu_hour=1"]
+    hours = make_plan(
+        load_run(tiny_config, [*over, "train.budget.hours=2"]),
+        load_catalog([]),
+        ["H100-SXM", "RTX-4090"],
+        trace=False,
+    )
+    for p in hours.gpus:
+        assert p.hours == 2 and p.budget_tokens == int(p.tok_s * 7200)
+        assert p.budget_steps == p.budget_tokens // 128
+    dollars = make_plan(
+        load_run(tiny_config, [*over, "train.budget.dollars=10"]),
+        load_catalog([]),
+        ["H100-SXM"],
+        trace=False,
+    )
+    p = dollars.gpus[0]
+    assert p.dollars == pytest.approx(10) and p.hours == pytest.approx(10 / p.gpu.price_per_hour)

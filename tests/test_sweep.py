@@ -1,0 +1,188 @@
+"""littlelm sweep: variants from --set, checks before training, resumable runs, the comparison."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from conftest import tiny_tree, write_config
+from littlelm import sweep
+from littlelm.cli import main
+from littlelm.report.compare import write_sweep_report
+from littlelm.sweep import SweepOptions, run_sweep
+from littlelm.sweep.runner import Pool
+from littlelm.sweep.spec import SweepError, combine, make_variants, parse_budget, parse_set
+
+
+def test_variants_grid_zip_names_and_seeds():
+    sets = [parse_set("model.n_layer=2,3"), parse_set("optimizer.lr_matrix=0.01,0.02")]
+    grid = make_variants(sets, zip_=False)
+    assert [v.name for v in grid] == [
+        "n_layer=2,lr_matrix=0.01",
+        "n_layer=2,lr_matrix=0.02",
+        "n_layer=3,lr_matrix=0.01",
+        "n_layer=3,lr_matrix=0.02",
+    ]
+    assert grid[1].overrides == ["model.n_layer=2", "optimizer.lr_matrix=0.02"]
+    assert [v.name for v in make_variants(sets, zip_=True)] == [
+        "n_layer=2,lr_matrix=0.01",
+        "n_layer=3,lr_matrix=0.02",
+    ]
+    seeded = make_variants(sets[:1], zip_=False, seeds=2, base_seed=7)
+    assert [v.name for v in seeded][:2] == ["n_layer=2,seed=7", "n_layer=2,seed=8"]
+    assert seeded[1].overrides[-1] == "run.seed=8" and seeded[1].group == "n_layer=2"
+    same_last = make_variants([parse_set("a.x=1,2"), parse_set("b.x=3")], zip_=False)
+    assert same_last[0].name == "a.x=1,b.x=3"  # a shared last part keeps the whole key
+    assert parse_set("model.window=[1,2],[3,4]")[1] == [[1, 2], [3, 4]]
+
+
+@pytest.mark.parametrize(
+    "sets,zip_,message",
+    [
+        ([], False, "the grid is empty"),
+        (["model.n_layer="], False, "has no values"),
+        (["model.n_layer=2,3", "model.d_model=32"], True, "--zip needs as many values"),
+        (["model.n_layer=2", "model.n_layer=3"], False, "given twice"),
+        (["run.name=a,b"], False, "names each variant's run itself"),
+        (["n_layer"], False, "expected KEY=v1,v2"),
+    ],
+)
+def test_bad_sets_are_clear(sets, zip_, message):
+    with pytest.raises(SweepError, match=message):
+        make_variants([parse_set(s) for s in sets], zip_)
+
+
+def test_budget_forms():
+    assert parse_budget("90s", None) == {"hours": 0.025}
+    assert parse_budget("30m", None) == {"hours": 0.5}
+    assert parse_budget("2h", None) == {"hours": 2.0}
+    assert parse_budget("$5", 2.5) == {"dollars": 5.0, "price_per_gpu_hour": 2.5}
+    assert parse_budget("500M", None) == {"tokens": 500_000_000}
+    assert parse_budget("2e9", None) == {"tokens": 2_000_000_000}
+    with pytest.raises(SweepError, match="needs a price"):
+        parse_budget("$5", None)
+    with pytest.raises(SweepError, match="expected a time"):
+        parse_budget("soon", None)
+    assert combine([("k", [1, 2])], zip_=False) == [{"k": 1}, {"k": 2}]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ("--set model.n_layers=2,3", "unknown key (did you mean 'n_layer'?)"),
+        ("--set model.n_layer=two,3", "variant n_layer=two: model.n_layer"),
+        ("--set model.n_layer=", "has no values"),
+        ("--set model.n_layer=2 --budget 1e-9s", "less than one step takes"),
+        ("--set model.n_layer=2 --budget 10", "less than one step's batch"),
+    ],
+)
+def test_bad_sweeps_fail_before_anything_trains(tiny_config, tmp_path, capsys, args, message):
+    rc = main(["sweep", str(tiny_config), *shlex.split(args)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and message in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()  # nothing was written, nothing trained
+
+
+class Done:
+    """A finished process, for a launcher that trains in this process."""
+
+    def __init__(self, rc: int):
+        self.rc = rc
+
+    def poll(self) -> int:
+        return self.rc
+
+    def wait(self) -> int:
+        return self.rc
+
+
+def test_sweep_runs_resumes_and_compares(tiny_config, tmp_path, monkeypatch, capsys):
+    launched, fail = [], {"n_layer=2,d_model=32"}
+
+    def fake_launch(cmd, log, device):  # `littlelm train ...` in this process
+        name = json.loads(next(c for c in cmd if c.startswith("run.name=")).split("=", 1)[1])
+        launched.append(name)
+        if name in fail:  # as if the sweep was killed while this variant trained
+            return Done(1)
+        return Done(main(cmd[3:]))
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    opts = SweepOptions(
+        str(tiny_config),
+        overrides=["train.max_steps=3", "eval.every=0"],
+        sets=["model.n_layer=1,2", "model.d_model=32"],
+        budget="600",  # tokens: 4 steps of 128, capped at 3 by train.max_steps
+        price_per_hour=2.0,
+    )
+    with pytest.raises(SweepError, match=r"1 variant\(s\) did not finish: n_layer=2,d_model=32"):
+        run_sweep(opts)
+    assert len(launched) == 2
+    launched.clear()
+    fail.clear()
+    sweep_dir = run_sweep(opts)  # the finished three are skipped
+    assert launched == ["n_layer=2,d_model=32"]
+    assert "already finished, skipped" in capsys.readouterr().out
+    path, table = write_sweep_report(sweep_dir)
+    assert table.count("| finished |") == 2 and "n_layer=1,d_model=32" in table
+    assert {p.name for p in path.parent.glob("*.png")} == {
+        "loss_vs_time.png",
+        "loss_vs_tokens.png",
+        "loss_vs_dollars.png",
+    }
+    manifest = json.loads((sweep_dir / "sweep.json").read_text())
+    assert manifest["variants"][0]["name"] == "n_layer=1,d_model=32"
+    with pytest.raises(SweepError, match="holds another sweep"):
+        run_sweep(SweepOptions(str(tiny_config), sets=["model.n_layer=1,3"]))
+
+
+def test_pool_runs_side_by_side_on_free_devices():
+    class Job:
+        def __init__(self, name):
+            self.name, self.log = name, f"{name}.log"
+
+        def done(self):
+            return self.name != "bad"
+
+        def summary(self, rc):
+            return f"{self.name} {rc}"
+
+    class Proc:
+        def __init__(self, ticks):
+            self.ticks = ticks
+
+        def poll(self):
+            self.ticks -= 1
+            return 0 if self.ticks <= 0 else None
+
+    placed = []
+
+    def start(job, device):
+        placed.append((job.name, device))
+        return Proc(2 if job.name == "a" else 1)
+
+    failed = Pool(["0", "1"], start, say=lambda _: None).run(
+        [Job("a"), Job("b"), Job("bad")], poll=0
+    )
+    assert placed == [("a", "0"), ("b", "1"), ("bad", "1")]  # b's device freed first
+    assert failed == ["bad (exit 0; log: bad.log)"]
+
+
+def test_report_of_a_sweep_dir_through_the_cli(tiny_config, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "sweep.json").write_text(
+        json.dumps({"base": "x", "variants": [{"name": "a", "seed": None}]})
+    )
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "has logged a step yet" in capsys.readouterr().err
+
+
+def test_sweep_config_file(tmp_path, corpus):
+    write_config(tmp_path / "t.yaml", tiny_tree(corpus, tmp_path / "runs"))
+    sweep_dir, jobs = sweep.plan_sweep(
+        SweepOptions(str(tmp_path / "t.yaml"), sets=["model.n_layer=1"], budget="30m")
+    )
+    assert sweep_dir == tmp_path / "runs" / "sweep-t"
+    assert 'train.budget={"hours": 0.5}' in jobs[0].command
+    assert jobs[0].run_dir == sweep_dir / "n_layer=1"
