@@ -164,7 +164,12 @@ def test_shakespeare_char_trains_from_the_repository_root(tmp_path, monkeypatch)
     monkeypatch.chdir(root)  # config paths are relative to the directory littlelm runs from
     cfg = load_run(
         "configs/shakespeare_char.yaml",
-        ["train.max_steps=1", "eval.every=0", f"run.out_dir={tmp_path}", "train.micro_batch_size=2"],
+        [
+            "train.max_steps=1",
+            "eval.every=0",
+            f"run.out_dir={tmp_path}",
+            "train.micro_batch_size=2",
+        ],
     )
     text = Path(cfg.data.sources["shakespeare"].path)
     assert not text.is_absolute() and text.resolve().is_relative_to(root)
