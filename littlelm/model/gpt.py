@@ -19,7 +19,7 @@ from littlelm.config import ComponentConfig
 from littlelm.model.backend import Backend, BackendName, loss_impl, select_backend
 from littlelm.model.fp8 import check_fp8_device, linear
 from littlelm.model.kv_cache import KVCache
-from littlelm.model.loss import LossImpl, check_loss_impl, linear_cross_entropy, softcap
+from littlelm.model.loss import check_loss_impl, linear_cross_entropy, softcap
 from littlelm.model.ops import compute_dtype, rope_tables
 from littlelm.registry import MODELS
 
@@ -78,7 +78,7 @@ class GPTConfig(ComponentConfig):
         "attention, hand-written backward ops, chunked loss); cuda = PyTorch's (SDPA, F.rms_norm, "
         "autograd, Liger loss if installed, torch.compile); auto = cuda's on CUDA, else cpu's.",
     )
-    loss: LossImpl | Literal["auto"] = Field(
+    loss: Literal["auto", "chunked", "plain", "liger"] = Field(
         "auto",
         description="Cross-entropy implementation: chunked (never makes the full logits), "
         "plain, liger (CUDA, liger-kernel), or auto (the backend's: chunked on the CPU, liger "

@@ -120,6 +120,7 @@ def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: i
         "grad_accum": c.train.grad_accum,
         "precision": c.train.precision,
         "compile": compile_on(c.train.compile, run_backend(c.model, device)),
+        "backend": run_backend(c.model, device).name,
         "steps": 2 * (c.train.max_steps // 2),
         "resumed_to_step": resumed,
         "wall_s": wall,
