@@ -104,4 +104,3 @@ def test_backend_validates_and_shows_in_the_summary(tiny_config):
     assert "cpu backend" in speed_summary(forced, "cuda") and "compile" not in speed_summary(
         forced, "cuda"
     )
-
