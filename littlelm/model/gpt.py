@@ -209,9 +209,8 @@ class Attention(nn.Module):
             v = be.gated_add(v, gate, ve)
         if self.qk_norm:
             qk = be.rms_norm(qk)  # per head: the same for q and k
-        q, k = be.apply_rope(qk, cos, sin).split(
-            [self.n_head, self.n_kv], dim=2
-        )  # (B, T, H|Hkv, D)
+        qk = be.apply_rope(qk, cos, sin)
+        q, k = qk.split([self.n_head, self.n_kv], dim=2)  # (B, T, H|Hkv, D)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         gqa = self.n_kv != self.n_head
         if mask is not None:
