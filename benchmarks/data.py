@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/data.py [--mb 32] [--repeats 2] [--seconds 5] [--work DIR]
 
 1. Builds a JSONL corpus (8 files) of about --mb MB from the Python standard library's sources
-   and, when ../shared is present, Tiny Shakespeare paragraphs.
+   and the Tiny Shakespeare paragraphs shipped in data/.
 2. For each tokenizer (the GPT-2 tiktoken encoding when its file is available, a byte-level BPE
    trained here with `tokenizers`): the raw throughput of its batch encoder on the corpus's
    documents (1 MB batches, every core), then a full `prepare_source` of the same corpus (read,
@@ -33,18 +33,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("LITTLELM_SHARED") or ROOT.parent / "shared")
+SHARED = Path(os.environ.get("LITTLELM_SHARED") or ROOT.parent / "shared")  # gpt2.tiktoken, if any
+SHAKESPEARE = ROOT / "data" / "tinyshakespeare.txt"  # shipped in the repository
 
 
 def make_corpus(directory: Path, megabytes: float) -> list[str]:
     """Write the corpus as 8 JSONL files; return its documents in file order."""
     docs, size, limit = [], 0, int(megabytes * 1e6)
-    shakespeare = SHARED / "data" / "corpus" / "tinyshakespeare.txt"
-    if shakespeare.is_file():
-        for p in shakespeare.read_text().split("\n\n"):
-            if p.strip():
-                docs.append(p)
-                size += len(p.encode())
+    for p in SHAKESPEARE.read_text().split("\n\n"):
+        if p.strip():
+            docs.append(p)
+            size += len(p.encode())
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for f in sorted(stdlib.rglob("*.py")):
         if size >= limit:

@@ -1,8 +1,8 @@
 """Evaluation harness: speed, agreement with the reference scorer, truncation. Prints tables.
 
-    python benchmarks/eval.py speed      CKPT --bundle ../shared/data/eval_dev   # bf16 and fp32
-    python benchmarks/eval.py reference  CKPT --bundle ../shared/data/eval_dev   # every decision
-    python benchmarks/eval.py truncation CKPT --bundle ../shared/data/eval_dev   # crop vs drop
+    python benchmarks/eval.py speed      CKPT --bundle TASKS_DIR   # bf16 and fp32
+    python benchmarks/eval.py reference  CKPT --bundle TASKS_DIR   # every decision
+    python benchmarks/eval.py truncation CKPT --bundle TASKS_DIR   # crop vs drop
 
 speed: the whole task directory at --max-per-task items per task (the issue's target: the demo
 model, 500 items per task of the dev suite, at most 2 minutes on a 2-core CPU).
@@ -115,7 +115,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("part", choices=["speed", "reference", "truncation"])
     p.add_argument("checkpoint")
-    p.add_argument("--bundle", required=True, help="task directory (e.g. ../shared/data/eval_dev)")
+    p.add_argument("--bundle", required=True, help="task directory (CORE bundle or subset)")
     p.add_argument("--max-per-task", type=int, default=500)
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (the lead's GPU check)")

@@ -1,6 +1,8 @@
-"""Check the planner against a real GPU: bench three runs, print predicted vs measured.
+"""Check the planner and the kernel backends on a real GPU: bench three runs, print predicted vs
+measured; then time the two backends' kernels against each other.
 
     python benchmarks/gpu_check.py [--steps 2] [--out gpu_check.json] [--only small,1b,largest]
+                                   [--backends 1b|none]
 
 Needs one CUDA GPU (about 8 minutes on an H200, most of it writing and reading the two big
 checkpoints) and no download: the data is this interpreter's standard library with a 32k BPE
@@ -18,6 +20,14 @@ checks itself and exits non-zero when a bench fails or runs out of memory, when 
 not happen, or when a measured peak (allocated or reserved) is more than --tolerance (10%)
 away from the prediction. Tokens/s is reported against the catalog's assumed MFU, not checked:
 the measured MFU is what bench stores for plan to use.
+
+The runs use `model.backend: auto`, which on CUDA must pick the cuda backend (PyTorch's SDPA,
+F.rms_norm and autograd; model/backend.py): the script checks that each bench ran it. They run
+eager (`train.compile=false`) because the planner models the eager step. Then, unless
+`--backends none`, `benchmarks/throughput.py --device cuda` times, interleaved at the --backends
+size, the cpu backend's kernels (blocked attention is CPU-only, so SDPA plus the hand-written
+backward ops and chunked loss), the cuda backend's, and each compiled: the measurement that
+decides whether the cuda backend's defaults stay (docs/speed.md).
 """
 
 from __future__ import annotations
@@ -64,6 +74,7 @@ RUNS = {
 
 def overrides_for(name: str, config: str, extra: list[str], micro_batch: int | None) -> list[str]:
     out = [*DATA, *extra, "run.out_dir=runs/gpu_check", f"run.name={name}", "run.device=cuda"]
+    out += ["model.backend=auto", "train.compile=false"]  # auto must mean cuda; plan = eager
     if micro_batch is not None:
         out.append(f"train.micro_batch_size={micro_batch}")
     cfg = load_run(config, out)
@@ -101,6 +112,8 @@ def check(r: dict, steps: int, tol: float) -> list[str]:
         oom = "out of memory" in r["error"].lower()
         return [("OOM: the plan said it fits" if oom else "bench failed") + f": {r['error']}"]
     bad = []
+    if r.get("backend") != "cuda":
+        bad.append(f"model.backend=auto ran the {r.get('backend')} backend on CUDA, not cuda")
     if r["resumed_to_step"] != 2 * steps:
         bad.append(f"resume did not reach step {2 * steps}")
     for what in ("allocated", "reserved"):
@@ -132,6 +145,25 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def time_backends(size: str) -> list[str]:
+    """throughput.py's interleaved table of the two backends, eager and compiled; a failure
+    (one variant not running) is returned as a problem, the speeds are for the reader."""
+    # littlelm = model.backend auto = cuda here; the table's "× littlelm" column compares to it
+    variants = ["littlelm", "cpu_backend", "compile", "cpu_backend_compile"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--device", "cuda"]
+    cmd += ["--sizes", size, "--variants", *variants, "--interleave", "--steps", "6"]
+    cmd += ["--warmup", "2"]
+    print("backends:", " ".join(cmd[1:]), flush=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    print(done.stdout[-4000:], flush=True)
+    if done.returncode != 0:
+        return [f"throughput.py exit {done.returncode}: {done.stderr.strip()[-300:]}"]
+    ran = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")]
+    return [
+        f"{v} did not run" for v in variants if v not in ran or f"| {v} | failed" in done.stdout
+    ]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=2, help="steps before and after the resume")
@@ -139,6 +171,7 @@ def main() -> int:
     p.add_argument("--only", default="small,1b,largest", help="comma-separated run names")
     p.add_argument("--timeout", type=int, default=420, help="seconds per bench")
     p.add_argument("--out", default="gpu_check.json", help="where to write the raw results")
+    p.add_argument("--backends", default="1b", help="size for the backend timing, or none")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("gpu_check needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
@@ -159,6 +192,8 @@ def main() -> int:
         print(f"{name}: {'ok' if not failures[name] else '; '.join(failures[name])}", flush=True)
     print(table(results))
     Path(args.out).write_text(json.dumps({"device": device, "results": results}, indent=1))
+    if args.backends != "none":
+        failures["backends"] = time_backends(args.backends)
     bad = {k: v for k, v in failures.items() if v}
     print("PASS" if not bad else f"FAIL: {bad}")
     return 1 if bad else 0

@@ -97,6 +97,10 @@ VARIANTS = {
     "compile_fp8": Variant("compile_fp8", model={"fp8": True}, compile=True),
     "liger_loss": Variant("liger_loss", model={"loss": "liger"}, cuda_only=True),
     "adamw_8bit": Variant("adamw_8bit", adamw_8bit=True, cuda_only=True),
+    # the two kernel backends (model/backend.py), whatever the device would pick by itself
+    "cpu_backend": Variant("cpu_backend", model={"backend": "cpu"}),
+    "cuda_backend": Variant("cuda_backend", model={"backend": "cuda"}),
+    "cpu_backend_compile": Variant("cpu_backend_compile", model={"backend": "cpu"}, compile=True),
 }
 HEADLINE = ["reference", "littlelm", "muon_accum8"]
 

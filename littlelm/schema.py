@@ -92,7 +92,11 @@ class TrainConfig(Cfg):
         description="Keep only each layer's input and recompute the layer in the backward "
         "pass (about 1/3 more compute, far less activation memory).",
     )
-    compile: bool = Field(False, description="torch.compile the model (minutes of warm-up).")
+    compile: bool | None = Field(
+        None,
+        description="torch.compile the model (minutes of warm-up); null = the kernel backend's "
+        "choice (model.backend: on with cuda, off with cpu).",
+    )
     grad_clip: float | None = Field(
         1.0, description="Clip the global grad norm to this; null = off.", gt=0
     )

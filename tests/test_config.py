@@ -152,3 +152,28 @@ def test_every_config_field_has_a_description():
 
 def test_flatten():
     assert flatten({"a": {"b": 1, "c": [{"d": 2}]}}) == {"a.b": 1, "a.c[0].d": 2}
+
+
+def test_shakespeare_char_trains_from_the_repository_root(tmp_path, monkeypatch):
+    """The classic example reads the Tiny Shakespeare shipped in data/, so a fresh clone runs it."""
+    from pathlib import Path
+
+    from littlelm.train.trainer import Trainer
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)  # config paths are relative to the directory littlelm runs from
+    cfg = load_run(
+        "configs/shakespeare_char.yaml",
+        [
+            "train.max_steps=1",
+            "eval.every=0",
+            "eval.at_end=false",
+            f"run.out_dir={tmp_path}",
+            "train.micro_batch_size=2",
+        ],
+    )
+    text = Path(cfg.data.sources["shakespeare"].path)
+    assert not text.is_absolute() and text.resolve().is_relative_to(root)
+    assert text.stat().st_size == 1_115_394
+    result = Trainer(cfg, resume="never").fit()
+    assert result["finished"] and result["step"] == 1

@@ -2,7 +2,7 @@
 
     callbacks:
       - {name: core, every: 500, bundle: ~/.cache/littlelm/eval_bundle, max_per_task: 500}
-      - {name: core, every: 250, bundle: ../shared/data/eval_dev, tasks: [siqa, logi_qa]}
+      - {name: core, every: 250, bundle: path/to/tasks, tasks: [siqa, logi_qa]}
 
 Each evaluation appends a `{"kind": "icl", ...}` record to metrics.jsonl: the mean centered
 score, `core` when it is the full CORE, and per task (nested by label) the accuracy, centered

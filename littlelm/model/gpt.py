@@ -16,19 +16,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from littlelm.config import ComponentConfig
-from littlelm.model.attention import causal_attention
+from littlelm.model.backend import Backend, BackendName, loss_impl, select_backend
 from littlelm.model.fp8 import check_fp8_device, linear
 from littlelm.model.kv_cache import KVCache
-from littlelm.model.loss import LossImpl, check_loss_impl, linear_cross_entropy, softcap
-from littlelm.model.ops import (
-    apply_rope,
-    compute_dtype,
-    gated_add,
-    relu_squared,
-    residual_mix,
-    rms_norm,
-    rope_tables,
-)
+from littlelm.model.loss import check_loss_impl, linear_cross_entropy, softcap
+from littlelm.model.ops import compute_dtype, rope_tables
 from littlelm.registry import MODELS
 
 ROLES = ("embedding", "value_embedding", "lm_head", "matrix", "scalar")
@@ -80,10 +72,17 @@ class GPTConfig(ComponentConfig):
     ve_gate_channels: int = Field(
         32, description="Residual channels that feed each value-embedding gate.", ge=1
     )
-    loss: LossImpl = Field(
-        "chunked",
+    backend: BackendName = Field(
+        "auto",
+        description="Kernel set (model/backend.py): cpu = littlelm's CPU-tuned kernels (blocked "
+        "attention, hand-written backward ops, chunked loss); cuda = PyTorch's (SDPA, F.rms_norm, "
+        "autograd, Liger loss if installed, torch.compile); auto = cuda's on CUDA, else cpu's.",
+    )
+    loss: Literal["auto", "chunked", "plain", "liger"] = Field(
+        "auto",
         description="Cross-entropy implementation: chunked (never makes the full logits), "
-        "plain, or liger (CUDA, liger-kernel).",
+        "plain, liger (CUDA, liger-kernel), or auto (the backend's: chunked on the CPU, liger "
+        "on CUDA when installed, else chunked).",
     )
     loss_chunk: int = Field(256, description="Rows (tokens) per chunk of the chunked loss.", ge=1)
     fp8: bool = Field(
@@ -156,19 +155,20 @@ class GPTConfig(ComponentConfig):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, affine: bool):
+    def __init__(self, dim: int, affine: bool, backend: str = "auto"):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.backend = backend
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        return rms_norm(x, self.weight, out_dtype=out_dtype)
+        return select_backend(self.backend, x.device).rms_norm(x, self.weight, out_dtype=out_dtype)
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
         self.n_head, self.n_kv, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        self.qk_norm = cfg.qk_norm
+        self.qk_norm, self.backend = cfg.qk_norm, cfg.backend
         C, q_dim, kv_dim = cfg.d_model, self.n_head * self.hd, self.n_kv * self.hd
         self.c_q = block_linear(cfg, C, q_dim)
         self.c_k = block_linear(cfg, C, kv_dim)
@@ -200,22 +200,24 @@ class Attention(nn.Module):
         """x (B, T, C) already normalised and in the matmul dtype.
         mask: optional (B, 1, T, T) bool, True = may attend (replaces the causal mask)."""
         B, T, _ = x.shape
+        be = select_backend(self.backend, x.device)
         qk, v = self.qk_v(x)  # (B, T, H + Hkv, D), (B, T, Hkv, D)
         if ve is not None:
             # gate in (0, 2), exactly 1 at init: 2·sigmoid(0)
             gate = 2 * torch.sigmoid(self.ve_gate(x[..., : self.ve_channels]))  # (B, T, Hkv)
             ve = ve.to(v.dtype).view(B, T, self.n_kv, self.hd)
-            v = gated_add(v, gate, ve)
+            v = be.gated_add(v, gate, ve)
         if self.qk_norm:
-            qk = rms_norm(qk)  # per head: the same for q and k
-        q, k = apply_rope(qk, cos, sin).split([self.n_head, self.n_kv], dim=2)  # (B, T, H|Hkv, D)
+            qk = be.rms_norm(qk)  # per head: the same for q and k
+        qk = be.apply_rope(qk, cos, sin)
+        q, k = qk.split([self.n_head, self.n_kv], dim=2)  # (B, T, H|Hkv, D)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         gqa = self.n_kv != self.n_head
         if mask is not None:
             assert cache is None, "an explicit mask and a KV cache do not mix"
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         elif cache is None:
-            y = causal_attention(q, k, v)  # on the CPU a faster blocked kernel (model/attention.py)
+            y = be.attention(q, k, v)  # cpu backend: a faster blocked kernel (model/attention.py)
         else:
             k, v, mask = cache.update(k, v)  # all cached positions; mask is None or (T, T_all)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
@@ -228,9 +230,10 @@ class ReLU2MLP(nn.Module):
         super().__init__()
         self.c_fc = block_linear(cfg, cfg.d_model, cfg.hidden)
         self.c_proj = block_linear(cfg, cfg.hidden, cfg.d_model)
+        self.backend = cfg.backend
 
     def forward(self, x):
-        return self.c_proj(relu_squared(self.c_fc(x)))
+        return self.c_proj(select_backend(self.backend, x.device).relu_squared(self.c_fc(x)))
 
 
 class SwiGLUMLP(nn.Module):
@@ -252,9 +255,9 @@ def block_linear(cfg: GPTConfig, in_features: int, out_features: int) -> nn.Line
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
-        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_affine)
+        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.backend)
         self.attn = Attention(cfg, layer)
-        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_affine)
+        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.backend)
         self.mlp = SwiGLUMLP(cfg) if cfg.mlp == "swiglu" else ReLU2MLP(cfg)
 
     def forward(self, x, cos, sin, ve=None, cache=None, mask=None):
@@ -290,7 +293,7 @@ class GPT(nn.Module):
             {str(i): nn.Embedding(V, kv_dim) for i in range(cfg.n_layer) if cfg.has_value_embed(i)}
         )
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.norm_f = RMSNorm(C, cfg.norm_affine)
+        self.norm_f = RMSNorm(C, cfg.norm_affine, cfg.backend)
         self.lm_head = nn.Linear(C, V, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -349,9 +352,13 @@ class GPT(nn.Module):
     @staticmethod
     def check_device(cfg: GPTConfig, device: torch.device) -> None:
         """Fail early, with the fix, when a configured feature cannot run on `device`."""
-        check_loss_impl(cfg.loss, device)
+        check_loss_impl(loss_impl(cfg.loss, select_backend(cfg.backend, device)), device)
         if cfg.fp8:
             check_fp8_device(device)
+
+    def kernels(self, device: torch.device) -> Backend:
+        """The kernel backend this model runs with on `device` (model.backend)."""
+        return select_backend(self.cfg.backend, device)
 
     def param_counts(self) -> dict[str, int]:
         """total, embedding (token + value tables) and non-embedding parameter counts."""
@@ -379,7 +386,7 @@ class GPT(nn.Module):
                 c.vocab_size,
                 c.softcap,
                 reduction,
-                c.loss,
+                loss_impl(c.loss, self.kernels(x.device)),
                 c.loss_chunk,
             )
         return self.head(x)
@@ -409,7 +416,7 @@ class GPT(nn.Module):
                 )
             cos = self.rope_cos[0, positions].to(dt)  # (B, T, 1, D)
             sin = self.rope_sin[0, positions].to(dt)
-        x = rms_norm(self.wte(idx))  # (B, T, C)
+        x = self.kernels(idx.device).rms_norm(self.wte(idx))  # (B, T, C)
         x0 = x
         recompute = self.activation_checkpointing and torch.is_grad_enabled() and caches is None
         for i in range(self.cfg.n_layer):
@@ -430,7 +437,8 @@ class GPT(nn.Module):
     def layer(self, i: int, x, x0, idx, cos, sin, cache=None, mask=None) -> torch.Tensor:
         """Layer i: residual scalars, value-embedding lookup, block (one checkpointing unit)."""
         if self.cfg.residual_scalars:
-            x = residual_mix(x, x0, self.resid_lambdas[i], self.x0_lambdas[i])
+            mix = self.kernels(x.device).residual_mix
+            x = mix(x, x0, self.resid_lambdas[i], self.x0_lambdas[i])
         ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
         return self.blocks[i](x, cos, sin, ve, cache, mask)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from littlelm.data.build import build_data
+from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
 from littlelm.plan.accounting import MemoryAccountant
@@ -76,7 +77,8 @@ def run_bench(cfg, steps: int = 4, quiet: bool = True) -> dict:
     shutil.rmtree(c.run_dir(), ignore_errors=True)
     build_data(c.data, lambda _: None)  # prepare (cached) before the window
     peak_flops(device)  # a CPU's one-off matmul probe (cached) must not count in the window
-    probe = CudaProbe(device) if device.type == "cuda" else CpuProbe(track=not c.train.compile)
+    compiled = compile_on(c.train.compile, run_backend(c.model, device))
+    probe = CudaProbe(device) if device.type == "cuda" else CpuProbe(track=not compiled)
     progress = Progress(io.StringIO()) if quiet else Progress()
     timers = [StepTimer(), StepTimer()]
     t0 = time.perf_counter()
@@ -117,7 +119,8 @@ def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: i
         "seq_len": c.train.seq_len,
         "grad_accum": c.train.grad_accum,
         "precision": c.train.precision,
-        "compile": c.train.compile,
+        "compile": compile_on(c.train.compile, run_backend(c.model, device)),
+        "backend": run_backend(c.model, device).name,
         "steps": 2 * (c.train.max_steps // 2),
         "resumed_to_step": resumed,
         "wall_s": wall,

@@ -9,11 +9,16 @@ returns the categories and the peak of each phase of a step:
                       + activations + max(logits & loss, residual grad + backward temporaries)
     optimizer step    parameters + optimizer state + gradients + optimizer scratch
 
-`Kernels` says whose kernels run. The model's elementwise ops are hand-written autograd
-functions (model/ops.py) that keep the same tensors on every device, so CUDA and the CPU differ
-only in attention (model/attention.py): FlashAttention keeps a log-sum-exp per head and row and
+`Kernels` says whose kernels run: "cuda" models a GPU with either kernel backend
+(model/backend.py), "cpu" the cpu backend on a CPU. The cpu backend's hand-written elementwise
+ops (model/ops.py) and the cuda backend's autograd versions with CUDA's fused F.rms_norm keep the
+same tensors (the input and a per-row fp32 scale for a norm, relu's output for relu²), so they
+differ in attention (model/attention.py): FlashAttention keeps a log-sum-exp per head and row and
 its backward has an fp32 dq accumulator; the CPU's blocked kernel keeps no log-sum-exp and its
-backward holds one block of query rows' scores against all keys.
+backward holds one block of query rows' scores against all keys. Autograd's backward makes more
+temporaries than the hand-written one: traced on the CPU, the cuda backend's backward
+temporaries were about twice this model's at the tiny test config (forward/backward peak 0.96
+of the trace), which only a GPU run (benchmarks/gpu_check.py) can settle.
 The plan uses "cuda"; the trace (CPU kernels) is compared with "cpu". Not modelled: FP8 linears
 (planned as bf16, an upper bound) and torch.compile (planned as eager).
 """

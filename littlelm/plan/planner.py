@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
 from littlelm.plan.budget import apply_budget
@@ -137,7 +138,7 @@ def notes_for(cfg) -> list[str]:
             f"(shard_muon={dc.shard_muon}, shard_adamw={dc.shard_adamw}); gradients live in "
             "DDP's buckets (no extra copy)"
         )
-    if t.compile:
+    if compile_on(t.compile, run_backend(cfg.model, "cuda")):
         notes.append(
             "train.compile: planned as eager; torch.compile usually keeps less (bench measures it)"
         )

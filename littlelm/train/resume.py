@@ -53,6 +53,7 @@ RESUMABLE_CHANGES = (
     # how the same function is computed: safe to switch, e.g. to fit memory after an OOM
     "train.activation_checkpointing",
     "model.loss",
+    "model.backend",
     "model.loss_chunk",
     "model.fp8",
     "model.fp8_min_dim",

@@ -37,6 +37,7 @@ from littlelm.data.build import build_data
 from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetcher
 from littlelm.errors import ConfigError, TrainingError
 from littlelm.eval.bpb import evaluate_loss
+from littlelm.model.backend import compile_on, loss_impl, run_backend
 from littlelm.optim.groups import MuonConfig, group_table
 from littlelm.optim.schedule import build_schedule, momentum_warmup
 from littlelm.registry import MODELS, OPTIMIZERS
@@ -134,7 +135,7 @@ class Trainer(RunState):
         if grown is not None and grown.loader_state is not None:
             self._continue_parent_data(grown.path)
         self.forward = self.parallel.wrap(self.model)
-        if t.compile:
+        if compile_on(t.compile, run_backend(cfg.model, self.device)):
             self.forward = torch.compile(self.forward)
 
     # ------------------------------------------------------------------------------------------
@@ -483,7 +484,9 @@ class Trainer(RunState):
                 else "steps set by the budget"
             )
         )
-        self.log(f"speed: {speed_summary(c)}; MFU against {self.peak / 1e12:.3g} TFLOP/s")
+        self.log(
+            f"speed: {speed_summary(c, self.device)}; MFU against {self.peak / 1e12:.3g} TFLOP/s"
+        )
         table = Table(title="parameter groups", title_justify="left")
         for col in ("group", "tensors", "parameters", "optimizer", "lr"):
             table.add_column(
@@ -496,13 +499,15 @@ class Trainer(RunState):
         Console(**self.progress.console_options()).print(table)
 
 
-def speed_summary(cfg: RunConfig) -> str:
-    """The speed and memory settings in force, in one line."""
+def speed_summary(cfg: RunConfig, device: torch.device | str = "cpu") -> str:
+    """The speed and memory settings in force on `device`, in one line."""
     t, m = cfg.train, cfg.model
-    parts = [f"{t.precision} compute", f"{t.master_weights} weights"]
+    backend = run_backend(m, device)
+    parts = [f"{backend.name} backend ({backend.kernels})"]
+    parts += [f"{t.precision} compute", f"{t.master_weights} weights"]
     if t.stochastic_rounding:
         parts.append("stochastic rounding")
-    loss = getattr(m, "loss", None)
+    loss = getattr(m, "loss", None) and loss_impl(m.loss, backend)
     if loss:
         parts.append(
             f"{loss} loss" + (f" ({m.loss_chunk} rows/chunk)" if loss == "chunked" else "")
@@ -513,6 +518,6 @@ def speed_summary(cfg: RunConfig) -> str:
         parts.append("8-bit AdamW")
     if t.activation_checkpointing:
         parts.append("activation checkpointing")
-    if t.compile:
+    if compile_on(t.compile, backend):
         parts.append("torch.compile")
     return ", ".join(parts)
