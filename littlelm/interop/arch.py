@@ -173,9 +173,9 @@ def check_importable(hf: dict, source: str) -> str:
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise _refuse(source, "biases in the attention or MLP linears")
     window = hf.get("sliding_window")
-    if window and (arch == "mistral" or hf.get("use_sliding_window")):
-        if window < hf.get("max_position_embeddings", 0):
-            raise _refuse(source, f"sliding-window attention ({window} tokens)")
+    windowed = window and (arch == "mistral" or hf.get("use_sliding_window"))
+    if windowed and window < hf.get("max_position_embeddings", 0):
+        raise _refuse(source, f"sliding-window attention ({window} tokens)")
     return arch
 
 

@@ -47,7 +47,9 @@ def staged(out: Path):
     """A temporary sibling of `out`, renamed to `out` when the block succeeds, else removed."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise LittleLMError(f"{out} already exists and is not empty; choose another --out or remove it")
+        raise LittleLMError(
+            f"{out} already exists and is not empty; choose another --out or remove it"
+        )
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -140,6 +142,9 @@ def import_model(source: str | Path, out: str | Path) -> dict:
             f"{src}: tokenizer.json has {tok.vocab_size} tokens but the model's vocab_size is "
             f"{m.vocab_size}; the tokenizer belongs to another model: copy the right one in"
         )
+    if tok.vocab_size < m.vocab_size:  # rows no token reaches: littlelm's vocabulary padding
+        m.vocab_pad_multiple = 64 if -(-tok.vocab_size // 64) * 64 == m.vocab_size else m.vocab_size
+        m.vocab_size = tok.vocab_size
     tensors = littlelm_tensors(read_weights(src), m, arch, src)
     model = GPT(m)
     ckpt.load_model_tensors(model, tensors, src)
@@ -147,10 +152,17 @@ def import_model(source: str | Path, out: str | Path) -> dict:
     with staged(Path(out)) as tmp:
         state = {"tokens": 0, "tokenizer": tok.fingerprint, "config": to_tree(cfg)}
         state["imported_from"] = str(src.resolve())
-        path = ckpt.save_checkpoint(tmp / "checkpoints", 0, model, _NoOptimizer(), state, model.origin, tok)
+        path = ckpt.save_checkpoint(
+            tmp / "checkpoints", 0, model, _NoOptimizer(), state, model.origin, tok
+        )
         (tmp / "train.yaml").write_text(train_yaml(cfg, Path(out), path.name, src))
-    return {"arch": arch, "out": Path(out), "checkpoint": Path(out) / "checkpoints" / path.name,
-            "params": model.param_counts()["total"], "config": m}
+    return {
+        "arch": arch,
+        "out": Path(out),
+        "checkpoint": Path(out) / "checkpoints" / path.name,
+        "params": model.param_counts()["total"],
+        "config": m,
+    }
 
 
 class _NoOptimizer:
@@ -162,7 +174,9 @@ class _NoOptimizer:
 
 def read_config(src: Path) -> dict:
     if not src.is_dir():
-        raise CheckpointError(f"{src} is not a directory; give a model directory (config.json + *.safetensors)")
+        raise CheckpointError(
+            f"{src} is not a directory; give a model directory (config.json + *.safetensors)"
+        )
     path = src / "config.json"
     if not path.is_file():
         raise CheckpointError(
@@ -214,7 +228,9 @@ def littlelm_tensors(hf: dict[str, torch.Tensor], m: GPTConfig, arch: str, src: 
     expected = _shapes(m)
     for name in ("wte.weight", "lm_head.weight"):
         if name in t and t[name].size(0) < expected[name][0]:
-            t[name] = torch.cat([t[name], t[name].new_zeros(expected[name][0] - t[name].size(0), t[name].size(1))])
+            t[name] = torch.cat(
+                [t[name], t[name].new_zeros(expected[name][0] - t[name].size(0), t[name].size(1))]
+            )
     _check_shapes(t, expected, table, src)
     return t
 
@@ -236,7 +252,9 @@ def _check_shapes(t: dict, expected: dict, table: dict, src: Path) -> None:
         if k in expected and tuple(v.shape) != expected[k]
     ]
     if missing or wrong:
-        what = "; ".join([*(f"missing {', '.join(missing[:3])}" for _ in [0] if missing), *wrong[:3]])
+        what = "; ".join(
+            [*(f"missing {', '.join(missing[:3])}" for _ in [0] if missing), *wrong[:3]]
+        )
         raise CheckpointError(
             f"{src}: the weights do not match its config.json ({what}); the directory mixes two "
             "models: re-save it with model.save_pretrained(DIR)"
@@ -257,7 +275,7 @@ def run_config(m: GPTConfig, out: Path) -> RunConfig:
 def train_yaml(cfg: RunConfig, out: Path, step: str, src: Path) -> str:
     """A run file that continues training the imported model (a same-shape grow)."""
     tree = to_tree(cfg)
-    model = {k: v for k, v in tree["model"].items() if v is not None}
+    model = tree["model"]  # nulls included: softcap null is not the default
     doc = {
         "run": {"name": f"{out.name}-train", "out_dir": str(out.parent)},
         "model": model,

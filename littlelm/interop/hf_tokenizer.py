@@ -77,7 +77,9 @@ def _from_tiktoken(tok: Tokenizer):
         ranks = Path(d) / "ranks.tiktoken"
         ranks.write_bytes(tok._ranks_file())
         conv = TikTokenConverter(
-            vocab_file=str(ranks), pattern=tok.enc._pat_str, extra_special_tokens=[s for s, _ in specials]
+            vocab_file=str(ranks),
+            pattern=tok.enc._pat_str,
+            extra_special_tokens=[s for s, _ in specials],
         )
         raw = conv.converted()
     wrong = [s for s, i in specials if raw.token_to_id(s) != i]
@@ -105,7 +107,11 @@ def import_tokenizer(src: Path, hf_config: dict) -> HFTokenizer:
 
     path = src / "tokenizer.json"
     if not path.is_file():
-        hint = " (it has only a sentencepiece tokenizer.model)" if (src / "tokenizer.model").is_file() else ""
+        hint = (
+            " (it has only a sentencepiece tokenizer.model)"
+            if (src / "tokenizer.model").is_file()
+            else ""
+        )
         raise CheckpointError(
             f"{src} has no tokenizer.json{hint}; save one next to the weights with "
             "transformers.AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)"

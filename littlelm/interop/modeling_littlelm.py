@@ -57,7 +57,12 @@ class LittleLMConfig(PretrainedConfig):
     ):
         self.use_cache = use_cache
         self.vocab_size, self.padded_vocab = vocab_size, padded_vocab
-        self.n_layer, self.d_model, self.n_head, self.n_kv_head = n_layer, d_model, n_head, n_kv_head
+        self.n_layer, self.d_model, self.n_head, self.n_kv_head = (
+            n_layer,
+            d_model,
+            n_head,
+            n_kv_head,
+        )
         self.head_dim, self.hidden, self.mlp = head_dim, hidden, mlp
         self.max_seq_len, self.rope_base = max_seq_len, rope_base
         self.qk_norm, self.qk_norm_affine, self.softcap = qk_norm, qk_norm_affine, softcap
@@ -175,7 +180,7 @@ class Block(nn.Module):
 class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
     config_class = LittleLMConfig
     base_model_prefix = "littlelm"
-    _tied_weights_keys = {"lm_head.weight": "wte.weight"}
+    _tied_weights_keys = {"lm_head.weight": "wte.weight"}  # noqa: RUF012 (transformers' API)
     _supports_sdpa = True
 
     def __init__(self, cfg: LittleLMConfig):
@@ -233,8 +238,12 @@ class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
             logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
         loss = None
         if labels is not None:  # transformers' convention: labels are the inputs, shifted here
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
-        name = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+            loss = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100
+            )
+        name = (
+            "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+        )
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{name: cache})
 
     @staticmethod

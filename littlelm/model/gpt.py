@@ -229,7 +229,10 @@ class Attention(nn.Module):
         if self.qk_norm:
             qk = rms_norm(qk, eps=self.eps)  # per head: the same for q and k
             if hasattr(self, "q_norm"):  # (H + Hkv, D) gains: q's for query heads, k's for kv
-                gains = [self.q_norm.weight.expand(self.n_head, -1), self.k_norm.weight.expand(self.n_kv, -1)]
+                gains = [
+                    self.q_norm.weight.expand(self.n_head, -1),
+                    self.k_norm.weight.expand(self.n_kv, -1),
+                ]
                 qk = qk * torch.cat(gains).to(qk.dtype)
         q, k = apply_rope(qk, cos, sin).split([self.n_head, self.n_kv], dim=2)  # (B, T, H|Hkv, D)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
