@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,6 @@ import torch
 from littlelm.cli import main
 from littlelm.config import to_tree, validate
 from littlelm.data.tokenizer import ByteTokenizer
-from littlelm.errors import CheckpointError
 from littlelm.eval.generate import generate
 from littlelm.interop.hf import export, import_model
 from littlelm.interop.hf_tokenizer import export_tokenizer
@@ -103,7 +103,9 @@ def test_export_computes_littlelm_logits_and_greedy_tokens(tmp_path, name):
     prompt = [256, *b"def f(x):"]
     with torch.no_grad():
         want = generate(model, prompt, 32, 0.0, None, 0, None)
-        got = hf.generate(torch.tensor([prompt]), max_new_tokens=32, min_new_tokens=32, do_sample=False)
+        got = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=32, min_new_tokens=32, do_sample=False
+        )
     assert got[0, len(prompt) :].tolist() == want
 
 
@@ -168,7 +170,9 @@ def _randomize(model, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.2 if p.dim() > 1 else 0.3) + (p.dim() == 1))
+            p.copy_(
+                torch.randn(p.shape, generator=g) * (0.2 if p.dim() > 1 else 0.3) + (p.dim() == 1)
+            )
 
 
 def save_hf(kind: str, out: Path, **extra) -> torch.nn.Module:
@@ -309,8 +313,123 @@ def test_export_refusals(tmp_path, capsys):
 
 
 def test_export_cli_says_which_class_and_why(tmp_path, capsys):
-    path, _ = make_checkpoint(tmp_path / "run", **FEATURES["qwen3"])
+    make_checkpoint(tmp_path / "run", **FEATURES["qwen3"])
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
     out = capsys.readouterr().out
     assert "as qwen3" in out and "Qwen3ForCausalLM" in out
     shutil.rmtree(tmp_path / "hf")
+
+
+# ------------------------------------------------------------------------------------------------
+# lm-evaluation-harness through the adapter, against littlelm's own harness
+
+
+def _greedy_char(model, context: str) -> int:
+    with torch.no_grad():
+        return int(model(torch.tensor([[256, *context.encode()]]))[0, -1].argmax())
+
+
+def _tasks(model, root: Path) -> tuple[list[dict], list[dict]]:
+    """A multiple-choice task (choices of distinct first letters and lengths, so that a mean
+    over the choice's tokens is lm_eval's acc_norm) and a language-modeling task where half
+    the continuations are the model's own greedy next character (so its accuracy is 0.5)."""
+    import random
+
+    rng = random.Random(0)
+    words = ["apple", "banana", "kiwi", "cherry", "date", "elderberry", "fig", "guava"]
+    mc = [
+        {"query": f"Q{i}: which fruit?", "choices": rng.sample(words, 4), "gold": i % 4}
+        for i in range(16)
+    ]
+    hits, misses, i = [], [], 0
+    while len(hits) < 6 or len(misses) < 6:
+        context = f"{i} plus {i * 7 % 13} is"
+        c = _greedy_char(model, context)
+        if 33 <= c < 127 and len(hits) < 6:
+            hits.append({"context": context, "continuation": chr(c)})
+        elif len(misses) < 6:
+            other = 33 + (c + 1) % 94 if 33 <= c < 127 else 65
+            misses.append({"context": context, "continuation": chr(other)})
+        i += 1
+    return mc, hits + misses
+
+
+LM_EVAL_TASK = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files: {{test: {file}}}
+  cache_dir: {cache}
+test_split: test
+output_type: {output}
+doc_to_text: "{{{{{text}}}}}"
+{target}
+target_delimiter: ""
+metric_list: [{metrics}]
+"""
+
+
+def test_lm_eval_scores_equal_littlelm_harness(tmp_path, capsys):
+    pytest.importorskip("lm_eval")
+    from littlelm.eval.core import EvalOptions, evaluate_suite, load_suite
+    from littlelm.eval.tasks import load_task_list
+
+    _, model = make_checkpoint(tmp_path / "run", **FEATURES["demo_defaults"])
+    mc, lm = _tasks(model, tmp_path)
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    for name, rows in (("mc", mc), ("lm", lm)):
+        (ours / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = "tasks:\n" + "".join(
+        f"  - {{label: {n}, dataset_uri: {n}.jsonl, icl_task_type: {k}, num_fewshot: 0, "
+        f"continuation_delimiter: '', random_baseline: 0}}\n"
+        for n, k in (("mc", "multiple_choice"), ("lm", "language_modeling"))
+    )
+    (ours / "tasks.yaml").write_text(spec)
+    suite = evaluate_suite(
+        model, ByteTokenizer(), load_suite(load_task_list(ours / "tasks.yaml"), ours), EvalOptions()
+    )
+    want = {t.label: t.accuracy for t in suite.tasks}
+    assert want["lm"] == 0.5 and 0 < want["mc"] < 1  # the check below can fail
+
+    theirs = tmp_path / "lm_eval_tasks"
+    theirs.mkdir()
+    cache = tmp_path / "hf_datasets"
+    for name, text, output, target, metrics in (
+        (
+            "mc",
+            "query",
+            "multiple_choice",
+            "doc_to_choice: choices\ndoc_to_target: gold",
+            "{metric: acc}, {metric: acc_norm}",
+        ),
+        ("lm", "context", "loglikelihood", "doc_to_target: continuation", "{metric: acc}"),
+    ):
+        (theirs / f"{name}.yaml").write_text(
+            LM_EVAL_TASK.format(
+                name=f"littlelm_test_{name}",
+                file=ours / f"{name}.jsonl",
+                cache=cache,
+                output=output,
+                text=text,
+                target=target,
+                metrics=metrics,
+            )
+        )
+    argv = ["eval", str(tmp_path / "run"), "--harness", "littlelm_test_mc,littlelm_test_lm"]
+    out = tmp_path / "harness.json"
+    assert main([*argv, "--include", str(theirs), "--precision", "fp32", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())["results"]
+    assert got["littlelm_test_lm"]["acc,none"] == pytest.approx(want["lm"], abs=1e-9)
+    # littlelm picks the lowest mean loss per token; with one byte per character that is acc_norm
+    assert got["littlelm_test_mc"]["acc_norm,none"] == pytest.approx(want["mc"], abs=1e-9)
+    assert "littlelm_test_mc" in capsys.readouterr().out
+
+
+def test_harness_errors_name_the_fix(tmp_path, capsys, monkeypatch):
+    path, _ = make_checkpoint(tmp_path / "run")
+    assert main(["eval", str(path), "--harness", "x", "--include", str(tmp_path / "none")]) == 2
+    assert "not a directory of lm_eval task YAML" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval now raises ImportError
+    assert main(["eval", str(path), "--harness", "hellaswag"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'littlelm[harness]'" in err and "Traceback" not in err

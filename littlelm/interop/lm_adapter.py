@@ -20,7 +20,7 @@ class LittleLMAdapter(TemplateLM):
         super().__init__()
         self.model, self.tok, self.batch_size = model, tokenizer, batch_size
         self.max_length = model.cfg.max_seq_len
-        self.device = model.wte.weight.device
+        self.dev = model.wte.weight.device
 
     @property
     def eot_token_id(self) -> int:
@@ -56,7 +56,7 @@ class LittleLMAdapter(TemplateLM):
             x = torch.zeros(len(batch), width, dtype=torch.long)
             for r, (ids, _) in enumerate(batch):
                 x[r, : len(ids) - 1] = torch.tensor(ids[:-1])
-            logp = F.log_softmax(self.model(x.to(self.device)).float(), dim=-1).cpu()
+            logp = F.log_softmax(self.model(x.to(self.dev)).float(), dim=-1).cpu()
             for r, (ids, n) in enumerate(batch):
                 end = len(ids) - 1
                 lp = logp[r, end - n : end]  # (n, V): the predictions of the n targets
