@@ -77,6 +77,7 @@ def export(source: str | Path, out: str | Path, max_shard_size: str = "5GB") -> 
         config, hf_tensors = A.remote_config(m, tok.bos_id), tensors
     else:
         config, hf_tensors = A.stock_config(m, arch, tok.bos_id), stock_tensors(tensors, m, arch)
+    config["torch_dtype"] = str(tensors["wte.weight"].dtype).removeprefix("torch.")
     with staged(Path(out)) as tmp:
         export_tokenizer(tok, tmp)  # first: a refused tokenizer writes nothing else
         write_weights(hf_tensors, tmp, max_shard_size)
