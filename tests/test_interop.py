@@ -435,3 +435,35 @@ def test_harness_errors_name_the_fix(tmp_path, capsys, monkeypatch):
     assert main(["eval", str(path), "--harness", "hellaswag"]) == 2
     err = capsys.readouterr().err
     assert "pip install 'littlelm[harness]'" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------------------------
+# Tokenizers other than bytes: BPE as it is, tiktoken converted; both must give littlelm's ids
+
+TOK_TEXT = "héllo wörld ✓ — naïve café 日本語 def f(x):\n    return x  \n"
+
+
+def _same_ids_in_transformers(tok, out: Path) -> None:
+    export_tokenizer(tok, out)
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    assert theirs(TOK_TEXT)["input_ids"] == [tok.bos_id, *tok.encode(TOK_TEXT)]
+    assert theirs.decode(theirs(TOK_TEXT)["input_ids"], skip_special_tokens=True) == TOK_TEXT
+
+
+def test_bpe_tokenizer_exports_with_the_same_ids(tmp_path):
+    from littlelm.data.tokenizer import BPEConfig, BPETokenizer
+
+    texts = [TOK_TEXT * 3, "the quick brown fox jumps over the lazy dog " * 20] * 20
+    tok = BPETokenizer.train(BPEConfig(name="bpe", vocab_size=320, train_chars=20_000), iter(texts))
+    _same_ids_in_transformers(tok, tmp_path)
+
+
+def test_tiktoken_tokenizer_is_converted_with_the_same_ids(tmp_path):
+    from conftest import SHARED
+    from littlelm.data.tiktoken_tokenizer import TiktokenConfig, TiktokenTokenizer
+
+    ranks = SHARED / "data" / "tokenizers" / "gpt2.tiktoken"
+    if not ranks.is_file():
+        pytest.skip("shared gpt2.tiktoken not present")
+    cfg = TiktokenConfig(name="tiktoken", encoding="gpt2", file=str(ranks))
+    _same_ids_in_transformers(TiktokenTokenizer.from_config(cfg), tmp_path)

@@ -24,12 +24,14 @@ def export_tokenizer(tok: Tokenizer, out: Path) -> None:
     """tokenizer.json + tokenizer_config.json for `tok` in `out`, or a CheckpointError."""
     raw, bos = _raw(tok)
     _check_same_ids(raw, tok)
-    from tokenizers.processors import TemplateProcessing
+    from tokenizers.processors import Sequence, TemplateProcessing
 
-    if raw.post_processor is None:  # BOS first, as in training (littlelm's encode skips it)
-        raw.post_processor = TemplateProcessing(
+    if raw.encode("a").ids[:1] != [tok.bos_id]:  # BOS first, as in training (littlelm's
+        template = TemplateProcessing(  # encode leaves it out: it adds BOS per document)
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.bos_id)]
         )
+        old = raw.post_processor
+        raw.post_processor = template if old is None else Sequence([old, template])
     raw.save(str(out / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
