@@ -176,7 +176,7 @@ def _randomize(model, seed: int) -> None:
 
 
 def save_hf(kind: str, out: Path, **extra) -> torch.nn.Module:
-    """A tiny random Llama or Qwen3 saved with save_pretrained and a byte-level tokenizer.json."""
+    """A tiny random Llama, Mistral or Qwen3 saved with save_pretrained and a byte-level tokenizer.json."""
     common = dict(
         vocab_size=300,  # more rows than the tokenizer has tokens, as real checkpoints do
         hidden_size=48,
@@ -192,6 +192,9 @@ def save_hf(kind: str, out: Path, **extra) -> torch.nn.Module:
     if kind == "llama":
         cfg = transformers.LlamaConfig(rope_theta=50000.0, **common)
         model = transformers.LlamaForCausalLM(cfg)
+    elif kind == "mistral":
+        cfg = transformers.MistralConfig(**{"sliding_window": None, **common})
+        model = transformers.MistralForCausalLM(cfg)
     else:
         cfg = transformers.Qwen3Config(head_dim=16, tie_word_embeddings=True, **common)
         model = transformers.Qwen3ForCausalLM(cfg)
@@ -201,7 +204,7 @@ def save_hf(kind: str, out: Path, **extra) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen3"])
 def test_import_reproduces_transformers_logits(tmp_path, kind):
     hf = save_hf(kind, tmp_path / "hf")
     info = import_model(tmp_path / "hf", tmp_path / "run")
@@ -294,6 +297,10 @@ def test_import_refusals(tmp_path, capsys):
     cfg["intermediate_size"] = 64
     (wrong / "config.json").write_text(json.dumps(cfg))
     _refused(tmp_path, wrong, capsys, "mlp.up_proj.weight is (96, 48)", "save_pretrained")
+
+    windowed = tmp_path / "windowed"
+    save_hf("mistral", windowed, sliding_window=64)
+    _refused(tmp_path, windowed, capsys, "sliding-window attention (64 tokens)")
 
     notok = tmp_path / "notok"
     save_hf("llama", notok)
