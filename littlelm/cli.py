@@ -9,6 +9,9 @@
     littlelm grow PARENT --to RUN.yaml [key=value ...]
     littlelm report RUN_DIR [RUN_DIR ...] [--out DIR] [--price-per-hour DOLLARS]
     littlelm eval CHECKPOINT [--bundle DIR] [--tasks a,b] [--max-per-task N] [--truncation MODE]
+    littlelm eval CHECKPOINT --harness TASKS [--include DIR] [--num-fewshot N]   (lm_eval)
+    littlelm export CHECKPOINT --out DIR [--max-shard-size 5GB]
+    littlelm import HF_DIR --out RUN_DIR
     littlelm eval-bundle [--dest DIR] [--url URL] [--sha256 HEX] [--force]
     littlelm plan CONFIG [key=value ...] [--gpu NAME ...] [--tokens N] [--devices N] [--json]
                   [--gpus FILE] [--chart OUT.png] [--no-trace]
@@ -170,7 +173,24 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from littlelm.eval.core import EvalOptions
-    from littlelm.eval.run import parse_labels, run_eval
+    from littlelm.eval.run import parse_labels
+
+    if args.harness is not None:
+        from littlelm.interop.harness import run_harness
+
+        tasks = parse_labels(args.harness) or []
+        run_harness(
+            args.checkpoint,
+            tasks,
+            args.include,
+            args.max_per_task,
+            args.num_fewshot,
+            args.device,
+            args.precision,
+            args.out,
+        )
+        return 0
+    from littlelm.eval.run import run_eval
 
     opts = EvalOptions(
         max_per_task=args.max_per_task,
@@ -189,6 +209,55 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.out,
     )
     return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from littlelm.interop.hf import export
+
+    r = export(args.checkpoint, args.out, args.max_shard_size)
+    print(f"exported {r['checkpoint']} to {r['out']} as {r['arch']}: {r['reason']}")
+    remote = ", trust_remote_code=True" if r["arch"] == "littlelm" else ""
+    print(f"load it: AutoModelForCausalLM.from_pretrained({str(r['out'])!r}{remote})")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from littlelm.interop.hf import import_model
+
+    r = import_model(args.hf_dir, args.out)
+    m = r["config"]
+    print(
+        f"imported {args.hf_dir} ({r['arch']}: {m.n_layer} layers x {m.d_model}, "
+        f"{m.n_head} heads ({m.kv_heads} kv), {r['params']:,} parameters) into {r['checkpoint']}"
+    )
+    print(f"train it: add data sources to {r['out'] / 'train.yaml'} and run littlelm train on it")
+    print(f"grow it: grow.parent={r['checkpoint']} in a run with a larger model (docs/growth.md)")
+    return 0
+
+
+def _add_interop(sub) -> None:
+    ex = sub.add_parser(
+        "export",
+        help="write a Hugging Face model directory (transformers, vLLM, llama.cpp)",
+        description="Export a checkpoint as stock LlamaForCausalLM / Qwen3ForCausalLM when its "
+        "features allow, else with littlelm's modeling file (trust_remote_code=True); see "
+        "docs/interop.md.",
+    )
+    ex.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
+    ex.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
+    ex.add_argument(
+        "--max-shard-size", default="5GB", help="split the weights into files of at most this"
+    )
+    ex.set_defaults(fn=cmd_export)
+    im = sub.add_parser(
+        "import",
+        help="read a Hugging Face Llama/Mistral/Qwen3/SmolLM directory into a littlelm run",
+        description="Convert a local model directory (config.json, *.safetensors, "
+        "tokenizer.json) into RUN_DIR/checkpoints/step_000000 and RUN_DIR/train.yaml.",
+    )
+    im.add_argument("hf_dir", help="a directory written by save_pretrained or `hf download`")
+    im.add_argument("--out", required=True, help="run directory to create")
+    im.set_defaults(fn=cmd_import)
 
 
 def cmd_eval_bundle(args: argparse.Namespace) -> int:
@@ -386,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_report)
 
     _add_eval(sub)
+    _add_interop(sub)
     pl = sub.add_parser("plan", help="memory, speed and cost of a run on each GPU of a catalog")
     pl.add_argument("items", nargs="*", metavar="CONFIG [key=value ...]")
     pl.add_argument("--gpu", action="append", help="plan for this catalog GPU (repeatable)")
@@ -467,6 +537,16 @@ def _add_eval(sub) -> None:
     e.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
     e.add_argument("--device", default="auto")
     e.add_argument("--out", help="also write results and per-item decisions to this JSON file")
+    e.add_argument(
+        "--harness",
+        metavar="TASKS",
+        help="score with lm-evaluation-harness instead: comma-separated lm_eval task names "
+        "(pip install 'littlelm[harness]'); --max-per-task becomes its --limit",
+    )
+    e.add_argument("--include", metavar="DIR", help="with --harness: your own lm_eval task YAMLs")
+    e.add_argument(
+        "--num-fewshot", type=int, help="with --harness: examples per prompt (default: the task's)"
+    )
     e.set_defaults(fn=cmd_eval)
 
     b = sub.add_parser("eval-bundle", help="download the public CORE eval bundle")

@@ -102,6 +102,22 @@ class GPTConfig(ComponentConfig):
     )
     tie_embeddings: bool = Field(False, description="Share the token embedding with lm_head.")
     norm_affine: bool = Field(False, description="Give RMSNorms a learnable gain.")
+    embed_norm: bool = Field(
+        True,
+        description="RMS-normalise the token embedding right after the lookup (false: "
+        "Llama-style, the raw embedding enters the stream; imported models use it).",
+    )
+    norm_eps: float | None = Field(
+        None,
+        description="Epsilon of every RMSNorm; null = the machine epsilon of the input's dtype "
+        "(imported models keep their rms_norm_eps).",
+        gt=0,
+    )
+    qk_norm_affine: bool = Field(
+        False,
+        description="Learnable per-channel gains on the QK-norm, one vector for queries and "
+        "one for keys (Qwen3's q_norm / k_norm).",
+    )
 
     @model_validator(mode="after")
     def _check_shapes(self) -> GPTConfig:
@@ -155,20 +171,25 @@ class GPTConfig(ComponentConfig):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, affine: bool, backend: str = "auto"):
+    def __init__(self, dim: int, affine: bool, eps: float | None = None, backend: str = "auto"):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.eps = eps
         self.backend = backend
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        return select_backend(self.backend, x.device).rms_norm(x, self.weight, out_dtype=out_dtype)
+        be = select_backend(self.backend, x.device)
+        return be.rms_norm(x, self.weight, self.eps, out_dtype)
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
         self.n_head, self.n_kv, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        self.qk_norm, self.backend = cfg.qk_norm, cfg.backend
+        self.qk_norm, self.eps, self.backend = cfg.qk_norm, cfg.norm_eps, cfg.backend
+        if cfg.qk_norm and cfg.qk_norm_affine:  # separate gains for q and k (Qwen3)
+            self.q_norm = RMSNorm(self.hd, True, backend=cfg.backend)
+            self.k_norm = RMSNorm(self.hd, True, backend=cfg.backend)
         C, q_dim, kv_dim = cfg.d_model, self.n_head * self.hd, self.n_kv * self.hd
         self.c_q = block_linear(cfg, C, q_dim)
         self.c_k = block_linear(cfg, C, kv_dim)
@@ -208,7 +229,13 @@ class Attention(nn.Module):
             ve = ve.to(v.dtype).view(B, T, self.n_kv, self.hd)
             v = be.gated_add(v, gate, ve)
         if self.qk_norm:
-            qk = be.rms_norm(qk)  # per head: the same for q and k
+            qk = be.rms_norm(qk, eps=self.eps)  # per head: the same for q and k
+            if hasattr(self, "q_norm"):  # (H + Hkv, D) gains: q's for query heads, k's for kv
+                gains = [
+                    self.q_norm.weight.expand(self.n_head, -1),
+                    self.k_norm.weight.expand(self.n_kv, -1),
+                ]
+                qk = qk * torch.cat(gains).to(qk.dtype)
         qk = be.apply_rope(qk, cos, sin)
         q, k = qk.split([self.n_head, self.n_kv], dim=2)  # (B, T, H|Hkv, D)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
@@ -255,9 +282,9 @@ def block_linear(cfg: GPTConfig, in_features: int, out_features: int) -> nn.Line
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
-        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.backend)
+        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps, cfg.backend)
         self.attn = Attention(cfg, layer)
-        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.backend)
+        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps, cfg.backend)
         self.mlp = SwiGLUMLP(cfg) if cfg.mlp == "swiglu" else ReLU2MLP(cfg)
 
     def forward(self, x, cos, sin, ve=None, cache=None, mask=None):
@@ -293,7 +320,7 @@ class GPT(nn.Module):
             {str(i): nn.Embedding(V, kv_dim) for i in range(cfg.n_layer) if cfg.has_value_embed(i)}
         )
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.norm_f = RMSNorm(C, cfg.norm_affine, cfg.backend)
+        self.norm_f = RMSNorm(C, cfg.norm_affine, cfg.norm_eps, cfg.backend)
         self.lm_head = nn.Linear(C, V, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -328,6 +355,7 @@ class GPT(nn.Module):
             or name.endswith("norm1.weight")
             or name.endswith("norm2.weight")
             or name.endswith("norm_f.weight")
+            or name.endswith("_norm.weight")  # q_norm, k_norm
         ):
             nn.init.ones_(p)
         elif name.endswith("x0_lambdas"):
@@ -416,7 +444,9 @@ class GPT(nn.Module):
                 )
             cos = self.rope_cos[0, positions].to(dt)  # (B, T, 1, D)
             sin = self.rope_sin[0, positions].to(dt)
-        x = self.kernels(idx.device).rms_norm(self.wte(idx))  # (B, T, C)
+        x = self.wte(idx)  # (B, T, C)
+        if self.cfg.embed_norm:
+            x = self.kernels(idx.device).rms_norm(x, eps=self.cfg.norm_eps)
         x0 = x
         recompute = self.activation_checkpointing and torch.is_grad_enabled() and caches is None
         for i in range(self.cfg.n_layer):

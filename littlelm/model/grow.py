@@ -68,6 +68,9 @@ SAME = (
     "tie_embeddings",
     "norm_affine",
     "rope_base",
+    "embed_norm",
+    "norm_eps",
+    "qk_norm_affine",
 )
 
 
@@ -276,6 +279,8 @@ BLOCK_RULES: dict[str, Callable[[Growth, torch.Tensor], Copy]] = {
     "mlp.c_fc": _reads(lambda g: g.hidden),
     "mlp.c_gate": _reads(lambda g: g.hidden),
     "mlp.c_proj": _writes(lambda g: g.hidden),
+    "attn.q_norm": lambda g, src: Copy(src, (torch.arange(src.numel()),)),  # head_dim fixed
+    "attn.k_norm": lambda g, src: Copy(src, (torch.arange(src.numel()),)),
     "norm1": lambda g, src: Copy(src, (g.C,)),
     "norm2": lambda g, src: Copy(src, (g.C,)),
 }

@@ -154,6 +154,8 @@ def layer_activation_bytes(d: Dims, layer: int, kernels: Kernels = "cuda") -> fl
         total += a * (q + 2 * kv)
     if m.qk_norm:
         total += 4 * (H + Hkv)  # 1/rms per head
+    if m.qk_norm and m.qk_norm_affine:
+        total += a * (q + kv)  # the gains' product is a new tensor
     total += a * (q + kv)  # q and k after RoPE, kept by attention
     if ve:  # v + gate·ve, ve in the matmul dtype, the gate's sigmoid and 2·sigmoid
         total += 2 * a * kv + 2 * a * Hkv

@@ -47,6 +47,8 @@ def param_shapes(m: GPTConfig) -> list[Param]:
             Param(f"{b}.attn.c_v.weight", (kv, C)),
             Param(f"{b}.attn.c_proj.weight", (C, q)),
         ]
+        if m.qk_norm and m.qk_norm_affine:
+            out += [Param(f"{b}.attn.{n}.weight", (m.head_dim,)) for n in ("q_norm", "k_norm")]
         if m.has_value_embed(i):
             out.append(Param(f"{b}.attn.ve_gate.weight", (m.kv_heads, m.ve_gate_channels)))
         out.append(Param(f"{b}.mlp.c_fc.weight", (m.hidden, C)))

@@ -1,0 +1,294 @@
+"""`littlelm export` and `littlelm import`: littlelm checkpoints <-> Hugging Face model directories.
+
+Export writes what `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads: config.json,
+generation_config.json, safetensors weights (sharded above --max-shard-size, with
+model.safetensors.index.json), the tokenizer (tokenizer.json + tokenizer_config.json), and for
+models no stock class computes, modeling_littlelm.py (arch.py says which is which and why).
+
+Stock exports store transformers' names and conventions: RMSNorms without a gain get a gain of
+ones; the embedding RMSNorm (littlelm's default) is folded into the embedding table, which is
+exact because it acts on each row alone (rms_norm(wte)[ids] == rms_norm(wte[ids])), and unties
+a tied lm_head; vocabulary padding rows are cut (transformers would let them win a greedy pick).
+Remote-code exports store littlelm's tensors as they are.
+
+Import reads a local Llama / Mistral / Qwen3 / SmolLM directory (or a littlelm export) into a
+littlelm run directory: RUN_DIR/checkpoints/step_000000 (weights, tokenizer, state.json), which
+`grow.parent` grows and RUN_DIR/train.yaml continues (a same-shape grow is an init-from).
+Every output is written into a temporary directory and renamed into place: a failed export or
+import leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import yaml
+
+from littlelm.config import to_tree, validate
+from littlelm.errors import CheckpointError, LittleLMError
+from littlelm.interop import arch as A
+from littlelm.interop.hf_tokenizer import export_tokenizer, import_tokenizer
+from littlelm.load import find_checkpoint, load_model
+from littlelm.model.gpt import GPT, GPTConfig
+from littlelm.model.ops import rms_norm
+from littlelm.schema import RunConfig
+from littlelm.train import checkpoint as ckpt
+
+MODELING_FILE = Path(__file__).with_name("modeling_littlelm.py")
+
+
+@contextmanager
+def staged(out: Path):
+    """A temporary sibling of `out`, renamed to `out` when the block succeeds, else removed."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise LittleLMError(
+            f"{out} already exists and is not empty; choose another --out or remove it"
+        )
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Export
+
+
+def export(source: str | Path, out: str | Path, max_shard_size: str = "5GB") -> dict:
+    """Export a checkpoint (or a run's newest) to `out`; returns a summary for the CLI."""
+    path = find_checkpoint(source)
+    model, tok, _ = load_model(path, "cpu")
+    m = model.cfg
+    arch, reason = A.export_arch(m)
+    tensors = ckpt.model_tensors(model)
+    if arch == "littlelm":
+        config, hf_tensors = A.remote_config(m, tok.bos_id), tensors
+    else:
+        config, hf_tensors = A.stock_config(m, arch, tok.bos_id), stock_tensors(tensors, m, arch)
+    config["torch_dtype"] = str(tensors["wte.weight"].dtype).removeprefix("torch.")
+    with staged(Path(out)) as tmp:
+        export_tokenizer(tok, tmp)  # first: a refused tokenizer writes nothing else
+        write_weights(hf_tensors, tmp, max_shard_size)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        gen = {"bos_token_id": tok.bos_id, "eos_token_id": tok.bos_id, "do_sample": False}
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+        if arch == "littlelm":
+            shutil.copy(MODELING_FILE, tmp / MODELING_FILE.name)
+    return {"checkpoint": path, "arch": arch, "reason": reason, "out": Path(out)}
+
+
+def stock_tensors(tensors: dict[str, torch.Tensor], m: GPTConfig, arch: str) -> dict:
+    """littlelm tensors -> a stock architecture's names and conventions (module docstring)."""
+    t = dict(tensors)
+    V = m.vocab_size
+    wte = t["wte.weight"][:V].clone()  # a copy: safetensors refuses a slice of a larger tensor
+    if m.tie_embeddings:
+        t["lm_head.weight"] = wte
+    t["lm_head.weight"] = t["lm_head.weight"][:V].clone()
+    t["wte.weight"] = rms_norm(wte, eps=m.norm_eps) if m.embed_norm else wte
+    if m.tie_embeddings and not m.embed_norm:
+        del t["lm_head.weight"]  # tie_word_embeddings: transformers shares the table
+    ones = {"norm_f.weight": m.d_model}
+    for i in range(m.n_layer):
+        ones |= {f"blocks.{i}.norm1.weight": m.d_model, f"blocks.{i}.norm2.weight": m.d_model}
+        if m.qk_norm:
+            ones |= {f"blocks.{i}.attn.q_norm.weight": m.head_dim}
+            ones |= {f"blocks.{i}.attn.k_norm.weight": m.head_dim}
+    for name, dim in ones.items():
+        t.setdefault(name, torch.ones(dim))  # a norm without a gain = a gain of ones
+    table = A.names(A.TABLES[arch], m.n_layer)
+    return {table[k]: v for k, v in t.items()}
+
+
+def write_weights(tensors: dict[str, torch.Tensor], out: Path, max_shard_size: str) -> None:
+    """model.safetensors, or model-0000i-of-0000n.safetensors + the index above the size."""
+    from huggingface_hub import save_torch_state_dict
+
+    try:
+        save_torch_state_dict(
+            tensors, out, max_shard_size=max_shard_size, metadata={"format": "pt"}
+        )
+    except ValueError as e:  # an unparsable --max-shard-size
+        raise LittleLMError(f"--max-shard-size: {e} (write it like 5GB or 500MB)") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Import
+
+
+def import_model(source: str | Path, out: str | Path) -> dict:
+    """Read a Hugging Face model directory into a littlelm run directory `out`."""
+    src = Path(source)
+    hf = read_config(src)
+    arch = A.check_importable(hf, str(src))
+    try:
+        m = A.imported_config(hf, arch)
+    except (ValueError, KeyError) as e:  # pydantic's ValidationError is a ValueError
+        raise CheckpointError(f"{src / 'config.json'}: cannot describe this model ({e})") from None
+    tok = import_tokenizer(src, hf)
+    if tok.vocab_size > m.vocab_size:
+        raise CheckpointError(
+            f"{src}: tokenizer.json has {tok.vocab_size} tokens but the model's vocab_size is "
+            f"{m.vocab_size}; the tokenizer belongs to another model: copy the right one in"
+        )
+    if tok.vocab_size < m.vocab_size:  # rows no token reaches: littlelm's vocabulary padding
+        m.vocab_pad_multiple = 64 if -(-tok.vocab_size // 64) * 64 == m.vocab_size else m.vocab_size
+        m.vocab_size = tok.vocab_size
+    tensors = littlelm_tensors(read_weights(src), m, arch, src)
+    model = GPT(m)
+    ckpt.load_model_tensors(model, tensors, src)
+    cfg = run_config(m, Path(out))
+    with staged(Path(out)) as tmp:
+        state = {"tokens": 0, "tokenizer": tok.fingerprint, "config": to_tree(cfg)}
+        state["imported_from"] = str(src.resolve())
+        path = ckpt.save_checkpoint(
+            tmp / "checkpoints", 0, model, _NoOptimizer(), state, model.origin, tok
+        )
+        (tmp / "train.yaml").write_text(train_yaml(cfg, Path(out), path.name, src))
+    return {
+        "arch": arch,
+        "out": Path(out),
+        "checkpoint": Path(out) / "checkpoints" / path.name,
+        "params": model.param_counts()["total"],
+        "config": m,
+    }
+
+
+class _NoOptimizer:
+    """An imported model has no optimizer state; the checkpoint format wants a file."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+
+def read_config(src: Path) -> dict:
+    if not src.is_dir():
+        raise CheckpointError(
+            f"{src} is not a directory; give a model directory (config.json + *.safetensors)"
+        )
+    path = src / "config.json"
+    if not path.is_file():
+        raise CheckpointError(
+            f"{src} is not a Hugging Face model directory (no config.json); give the directory "
+            "that model.save_pretrained(DIR) wrote, or download one with `hf download NAME --local-dir DIR`"
+        )
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is unreadable ({e})") from None
+
+
+def read_weights(src: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of model.safetensors, or of the shards its index lists, on the CPU."""
+    from safetensors.torch import load_file
+
+    index = src / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (src / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise CheckpointError(
+            f"{src} has no model.safetensors (or index); littlelm reads safetensors only: save "
+            "with model.save_pretrained(DIR) (safetensors is its default)"
+        )
+    out = {}
+    for name in files:
+        try:
+            out.update(load_file(str(src / name), device="cpu"))
+        except Exception as e:  # safetensors raises several types for bad files
+            raise CheckpointError(f"{src / name}: unreadable safetensors file ({e})") from None
+    return out
+
+
+def littlelm_tensors(hf: dict[str, torch.Tensor], m: GPTConfig, arch: str, src: Path) -> dict:
+    """Rename to littlelm's names, pad the vocabulary rows, check every name and shape."""
+    table = A.names(A.TABLES[arch], m.n_layer)
+    theirs = {v: k for k, v in table.items()} if table else {k: k for k in hf}
+    extra = sorted(k for k in hf if k not in theirs and not k.endswith("rotary_emb.inv_freq"))
+    if extra:
+        raise CheckpointError(
+            f"{src}: tensors littlelm's {arch} mapping does not know ({', '.join(extra[:4])}"
+            f"{', ...' if len(extra) > 4 else ''}); this checkpoint has a feature littlelm lacks"
+        )
+    t = {theirs[k]: v.float() for k, v in hf.items() if k in theirs}
+    if m.tie_embeddings:
+        t.pop("lm_head.weight", None)
+    expected = _shapes(m)
+    for name in ("wte.weight", "lm_head.weight"):
+        if name in t and t[name].size(0) < expected[name][0]:
+            t[name] = torch.cat(
+                [t[name], t[name].new_zeros(expected[name][0] - t[name].size(0), t[name].size(1))]
+            )
+    _check_shapes(t, expected, table, src)
+    return t
+
+
+def _shapes(m: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a GPT(m) loads, with its shape (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        model = GPT(m)
+    tied = {"lm_head.weight"} if m.tie_embeddings else set()
+    return {n: tuple(p.shape) for n, p in model.state_dict().items() if n not in tied}
+
+
+def _check_shapes(t: dict, expected: dict, table: dict, src: Path) -> None:
+    hf_name = table or {}
+    missing = [hf_name.get(k, k) for k in expected if k not in t]
+    wrong = [
+        f"{hf_name.get(k, k)} is {tuple(v.shape)}, config.json implies {expected[k]}"
+        for k, v in t.items()
+        if k in expected and tuple(v.shape) != expected[k]
+    ]
+    if missing or wrong:
+        what = "; ".join(
+            [*(f"missing {', '.join(missing[:3])}" for _ in [0] if missing), *wrong[:3]]
+        )
+        raise CheckpointError(
+            f"{src}: the weights do not match its config.json ({what}); the directory mixes two "
+            "models: re-save it with model.save_pretrained(DIR)"
+        )
+
+
+def run_config(m: GPTConfig, out: Path) -> RunConfig:
+    """The run config recorded in the imported checkpoint (its model and tokenizer)."""
+    ck = out / "checkpoints" / "step_000000"
+    tree = {
+        "run": {"name": out.name, "out_dir": str(out.parent)},
+        "model": {"name": "gpt", **m.model_dump(exclude={"name"})},
+        "data": {"tokenizer": {"name": "saved", "path": str(ck / "tokenizer")}},
+    }
+    return validate(RunConfig, tree, source="littlelm import")
+
+
+def train_yaml(cfg: RunConfig, out: Path, step: str, src: Path) -> str:
+    """A run file that continues training the imported model (a same-shape grow)."""
+    tree = to_tree(cfg)
+    model = tree["model"]  # nulls included: softcap null is not the default
+    doc = {
+        "run": {"name": f"{out.name}-train", "out_dir": str(out.parent)},
+        "model": model,
+        "data": {"tokenizer": tree["data"]["tokenizer"]},
+        "grow": {"parent": str(out / "checkpoints" / step), "continue_data": False},
+        "train": {"seq_len": min(1024, cfg.model.max_seq_len), "max_steps": 1000},
+    }
+    head = (
+        f"# written by `littlelm import {src}`: continue training the imported model.\n"
+        "# grow.parent of the same shape starts from its weights; change model.n_layer, d_model, ...\n"
+        "# to grow it instead (docs/growth.md). Add data sources, e.g.\n"
+        f"#   littlelm train {out / 'train.yaml'} data.sources.main.name=text "
+        "data.sources.main.path=corpus.txt\n"
+    )
+    return head + yaml.safe_dump(doc, sort_keys=False)

@@ -1,0 +1,145 @@
+"""Tokenizers in the format transformers loads (tokenizer.json + tokenizer_config.json), both ways.
+
+Export: a BPE or Hugging Face tokenizer is saved as it is; the byte tokenizer becomes a byte-level
+BPE without merges (token i = byte i, BOS = 256: the same ids); a tiktoken encoding is converted
+with transformers' TikTokenConverter. Each export adds a post-processor that puts BOS first, as
+every littlelm document starts, so `tokenizer(text)` gives what the model was trained on; the
+converted tokenizer is checked to encode a probe exactly as littlelm does, or refused.
+Import: tokenizer.json is required (a sentencepiece-only tokenizer.model is refused with the fix).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from littlelm.data.tokenizer import BOS_CANDIDATES, ByteTokenizer, HFTokenizer, Tokenizer
+from littlelm.errors import CheckpointError, DataError
+
+PROBE = "Hello, world! It's 2026 -- naïve café, 東京, emoji 🙂\n\tdef f(x): return x**2\n"
+
+
+def export_tokenizer(tok: Tokenizer, out: Path) -> None:
+    """tokenizer.json + tokenizer_config.json for `tok` in `out`, or a CheckpointError."""
+    raw, bos = _raw(tok)
+    _check_same_ids(raw, tok)
+    from tokenizers.processors import Sequence, TemplateProcessing
+
+    if raw.encode("a").ids[:1] != [tok.bos_id]:  # BOS first, as in training (littlelm's
+        template = TemplateProcessing(  # encode leaves it out: it adds BOS per document)
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.bos_id)]
+        )
+        old = raw.post_processor
+        raw.post_processor = template if old is None else Sequence([old, template])
+    raw.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos,
+        "eos_token": bos,  # a document ends where the next one's BOS would come
+        "clean_up_tokenization_spaces": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+def _raw(tok: Tokenizer):
+    """(a tokenizers.Tokenizer with littlelm's ids, the BOS token's text)."""
+    from tokenizers import Tokenizer as Raw
+
+    if isinstance(tok, HFTokenizer):
+        return Raw.from_str(tok.tok.to_str()), tok.bos_token
+    if isinstance(tok, ByteTokenizer):
+        return _byte_level(tok), "<|bos|>"
+    if tok.kind == "tiktoken":
+        return _from_tiktoken(tok), tok.bos_token
+    raise CheckpointError(
+        f"cannot export a {tok.kind} tokenizer to tokenizer.json; train with data.tokenizer "
+        "name bpe, huggingface, tiktoken or byte to export the model"
+    )
+
+
+def _byte_level(tok: ByteTokenizer):
+    """Byte-level BPE with no merges: each byte one token, token id = byte value."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    raw = Tokenizer(models.BPE(vocab, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.add_special_tokens([AddedToken("<|bos|>", special=True)])  # id 256 = tok.bos_id
+    return raw
+
+
+def _from_tiktoken(tok: Tokenizer):
+    from transformers.integrations.tiktoken import TikTokenConverter
+
+    specials = sorted(tok.special_tokens().items(), key=lambda kv: kv[1])
+    with tempfile.TemporaryDirectory() as d:
+        ranks = Path(d) / "ranks.tiktoken"
+        ranks.write_bytes(tok._ranks_file())
+        conv = TikTokenConverter(
+            vocab_file=str(ranks),
+            pattern=tok.enc._pat_str,
+            extra_special_tokens=[s for s, _ in specials],
+        )
+        raw = conv.converted()
+    wrong = [s for s, i in specials if raw.token_to_id(s) != i]
+    if wrong:
+        raise CheckpointError(
+            f"the tiktoken encoding's special tokens {wrong} do not follow its ranks, so the "
+            "converted tokenizer.json would renumber them; re-tokenize with data.tokenizer name "
+            "bpe or huggingface to export this model"
+        )
+    return raw
+
+
+def _check_same_ids(raw, tok: Tokenizer) -> None:
+    got = raw.encode(PROBE, add_special_tokens=False).ids
+    if got != list(tok.encode(PROBE)):
+        raise CheckpointError(
+            f"the {tok.kind} tokenizer converted to tokenizer.json encodes differently from "
+            "littlelm's; train with data.tokenizer name bpe or huggingface to export this model"
+        )
+
+
+def import_tokenizer(src: Path, hf_config: dict) -> HFTokenizer:
+    """The tokenizer of a Hugging Face model directory, with its BOS token."""
+    from littlelm.data.tokenizer import _read_tokenizer_json
+
+    path = src / "tokenizer.json"
+    if not path.is_file():
+        hint = (
+            " (it has only a sentencepiece tokenizer.model)"
+            if (src / "tokenizer.model").is_file()
+            else ""
+        )
+        raise CheckpointError(
+            f"{src} has no tokenizer.json{hint}; save one next to the weights with "
+            "transformers.AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)"
+        )
+    try:
+        raw = _read_tokenizer_json(path)
+    except DataError as e:
+        raise CheckpointError(str(e)) from None
+    bos = _bos_token(src, hf_config, raw)
+    if bos is None:
+        raise CheckpointError(
+            f"{src}: no BOS-like token found (tokenizer_config.json bos_token, config.json "
+            f"bos_token_id, or one of {', '.join(BOS_CANDIDATES)}); add bos_token to "
+            "tokenizer_config.json"
+        )
+    return HFTokenizer(raw, bos)
+
+
+def _bos_token(src: Path, hf_config: dict, raw) -> str | None:
+    """tokenizer_config.json's bos_token, else config.json's bos_token_id, else a usual name."""
+    tc = src / "tokenizer_config.json"
+    named = json.loads(tc.read_text()).get("bos_token") if tc.is_file() else None
+    named = named.get("content") if isinstance(named, dict) else named
+    if named and raw.token_to_id(named) is not None:
+        return named
+    bos_id = hf_config.get("bos_token_id")
+    if isinstance(bos_id, int) and raw.id_to_token(bos_id) is not None:
+        return raw.id_to_token(bos_id)
+    return next((t for t in BOS_CANDIDATES if raw.token_to_id(t) is not None), None)

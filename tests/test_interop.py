@@ -1,0 +1,476 @@
+"""Hugging Face export/import (littlelm/interop/hf.py): logits in both directions, greedy tokens,
+round trips, training and growing an imported model, and every refusal."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from littlelm.cli import main
+from littlelm.config import to_tree, validate
+from littlelm.data.tokenizer import ByteTokenizer
+from littlelm.eval.generate import generate
+from littlelm.interop.hf import export, import_model
+from littlelm.interop.hf_tokenizer import export_tokenizer
+from littlelm.load import load_model
+from littlelm.model.gpt import GPT
+from littlelm.schema import RunConfig
+from littlelm.train import checkpoint as ckpt
+
+transformers = pytest.importorskip("transformers")
+TOL = 1e-4
+VOCAB = 257  # the byte tokenizer's
+
+FEATURES = {
+    "llama": dict(
+        mlp="swiglu", qk_norm=False, softcap=None, residual_scalars=False, value_embeds=False
+    ),
+    "qwen3": dict(
+        mlp="swiglu",
+        qk_norm=True,
+        softcap=None,
+        residual_scalars=False,
+        value_embeds=False,
+        n_kv_head=2,
+        tie_embeddings=True,
+    ),
+    "demo_defaults": dict(),
+    "gqa_ve_softcap": dict(n_kv_head=2, mlp="swiglu", qk_norm=False),
+}
+CLASSES = {
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "demo_defaults": "LittleLMForCausalLM",
+    "gqa_ve_softcap": "LittleLMForCausalLM",
+}
+
+
+class _NoOpt:
+    def state_dict(self):
+        return {}
+
+
+def make_checkpoint(root: Path, seed: int = 0, **model) -> tuple[Path, GPT]:
+    """A littlelm checkpoint of a tiny GPT whose every weight is random (no identity blocks)."""
+    tree = {
+        "model": {
+            "name": "gpt",
+            "vocab_size": VOCAB,
+            "n_layer": 3,
+            "d_model": 32,
+            "n_head": 4,
+            "max_seq_len": 96,
+            **model,
+        },
+        "data": {"tokenizer": {"name": "byte"}},
+    }
+    cfg = validate(RunConfig, tree)
+    torch.manual_seed(seed)
+    m = GPT(cfg.model)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 0.2))
+    tok = ByteTokenizer()
+    state = {"tokens": 0, "tokenizer": tok.fingerprint, "config": to_tree(cfg)}
+    path = ckpt.save_checkpoint(root / "checkpoints", 7, m, _NoOpt(), state, m.origin, tok)
+    return path, m.eval()
+
+
+def hf_load(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+
+
+@pytest.mark.parametrize("name", list(FEATURES))
+def test_export_computes_littlelm_logits_and_greedy_tokens(tmp_path, name):
+    path, model = make_checkpoint(tmp_path / "run", **FEATURES[name])
+    info = export(path, tmp_path / "hf")
+    hf = hf_load(tmp_path / "hf")
+    assert type(hf).__name__ == CLASSES[name]
+    assert (info["arch"] == "littlelm") == (CLASSES[name] == "LittleLMForCausalLM")
+    assert (tmp_path / "hf" / "modeling_littlelm.py").is_file() == (info["arch"] == "littlelm")
+    ids = torch.randint(0, VOCAB, (2, 80), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = model(ids), hf(ids).logits
+    assert theirs.shape == ours.shape
+    assert (ours - theirs).abs().max().item() < TOL
+    prompt = [256, *b"def f(x):"]
+    with torch.no_grad():
+        want = generate(model, prompt, 32, 0.0, None, 0, None)
+        got = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=32, min_new_tokens=32, do_sample=False
+        )
+    assert got[0, len(prompt) :].tolist() == want
+
+
+def test_export_shards_and_writes_a_loadable_tokenizer(tmp_path):
+    path, model = make_checkpoint(tmp_path / "run", **FEATURES["llama"])
+    export(path, tmp_path / "hf", max_shard_size="30KB")
+    out = tmp_path / "hf"
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 256
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    text = "naïve café 🙂\n"
+    assert tok(text)["input_ids"] == [256, *text.encode()]  # BOS first, then one id per byte
+    assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text
+    ids = torch.randint(0, VOCAB, (1, 40))
+    with torch.no_grad():
+        assert (model(ids) - hf_load(out)(ids).logits).abs().max() < TOL
+
+
+def _same_tensors(a: dict, b: dict, rows: int | None = None) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        x, y = (a[k][:rows], b[k][:rows]) if k in ("wte.weight", "lm_head.weight") else (a[k], b[k])
+        assert torch.equal(x, y), k
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        dict(FEATURES["llama"], norm_affine=True, embed_norm=False, n_kv_head=2),
+        dict(FEATURES["qwen3"], norm_affine=True, embed_norm=False, qk_norm_affine=True),
+        FEATURES["demo_defaults"],
+    ],
+    ids=["llama", "qwen3", "remote"],
+)
+def test_round_trip_gives_bitwise_equal_weights(tmp_path, features):
+    path, model = make_checkpoint(tmp_path / "run", **features)
+    export(path, tmp_path / "hf")
+    info = import_model(tmp_path / "hf", tmp_path / "back")
+    back, _, _ = load_model(info["checkpoint"])
+    # stock exports cut the vocabulary padding rows (import pads with zeros); remote keeps them
+    rows = VOCAB if info["arch"] != "littlelm" else None
+    _same_tensors(ckpt.model_tensors(model), ckpt.model_tensors(back), rows)
+
+
+def test_round_trip_of_default_norms_keeps_the_function(tmp_path):
+    """Gain-less norms and the embedding norm become ones and a normalised table: not the same
+    tensors, the same logits."""
+    path, model = make_checkpoint(tmp_path / "run", **FEATURES["qwen3"])
+    export(path, tmp_path / "hf")
+    back, _, _ = load_model(import_model(tmp_path / "hf", tmp_path / "back")["checkpoint"])
+    ids = torch.randint(0, VOCAB, (2, 50))
+    with torch.no_grad():
+        assert (model(ids) - back(ids)).abs().max() < TOL
+
+
+# ------------------------------------------------------------------------------------------------
+# Import of models built with transformers
+
+
+def _randomize(model, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(
+                torch.randn(p.shape, generator=g) * (0.2 if p.dim() > 1 else 0.3) + (p.dim() == 1)
+            )
+
+
+def save_hf(kind: str, out: Path, **extra) -> torch.nn.Module:
+    """A tiny random Llama, Mistral or Qwen3 saved with save_pretrained and a byte-level tokenizer.json."""
+    common = dict(
+        vocab_size=300,  # more rows than the tokenizer has tokens, as real checkpoints do
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        bos_token_id=256,
+        **extra,
+    )
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(rope_theta=50000.0, **common)
+        model = transformers.LlamaForCausalLM(cfg)
+    elif kind == "mistral":
+        cfg = transformers.MistralConfig(**{"sliding_window": None, **common})
+        model = transformers.MistralForCausalLM(cfg)
+    else:
+        cfg = transformers.Qwen3Config(head_dim=16, tie_word_embeddings=True, **common)
+        model = transformers.Qwen3ForCausalLM(cfg)
+    _randomize(model, 3)
+    model.eval().save_pretrained(out)
+    export_tokenizer(ByteTokenizer(), out)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen3"])
+def test_import_reproduces_transformers_logits(tmp_path, kind):
+    hf = save_hf(kind, tmp_path / "hf")
+    info = import_model(tmp_path / "hf", tmp_path / "run")
+    assert info["arch"] == kind
+    model, tok, _ = load_model(info["checkpoint"])
+    # the 43 rows no token reaches become littlelm's vocabulary padding (never predicted)
+    assert tok.bos_id == 256 and model.cfg.vocab_size == VOCAB and model.cfg.padded_vocab == 300
+    ids = torch.randint(0, VOCAB, (2, 60))
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits[..., :VOCAB]).abs().max() < TOL
+
+
+def test_import_of_a_sharded_checkpoint(tmp_path):
+    hf = save_hf("llama", tmp_path / "hf")
+    hf.save_pretrained(tmp_path / "hf", max_shard_size="40KB")
+    (tmp_path / "hf" / "model.safetensors").unlink(missing_ok=True)
+    assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    model, _, _ = load_model(import_model(tmp_path / "hf", tmp_path / "run")["checkpoint"])
+    ids = torch.randint(0, VOCAB, (1, 30))
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits[..., :VOCAB]).abs().max() < TOL
+
+
+def test_imported_model_trains_and_grows(tmp_path, corpus, capsys, monkeypatch):
+    # the CPU's peak FLOP/s only labels MFU; its one-off probe takes minutes on a busy machine
+    monkeypatch.setattr("littlelm.train.device.probe_matmul", lambda *a, **k: 1e12)
+    save_hf("qwen3", tmp_path / "hf")
+    info = import_model(tmp_path / "hf", tmp_path / "imp")
+    run_file = tmp_path / "imp" / "train.yaml"
+    over = [
+        "data.sources.main.name=text",
+        f"data.sources.main.path={corpus}",
+        "data.sources.main.split=paragraph",
+        "run.device=cpu",
+        "train.max_steps=2",
+        "train.micro_batch_size=2",
+        "train.seq_len=32",
+        "eval.every=0",
+        "eval.max_tokens=128",
+        "data.val_fraction=0.1",
+        "checkpoint.every=0",
+    ]
+    assert main(["train", str(run_file), *over]) == 0
+    metrics = tmp_path / "imp-train" / "metrics.jsonl"
+    losses = [json.loads(line).get("loss") for line in metrics.read_text().splitlines()]
+    losses = [x for x in losses if x is not None]
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+    # grow: two new layers interleaved; `littlelm grow` checks the function and prints the gap
+    grow = ["--to", str(run_file), "model.n_layer=4", *over]
+    assert main(["grow", str(info["checkpoint"]), *grow]) == 0
+    assert "max |Δlogit|" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------
+# Refusals: a clear error naming the fix, nothing written
+
+
+def _refused(tmp_path, src: Path, capsys, *words: str) -> None:
+    out = tmp_path / "refused"
+    capsys.readouterr()  # drop the progress bars of save_pretrained
+    assert main(["import", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    for w in words:
+        assert w in err
+    assert not out.exists()
+    assert not list(tmp_path.glob(".refused.tmp-*"))
+
+
+def test_import_refusals(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _refused(tmp_path, empty, capsys, "no config.json", "save_pretrained")
+
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    _refused(tmp_path, gpt2, capsys, "unsupported architecture 'gpt2'", "llama")
+
+    scaled = tmp_path / "scaled"
+    save_hf("llama", scaled)
+    cfg = json.loads((scaled / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}
+    (scaled / "config.json").write_text(json.dumps(cfg))
+    _refused(tmp_path, scaled, capsys, "RoPE scaling 'llama3'")
+
+    wrong = tmp_path / "wrong"
+    save_hf("llama", wrong)
+    cfg = json.loads((wrong / "config.json").read_text())
+    cfg["intermediate_size"] = 64
+    (wrong / "config.json").write_text(json.dumps(cfg))
+    _refused(tmp_path, wrong, capsys, "mlp.up_proj.weight is (96, 48)", "save_pretrained")
+
+    windowed = tmp_path / "windowed"
+    save_hf("mistral", windowed, sliding_window=64)
+    _refused(tmp_path, windowed, capsys, "sliding-window attention (64 tokens)")
+
+    notok = tmp_path / "notok"
+    save_hf("llama", notok)
+    (notok / "tokenizer.json").unlink()
+    _refused(tmp_path, notok, capsys, "no tokenizer.json", "AutoTokenizer")
+
+
+def test_export_refusals(tmp_path, capsys):
+    path, _ = make_checkpoint(tmp_path / "run")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main(["export", str(path), "--out", str(out)]) == 2
+    assert "already exists and is not empty" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
+    assert "no complete checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_export_cli_says_which_class_and_why(tmp_path, capsys):
+    make_checkpoint(tmp_path / "run", **FEATURES["qwen3"])
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    out = capsys.readouterr().out
+    assert "as qwen3" in out and "Qwen3ForCausalLM" in out
+    shutil.rmtree(tmp_path / "hf")
+
+
+# ------------------------------------------------------------------------------------------------
+# lm-evaluation-harness through the adapter, against littlelm's own harness
+
+
+def _greedy_char(model, context: str) -> int:
+    with torch.no_grad():
+        return int(model(torch.tensor([[256, *context.encode()]]))[0, -1].argmax())
+
+
+def _tasks(model, root: Path) -> tuple[list[dict], list[dict]]:
+    """A multiple-choice task (choices of distinct first letters and lengths, so that a mean
+    over the choice's tokens is lm_eval's acc_norm) and a language-modeling task where half
+    the continuations are the model's own greedy next character (so its accuracy is 0.5)."""
+    import random
+
+    rng = random.Random(0)
+    words = ["apple", "banana", "kiwi", "cherry", "date", "elderberry", "fig", "guava"]
+    mc = [
+        {"query": f"Q{i}: which fruit?", "choices": rng.sample(words, 4), "gold": i % 4}
+        for i in range(16)
+    ]
+    hits, misses, i = [], [], 0
+    while len(hits) < 6 or len(misses) < 6:
+        context = f"{i} plus {i * 7 % 13} is"
+        c = _greedy_char(model, context)
+        if 33 <= c < 127 and len(hits) < 6:
+            hits.append({"context": context, "continuation": chr(c)})
+        elif len(misses) < 6:
+            other = 33 + (c + 1) % 94 if 33 <= c < 127 else 65
+            misses.append({"context": context, "continuation": chr(other)})
+        i += 1
+    return mc, hits + misses
+
+
+LM_EVAL_TASK = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files: {{test: {file}}}
+  cache_dir: {cache}
+test_split: test
+output_type: {output}
+doc_to_text: "{{{{{text}}}}}"
+{target}
+target_delimiter: ""
+metric_list: [{metrics}]
+"""
+
+
+def test_lm_eval_scores_equal_littlelm_harness(tmp_path, capsys):
+    pytest.importorskip("lm_eval")
+    from littlelm.eval.core import EvalOptions, evaluate_suite, load_suite
+    from littlelm.eval.tasks import load_task_list
+
+    _, model = make_checkpoint(tmp_path / "run", **FEATURES["demo_defaults"])
+    mc, lm = _tasks(model, tmp_path)
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    for name, rows in (("mc", mc), ("lm", lm)):
+        (ours / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = "tasks:\n" + "".join(
+        f"  - {{label: {n}, dataset_uri: {n}.jsonl, icl_task_type: {k}, num_fewshot: 0, "
+        f"continuation_delimiter: '', random_baseline: 0}}\n"
+        for n, k in (("mc", "multiple_choice"), ("lm", "language_modeling"))
+    )
+    (ours / "tasks.yaml").write_text(spec)
+    suite = evaluate_suite(
+        model, ByteTokenizer(), load_suite(load_task_list(ours / "tasks.yaml"), ours), EvalOptions()
+    )
+    want = {t.label: t.accuracy for t in suite.tasks}
+    assert want["lm"] == 0.5 and 0 < want["mc"] < 1  # the check below can fail
+
+    theirs = tmp_path / "lm_eval_tasks"
+    theirs.mkdir()
+    cache = tmp_path / "hf_datasets"
+    for name, text, output, target, metrics in (
+        (
+            "mc",
+            "query",
+            "multiple_choice",
+            "doc_to_choice: choices\ndoc_to_target: gold",
+            "{metric: acc}, {metric: acc_norm}",
+        ),
+        ("lm", "context", "loglikelihood", "doc_to_target: continuation", "{metric: acc}"),
+    ):
+        (theirs / f"{name}.yaml").write_text(
+            LM_EVAL_TASK.format(
+                name=f"littlelm_test_{name}",
+                file=ours / f"{name}.jsonl",
+                cache=cache,
+                output=output,
+                text=text,
+                target=target,
+                metrics=metrics,
+            )
+        )
+    argv = ["eval", str(tmp_path / "run"), "--harness", "littlelm_test_mc,littlelm_test_lm"]
+    out = tmp_path / "harness.json"
+    assert main([*argv, "--include", str(theirs), "--precision", "fp32", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())["results"]
+    assert got["littlelm_test_lm"]["acc,none"] == pytest.approx(want["lm"], abs=1e-9)
+    # littlelm picks the lowest mean loss per token; with one byte per character that is acc_norm
+    assert got["littlelm_test_mc"]["acc_norm,none"] == pytest.approx(want["mc"], abs=1e-9)
+    assert "littlelm_test_mc" in capsys.readouterr().out
+
+
+def test_harness_errors_name_the_fix(tmp_path, capsys, monkeypatch):
+    path, _ = make_checkpoint(tmp_path / "run")
+    assert main(["eval", str(path), "--harness", "x", "--include", str(tmp_path / "none")]) == 2
+    assert "not a directory of lm_eval task YAML" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval now raises ImportError
+    assert main(["eval", str(path), "--harness", "hellaswag"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'littlelm[harness]'" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------------------------
+# Tokenizers other than bytes: BPE as it is, tiktoken converted; both must give littlelm's ids
+
+TOK_TEXT = "héllo wörld ✓ — naïve café 日本語 def f(x):\n    return x  \n"
+
+
+def _same_ids_in_transformers(tok, out: Path) -> None:
+    export_tokenizer(tok, out)
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    assert theirs(TOK_TEXT)["input_ids"] == [tok.bos_id, *tok.encode(TOK_TEXT)]
+    assert theirs.decode(theirs(TOK_TEXT)["input_ids"], skip_special_tokens=True) == TOK_TEXT
+
+
+def test_bpe_tokenizer_exports_with_the_same_ids(tmp_path):
+    from littlelm.data.tokenizer import BPEConfig, BPETokenizer
+
+    texts = [TOK_TEXT * 3, "the quick brown fox jumps over the lazy dog " * 20] * 20
+    tok = BPETokenizer.train(BPEConfig(name="bpe", vocab_size=320, train_chars=20_000), iter(texts))
+    _same_ids_in_transformers(tok, tmp_path)
+
+
+def test_tiktoken_tokenizer_is_converted_with_the_same_ids(tmp_path):
+    from conftest import SHARED
+    from littlelm.data.tiktoken_tokenizer import TiktokenConfig, TiktokenTokenizer
+
+    ranks = SHARED / "data" / "tokenizers" / "gpt2.tiktoken"
+    if not ranks.is_file():
+        pytest.skip("shared gpt2.tiktoken not present")
+    cfg = TiktokenConfig(name="tiktoken", encoding="gpt2", file=str(ranks))
+    _same_ids_in_transformers(TiktokenTokenizer.from_config(cfg), tmp_path)
