@@ -77,11 +77,6 @@ class ConstantConfig(ComponentConfig):
     warmup_steps: int = Field(0, description="Steps of linear warmup from 0.", ge=0)
 
 
-SCHEDULES.register("trapezoidal", config=TrapezoidalConfig)(trapezoidal)
-SCHEDULES.register("cosine", config=CosineConfig)(cosine)
-SCHEDULES.register("constant", config=ConstantConfig)(constant)
-
-
 def build_schedule(cfg: ComponentConfig) -> Schedule:
     fn = SCHEDULES.get(cfg.name)
     options = cfg.model_dump(exclude={"name"})
