@@ -110,7 +110,7 @@ def prepare_throughput(
     from littlelm.data.prepare import prepare_source
     from littlelm.data.records import JSONLConfig, JSONLFiles
     from littlelm.data.split import ValSplit
-    from littlelm.train.progress import Progress
+    from littlelm.progress import Progress
 
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(out.with_name(out.name + ".partial"), ignore_errors=True)

@@ -23,11 +23,14 @@ from pathlib import Path
 
 import torch
 
+from littlelm.components import register_all
 from littlelm.eval.core import EvalOptions, evaluate_suite, evaluate_task, load_suite
 from littlelm.eval.reference import reference_decisions
 from littlelm.eval.tasks import load_task_list, resolve_bundle
 from littlelm.load import load_model
 from littlelm.train.device import pick_device
+
+register_all()  # an entry point: fill the registries before reading a config
 
 DEVICE = torch.device("cpu")  # set from --device in main()
 

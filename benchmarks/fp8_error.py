@@ -19,12 +19,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import littlelm.components  # noqa: F401  (fills the registries)
+from littlelm.components import register_all
 from littlelm.data.build import build_data
 from littlelm.registry import MODELS
 from littlelm.schema import load_run
 from littlelm.train import checkpoint as ckpt
 from littlelm.train.device import autocast
+
+register_all()  # an entry point: fill the registries before reading a config
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
 BF16 = (None, None, False)  # (fp8 dtype or None for bf16, amax dim or None for tensorwise, pow2)

@@ -35,12 +35,15 @@ from pathlib import Path
 import torch
 import yaml
 
+from littlelm.components import register_all
 from littlelm.data.build import build_data
 from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import flops_per_token
 from littlelm.schema import RunConfig, load_run
 from littlelm.train.device import autocast
 from littlelm.train.trainer import Trainer
+
+register_all()  # an entry point: fill the registries before reading a config
 
 SEQ, MICRO = 128, 16
 PARENT = {"n_layer": 4, "d_model": 128, "n_head": 4, "max_seq_len": SEQ}

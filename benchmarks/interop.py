@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from test_interop import FEATURES, VOCAB, hf_load, make_checkpoint, save_hf
 
-from littlelm.eval.generate import generate
+from littlelm.model.generate import generate
 from littlelm.interop.hf import export, import_model
 from littlelm.load import load_model
 

@@ -54,12 +54,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import littlelm.components  # noqa: F401  (fills the registries)
+from littlelm.components import register_all
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.registry import OPTIMIZERS
 from littlelm.train.device import autocast, peak_flops, synchronize, tune_cpu_allocator
 from littlelm.train.step import apply_update, micro_step
-from littlelm.train.trainer import PARAM_DTYPES
+from littlelm.train.build import PARAM_DTYPES
+
+register_all()  # an entry point: fill the registries before reading a config
 
 # (n_layer, d_model, n_head, seq_len, micro_batch, vocab)
 SIZES = {
@@ -185,7 +187,7 @@ def build(v: Variant, size: tuple, device: torch.device, data) -> Setup:
         cfg = GPTConfig(
             n_layer=n_layer, d_model=d, n_head=n_head, max_seq_len=seq, vocab_size=vocab, **v.model
         )
-        GPT.check_device(cfg, device)
+        cfg.check_device(device)
         with device:
             model = GPT(cfg).to(dtype=PARAM_DTYPES[v.master_weights])
         model.activation_checkpointing = v.checkpointing
@@ -457,7 +459,7 @@ def final_losses(path: Path, steps: int) -> tuple[float, float, float] | None:
 def bf16_eval_of_fp8(args, device: torch.device) -> float:
     """Validation loss of the fp8 run's final checkpoint with its FP8 linears computing in
     bf16: how much of the FP8 gap is the FP8 forward at evaluation time."""
-    from littlelm.eval.bpb import evaluate_loss
+    from littlelm.model.bpb import evaluate_loss
     from littlelm.model.fp8 import FP8Linear
     from littlelm.schema import load_run
     from littlelm.train.trainer import Trainer

@@ -113,7 +113,6 @@ def cmd_data_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    import littlelm.components  # noqa: F401
     from littlelm.registry import Registry
 
     for kind, reg in Registry.all.items():
@@ -126,8 +125,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from littlelm.eval.generate import check_sampling, fit_prompt, generate
     from littlelm.load import load_model
+    from littlelm.model.generate import check_sampling, fit_prompt, generate
     from littlelm.train.device import autocast, pick_device
 
     top_k = args.top_k or None  # 0 = no top-k filter
@@ -560,9 +559,12 @@ def _add_eval(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from littlelm.components import register_all
+
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("once")
     try:
+        register_all()  # the CLI is an entry point: every verb may read a config or checkpoint
         return args.fn(args)
     except LittleLMError as e:
         print(f"error: {e}", file=sys.stderr)

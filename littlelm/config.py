@@ -34,6 +34,12 @@ from littlelm.registry import Registry
 
 CLI = "command line"
 
+# Markers for a field's json_schema_extra, read by `marked`:
+# a resumed run may change it (a section marked so covers its keys; train/resume.py);
+RESUMABLE = {"resumable": True}
+# ... and it does not change which tokens the data loader yields next (grow.continue_data).
+SAME_DATA = {"resumable": True, "same_data": True}
+
 
 class _Loader(yaml.SafeLoader):
     """SafeLoader that also reads `3e-4` and `1e6` as floats (YAML 1.2), not strings."""
@@ -276,10 +282,9 @@ def _validate_component(meta: Registered, value: Any, loc: tuple, errors: list) 
     name = value.get("name", meta.default)
     reg = meta.registry
     if not isinstance(name, str) or name not in reg:
-        known = ", ".join(reg.names())
         hint = did_you_mean(name, reg.names()) if isinstance(name, str) else ""
         what = f"unknown {reg.kind} {name!r}{hint}" if name is not None else f"no {reg.kind} named"
-        errors.append(((*loc, "name"), f"{what}; known {reg.kind}s: {known}"))
+        errors.append(((*loc, "name"), f"{what}; known {reg.kind}s: {reg.known()}"))
         return None
     cfg_cls = reg.config_class(name)
     if cfg_cls is None:
@@ -345,6 +350,59 @@ def _origin_of(key: str, origin: dict[str, str]) -> str | None:
         if children:
             return children[0]
         key = key.rpartition(".")[0]
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Field markers
+
+
+def marked(cls: type[BaseModel], tree: dict, key: str, marker: str) -> bool:
+    """Whether the dotted `key` (as `flatten` writes it: `data.sources.web.weight`,
+    `callbacks[0].every`) of a config tree validated by `cls` is marked: the value of `marker`
+    in the `json_schema_extra` of the innermost field on the key's path that sets it, so a
+    marked section covers its keys unless one of them says otherwise. A component's keys are
+    looked up in the config class of the component `tree` names there (when it names none:
+    the registry's default, else the base class all its components' configs share). False
+    when no field on the path sets it."""
+    found, owner, node = False, cls, tree
+    parts = [int(p) if p.isdigit() else p for p in re.split(r"\.|\[(\d+)\]\.?", key) if p]
+    while parts and owner is not None:
+        part = parts.pop(0)
+        field = owner.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            break
+        extra = field.json_schema_extra
+        if isinstance(extra, dict) and marker in extra:
+            found = bool(extra[marker])
+        node = _child(node, part)
+        reg = next((m for m in field.metadata if isinstance(m, Registered)), None)
+        if reg is None:
+            owner = _owner_class(owner, (part,))
+            continue
+        if reg.container and parts:  # step over the list index or the mapping's label
+            node = _child(node, parts.pop(0))
+        name = node.get("name", reg.default) if isinstance(node, dict) else node
+        if isinstance(name, str) and name in reg.registry:
+            owner = reg.registry.config_class(name)
+        else:
+            owner = _common_base([e.config for e in reg.registry.entries() if e.config])
+    return found
+
+
+def _common_base(classes: list[type]) -> type[BaseModel] | None:
+    """The most derived config class every one of `classes` derives from."""
+    for base in classes[0].__mro__ if classes else ():
+        if issubclass(base, BaseModel) and all(issubclass(c, base) for c in classes):
+            return base
+    return None
+
+
+def _child(node: Any, part: str | int) -> Any:
+    if isinstance(node, dict):
+        return node.get(str(part), node.get(part))
+    if isinstance(node, list) and isinstance(part, int) and part < len(node):
+        return node[part]
     return None
 
 

@@ -6,25 +6,14 @@ from pathlib import Path
 
 import torch
 
+from littlelm.checkpoints import find_checkpoint
 from littlelm.config import validate
 from littlelm.data.tokenizer import Tokenizer, load_tokenizer
-from littlelm.errors import CheckpointError
 from littlelm.registry import MODELS
 from littlelm.schema import RunConfig
 from littlelm.train import checkpoint as ckpt
 
-
-def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory, or the newest complete checkpoint of a run directory."""
-    path = Path(path)
-    if (path / "state.json").is_file():
-        return path
-    latest = ckpt.latest_checkpoint(path / "checkpoints")
-    if latest is None:
-        raise CheckpointError(
-            f"no complete checkpoint at {path} (looked for state.json and checkpoints/step_*)"
-        )
-    return latest
+__all__ = ["find_checkpoint", "load_model"]  # find_checkpoint: littlelm/checkpoints.py
 
 
 def load_model(

@@ -1,16 +1,15 @@
 """Registries: components picked by short name from YAML.
 
     MODELS = Registry("model")
-
-    @MODELS.register("gpt", config=GPTConfig)
-    class GPT(nn.Module): ...
+    MODELS.register("gpt", config=GPTConfig)(GPT)      # in littlelm/components.py's table
 
     cls = MODELS.get("gpt")             # unknown names raise ConfigError listing the known ones
     cfg_cls = MODELS.config_class("gpt")
 
 Each entry pairs a builder (class or function) with the typed config its YAML section is
-validated against. A component's module registers itself on import; `littlelm.components`
-imports them all, so importing that module fills every registry.
+validated against. Importing a component's module registers nothing: the entry points (the
+CLI, tests, benchmarks, a script using littlelm as a library) call
+`littlelm.components.register_all()`, which registers every component from one table.
 """
 
 from __future__ import annotations
@@ -44,8 +43,14 @@ class Registry:
         Registry.all[kind] = self
 
     def register(self, name: str, config: type | None = None) -> Callable[[T], T]:
+        """`register(name, config)(builder)`: registering the same pair again changes nothing
+        (so that `register_all()` may run twice); another builder under a taken name is a bug."""
+
         def decorate(obj: T) -> T:
-            assert name not in self._entries, f"{self.kind} {name!r} registered twice"
+            old = self._entries.get(name)
+            if old is not None and (old.builder, old.config) == (obj, config):
+                return obj
+            assert old is None, f"{self.kind} {name!r} registered twice"
             own = config.__dict__.get("__doc__") if config is not None else None
             doc = (own or getattr(obj, "__doc__", None) or "").strip().splitlines()
             self._entries[name] = Entry(name, obj, config, doc[0] if doc else "")
@@ -55,9 +60,11 @@ class Registry:
 
     def entry(self, name: str) -> Entry:
         if name not in self._entries:
-            known = ", ".join(sorted(self._entries)) or "(none)"
             raise ConfigError(
-                [f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}; known: {known}"]
+                [
+                    f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}; "
+                    f"known: {self.known()}"
+                ]
             )
         return self._entries[name]
 
@@ -66,6 +73,12 @@ class Registry:
 
     def config_class(self, name: str) -> type | None:
         return self.entry(name).config
+
+    def known(self) -> str:
+        """The registered names, or how to fill the registry when it is empty."""
+        if not self._entries:
+            return "none (call littlelm.components.register_all() first; the CLI does)"
+        return ", ".join(self.names())
 
     def names(self) -> list[str]:
         return sorted(self._entries)

@@ -15,38 +15,61 @@ Sections and who owns them:
     callbacks   list of registered callbacks                    (littlelm.train.callbacks)
     grow        start from a smaller trained checkpoint         (littlelm.model.grow)
 
-`resolve` fills in the values derived from others (vocabulary size from the tokenizer, sequence
-length, gradient accumulation, step count from a token budget), so the resolved config a run
-directory keeps says exactly what ran.
+`resolve` returns a new config with the values derived from others filled in (vocabulary size
+from the tokenizer, sequence length, gradient accumulation, step count from a token budget), so
+the resolved config a run directory keeps says exactly what ran; the validated config it was
+given is left as it is.
+
+Which keys a resumed run may change is declared on the fields themselves
+(`json_schema_extra=RESUMABLE`; `resumable` below reads it for train/resume.py).
+
+This module sits below the trainer and above the components: it composes the sections owned by
+model/, optim/ and data/ (which never see the root config) and those of the train layer's
+helpers (littlelm/sections.py). The component registries must be filled before a config is
+validated: the entry points call `littlelm.components.register_all()`.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-import littlelm.components  # noqa: F401  (fills the registries)
-from littlelm.config import Cfg, Registered, apply_overrides, load_tree, validate
+from littlelm.config import (
+    RESUMABLE,
+    Cfg,
+    Registered,
+    apply_overrides,
+    load_tree,
+    marked,
+    validate,
+)
 from littlelm.data.build import DataConfig
 from littlelm.data.tokenizer import vocab_size_of
 from littlelm.errors import ConfigError
-from littlelm.model.grow import GrowConfig
+from littlelm.model.grow import GrowConfig, resolve_growth
+from littlelm.model.protocol import ModelConfig
+from littlelm.optim.base import OptimizerConfig
+from littlelm.optim.schedule import PROGRESS_FORMS
 from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
-from littlelm.train.budget import BudgetConfig, resolve_budget
-from littlelm.train.distributed import DistributedConfig
-from littlelm.train.growth import resolve_growth
-from littlelm.train.guard import GuardConfig
+from littlelm.sections import BudgetConfig, DistributedConfig, GuardConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 
 
 class RunSection(Cfg):
-    name: str = Field("run", description="Run name; its directory is out_dir/name.")
-    out_dir: str = Field("runs", description="Parent directory of run directories.")
+    name: str = Field(
+        "run", description="Run name; its directory is out_dir/name.", json_schema_extra=RESUMABLE
+    )
+    out_dir: str = Field(
+        "runs", description="Parent directory of run directories.", json_schema_extra=RESUMABLE
+    )
     seed: int = Field(1337, description="Seed of weights init and data order.")
-    device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="Where to train.")
+    device: Literal["auto", "cpu", "cuda", "mps"] = Field(
+        "auto", description="Where to train.", json_schema_extra=RESUMABLE
+    )
 
 
 class TrainConfig(Cfg):
@@ -64,17 +87,25 @@ class TrainConfig(Cfg):
         None,
         description="Micro-batches per optimizer step (derived from batch_tokens; do not set both).",
         ge=1,
+        json_schema_extra=RESUMABLE,
     )
     max_steps: int | None = Field(
-        None, description="Optimizer steps to train; or set max_tokens.", ge=1
+        None,
+        description="Optimizer steps to train; or set max_tokens.",
+        ge=1,
+        json_schema_extra=RESUMABLE,
     )
     max_tokens: int | None = Field(
-        None, description="Token budget; sets max_steps when that is null.", ge=1
+        None,
+        description="Token budget; sets max_steps when that is null.",
+        ge=1,
+        json_schema_extra=RESUMABLE,
     )
     budget: BudgetConfig | None = Field(
         None,
         description="Train to a budget of tokens, hours or dollars (train/budget.py); "
         "max_steps/max_tokens, when also set, stay a cap.",
+        json_schema_extra=RESUMABLE,  # a budget may be raised or lowered mid-run
     )
     precision: Literal["bf16", "fp32"] = Field("bf16", description="bf16 autocast, or plain fp32.")
     master_weights: Literal["fp32", "bf16"] = Field(
@@ -91,17 +122,25 @@ class TrainConfig(Cfg):
         False,
         description="Keep only each layer's input and recompute the layer in the backward "
         "pass (about 1/3 more compute, far less activation memory).",
+        json_schema_extra=RESUMABLE,
     )
     compile: bool | None = Field(
         None,
         description="torch.compile the model (minutes of warm-up); null = the kernel backend's "
         "choice (model.backend: on with cuda, off with cpu).",
+        json_schema_extra=RESUMABLE,
     )
     grad_clip: float | None = Field(
-        1.0, description="Clip the global grad norm to this; null = off.", gt=0
+        1.0,
+        description="Clip the global grad norm to this; null = off.",
+        gt=0,
+        json_schema_extra=RESUMABLE,
     )
     log_every: int = Field(
-        10, description="Steps between progress lines and metrics records.", ge=1
+        10,
+        description="Steps between progress lines and metrics records.",
+        ge=1,
+        json_schema_extra=RESUMABLE,
     )
 
 
@@ -140,32 +179,43 @@ class RunConfig(Cfg):
     run: RunSection = Field(
         default_factory=RunSection, description="Name, output directory, seed, device."
     )
-    model: Annotated[Any, Registered(MODELS, default="gpt")] = Field(
+    model: Annotated[ModelConfig, Registered(MODELS, default="gpt")] = Field(
         default_factory=lambda: {"name": "gpt"}, description="The model (littlelm list)."
     )
     data: DataConfig = Field(default_factory=DataConfig, description="Tokenizer, sources, packing.")
-    optimizer: Annotated[Any, Registered(OPTIMIZERS, default="muon")] = Field(
-        default_factory=lambda: {"name": "muon"}, description="Optimizer and its per-role lrs."
+    optimizer: Annotated[OptimizerConfig, Registered(OPTIMIZERS, default="muon")] = Field(
+        default_factory=lambda: {"name": "muon"},
+        description="Optimizer and its per-role lrs.",
+        json_schema_extra=RESUMABLE,
     )
     schedule: Annotated[Any, Registered(SCHEDULES, default="trapezoidal")] = Field(
-        default_factory=lambda: {"name": "trapezoidal"}, description="Learning-rate schedule."
+        default_factory=lambda: {"name": "trapezoidal"},
+        description="Learning-rate schedule.",
+        json_schema_extra=RESUMABLE,
     )
     train: TrainConfig = Field(default_factory=TrainConfig, description="Batch, steps, precision.")
     eval: EvalConfig = Field(
-        default_factory=EvalConfig, description="Validation loss and bits per byte."
+        default_factory=EvalConfig,
+        description="Validation loss and bits per byte.",
+        json_schema_extra=RESUMABLE,
     )
     checkpoint: CheckpointConfig = Field(
-        default_factory=CheckpointConfig, description="Checkpoints."
+        default_factory=CheckpointConfig, description="Checkpoints.", json_schema_extra=RESUMABLE
     )
     guard: GuardConfig = Field(
-        default_factory=GuardConfig, description="Skipping bad updates, rollback, stopping."
+        default_factory=GuardConfig,
+        description="Skipping bad updates, rollback, stopping.",
+        json_schema_extra=RESUMABLE,
     )
     distributed: DistributedConfig = Field(
         default_factory=DistributedConfig,
         description="Several processes (torchrun): ddp or fsdp, optimizer sharding.",
+        json_schema_extra=RESUMABLE,
     )
     callbacks: Annotated[Any, Registered(CALLBACKS, container="list")] = Field(
-        default_factory=list, description="Extra callbacks (samples, loggers, evals)."
+        default_factory=list,
+        description="Extra callbacks (samples, loggers, evals).",
+        json_schema_extra=RESUMABLE,
     )
     grow: GrowConfig | None = Field(
         None, description="Grow a smaller trained checkpoint into this model; null = random init."
@@ -211,24 +261,47 @@ def load_data_config(path: str | Path, overrides: list[str] = ()) -> DataConfig:
     return validate(RunConfig, tree, origin, str(path)).data
 
 
+def resumable(key: str, tree: dict | None = None) -> bool:
+    """Whether a resumed run may change the dotted `key` of its config (`tree`: the config as
+    plain data, which names the components whose fields are looked up)."""
+    return marked(RunConfig, tree or {}, key, "resumable")
+
+
 def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
-    """Fill in derived values; report every inconsistency at once."""
-    problems: list[str] = []
-    m, t = cfg.model, cfg.train
+    """A new config with the derived values filled in (`cfg` is left as it is); every
+    inconsistency is reported at once."""
+    m = cfg.model
     if m.vocab_size is None:
-        m.vocab_size = vocab_size_of(cfg.data.tokenizer)
-    if t.seq_len is None:
-        t.seq_len = m.max_seq_len
-    if t.seq_len > m.max_seq_len:
+        m = m.model_copy(update={"vocab_size": vocab_size_of(cfg.data.tokenizer)})
+    train, problems = _resolve_train(cfg.train, m.max_seq_len, world_size, cfg.schedule.name)
+    dist, more = _resolve_world(cfg, world_size)
+    problems += more
+    if not cfg.data.sources:
         problems.append(
-            f"train.seq_len {t.seq_len} exceeds model.max_seq_len {m.max_seq_len}; lower one or raise the other"
+            "data.sources is empty: a run needs a data section naming at least one source, e.g. "
+            "data: {sources: {main: {name: text, path: corpus.txt}}} (see littlelm/configs/demo.yaml)"
         )
-    per_micro = t.micro_batch_size * t.seq_len * world_size
-    if (
-        t.batch_tokens is not None
-        and t.grad_accum is not None
-        and t.batch_tokens != per_micro * t.grad_accum
-    ):
+    grow, m, more = resolve_growth(cfg.grow, m)
+    problems += more
+    if problems:
+        raise ConfigError(problems, source or None)
+    update = {"model": m, "train": train, "distributed": dist, "grow": grow}
+    return cfg.model_copy(update=copy.deepcopy(update), deep=True)
+
+
+def _resolve_train(
+    t: TrainConfig, max_seq_len: int, world_size: int, schedule: str
+) -> tuple[TrainConfig, list[str]]:
+    """The train section with sequence length, batch and step count derived; its problems."""
+    problems: list[str] = []
+    seq_len = max_seq_len if t.seq_len is None else t.seq_len
+    if seq_len > max_seq_len:
+        problems.append(
+            f"train.seq_len {seq_len} exceeds model.max_seq_len {max_seq_len}; lower one or raise the other"
+        )
+    per_micro = t.micro_batch_size * seq_len * world_size
+    accum = t.grad_accum
+    if t.batch_tokens is not None and accum is not None and t.batch_tokens != per_micro * accum:
         problems.append(
             "train.batch_tokens and train.grad_accum are both set and disagree; set only batch_tokens"
         )
@@ -239,17 +312,65 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
                 f"= {per_micro}; use {max(1, round(t.batch_tokens / per_micro)) * per_micro}"
             )
         else:
-            t.grad_accum = t.batch_tokens // per_micro
-    t.grad_accum = t.grad_accum or 1
-    t.batch_tokens = per_micro * t.grad_accum
-    problems += resolve_budget(cfg)
+            accum = t.batch_tokens // per_micro
+    accum = accum or 1
+    batch_tokens = per_micro * accum
+    max_steps, max_tokens = t.max_steps, t.max_tokens
+    budget_steps, budget_problems = _budget(t, batch_tokens, schedule)
+    problems += budget_problems
+    max_steps = budget_steps or max_steps
     timed = t.budget is not None and t.budget.kind in ("hours", "dollars")
-    if t.max_steps is None and t.max_tokens is None and not timed:
+    if max_steps is None and max_tokens is None and not timed:
         problems.append("set train.max_steps, train.max_tokens or train.budget")
-    elif t.max_steps is None and t.max_tokens is not None:
-        t.max_steps = max(1, t.max_tokens // t.batch_tokens)
-    if t.max_steps is not None:
-        t.max_tokens = t.max_steps * t.batch_tokens
+    elif max_steps is None and max_tokens is not None:
+        max_steps = max(1, max_tokens // batch_tokens)
+    if max_steps is not None:
+        max_tokens = max_steps * batch_tokens
+    problems += _precision_problems(t)
+    derived = dict(
+        seq_len=seq_len,
+        grad_accum=accum,
+        batch_tokens=batch_tokens,
+        max_steps=max_steps,
+        max_tokens=max_tokens,
+    )
+    return t.model_copy(update=derived), problems
+
+
+def _budget(t: TrainConfig, batch_tokens: int, schedule: str) -> tuple[int | None, list[str]]:
+    """Check train.budget; a tokens budget gives the step count (train.max_steps or
+    max_tokens, when also set, stay a cap: the run ends at whichever comes first)."""
+    b = t.budget
+    if b is None:
+        return None, []
+    if b.kind is None:
+        given = [k for k in ("tokens", "hours", "dollars") if getattr(b, k) is not None]
+        return None, [
+            "train.budget: set exactly one of tokens, hours or dollars"
+            + (f" (got {' and '.join(given)})" if given else "")
+        ]
+    if b.kind == "dollars" and b.price_per_gpu_hour is None:
+        return None, [
+            "train.budget.dollars needs train.budget.price_per_gpu_hour (dollars per GPU-hour)"
+        ]
+    if b.kind == "tokens":
+        if b.tokens < batch_tokens:
+            return None, [
+                f"train.budget.tokens {b.tokens:,} is less than one step's batch of "
+                f"{batch_tokens:,} tokens; raise the budget or lower train.batch_tokens"
+            ]
+        cap = t.max_steps or (t.max_tokens // batch_tokens if t.max_tokens else None)
+        return min(b.tokens // batch_tokens, cap or b.tokens // batch_tokens), []
+    if schedule not in PROGRESS_FORMS:
+        return None, [
+            f"schedule {schedule!r} cannot follow a time or money budget (no progress form); "
+            f"use one of {', '.join(PROGRESS_FORMS)} or a tokens budget"
+        ]
+    return None, []
+
+
+def _precision_problems(t: TrainConfig) -> list[str]:
+    problems = []
     if t.master_weights == "bf16" and t.precision != "bf16":
         problems.append("train.master_weights=bf16 needs train.precision=bf16")
     if t.stochastic_rounding and t.master_weights != "bf16":
@@ -257,19 +378,10 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
             "train.stochastic_rounding only applies to bf16 parameters: "
             "set train.master_weights=bf16 or turn it off"
         )
-    problems += _resolve_world(cfg, world_size)
-    if not cfg.data.sources:
-        problems.append(
-            "data.sources is empty: a run needs a data section naming at least one source, e.g. "
-            "data: {sources: {main: {name: text, path: corpus.txt}}} (see littlelm/configs/demo.yaml)"
-        )
-    problems += resolve_growth(cfg)
-    if problems:
-        raise ConfigError(problems, source or None)
-    return cfg
+    return problems
 
 
-def _resolve_world(cfg: RunConfig, world_size: int) -> list[str]:
+def _resolve_world(cfg: RunConfig, world_size: int) -> tuple[DistributedConfig, list[str]]:
     """distributed.world_size is the number of processes actually running."""
     d, problems = cfg.distributed, []
     if d.world_size is not None and d.world_size != world_size:
@@ -278,20 +390,15 @@ def _resolve_world(cfg: RunConfig, world_size: int) -> list[str]:
             "it is derived from torchrun's WORLD_SIZE: remove it (and train.grad_accum, which "
             "depends on it) from the config"
         )
-    d.world_size = world_size
     if world_size > 1 and cfg.data.on_exhausted == "stop":
         problems.append(
             "data.on_exhausted=stop needs a single process (ranks would run out of data at "
             "different steps); use repeat and set train.max_tokens"
         )
-    if world_size > 1 and getattr(cfg.optimizer, "adamw_8bit", False):
-        problems.append(
-            "optimizer.adamw_8bit is not supported with several processes yet (its state is not "
-            "sharded or gathered by littlelm's ddp/fsdp optimizers); set optimizer.adamw_8bit=false"
-        )
+    problems += cfg.optimizer.check_world(world_size)
     if world_size > 1 and d.strategy == "fsdp" and cfg.train.master_weights == "bf16":
         problems.append(
             "train.master_weights=bf16 is not supported with distributed.strategy=fsdp yet; use "
             "ddp, or fp32 master weights (FSDP already keeps 1/world of them per GPU)"
         )
-    return problems
+    return d.model_copy(update={"world_size": world_size}), problems

@@ -11,9 +11,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-import littlelm.components  # noqa: F401
+from littlelm.components import register_all
 from littlelm.config import Registered
 from littlelm.schema import RunConfig
+
+register_all()  # an entry point: fill the registries before reading a config
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 

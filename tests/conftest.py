@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from littlelm.components import register_all
+
+register_all()  # the test suite is an entry point: every test may read a config
+
 
 def _find_shared() -> Path:
     """LITTLELM_SHARED, else ../shared beside the project root (or a parent: worktrees sit deeper)."""

@@ -21,12 +21,15 @@ import signal
 import sys
 from pathlib import Path
 
+from littlelm.components import register_all
 from littlelm.errors import LittleLMError
 from littlelm.schema import load_run
 from littlelm.train import checkpoint as ckpt
 from littlelm.train import distributed
 from littlelm.train.device import pick_device
 from littlelm.train.trainer import Trainer
+
+register_all()  # an entry point: fill the registries before reading a config
 
 
 def calls(name: str) -> set[int]:

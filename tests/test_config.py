@@ -131,7 +131,6 @@ def test_every_shipped_config_validates(path):
 
 
 def test_every_config_field_has_a_description():
-    import littlelm.components  # noqa: F401
     from littlelm.registry import Registry
 
     classes = {RunConfig}

@@ -14,8 +14,8 @@ from conftest import make_corpus, tiny_tree, write_config
 from littlelm.cli import main
 from littlelm.errors import EvalError
 from littlelm.eval.bundle import download_bundle
+from littlelm.progress import Progress
 from littlelm.schema import load_run
-from littlelm.train.progress import Progress
 from littlelm.train.trainer import Trainer
 
 

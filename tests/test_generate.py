@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from littlelm.errors import LittleLMError
-from littlelm.eval.generate import check_sampling, fit_prompt, generate, pick
+from littlelm.model.generate import check_sampling, fit_prompt, generate, pick
 from littlelm.model.gpt import GPT, GPTConfig
 
 

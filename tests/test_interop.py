@@ -14,7 +14,7 @@ import torch
 from littlelm.cli import main
 from littlelm.config import to_tree, validate
 from littlelm.data.tokenizer import ByteTokenizer
-from littlelm.eval.generate import generate
+from littlelm.model.generate import generate
 from littlelm.interop.hf import export, import_model
 from littlelm.interop.hf_tokenizer import export_tokenizer
 from littlelm.load import load_model

@@ -9,6 +9,7 @@ import torch
 
 from conftest import tiny_tree, write_config
 from littlelm.plan import memory as mem
+from littlelm.plan.accounting import CATEGORIES
 from littlelm.plan.shapes import Dims, param_shapes
 from littlelm.plan.trace import trace_step
 from littlelm.registry import MODELS
@@ -65,7 +66,7 @@ def test_analytic_agrees_with_trace(tmp_path, corpus, sections):
     cfg = config(tmp_path, corpus, sections)
     traced = trace_step(cfg)
     analytic = mem.estimate(Dims.of(cfg), "cpu")
-    for k in mem.CATEGORIES:
+    for k in CATEGORIES:
         t, a = traced.categories[k], analytic.categories[k]
         assert close(a, t), f"{k}: analytic {a} vs trace {t}"
     for phase in (mem.FB, mem.OPT):

@@ -3,8 +3,8 @@ from __future__ import annotations
 import io
 import re
 
+from littlelm.progress import Progress, printable, progress_line
 from littlelm.schema import load_run
-from littlelm.train.progress import Progress, printable, progress_line
 from littlelm.train.trainer import Trainer
 
 # Any C0/C1 control character except newline (tab is allowed too).

@@ -20,7 +20,5 @@ def test_register_get_and_unknown_name_lists_known():
 
 
 def test_every_kind_of_component_is_registered():
-    import littlelm.components  # noqa: F401
-
     for kind in ("model", "optimizer", "schedule", "tokenizer", "dataset", "callback"):
         assert Registry.all[kind].names(), kind

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import Field
 
-from littlelm.config import Cfg, Registered
+from littlelm.config import RESUMABLE, SAME_DATA, Cfg, Registered
 from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
 from littlelm.data.prepare import (
     cache_root,
@@ -52,7 +52,9 @@ class DataConfig(Cfg):
     split_seed: int = Field(0, description="Seed of the hash split (independent of run.seed).")
     buffer_docs: int = Field(1000, description="Documents buffered for best-fit packing.", ge=1)
     on_exhausted: Literal["repeat", "stop"] = Field(
-        "repeat", description="When a source runs out: start a new epoch, or stop the run."
+        "repeat",
+        description="When a source runs out: start a new epoch, or stop the run.",
+        json_schema_extra=RESUMABLE,
     )
     shard_tokens: int = Field(
         100_000_000,
@@ -64,15 +66,24 @@ class DataConfig(Cfg):
         description="Processes tokenizing in parallel when preparing; null = one per core, at "
         "most one per 64 MB of input (small sources tokenize in one process, on every core).",
         ge=1,
+        json_schema_extra=RESUMABLE,
     )
     cache_dir: str | None = Field(
         None,
         description="Where prepared data is cached; null = $LITTLELM_CACHE or ~/.cache/littlelm.",
+        json_schema_extra=SAME_DATA,
     )
     verify_checksums: bool = Field(
-        True, description="Check every shard's checksum when opening it."
+        True,
+        description="Check every shard's checksum when opening it.",
+        json_schema_extra=SAME_DATA,
     )
-    prefetch: int = Field(2, description="Batches built ahead in a background thread.", ge=1)
+    prefetch: int = Field(
+        2,
+        description="Batches built ahead in a background thread.",
+        ge=1,
+        json_schema_extra=SAME_DATA,
+    )
 
 
 class ShardsConfig(SourceConfig):
@@ -81,7 +92,6 @@ class ShardsConfig(SourceConfig):
     path: str = Field(..., description="A dataset directory written by `littlelm data prepare`.")
 
 
-@DATASETS.register("shards", config=ShardsConfig)
 class PreparedShards(Source):
     """Already prepared token shards; used as they are (their own train/val split)."""
 

@@ -31,12 +31,11 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from littlelm.data.prepare import cache_root, digest
+from littlelm.data.cache import cache_root, digest
 from littlelm.data.records import ParquetFiles, open_lines
 from littlelm.data.sources import LOADER_ONLY, DocumentSourceConfig, Unit, find_files
 from littlelm.errors import DataError
 from littlelm.extras import require
-from littlelm.registry import DATASETS
 
 DATA_PATTERNS = ("*.parquet", "*.arrow", "*.jsonl", "*.jsonl.gz", "*.jsonl.zst", "*.json.gz")
 RETRIES = 3  # attempts per file before the download stops with an error
@@ -88,7 +87,6 @@ def template_fields(template: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-@DATASETS.register("hf", config=HFConfig)
 class HubDataset(ParquetFiles):
     """A Hugging Face dataset (hub id or local copy), one document per row."""
 

@@ -15,7 +15,7 @@ from littlelm.data.prepare import MANIFEST, read_manifest
 from littlelm.data.shards import Shard
 from littlelm.data.tokenizer import Tokenizer, load_tokenizer
 from littlelm.errors import DataError
-from littlelm.train.progress import human
+from littlelm.progress import human
 
 
 def inspect_dataset(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from littlelm.data.sources import Unit
-from littlelm.train.progress import Progress, duration, human
+from littlelm.progress import Progress, duration, human
 
 
 class Meter:

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from littlelm.config import ComponentConfig
+from littlelm.data.cache import digest
 from littlelm.data.meter import Meter
 from littlelm.data.shards import read_header
 from littlelm.data.sources import Source, Unit
@@ -44,16 +45,6 @@ from littlelm.registry import TOKENIZERS
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
 FORMAT = 2
-
-
-def cache_root(configured: str | None = None) -> Path:
-    """data.cache_dir, else $LITTLELM_CACHE, else ~/.cache/littlelm."""
-    root = configured or os.environ.get("LITTLELM_CACHE") or "~/.cache/littlelm"
-    return Path(root).expanduser()
-
-
-def digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def make_split(source: Source, fraction: float, mode: str, seed: int) -> ValSplit:

@@ -19,7 +19,6 @@ import zstandard
 from pydantic import Field
 
 from littlelm.data.sources import DocumentSourceConfig, Source, Unit, cut_points
-from littlelm.registry import DATASETS
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -89,7 +88,6 @@ def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
         yield tail
 
 
-@DATASETS.register("jsonl", config=JSONLConfig)
 class JSONLFiles(Source):
     """JSON Lines files (plain, .gz or .zst), the text taken from one field of each record."""
 
@@ -144,7 +142,6 @@ class ParquetConfig(DocumentSourceConfig):
     column: str = Field("text", description="Column holding each row's text.")
 
 
-@DATASETS.register("parquet", config=ParquetConfig)
 class ParquetFiles(Source):
     """Parquet files (e.g. Hugging Face datasets), the text taken from one string column."""
 

@@ -30,13 +30,17 @@ from typing import Literal
 
 from pydantic import Field
 
-from littlelm.config import ComponentConfig
+from littlelm.config import RESUMABLE, ComponentConfig
 from littlelm.errors import DataError
-from littlelm.registry import DATASETS
 
 
 class SourceConfig(ComponentConfig):
-    weight: float = Field(1.0, description="Share of training tokens drawn from this source.", gt=0)
+    weight: float = Field(
+        1.0,
+        description="Share of training tokens drawn from this source.",
+        gt=0,
+        json_schema_extra=RESUMABLE,
+    )
     long_docs: Literal["crop", "split"] = Field(
         "crop",
         description="A document that does not fit the rest of a row: crop it there (the rest is "
@@ -297,7 +301,6 @@ class TextConfig(DocumentSourceConfig):
     )
 
 
-@DATASETS.register("text", config=TextConfig)
 class TextFiles(Source):
     """Plain UTF-8 text files."""
 
@@ -339,7 +342,6 @@ class PythonConfig(DocumentSourceConfig):
     include_tests: bool = Field(True, description="Also take test packages (test/, tests/).")
 
 
-@DATASETS.register("python", config=PythonConfig)
 class PythonFiles(Source):
     """Every .py file of a source tree, one document per file (hidden, cache and site-packages
     directories skipped)."""
@@ -374,7 +376,6 @@ class StdlibConfig(DocumentSourceConfig):
     include_tests: bool = Field(False, description="Also take test packages (test/, tests/).")
 
 
-@DATASETS.register("python_stdlib", config=StdlibConfig)
 class PythonStdlib(PythonFiles):
     """Every .py file of the Python standard library (or of `root`), one document per file."""
 

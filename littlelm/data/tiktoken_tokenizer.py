@@ -27,7 +27,6 @@ from pydantic import Field
 from littlelm.config import ComponentConfig
 from littlelm.data.tokenizer import Tokenizer
 from littlelm.errors import DataError
-from littlelm.registry import TOKENIZERS
 
 RANKS = "ranks.tiktoken"
 ALIASES = {
@@ -54,7 +53,6 @@ class TiktokenConfig(ComponentConfig):
     )
 
 
-@TOKENIZERS.register("tiktoken", config=TiktokenConfig)
 class TiktokenTokenizer(Tokenizer):
     """An OpenAI tiktoken encoding (byte-level BPE, fast batch encoding on every core)."""
 

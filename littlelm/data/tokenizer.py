@@ -114,7 +114,6 @@ class ByteConfig(ComponentConfig):
     """Bytes 0-255 are tokens 0-255; BOS is 256."""
 
 
-@TOKENIZERS.register("byte", config=ByteConfig)
 class ByteTokenizer(Tokenizer):
     """One token per UTF-8 byte, plus BOS (vocabulary 257)."""
 
@@ -227,7 +226,6 @@ class BPEConfig(ComponentConfig):
     )
 
 
-@TOKENIZERS.register("bpe", config=BPEConfig)
 class BPETokenizer(HFTokenizer):
     """Byte-level BPE (GPT-2 style pre-tokenisation) trained with the `tokenizers` library."""
 
@@ -289,7 +287,6 @@ class HuggingFaceConfig(ComponentConfig):
 BOS_CANDIDATES = (BOS, "<s>", "<|begin_of_text|>", "<|endoftext|>", "<bos>")
 
 
-@TOKENIZERS.register("huggingface", config=HuggingFaceConfig)
 class HuggingFaceJSON(HFTokenizer):
     """A tokenizer.json loaded with the `tokenizers` library."""
 
@@ -320,7 +317,6 @@ class SavedConfig(ComponentConfig):
     )
 
 
-@TOKENIZERS.register("saved", config=SavedConfig)
 class SavedTokenizer(Tokenizer):
     """Loads whatever tokenizer littlelm saved in a directory (bpe, tiktoken, ...)."""
 
@@ -353,14 +349,12 @@ def read_meta(directory: Path) -> dict:
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
     """Load a tokenizer saved by `Tokenizer.save`, checking its fingerprint."""
-    import littlelm.data.tiktoken_tokenizer  # noqa: F401  (the kind defined outside this module)
-
     directory = Path(directory)
     meta = read_meta(directory)
     kind = meta.get("kind")
     if kind not in TOKENIZERS:
         raise DataError(
-            f"{directory / META}: unknown tokenizer kind {kind!r}; known: {', '.join(TOKENIZERS.names())}"
+            f"{directory / META}: unknown tokenizer kind {kind!r}; known: {TOKENIZERS.known()}"
         )
     tok = TOKENIZERS.get(kind).from_dir(directory, meta)
     if meta.get("fingerprint") != tok.fingerprint:

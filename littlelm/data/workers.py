@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from littlelm.config import ComponentConfig
+from littlelm.data.components import register
 from littlelm.data.shards import ShardWriter
 from littlelm.data.sources import Source, Unit
 from littlelm.data.split import ValSplit
@@ -233,7 +234,7 @@ _WORKER: dict = {}
 
 def _init_worker(tok_dir: str, threads: int, reports) -> None:
     os.environ["RAYON_NUM_THREADS"] = str(threads)  # the `tokenizers` thread pool
-    import littlelm.data.records  # noqa: F401  (registers the record sources; no torch import)
+    register()  # a spawned worker is an entry point: the sources and tokenizers it may meet
 
     tok = load_tokenizer(tok_dir)
     if hasattr(tok, "threads"):

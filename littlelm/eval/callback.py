@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from littlelm.config import ComponentConfig
-from littlelm.registry import CALLBACKS
 from littlelm.train.callbacks import Callback, JSONLLogger
 
 if TYPE_CHECKING:
@@ -53,7 +52,6 @@ class CoreEvalConfig(ComponentConfig):
     )
 
 
-@CALLBACKS.register("core", config=CoreEvalConfig)
 class CoreEval(Callback):
     runs_model = True  # under FSDP every rank takes part in the forward passes
 

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from littlelm.checkpoints import find_checkpoint
 from littlelm.eval.bundle import default_bundle_dir
 from littlelm.eval.core import (
     EvalOptions,
@@ -21,7 +22,7 @@ from littlelm.eval.tasks import (
     resolve_bundle,
     select_tasks,
 )
-from littlelm.load import find_checkpoint, load_model
+from littlelm.load import load_model
 from littlelm.train.device import autocast, pick_device
 
 

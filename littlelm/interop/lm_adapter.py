@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from littlelm.eval.generate import generate
+from littlelm.model.generate import generate
 
 
 class LittleLMAdapter(TemplateLM):

@@ -1,4 +1,4 @@
-"""Models. Importing this package registers them."""
+"""Models (registered by littlelm.components.register_all)."""
 
 from littlelm.model.gpt import GPT, GPTConfig
 

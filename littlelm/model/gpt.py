@@ -7,7 +7,7 @@ Every feature is a config switch so the planner and the ablations see the same c
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -15,18 +15,16 @@ from pydantic import Field, model_validator
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from littlelm.config import ComponentConfig
+from littlelm.config import RESUMABLE
 from littlelm.model.backend import Backend, BackendName, loss_impl, select_backend
 from littlelm.model.fp8 import check_fp8_device, linear
 from littlelm.model.kv_cache import KVCache
 from littlelm.model.loss import check_loss_impl, linear_cross_entropy, softcap
 from littlelm.model.ops import compute_dtype, rope_tables
-from littlelm.registry import MODELS
-
-ROLES = ("embedding", "value_embedding", "lm_head", "matrix", "scalar")
+from littlelm.model.protocol import ROLES, ModelConfig
 
 
-class GPTConfig(ComponentConfig):
+class GPTConfig(ModelConfig):
     """Shape and features of the GPT. Derived values (vocab size, MLP width) are filled in by
     `resolve()` and shown in the resolved config."""
 
@@ -77,28 +75,38 @@ class GPTConfig(ComponentConfig):
         description="Kernel set (model/backend.py): cpu = littlelm's CPU-tuned kernels (blocked "
         "attention, hand-written backward ops, chunked loss); cuda = PyTorch's (SDPA, F.rms_norm, "
         "autograd, Liger loss if installed, torch.compile); auto = cuda's on CUDA, else cpu's.",
+        json_schema_extra=RESUMABLE,
     )
     loss: Literal["auto", "chunked", "plain", "liger"] = Field(
         "auto",
         description="Cross-entropy implementation: chunked (never makes the full logits), "
         "plain, liger (CUDA, liger-kernel), or auto (the backend's: chunked on the CPU, liger "
         "on CUDA when installed, else chunked).",
+        json_schema_extra=RESUMABLE,
     )
-    loss_chunk: int = Field(256, description="Rows (tokens) per chunk of the chunked loss.", ge=1)
+    loss_chunk: int = Field(
+        256,
+        description="Rows (tokens) per chunk of the chunked loss.",
+        ge=1,
+        json_schema_extra=RESUMABLE,
+    )
     fp8: bool = Field(
         False,
         description="FP8 matmuls (torch._scaled_mm, e4m3 activations/weights, dynamic "
         "power-of-two tensorwise scales) in the blocks' linears; CUDA capability 8.9+ or CPU.",
+        json_schema_extra=RESUMABLE,
     )
     fp8_grad_dtype: Literal["e4m3", "e5m2"] = Field(
         "e4m3",
         description="FP8 format of the output gradient in the two backward GEMMs under fp8 "
         "(e5m2: more range, one mantissa bit less).",
+        json_schema_extra=RESUMABLE,
     )
     fp8_min_dim: int = Field(
         256,
         description="Linears whose smaller dimension is below this stay in bf16 under fp8.",
         ge=16,
+        json_schema_extra=RESUMABLE,
     )
     tie_embeddings: bool = Field(False, description="Share the token embedding with lm_head.")
     norm_affine: bool = Field(False, description="Give RMSNorms a learnable gain.")
@@ -139,6 +147,24 @@ class GPTConfig(ComponentConfig):
                 f"value_embed_layers {layers} must be increasing layer indices in [0, {self.n_layer})"
             )
         return self
+
+    growable: ClassVar[bool] = True  # model/grow.py
+    analytic_plan: ClassVar[bool] = True  # plan/shapes.py mirrors GPT's parameters
+
+    def check_device(self, device: torch.device) -> None:
+        """Fail early, with the fix, when a configured feature cannot run on `device`."""
+        check_loss_impl(loss_impl(self.loss, select_backend(self.backend, device)), device)
+        if self.fp8:
+            check_fp8_device(device)
+
+    def speed_settings(self, device: torch.device | str = "cpu") -> list[str]:
+        loss = loss_impl(self.loss, select_backend(self.backend, device))
+        parts = [f"{loss} loss" + (f" ({self.loss_chunk} rows/chunk)" if loss == "chunked" else "")]
+        if self.fp8:
+            parts.append(
+                f"fp8 (layers >= {self.fp8_min_dim} wide, {self.fp8_grad_dtype} gradients)"
+            )
+        return parts
 
     @property
     def head_dim(self) -> int:
@@ -293,7 +319,6 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x, dt))
 
 
-@MODELS.register("gpt", config=GPTConfig)
 class GPT(nn.Module):
     """Decoder-only transformer.
 
@@ -376,13 +401,6 @@ class GPT(nn.Module):
         if name.startswith("blocks.") and name.endswith(".weight") and "norm" not in name:
             return "matrix"
         return "scalar"
-
-    @staticmethod
-    def check_device(cfg: GPTConfig, device: torch.device) -> None:
-        """Fail early, with the fix, when a configured feature cannot run on `device`."""
-        check_loss_impl(loss_impl(cfg.loss, select_backend(cfg.backend, device)), device)
-        if cfg.fp8:
-            check_fp8_device(device)
 
     def kernels(self, device: torch.device) -> Backend:
         """The kernel backend this model runs with on `device` (model.backend)."""
@@ -473,7 +491,7 @@ class GPT(nn.Module):
         return self.blocks[i](x, cos, sin, ve, cache, mask)
 
     def new_caches(self, batch: int, max_len: int | None = None) -> list[KVCache]:
-        """Empty per-layer KV caches for incremental decoding (see eval.generate)."""
+        """Empty per-layer KV caches for incremental decoding (see model.generate)."""
         w = self.wte.weight
         dt = compute_dtype(w)
         n = max_len or self.cfg.max_seq_len

@@ -1,4 +1,4 @@
-"""Optimizers and schedules. Importing this package registers them."""
+"""Optimizers and schedules (registered by littlelm.components.register_all)."""
 
 from littlelm.optim.groups import HybridOptimizer, build_optimizer, plan_groups
 from littlelm.optim.muon import Muon, orthogonalize

@@ -20,14 +20,14 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from littlelm.config import ComponentConfig
 from littlelm.errors import ConfigError
+from littlelm.optim.base import OptimizerConfig, OptimizerTraits
 from littlelm.optim.lowp import StochasticAdamW
 from littlelm.optim.muon import Muon
-from littlelm.registry import OPTIMIZERS
+from littlelm.optim.schedule import momentum_warmup
 
 
-class AdamWConfig(ComponentConfig):
+class AdamWConfig(OptimizerConfig):
     """AdamW for every parameter, with a learning rate per role."""
 
     lr: float = Field(3e-4, description="Learning rate of the hidden matrices.", gt=0)
@@ -68,6 +68,24 @@ class AdamWConfig(ComponentConfig):
             )
         return self
 
+    def traits(self) -> OptimizerTraits:
+        return OptimizerTraits("adamw", adamw_8bit=self.adamw_8bit)
+
+    def traceable(self, stochastic_rounding: bool) -> tuple[OptimizerConfig, bool]:
+        # bitsandbytes is CUDA-only: the trace runs torch's AdamW (the same parameters and
+        # gradients, more state); the stochastic-rounding AdamW reads its step counter with
+        # .item(), which a fake tensor cannot answer, so it is traced without rounding
+        return self.model_copy(update={"adamw_8bit": False}), False
+
+    def check_world(self, world_size: int) -> list[str]:
+        if world_size > 1 and self.adamw_8bit:
+            return [
+                "optimizer.adamw_8bit is not supported with several processes yet (its state is "
+                "not sharded or gathered by littlelm's ddp/fsdp optimizers); set "
+                "optimizer.adamw_8bit=false"
+            ]
+        return []
+
 
 class MuonConfig(AdamWConfig):
     """Muon for the hidden matrices, AdamW (per-role lrs) for embeddings, lm_head and scalars."""
@@ -92,6 +110,16 @@ class MuonConfig(AdamWConfig):
     momentum_warmup_steps: int = Field(300, description="Steps over which momentum rises.", ge=0)
     nesterov: bool = Field(True, description="Nesterov momentum in Muon.")
     ns_steps: int = Field(5, description="Newton–Schulz iterations per update.", ge=1)
+
+    def traits(self) -> OptimizerTraits:
+        return OptimizerTraits("muon", nesterov=self.nesterov, adamw_8bit=self.adamw_8bit)
+
+    def momentum_at(self, step: int) -> float:
+        return momentum_warmup(step, self.momentum_start, self.momentum, self.momentum_warmup_steps)
+
+    def traceable(self, stochastic_rounding: bool) -> tuple[OptimizerConfig, bool]:
+        # Muon's rounding needs no .item(): only 8-bit AdamW is swapped for torch's
+        return self.model_copy(update={"adamw_8bit": False}), stochastic_rounding
 
 
 ORIGINS = ("embedding", "old", "new")
@@ -193,7 +221,7 @@ def build_optimizer(
 ) -> HybridOptimizer:
     """The optimizer for `model`; `stochastic_rounding` (from train.stochastic_rounding) makes
     every parameter update round stochastically into bf16 parameters."""
-    use_muon = isinstance(cfg, MuonConfig)
+    use_muon = cfg.traits().kind == "muon"
     specs = plan_groups(model, cfg, use_muon)
     adam = [_group(s) for s in specs if s.optimizer == "adamw"]
     muon = [_group(s) for s in specs if s.optimizer == "muon"]
@@ -267,7 +295,3 @@ def _group(spec: GroupSpec) -> dict:
 def group_table(specs: list[GroupSpec]) -> list[tuple[str, int, int, str, float]]:
     """Rows (group, tensors, parameters, optimizer, lr) for the start-up table."""
     return [(s.name, len(s.params), s.numel, s.optimizer, s.lr) for s in specs]
-
-
-OPTIMIZERS.register("adamw", config=AdamWConfig)(build_optimizer)
-OPTIMIZERS.register("muon", config=MuonConfig)(build_optimizer)

@@ -118,11 +118,6 @@ class ConstantConfig(ComponentConfig):
     warmup_steps: int = Field(0, description="Steps of linear warmup from 0.", ge=0)
 
 
-SCHEDULES.register("trapezoidal", config=TrapezoidalConfig)(trapezoidal)
-SCHEDULES.register("cosine", config=CosineConfig)(cosine)
-SCHEDULES.register("constant", config=ConstantConfig)(constant)
-
-
 # The progress form of each registered schedule (a schedule without one cannot follow a budget).
 PROGRESS_FORMS: dict[str, ProgressSchedule] = {
     "trapezoidal": trapezoidal_at,

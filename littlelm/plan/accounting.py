@@ -22,7 +22,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-COPIES = "weight copies"
+# Memory categories, the one definition the analytic model (memory.py), the trace (trace.py),
+# bench and the report share; CATEGORIES is their order in tables.
+PARAMS, GRADS, STATE = "parameters", "gradients", "optimizer state"
+COPIES, ACT, LOSS = "weight copies", "activations", "logits & loss"
+BWD, SCRATCH = "backward temporaries", "optimizer scratch"
+CATEGORIES = (PARAMS, GRADS, STATE, COPIES, ACT, LOSS, BWD, SCRATCH)
+FB, OPT = "forward/backward", "optimizer step"  # the phases of a step
 WEIGHT_OPS = (torch.ops.aten._to_copy.default, torch.ops.aten.cat.default)
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
 
@@ -136,7 +142,7 @@ class MemoryAccountant(TorchDispatchMode):
             for t in tensors
         )
 
-    def track_params(self, params, buffers=(), category: str = "parameters") -> None:
+    def track_params(self, params, buffers=(), category: str = PARAMS) -> None:
         """Count parameters and buffers; casts of parameters become "weight copies"."""
         for t in params:
             self.param_storages.add(id(t.untyped_storage()))

@@ -33,9 +33,9 @@ from littlelm.plan.cost import GIB, tokens_per_second
 from littlelm.plan.measurements import save_measurement, workload_key
 from littlelm.plan.shapes import Dims
 from littlelm.plan.trace import optimizer_tensors, trace_step
+from littlelm.progress import Progress
 from littlelm.train.callbacks import Callback
 from littlelm.train.device import peak_flops, pick_device
-from littlelm.train.progress import Progress
 
 
 class StepTimer(Callback):

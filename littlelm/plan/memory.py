@@ -31,16 +31,22 @@ from typing import Literal
 
 from littlelm.model.attention import BLOCK as ATTENTION_BLOCK
 from littlelm.model.loss import group_rows
-from littlelm.plan.accounting import block_bytes
+from littlelm.plan.accounting import (
+    ACT,
+    BWD,
+    COPIES,
+    FB,
+    GRADS,
+    LOSS,
+    OPT,
+    PARAMS,
+    SCRATCH,
+    STATE,
+    block_bytes,
+)
 from littlelm.plan.shapes import Dims, buffer_shapes
 
 Kernels = Literal["cuda", "cpu"]
-
-PARAMS, GRADS, STATE = "parameters", "gradients", "optimizer state"
-COPIES, ACT, LOSS = "weight copies", "activations", "logits & loss"
-BWD, SCRATCH = "backward temporaries", "optimizer scratch"
-CATEGORIES = (PARAMS, GRADS, STATE, COPIES, ACT, LOSS, BWD, SCRATCH)
-FB, OPT = "forward/backward", "optimizer step"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
+from littlelm.plan.accounting import CATEGORIES
 from littlelm.plan.budget import apply_budget
 from littlelm.plan.catalog import Catalog
 from littlelm.plan.cost import GIB, GpuPlan, plan_gpu
@@ -58,7 +59,7 @@ class Plan:
         if self.trace is None:
             return {}
         out: dict[str, float | None] = {}
-        for k in mem.CATEGORIES:
+        for k in CATEGORIES:
             a, t = self.cpu_estimate.categories[k], self.trace.categories[k]
             out[k] = (t / a) if a else (None if t == 0 else float("inf"))
         return out
@@ -118,7 +119,7 @@ def notes_for(cfg) -> list[str]:
     notes = [KERNEL_NOTES["backward"]]
     if m.fp8:
         notes.append(KERNEL_NOTES["fp8"])
-    if getattr(cfg.optimizer, "adamw_8bit", False):
+    if cfg.optimizer.traits().adamw_8bit:
         notes.append(KERNEL_NOTES["adamw_8bit"])
     if Dims.of(cfg).n_params < SMALL_MODEL:
         notes.append(

@@ -8,9 +8,10 @@ from rich.console import Console
 from rich.table import Table
 
 from littlelm.plan import memory as mem
+from littlelm.plan.accounting import CATEGORIES
 from littlelm.plan.cost import GIB, GpuPlan
 from littlelm.plan.planner import Plan
-from littlelm.train.progress import human
+from littlelm.progress import human
 
 
 def gib(x: float) -> str:
@@ -92,7 +93,7 @@ def memory_table(plan: Plan) -> Table:
     t.add_column("trace (CPU kernels)", justify="right")
     t.add_column("trace / analytic", justify="right")
     check = plan.trace_check()
-    for k in mem.CATEGORIES:
+    for k in CATEGORIES:
         ratio = check.get(k)
         t.add_row(
             k,

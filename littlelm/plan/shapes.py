@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 
 from littlelm.errors import ConfigError
 from littlelm.model.gpt import GPT, GPTConfig, default_origin
-from littlelm.optim.groups import MuonConfig
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ class Dims:
     def of(cls, cfg, micro_batch: int | None = None) -> Dims:
         """From a resolved RunConfig; `micro_batch` replaces train.micro_batch_size and keeps
         the tokens per optimizer step (grad_accum follows)."""
-        if not isinstance(cfg.model, GPTConfig):
+        if not cfg.model.analytic_plan:
             raise ConfigError(
                 [f"model.name: the planner knows the gpt model only, not {cfg.model.name!r}"]
             )
@@ -103,18 +102,18 @@ class Dims:
         mb = micro_batch or t.micro_batch_size
         seqs = (t.grad_accum or 1) * t.micro_batch_size  # sequences per device per step
         accum = max(1, seqs // mb)
-        muon = isinstance(oc, MuonConfig)
+        traits = oc.traits()
         return cls(
             model=cfg.model,
             micro_batch=mb,
             seq_len=t.seq_len,
             grad_accum=accum,
             bf16=t.precision == "bf16",
-            optimizer="muon" if muon else "adamw",
-            nesterov=bool(getattr(oc, "nesterov", False)),
+            optimizer=traits.kind,
+            nesterov=traits.nesterov,
             params=tuple(param_shapes(cfg.model)),
             master_bf16=t.master_weights == "bf16",
-            adamw_8bit=bool(getattr(oc, "adamw_8bit", False)),
+            adamw_8bit=traits.adamw_8bit,
             checkpointing=t.activation_checkpointing,
             fp8=cfg.model.fp8,
             stochastic_rounding=t.stochastic_rounding,

@@ -1,6 +1,6 @@
 """Trace one whole training step under FakeTensorMode and count its memory by category.
 
-The model and optimizer come from the very builders training uses (`MODELS`, `OPTIMIZERS`),
+The model and optimizer come from the very function training uses (`train.build.build`),
 and the step is the trainer's own `micro_step` + `apply_update`, so a new model feature is
 planned the day it exists. Everything runs on fake CPU tensors: shapes, dtypes and storages
 are real, no memory is touched, and a 3B model traces in seconds. (The fake `cuda` device does
@@ -29,19 +29,25 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from littlelm.optim.groups import MuonConfig
-from littlelm.plan.accounting import MemoryAccountant, Snapshot
+from littlelm.plan.accounting import (
+    ACT,
+    BWD,
+    COPIES,
+    FB,
+    GRADS,
+    LOSS,
+    OPT,
+    PARAMS,
+    SCRATCH,
+    STATE,
+    MemoryAccountant,
+    Snapshot,
+)
 from littlelm.plan.shapes import Dims
-from littlelm.registry import MODELS, OPTIMIZERS
 from littlelm.schema import RunConfig
+from littlelm.train.build import build
 from littlelm.train.device import autocast
 from littlelm.train.step import apply_update, micro_step
-from littlelm.train.trainer import PARAM_DTYPES
-
-ACT, LOSS, BWD = "activations", "logits & loss", "backward temporaries"
-GRADS, STATE, SCRATCH = "gradients", "optimizer state", "optimizer scratch"
-PARAMS, COPIES = "parameters", "weight copies"
-FB, OPT = "forward/backward", "optimizer step"
 
 
 @dataclass
@@ -94,41 +100,9 @@ def optimizer_tensors(optimizer) -> list[torch.Tensor]:
     ]
 
 
-def build_like_trainer(cfg: RunConfig):
-    """The model and optimizer exactly as the Trainer builds them: parameters in
-    train.master_weights' dtype, train.activation_checkpointing, train.stochastic_rounding.
-    8-bit AdamW (bitsandbytes, CUDA only) is traced as torch's AdamW, and AdamW with
-    stochastic rounding without it (`traced_dims` says what was traced)."""
-    t = cfg.train
-    model = MODELS.get(cfg.model.name)(cfg.model)
-    _cast(model, PARAM_DTYPES[t.master_weights])
-    model.activation_checkpointing = t.activation_checkpointing
-    oc = cfg.optimizer
-    if getattr(oc, "adamw_8bit", False):  # bitsandbytes is CUDA-only: trace torch's AdamW
-        oc = oc.model_copy(update={"adamw_8bit": False})
-    # the stochastic-rounding AdamW reads its step counter with .item(), which a fake tensor
-    # cannot answer: AdamW is traced without it (Muon's rounding needs no .item())
-    rounding = t.stochastic_rounding and isinstance(oc, MuonConfig)
-    optimizer = OPTIMIZERS.get(oc.name)(model, oc, rounding)
-    return model, optimizer
-
-
-def _cast(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """`model.to(dtype)` for fake tensors (Module.to swaps tensors, which fake ones refuse):
-    floating parameters and buffers become `dtype`."""
-    if dtype == torch.float32:
-        return
-    for module in model.modules():
-        for _name, p in module.named_parameters(recurse=False):
-            p.data = p.data.to(dtype)
-        for name, b in module.named_buffers(recurse=False):
-            if b.is_floating_point():
-                module._buffers[name] = b.to(dtype)
-
-
 def traced_dims(d: Dims) -> Dims:
     """The Dims of what `trace_step` actually runs (for comparing with the analytic model)."""
-    rounding = d.stochastic_rounding and d.optimizer == "muon"
+    rounding = d.stochastic_rounding and d.optimizer == "muon"  # as OptimizerConfig.traceable
     return replace(d, adamw_8bit=False, stochastic_rounding=rounding)
 
 
@@ -138,7 +112,7 @@ def trace_step(cfg: RunConfig, micro_batch: int | None = None) -> TraceResult:
     mb = micro_batch or cfg.train.micro_batch_size
     accum = cfg.train.grad_accum or 1
     with FakeTensorMode(), fake_safe_optimizers():
-        model, optimizer = build_like_trainer(cfg)
+        model, optimizer = build(cfg, torch.device("cpu"), traced=True)
         populate_state(model, optimizer)
         acct = MemoryAccountant()
         handles = _install_hooks(model, acct)
@@ -188,9 +162,10 @@ def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:
     def grad_landed(p):
         acct.relabel(p.grad, GRADS)
 
-    handles = [model.register_forward_hook(end_of_forward)]
-    if hasattr(model, "norm_f"):
-        handles.append(model.norm_f.register_forward_hook(to_region(LOSS)))
+    handles = [
+        model.register_forward_hook(end_of_forward),
+        model.norm_f.register_forward_hook(to_region(LOSS)),
+    ]
 
     def blocks_backward(*_):
         # what the loss leaves alive now (the stream's gradient) is the blocks' to carry
@@ -199,9 +174,7 @@ def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:
                 acct.relabel_key(key, BWD)
         acct.region = BWD
 
-    blocks = getattr(model, "blocks", None)
-    if blocks:
-        handles.append(blocks[-1].register_full_backward_pre_hook(blocks_backward))
+    handles.append(model.blocks[-1].register_full_backward_pre_hook(blocks_backward))
     for p in model.parameters():
         handles.append(p.register_post_accumulate_grad_hook(grad_landed))
     return handles

@@ -6,11 +6,11 @@ import re
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
+from littlelm.progress import duration
 from littlelm.report.catalog import NOT_PLOTTED, describe
 from littlelm.report.figures import FigureFile
 from littlelm.report.runs import RunData, flat, is_number
 from littlelm.report.summary import Facts
-from littlelm.train.progress import duration
 
 # Metrics a reader expects; when a run lacks one, the notes say so instead of a silent gap.
 EXPECTED = {

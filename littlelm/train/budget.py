@@ -5,7 +5,7 @@
       budget: {dollars: 50, price_per_gpu_hour: 2.5, gpus: 8}    # = 2.5 hours on 8 GPUs
       budget: {tokens: 2_000_000_000}                            # = train.max_tokens
 
-A tokens budget is a step count known in advance (`resolve_budget` turns it into train.max_steps).
+A tokens budget is a step count known in advance (the schema's resolve turns it into train.max_steps).
 A time or money budget is not: the run does not know how many steps it will take, so the schedule
 asks "how far through the run are we" and `Budget` answers from measured speed. Before each step
 it projects the steps left (seconds left, less the final evaluation and save, divided by the
@@ -32,12 +32,10 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import Field
-
-from littlelm.config import Cfg
 from littlelm.errors import ConfigError
-from littlelm.optim.schedule import PROGRESS_FORMS, ProgressSchedule, build_progress_schedule
-from littlelm.train.progress import duration
+from littlelm.optim.schedule import ProgressSchedule, build_progress_schedule
+from littlelm.progress import duration
+from littlelm.sections import BudgetConfig
 
 WINDOW = 32  # step times averaged for the speed (recent ones: a shared machine's speed drifts)
 LAST_BELOW = 1.5  # a step is the last when fewer than this many projected steps fit
@@ -53,80 +51,6 @@ EVAL_FORWARD_SHARE = 1 / 3  # an eval token costs about a third of a training to
 def now() -> float:
     """The clock a budget counts by (a module function, so tests can replace it)."""
     return time.perf_counter()
-
-
-class BudgetConfig(Cfg):
-    tokens: int | None = Field(
-        None, description="Train on this many tokens (sets train.max_steps).", ge=1
-    )
-    hours: float | None = Field(
-        None,
-        description="Train for this many hours of wall-clock (evaluations and saves included); "
-        "the schedule's decay ends with the budget.",
-        gt=0,
-    )
-    dollars: float | None = Field(
-        None,
-        description="Spend this many dollars: hours = dollars / (price_per_gpu_hour × gpus).",
-        gt=0,
-    )
-    price_per_gpu_hour: float | None = Field(
-        None, description="Dollars per GPU-hour (needed by a dollars budget).", gt=0
-    )
-    gpus: int | None = Field(
-        None, description="GPUs paid for; null = the run's processes (world size).", ge=1
-    )
-
-    @property
-    def kind(self) -> str | None:
-        set_ = [k for k in ("tokens", "hours", "dollars") if getattr(self, k) is not None]
-        return set_[0] if len(set_) == 1 else None
-
-    def seconds(self, world: int = 1) -> float | None:
-        """The budget in seconds of wall-clock; None for a tokens budget."""
-        if self.hours is not None:
-            return self.hours * 3600
-        if self.dollars is not None and self.price_per_gpu_hour:
-            return self.dollars / (self.price_per_gpu_hour * (self.gpus or world)) * 3600
-        return None
-
-    def dollars_for(self, seconds: float, world: int = 1) -> float | None:
-        """What `seconds` of the run cost (None without a price)."""
-        if not self.price_per_gpu_hour:
-            return None
-        return seconds / 3600 * self.price_per_gpu_hour * (self.gpus or world)
-
-
-def resolve_budget(cfg) -> list[str]:
-    """Check train.budget and derive the step count of a tokens budget (resolve() calls this
-    after batch_tokens is known); returns the problems found. train.max_steps, when also set,
-    stays a cap: the run ends at whichever comes first."""
-    t, b = cfg.train, cfg.train.budget
-    if b is None:
-        return []
-    if b.kind is None:
-        given = [k for k in ("tokens", "hours", "dollars") if getattr(b, k) is not None]
-        return [
-            "train.budget: set exactly one of tokens, hours or dollars"
-            + (f" (got {' and '.join(given)})" if given else "")
-        ]
-    if b.kind == "dollars" and b.price_per_gpu_hour is None:
-        return ["train.budget.dollars needs train.budget.price_per_gpu_hour (dollars per GPU-hour)"]
-    if b.kind == "tokens":
-        if b.tokens < t.batch_tokens:
-            return [
-                f"train.budget.tokens {b.tokens:,} is less than one step's batch of "
-                f"{t.batch_tokens:,} tokens; raise the budget or lower train.batch_tokens"
-            ]
-        cap = t.max_steps or (t.max_tokens // t.batch_tokens if t.max_tokens else None)
-        t.max_steps = min(b.tokens // t.batch_tokens, cap or math.inf)
-        return []
-    if cfg.schedule.name not in PROGRESS_FORMS:
-        return [
-            f"schedule {cfg.schedule.name!r} cannot follow a time or money budget (no progress "
-            f"form); use one of {', '.join(PROGRESS_FORMS)} or a tokens budget"
-        ]
-    return []
 
 
 def check_budget_fits(

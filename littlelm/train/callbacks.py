@@ -17,7 +17,7 @@ import math
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import Field
 
@@ -25,29 +25,57 @@ from littlelm.config import ComponentConfig
 from littlelm.registry import CALLBACKS
 
 if TYPE_CHECKING:
-    from littlelm.train.trainer import Trainer
+    import torch
+
+    from littlelm.model.protocol import LanguageModel
+    from littlelm.schema import RunConfig
+
+
+class TrainerView(Protocol):
+    """What a callback may read from the trainer that calls it (train/trainer.py's Trainer; a
+    protocol here, because the trainer imports this module and must not be imported back)."""
+
+    cfg: RunConfig
+    run_dir: Path
+    device: torch.device
+    model: LanguageModel
+    optimizer: Any
+    data: Any  # data/build.py's Data: the tokenizer and the validation batches
+    callbacks: list[Callback]
+    step: int
+    tokens: int
+    max_steps: int
+    flops_per_token: int
+    peak: float  # the devices' peak FLOP/s
+
+    @property
+    def is_main(self) -> bool: ...
+
+    def log(self, text: str) -> None: ...
+
+    def autocast(self): ...
 
 
 class Callback:
     runs_model = False  # True: calls the model, so under FSDP it must run on every rank
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         pass
 
-    def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
+    def on_step_end(self, trainer: TrainerView, metrics: dict) -> None:
         """After every optimizer step; `metrics` has step, tokens, lr and (on log steps) loss."""
 
-    def on_eval(self, trainer: Trainer, metrics: dict) -> None:
+    def on_eval(self, trainer: TrainerView, metrics: dict) -> None:
         pass
 
-    def on_checkpoint(self, trainer: Trainer, path: Path) -> None:
+    def on_checkpoint(self, trainer: TrainerView, path: Path) -> None:
         pass
 
-    def on_rollback(self, trainer: Trainer, info: dict) -> None:
+    def on_rollback(self, trainer: TrainerView, info: dict) -> None:
         """After the loss guard rolled the run back; info has step (the checkpoint's),
         failed_at, reason, rollbacks and checkpoint."""
 
-    def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
+    def on_train_end(self, trainer: TrainerView, metrics: dict) -> None:
         pass
 
 
@@ -59,7 +87,6 @@ class JSONLConfig(ComponentConfig):
     pass
 
 
-@CALLBACKS.register("jsonl", config=JSONLConfig)
 class JSONLLogger(Callback):
     """Appends every logged step and evaluation to RUN_DIR/metrics.jsonl (always on)."""
 
@@ -67,7 +94,7 @@ class JSONLLogger(Callback):
         self.path: Path | None = None
         self.failed = False
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         self.path = trainer.run_dir / "metrics.jsonl"
         truncate_metrics(self.path, trainer.step)
         self._write({"kind": "start", **run_facts(trainer)})
@@ -93,17 +120,17 @@ class JSONLLogger(Callback):
                 )
             self.failed = True
 
-    def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
+    def on_step_end(self, trainer: TrainerView, metrics: dict) -> None:
         if "loss" in metrics:
             self._write({"kind": "train", **metrics})
 
-    def on_eval(self, trainer: Trainer, metrics: dict) -> None:
+    def on_eval(self, trainer: TrainerView, metrics: dict) -> None:
         self._write({"kind": "eval", **metrics})
 
-    def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
+    def on_train_end(self, trainer: TrainerView, metrics: dict) -> None:
         self._write({"kind": "end", **metrics})
 
-    def on_rollback(self, trainer: Trainer, info: dict) -> None:
+    def on_rollback(self, trainer: TrainerView, info: dict) -> None:
         """The records after the checkpoint describe abandoned weights: drop them, note why."""
         assert self.path is not None
         truncate_metrics(self.path, info["step"])
@@ -124,7 +151,7 @@ def numeric_fields(record: dict, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def run_facts(trainer: Trainer) -> dict:
+def run_facts(trainer: TrainerView) -> dict:
     """What a report needs to know about a (re)started run that the config does not say."""
     import torch
 
@@ -173,7 +200,6 @@ class SampleConfig(ComponentConfig):
     seed: int = Field(0, description="Seed of the sampling generator.")
 
 
-@CALLBACKS.register("sample", config=SampleConfig)
 class Sampler(Callback):
     """Prints (and logs to RUN_DIR/samples.txt) a generated continuation of a prompt."""
 
@@ -182,7 +208,7 @@ class Sampler(Callback):
     def __init__(self, cfg: SampleConfig):
         self.cfg = cfg
 
-    def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
+    def on_step_end(self, trainer: TrainerView, metrics: dict) -> None:
         if (
             self.cfg.every
             and trainer.step % self.cfg.every == 0
@@ -190,12 +216,12 @@ class Sampler(Callback):
         ):
             self.sample(trainer)
 
-    def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
+    def on_train_end(self, trainer: TrainerView, metrics: dict) -> None:
         if self.cfg.at_end:
             self.sample(trainer)
 
-    def sample(self, trainer: Trainer) -> str:
-        from littlelm.eval.generate import generate
+    def sample(self, trainer: TrainerView) -> str:
+        from littlelm.model.generate import generate
 
         tok, c = trainer.data.tokenizer, self.cfg
         model = trainer.model

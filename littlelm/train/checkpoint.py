@@ -31,7 +31,6 @@ import random
 import re
 import shutil
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,28 +39,23 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+# finding checkpoints lives in the bottom layer (every layer needs it); ckpt.* re-exports it
+from littlelm.checkpoints import (  # noqa: F401
+    STEP_DIR,
+    checkpoint_step,
+    latest_checkpoint,
+    list_checkpoints,
+    scan,
+    step_dir,
+)
 from littlelm.errors import CheckpointError
 
 FORMAT_VERSION = 1
-STEP_DIR = re.compile(r"^step_(\d+)$")
-REPLACED_DIR = re.compile(r"^step_(\d+)\.replaced-\d+$")
 FAULT_DELAY_ENV = "LITTLELM_FAULT_SAVE_DELAY"
 
 
 class UnreadableCheckpoint(CheckpointError):
     """A checkpoint whose files cannot be read (truncated, corrupt, or not a checkpoint)."""
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step_{step:06d}"
-
-
-def checkpoint_step(path: Path) -> int:
-    """The step a checkpoint directory holds, from its name (`step_000500[.replaced-PID]`)."""
-    m = STEP_DIR.match(path.name) or REPLACED_DIR.match(path.name)
-    if m is None:
-        return json.loads((path / "state.json").read_text())["step"]
-    return int(m.group(1))
 
 
 def dir_bytes(path: Path) -> int:
@@ -262,46 +256,10 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def _scan(root: Path) -> tuple[dict[int, Path], list[Path], dict[int, Path]]:
-    """(complete step -> dir, temporary dirs, moved-aside step -> dir) under `root`."""
-    done, partial, replaced = {}, [], {}
-    if not root.is_dir():
-        return done, partial, replaced
-    for d in root.iterdir():
-        m, r = STEP_DIR.match(d.name), REPLACED_DIR.match(d.name)
-        if m and (d / "state.json").is_file():
-            done[int(m.group(1))] = d
-        elif r and (d / "state.json").is_file():
-            replaced[int(r.group(1))] = d
-        elif d.is_dir() and ".tmp-" in d.name:
-            partial.append(d)
-    return done, partial, replaced
-
-
-def list_checkpoints(root: Path, warn: bool = True) -> list[Path]:
-    """Complete checkpoints under `root`, oldest first. Leftover temporary directories from a
-    killed save are reported and ignored; a checkpoint moved aside by a save of the same step
-    that was killed before its rename counts as that step's checkpoint."""
-    done, partial, replaced = _scan(root)
-    for step, d in replaced.items():
-        done.setdefault(step, d)
-    if warn:
-        for d in sorted(partial):
-            warnings.warn(
-                f"ignoring incomplete checkpoint {d} (a save was interrupted)", stacklevel=2
-            )
-    return [done[s] for s in sorted(done)]
-
-
-def latest_checkpoint(root: Path, warn: bool = True) -> Path | None:
-    found = list_checkpoints(root, warn)
-    return found[-1] if found else None
-
-
 def clean_incomplete(root: Path) -> list[str]:
     """Remove what interrupted saves left under `root` (call only while holding the run lock):
     temporary directories go, a moved-aside copy is renamed back or removed. Returns messages."""
-    done, partial, replaced = _scan(root)
+    done, partial, replaced = scan(root)
     notes = []
     for d in sorted(partial):
         shutil.rmtree(d, ignore_errors=True)

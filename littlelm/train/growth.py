@@ -1,9 +1,8 @@
 """Starting a run from a smaller trained checkpoint: the `grow:` section (docs/growth.md).
 
-    resolve_growth    at config resolution: find the parent checkpoint, turn grow.placement
-                      into the explicit layer list and fill model.value_embed_layers, so the
-                      resolved config describes the grown model completely (anything that
-                      builds a model from the config, like the planner, sees an ordinary model)
+    resolve_growth    at config resolution (model/grow.py): find the parent checkpoint, turn
+                      grow.placement into the explicit layer list and fill
+                      model.value_embed_layers
     grow_from_parent  at the start of a fresh run: copy the parent's weights into the freshly
                       built model (model/grow.py), set the origin tags, check that the logits
                       match the parent's, and hand back the parent's data position
@@ -14,87 +13,28 @@ once its resolved config (runs/NAME/config.yaml) is used.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from littlelm.config import flatten, validate
-from littlelm.errors import CheckpointError, ConfigError, LittleLMError, TrainingError
+from littlelm.config import flatten, marked
+from littlelm.errors import CheckpointError, ConfigError, TrainingError
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.grow import (
     GrowConfig,
     check_growable,
+    find_parent,
     grow_into,
-    grown_value_embed_layers,
     layer_map,
     logit_gap,
+    parent_model_config,
 )
+from littlelm.schema import RunConfig
 from littlelm.train import checkpoint as ckpt
 
-# data keys that do not change which documents come next
-DATA_RUNTIME_KEYS = ("data.prefetch", "data.verify_checksums", "data.cache_dir")
 VERIFY_RTOL = 1e-4  # of the largest logit; fp32 growth lands near 1e-6
-
-
-def find_parent(path: str | Path) -> Path:
-    """A checkpoint directory, or the newest complete checkpoint of a run directory."""
-    from littlelm.load import find_checkpoint  # load imports the schema, which imports this
-
-    try:
-        return find_checkpoint(path)
-    except CheckpointError as e:
-        raise CheckpointError(
-            f"grow.parent: {e}; give a checkpoint directory (runs/NAME/checkpoints/step_N) or a "
-            "run directory (its newest checkpoint is used); to look at or plan the grown shape "
-            "without the parent, override grow=null"
-        ) from None
-
-
-def read_parent_state(path: Path) -> dict:
-    try:
-        return json.loads((path / "state.json").read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"grow.parent: cannot read {path / 'state.json'} ({e})") from None
-
-
-def parent_model_config(state: dict, path: Path) -> GPTConfig:
-    tree = state.get("config", {}).get("model", {})
-    if tree.get("name") != "gpt":
-        raise CheckpointError(f"grow.parent: {path} is not a gpt checkpoint; only gpt can grow")
-    return validate(GPTConfig, tree, source=str(path / "state.json"))
-
-
-def resolve_growth(cfg: Any) -> list[str]:
-    """Fill the grow section's derived values in place; returns problems (empty when fine).
-
-    A config whose placement is already a list and whose value_embed_layers are set (a
-    resolved config) needs no parent here, so a run resumes even after its parent is gone.
-    """
-    g, m = cfg.grow, cfg.model
-    if g is None:
-        return []
-    if not isinstance(m, GPTConfig):
-        return ["grow: only the gpt model can be grown"]
-    derive = isinstance(g.placement, str) or (m.value_embeds and m.value_embed_layers is None)
-    try:
-        path = find_parent(g.parent)
-    except CheckpointError as e:
-        return [str(e)] if derive else []
-    g.parent = str(path)
-    if not derive:
-        return []
-    try:
-        parent = parent_model_config(read_parent_state(path), path)
-        layers = layer_map(g.placement, parent.n_layer, m.n_layer)
-    except (LittleLMError, ValueError) as e:
-        return [f"grow: {e}"]
-    g.placement = layers
-    if m.value_embeds and m.value_embed_layers is None:
-        m.value_embed_layers = grown_value_embed_layers(parent, m, layers)
-    return check_growable(parent, m, layers)
 
 
 @dataclass
@@ -175,7 +115,10 @@ def _verify(model: GPT, parent_cfg: GPTConfig, tensors: dict, path: Path, n_toke
 def _check_same_data(parent: dict, child: dict, path: Path) -> None:
     old, new = flatten(parent.get("data", {}), "data"), flatten(child.get("data", {}), "data")
     keys = sorted(
-        k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in DATA_RUNTIME_KEYS
+        k
+        for k in set(old) | set(new)
+        # data keys marked SAME_DATA (prefetch, cache_dir, ...) do not change what comes next
+        if old.get(k) != new.get(k) and not marked(RunConfig, child, k, "same_data")
     )
     if parent.get("run", {}).get("seed") != child.get("run", {}).get("seed"):
         keys.append("run.seed")

@@ -25,7 +25,6 @@ from pydantic import Field
 from littlelm.config import ComponentConfig, dump_yaml, to_tree
 from littlelm.errors import DependencyError
 from littlelm.extras import require
-from littlelm.registry import CALLBACKS
 from littlelm.train.callbacks import Callback, numeric_fields
 
 if TYPE_CHECKING:
@@ -52,7 +51,6 @@ class TensorBoardConfig(ComponentConfig):
     )
 
 
-@CALLBACKS.register("tensorboard", config=TensorBoardConfig)
 class TensorBoardLogger(Callback):
     def __init__(self, cfg: TensorBoardConfig):
         self.cfg = cfg
@@ -108,7 +106,6 @@ class WandbConfig(ComponentConfig):
     )
 
 
-@CALLBACKS.register("wandb", config=WandbConfig)
 class WandbLogger(Callback):
     def __init__(self, cfg: WandbConfig):
         self.cfg = cfg

@@ -9,67 +9,25 @@ Refusing `never` and `PATH` over existing newer checkpoints keeps two trajectori
 in one directory: `auto` would later pick the other run's newest checkpoint, and pruning would
 delete this run's.
 
-A config may differ from its checkpoint's only in RESUMABLE_CHANGES (training length, logging,
-evaluation, checkpointing, optimizer hyper-parameters, schedule, guard, mixture weights, ...);
-every other difference (model shape, tokenizer, data sources, batch shape, seed) is refused,
-naming each key with its old and new value.
+A config may differ from its checkpoint's only in the keys its schema marks resumable, next to
+each field (`json_schema_extra=RESUMABLE`: training length, logging, evaluation, checkpointing,
+optimizer hyper-parameters but not the optimizer, schedule, guard, mixture weights, how the
+loss is computed, ...; `littlelm.schema.resumable`); every other difference (model shape,
+tokenizer, data sources, batch shape, seed) is refused, naming each key with its old and new
+value.
 """
 
 from __future__ import annotations
 
 import warnings
-from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
 
 from littlelm.config import flatten
 from littlelm.errors import CheckpointError
+from littlelm.schema import resumable
 from littlelm.train import checkpoint as ckpt
-
-# Dotted keys (or sections, or fnmatch patterns) a resumed run may change; NOT_RESUMABLE wins.
-RESUMABLE_CHANGES = (
-    "run.name",
-    "run.out_dir",
-    "run.device",
-    "train.max_steps",
-    "train.max_tokens",
-    "train.budget",  # a budget may be raised or lowered mid-run
-    "train.log_every",
-    "train.grad_clip",
-    "train.compile",
-    "eval",
-    "checkpoint",
-    "guard",
-    "callbacks",
-    "optimizer",
-    "schedule",
-    "data.prefetch",
-    "data.workers",
-    "data.verify_checksums",
-    "data.cache_dir",
-    "data.on_exhausted",
-    "data.sources.*.weight",
-    # how the same function is computed: safe to switch, e.g. to fit memory after an OOM
-    "train.activation_checkpointing",
-    "model.loss",
-    "model.backend",
-    "model.loss_chunk",
-    "model.fp8",
-    "model.fp8_min_dim",
-    "model.fp8_grad_dtype",
-    "distributed",  # the world size and strategy may change: checkpoints are whole
-    "train.grad_accum",  # follows the world size; train.batch_tokens must stay the same
-)
-NOT_RESUMABLE = ("optimizer.name",)  # another optimizer has another state layout
-
-
-def _matches(key: str, patterns: tuple[str, ...]) -> bool:
-    return any(key == p or key.startswith((p + ".", p + "[")) or fnmatch(key, p) for p in patterns)
-
-
-def resumable(key: str) -> bool:
-    return _matches(key, RESUMABLE_CHANGES) and not _matches(key, NOT_RESUMABLE)
 
 
 def config_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
@@ -79,7 +37,7 @@ def config_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             text = f"{key}: {a.get(key, '(unset)')!r} -> {b.get(key, '(unset)')!r}"
-            (allowed if resumable(key) else refused).append(text)
+            (allowed if resumable(key, new if key in b else old) else refused).append(text)
     return allowed, refused
 
 

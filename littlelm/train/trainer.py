@@ -36,14 +36,15 @@ from littlelm.config import flatten, to_tree
 from littlelm.data.build import build_data
 from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetcher
 from littlelm.errors import ConfigError, TrainingError
-from littlelm.eval.bpb import evaluate_loss
-from littlelm.model.backend import compile_on, loss_impl, run_backend
-from littlelm.optim.groups import MuonConfig, group_table
-from littlelm.optim.schedule import build_schedule, momentum_warmup
-from littlelm.registry import MODELS, OPTIMIZERS
+from littlelm.model.backend import compile_on, run_backend
+from littlelm.model.bpb import evaluate_loss
+from littlelm.optim.groups import group_table
+from littlelm.optim.schedule import build_schedule
+from littlelm.progress import Progress, progress_line
 from littlelm.schema import RunConfig
 from littlelm.train import budget as budgeting
 from littlelm.train import checkpoint as ckpt
+from littlelm.train.build import build_model, build_optimizer
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
 from littlelm.train.device import (
     autocast,
@@ -54,14 +55,10 @@ from littlelm.train.device import (
 )
 from littlelm.train.distributed import Parallel
 from littlelm.train.guard import LossGuard, Verdict
-from littlelm.train.progress import Progress, progress_line
 from littlelm.train.runlock import RunLock
 from littlelm.train.runstate import RunState
 from littlelm.train.signals import StopSignals
 from littlelm.train.step import apply_update, micro_step, seed_everything
-
-# dtype of the parameters, their gradients and the optimizer state (train.master_weights)
-PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class Trainer(RunState):
@@ -79,9 +76,7 @@ class Trainer(RunState):
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.device = self.parallel.device(pick_device(cfg.run.device))
         self._check_world(cfg)
-        model_cls = MODELS.get(cfg.model.name)
-        if hasattr(model_cls, "check_device"):
-            model_cls.check_device(cfg.model, self.device)
+        cfg.model.check_device(self.device)
         if self.device.type == "cpu":
             tune_cpu_allocator()
         seed_everything(cfg.run.seed)
@@ -102,8 +97,7 @@ class Trainer(RunState):
                     f"{self.data.tokenizer.vocab_size}; leave model.vocab_size null"
                 ]
             )
-        self.model = model_cls(cfg.model).to(self.device, PARAM_DTYPES[t.master_weights])
-        self.model.activation_checkpointing = t.activation_checkpointing
+        self.model = build_model(cfg, self.device)
         self.guard = LossGuard(cfg.guard)
         self.stop = StopSignals()
         self.last_checkpoint: Path | None = None  # what a rollback reloads
@@ -116,7 +110,7 @@ class Trainer(RunState):
         if cfg.grow is not None and (loaded is None or loaded.state["step"] == 0):
             grown = self._grow_from_parent()
         self.parallel.shard_model(self.model, t.precision)
-        self.optimizer = self.parallel.shard_optimizer(self._build_optimizer())
+        self.optimizer = self.parallel.shard_optimizer(build_optimizer(cfg, self.model))
         self.schedule = build_schedule(cfg.schedule)
         self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
         self.loader_state: LoaderSnapshot = self.loader.snapshot()
@@ -172,10 +166,6 @@ class Trainer(RunState):
     def autocast(self):
         return autocast(self.device, self.cfg.train.precision)
 
-    def _build_optimizer(self):
-        build = OPTIMIZERS.get(self.cfg.optimizer.name)
-        return build(self.model, self.cfg.optimizer, self.cfg.train.stochastic_rounding)
-
     def _set_lr(self) -> float:
         if self.budget is not None:  # the budget says how far through the run this step is
             mult = self.budget.multiplier(self.step)
@@ -183,9 +173,8 @@ class Trainer(RunState):
             mult = self.schedule(self.step, self.max_steps)
         for g in self.optimizer.param_groups:
             g["lr"] = g["base_lr"] * mult
-        oc = self.cfg.optimizer
-        if isinstance(oc, MuonConfig):
-            m = momentum_warmup(self.step, oc.momentum_start, oc.momentum, oc.momentum_warmup_steps)
+        m = self.cfg.optimizer.momentum_at(self.step)
+        if m is not None:  # the optimizer schedules its Muon groups' momentum
             for g in self.optimizer.muon_groups():
                 g["momentum"] = m
         return mult
@@ -507,14 +496,8 @@ def speed_summary(cfg: RunConfig, device: torch.device | str = "cpu") -> str:
     parts += [f"{t.precision} compute", f"{t.master_weights} weights"]
     if t.stochastic_rounding:
         parts.append("stochastic rounding")
-    loss = getattr(m, "loss", None) and loss_impl(m.loss, backend)
-    if loss:
-        parts.append(
-            f"{loss} loss" + (f" ({m.loss_chunk} rows/chunk)" if loss == "chunked" else "")
-        )
-    if getattr(m, "fp8", False):
-        parts.append(f"fp8 (layers >= {m.fp8_min_dim} wide, {m.fp8_grad_dtype} gradients)")
-    if getattr(cfg.optimizer, "adamw_8bit", False):
+    parts += m.speed_settings(device)
+    if cfg.optimizer.traits().adamw_8bit:
         parts.append("8-bit AdamW")
     if t.activation_checkpointing:
         parts.append("activation checkpointing")

@@ -1,0 +1,70 @@
+"""The contract between a model and the rest of littlelm: what the schema, the trainer, the
+planner's trace, growth and evaluation may ask of any registered model, so that none of them
+tests for a concrete class.
+
+    ModelConfig     base class of a registered model's config section (pydantic)
+    LanguageModel   what a built model offers (typing.Protocol; model/gpt.py's GPT is one)
+
+A new model registers `MODELS.register("name", config=ItsConfig)(ItsClass)`, derives its config
+from ModelConfig and gives its class the members of LanguageModel.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Protocol
+
+import torch
+from torch import nn
+
+from littlelm.config import ComponentConfig
+
+# the parameter roles a model assigns (optim/groups.py gives each its own lr and optimizer)
+ROLES = ("embedding", "value_embedding", "lm_head", "matrix", "scalar")
+
+
+class ModelConfig(ComponentConfig):
+    """Base of every model's config. Besides its own fields, a model config has
+    `vocab_size: int | None` (null: the schema fills it in from the tokenizer) and
+    `max_seq_len: int` (the longest context; train.seq_len defaults to it)."""
+
+    # model/grow.py can grow a trained checkpoint of this model into a larger one
+    growable: ClassVar[bool] = False
+    # the planner's analytic memory model (plan/shapes.py, plan/memory.py) covers this model
+    # (its fake-tensor trace covers any model)
+    analytic_plan: ClassVar[bool] = False
+
+    def check_device(self, device: torch.device) -> None:
+        """Raise a ConfigError naming the fix when a configured feature cannot run on `device`
+        (called before any data is prepared). The default: every device will do."""
+
+    def speed_settings(self, device: torch.device | str = "cpu") -> list[str]:
+        """The model's settings that change speed or memory, as short phrases for the start-up
+        summary ("chunked loss (256 rows/chunk)"). The default: none."""
+        return []
+
+
+class LanguageModel(Protocol):
+    """A built model, as the trainer, the optimizer builders and the planner use it (besides
+    being an nn.Module: parameters, to, train/eval, state_dict)."""
+
+    cfg: ModelConfig
+    origin: dict[str, str]  # parameter name -> origin tag (embedding, old, new) for lr multipliers
+    activation_checkpointing: bool  # train.activation_checkpointing: recompute layers in backward
+    blocks: nn.ModuleList  # the layers, in order (FSDP units; the trace's backward seam)
+    norm_f: nn.Module  # the final norm: its forward starts the loss (the trace's forward seam)
+
+    def role(self, name: str) -> str:
+        """The role (one of ROLES) of the parameter called `name`."""
+        ...
+
+    def param_counts(self) -> dict[str, int]:
+        """total, embedding and non_embedding parameter counts."""
+        ...
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token (forward + backward) at `seq_len`."""
+        ...
+
+    def named_parameters(self): ...
+
+    def __call__(self, idx: torch.Tensor, targets: torch.Tensor | None = None, **kw): ...

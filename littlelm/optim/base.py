@@ -1,0 +1,48 @@
+"""The contract of an optimizer's config: every registered optimizer's config derives from
+`OptimizerConfig` and answers, for its own options, what the trainer, the planner, the trace
+and the schema ask, so that none of them tests for a concrete class or probes for a field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import Field
+
+from littlelm.config import ComponentConfig
+
+
+@dataclass(frozen=True)
+class OptimizerTraits:
+    """What the memory planner and the start-up summary need to know about an optimizer."""
+
+    kind: str  # "muon" (Muon for the hidden matrices, AdamW for the rest) or "adamw" (all AdamW)
+    nesterov: bool = False  # Muon's Nesterov momentum (one more buffer-sized temporary)
+    adamw_8bit: bool = False  # AdamW's moments in 8 bits (bitsandbytes, CUDA only)
+
+
+class OptimizerConfig(ComponentConfig):
+    """Base of every optimizer's config."""
+
+    name: str = Field(
+        "",
+        description="Registered name of the component.",
+        # another optimizer has another state layout: a resumed run keeps its optimizer
+        json_schema_extra={"resumable": False},
+    )
+
+    def traits(self) -> OptimizerTraits:
+        raise NotImplementedError
+
+    def momentum_at(self, step: int) -> float | None:
+        """The momentum of the Muon groups at `step` (a warmup), or None: not scheduled."""
+        return None
+
+    def traceable(self, stochastic_rounding: bool) -> tuple[OptimizerConfig, bool]:
+        """The config and stochastic-rounding switch the planner's fake-tensor trace builds in
+        place of this one, when a part cannot run on fake CPU tensors (the default: itself)."""
+        return self, stochastic_rounding
+
+    def check_world(self, world_size: int) -> list[str]:
+        """Problems with running this optimizer in `world_size` processes (the default: none)."""
+        return []

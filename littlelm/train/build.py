@@ -1,0 +1,64 @@
+"""The one place that makes a run's model and optimizer from its config. The trainer (and so
+bench, which runs the trainer) and the planner's fake-tensor trace all call these, so what is
+planned is what is trained.
+
+    model = build_model(cfg, device)          # parameters in train.master_weights' dtype
+    optimizer = build_optimizer(cfg, model)   # once the model is loaded, grown and sharded
+    model, optimizer = build(cfg, device)     # both at once (the planner's trace)
+
+`traced=True` builds for the trace, under FakeTensorMode: the parameters are cast in place
+(Module.to swaps tensors, which fake ones refuse), and the optimizer config may stand in a
+variant that runs on fake CPU tensors (`OptimizerConfig.traceable`: 8-bit AdamW is traced as
+torch's AdamW, AdamW's stochastic rounding is left out).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from littlelm.model.protocol import LanguageModel
+from littlelm.registry import MODELS, OPTIMIZERS
+from littlelm.schema import RunConfig
+
+# dtype of the parameters, their gradients and the optimizer state (train.master_weights)
+PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build(cfg: RunConfig, device: torch.device, traced: bool = False):
+    """The model and its optimizer, as a fresh (not resumed, not grown) run starts."""
+    model = build_model(cfg, device, traced)
+    return model, build_optimizer(cfg, model, traced)
+
+
+def build_model(cfg: RunConfig, device: torch.device, traced: bool = False) -> LanguageModel:
+    """The registered model of `cfg.model`, freshly initialised (from the current RNG state),
+    on `device` in train.master_weights' dtype, with train.activation_checkpointing set."""
+    model = MODELS.get(cfg.model.name)(cfg.model)
+    dtype = PARAM_DTYPES[cfg.train.master_weights]
+    if traced:
+        _cast(model, dtype)
+    else:
+        model = model.to(device, dtype)
+    model.activation_checkpointing = cfg.train.activation_checkpointing
+    return model
+
+
+def build_optimizer(cfg: RunConfig, model: LanguageModel, traced: bool = False):
+    """The registered optimizer of `cfg.optimizer` over `model`'s parameters (its groups and
+    lrs: optim/groups.py), rounding stochastically when train.stochastic_rounding is on."""
+    oc, rounding = cfg.optimizer, cfg.train.stochastic_rounding
+    if traced:
+        oc, rounding = oc.traceable(rounding)
+    return OPTIMIZERS.get(oc.name)(model, oc, rounding)
+
+
+def _cast(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """`model.to(dtype)` for fake tensors: floating parameters and buffers become `dtype`."""
+    if dtype == torch.float32:
+        return
+    for module in model.modules():
+        for _name, p in module.named_parameters(recurse=False):
+            p.data = p.data.to(dtype)
+        for name, b in module.named_buffers(recurse=False):
+            if b.is_floating_point():
+                module._buffers[name] = b.to(dtype)
