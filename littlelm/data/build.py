@@ -18,8 +18,8 @@ from pydantic import Field
 
 from littlelm.config import RESUMABLE, SAME_DATA, Cfg, Registered
 from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
+from littlelm.data.cache import cache_root
 from littlelm.data.prepare import (
-    cache_root,
     dataset_dir,
     make_split,
     prepare_source,

@@ -28,7 +28,7 @@ CHUNK = 1 << 20
 
 
 def default_bundle_dir() -> Path:
-    from littlelm.data.prepare import cache_root
+    from littlelm.data.cache import cache_root
 
     return cache_root() / "eval_bundle"
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from littlelm.config import to_tree
-from littlelm.data.prepare import cache_root, digest
+from littlelm.data.cache import cache_root, digest
 
 
 def workload_key(cfg) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from littlelm.data.prepare import cache_root
+from littlelm.data.cache import cache_root
 from littlelm.errors import LittleLMError
 
 # Dense bf16 tensor-core peak (FLOP/s) by a substring of torch.cuda.get_device_name().
