@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from test_interop import FEATURES, VOCAB, hf_load, make_checkpoint, save_hf
 
-from littlelm.model.generate import generate
 from littlelm.interop.hf import export, import_model
 from littlelm.load import load_model
+from littlelm.model.generate import generate
 
 
 def export_row(root: Path, name: str) -> tuple:

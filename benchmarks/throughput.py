@@ -57,9 +57,9 @@ from torch import nn
 from littlelm.components import register_all
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.registry import OPTIMIZERS
+from littlelm.train.build import PARAM_DTYPES
 from littlelm.train.device import autocast, peak_flops, synchronize, tune_cpu_allocator
 from littlelm.train.step import apply_update, micro_step
-from littlelm.train.build import PARAM_DTYPES
 
 register_all()  # an entry point: fill the registries before reading a config
 

@@ -14,10 +14,10 @@ import torch
 from littlelm.cli import main
 from littlelm.config import to_tree, validate
 from littlelm.data.tokenizer import ByteTokenizer
-from littlelm.model.generate import generate
 from littlelm.interop.hf import export, import_model
 from littlelm.interop.hf_tokenizer import export_tokenizer
 from littlelm.load import load_model
+from littlelm.model.generate import generate
 from littlelm.model.gpt import GPT
 from littlelm.schema import RunConfig
 from littlelm.train import checkpoint as ckpt

@@ -17,8 +17,8 @@ import torch
 from pydantic import Field
 
 from littlelm.config import RESUMABLE, SAME_DATA, Cfg, Registered
-from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
 from littlelm.data.cache import cache_root
+from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
 from littlelm.data.prepare import (
     dataset_dir,
     make_split,
