@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 import littlelm.components  # noqa: F401  (fills the registries)
 from littlelm.config import Cfg, Registered, apply_overrides, load_tree, validate
@@ -37,6 +37,7 @@ from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
 from littlelm.train.distributed import DistributedConfig
 from littlelm.train.growth import resolve_growth
 from littlelm.train.guard import GuardConfig
+from littlelm.train.rundir import run_name_problem
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 
@@ -46,6 +47,14 @@ class RunSection(Cfg):
     out_dir: str = Field("runs", description="Parent directory of run directories.")
     seed: int = Field(1337, description="Seed of weights init and data order.")
     device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="Where to train.")
+
+    @field_validator("name")
+    @classmethod
+    def _one_component(cls, name: str) -> str:
+        problem = run_name_problem(name)  # `../x`, `a/b` or `` would write outside out_dir
+        if problem:
+            raise ValueError(problem)
+        return name
 
 
 class TrainConfig(Cfg):

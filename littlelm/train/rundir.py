@@ -25,9 +25,8 @@ def run_name_problem(name: str) -> str | None:
     """Why `name` cannot be a run name, or None when it can."""
     if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
         return (
-            f"must be one directory name (not empty, '.' or '..', no '/' or '\\'), got "
-            f"{name[:80]!r}; the run's directory is run.out_dir/run.name, so choose where it "
-            "goes with run.out_dir"
+            "must be one directory name (not empty, '.' or '..', no '/' or '\\'): the run's "
+            "directory is run.out_dir/run.name, so choose where it goes with run.out_dir"
         )
     return None
 

@@ -53,6 +53,7 @@ from littlelm.train.device import (
 from littlelm.train.distributed import Parallel
 from littlelm.train.guard import LossGuard, Verdict
 from littlelm.train.progress import Progress, progress_line
+from littlelm.train.rundir import check_run_dir
 from littlelm.train.runlock import RunLock
 from littlelm.train.runstate import RunState
 from littlelm.train.signals import StopSignals
@@ -74,6 +75,7 @@ class Trainer(RunState):
         self.parallel = parallel or Parallel.single(cfg.distributed)
         self.progress = progress or Progress()
         self.run_dir = cfg.run_dir()
+        check_run_dir(self.run_dir)  # before any work: a non-empty directory must be a run
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.device = self.parallel.device(pick_device(cfg.run.device))
         self._check_world(cfg)
