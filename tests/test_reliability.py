@@ -48,3 +48,57 @@ def test_non_empty_directory_that_is_not_a_run_is_refused(tmp_path, corpus, caps
     Trainer(load_run(tmp_path / "t.yaml", ["run.name=empty"]))
     (project / ".lock").touch()
     Trainer(load_run(tmp_path / "t.yaml"))
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8)
+)
+
+
+def test_yaml_alias_bomb_is_refused_quickly(tmp_path, capsys):
+    """Issue 24.4: nested aliases expanding to 10^9 values are refused in well under a second,
+    and the error is one short line."""
+    import time
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BOMB + "model: *i\n")
+    assert len(bomb.read_bytes()) < 500
+    t0 = time.perf_counter()
+    assert main(["config", "show", str(bomb)]) == 2
+    assert time.perf_counter() - t0 < 5
+    err = capsys.readouterr().err
+    assert "aliases (*name) expand to more than 1,000,000 values" in err and len(err) < 500
+
+
+def test_values_quoted_in_errors_are_truncated(tiny_config, tmp_path, capsys):
+    """A large (but allowed) value of the wrong type is quoted in a few hundred characters."""
+    text = "x: &x [" + ", ".join(["long-string" * 20] * 200) + "]\n" + tiny_config.read_text()
+    bad = tmp_path / "big.yaml"
+    bad.write_text(text.replace("max_steps: 6", "max_steps: *x"))
+    assert main(["config", "show", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "train.max_steps" in err and "..." in err and len(err) < 1500
+
+
+def test_duplicate_yaml_keys_are_refused_naming_both_lines(tmp_path, tiny_config, capsys):
+    """Issue 24.9: a second `train:` section (or any repeated key) is refused, not merged."""
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(
+        tiny_config.read_text() + "train:\n  max_steps: 3\n"
+    )  # tiny_config already has a train section
+    with pytest.raises(ConfigError) as e:
+        load_run(dup)
+    msg = str(e.value)
+    first = 1 + tiny_config.read_text().splitlines().index("train:")
+    last = len(tiny_config.read_text().splitlines()) + 1
+    assert f"dup.yaml:{last}: duplicate key 'train', already set at line {first}" in msg
+    inner = tmp_path / "inner.yaml"
+    inner.write_text("run:\n  name: a\n  seed: 1\n  name: b\n")
+    assert main(["config", "show", str(inner)]) == 2
+    assert "inner.yaml:4: duplicate key 'name', already set at line 2" in capsys.readouterr().err
+    # YAML merge keys may still be overridden by the mapping's own keys
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &b {n_layer: 2, d_model: 32}\nmodel:\n  <<: *b\n  n_layer: 3\n")
+    from littlelm.config import read_yaml
+
+    assert read_yaml(merged)["model"] == {"n_layer": 3, "d_model": 32}
