@@ -102,3 +102,23 @@ def test_duplicate_yaml_keys_are_refused_naming_both_lines(tmp_path, tiny_config
     from littlelm.config import read_yaml
 
     assert read_yaml(merged)["model"] == {"n_layer": 3, "d_model": 32}
+
+
+def test_repeated_signal_during_teardown_is_ignored(tmp_path):
+    """Issue 24.7: after a signal-stop has saved, the handlers are not restored to the defaults,
+    so a second SIGTERM or Ctrl-C during teardown cannot turn the documented exit 0 into 143."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal\n"
+        "from littlelm.train.signals import StopSignals\n"
+        "with StopSignals() as stop:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "assert stop.requested == 'SIGTERM'\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "print('survived')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "survived" in r.stdout, r.stderr
