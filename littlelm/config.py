@@ -18,6 +18,7 @@ Nothing here knows about models or training: the run's schema lives in `littlelm
 from __future__ import annotations
 
 import copy
+import math
 import re
 import reprlib
 import typing
@@ -268,12 +269,23 @@ def validate(
     """Validate `tree` against `cls`; raise one ConfigError listing every problem."""
     errors: list[tuple[tuple, str]] = []
     result = _validate_model(cls, tree, (), errors)
+    if not errors:
+        errors += _non_finite(result)
     if errors:
         origin = origin or {}
         raise ConfigError(
             [_describe(loc, msg, origin, source) for loc, msg in errors], source or None
         )
     return result
+
+
+def _non_finite(cfg: Any) -> list[tuple[tuple, str]]:
+    """inf and nan pass pydantic's float checks (and `gt=0`): no setting means them."""
+    return [
+        (tuple(key.split(".")), f"must be a finite number, got {value}")
+        for key, value in flatten(to_tree(cfg)).items()
+        if isinstance(value, float) and not math.isfinite(value)
+    ]
 
 
 def _registered(cls: type[BaseModel]) -> dict[str, Registered]:

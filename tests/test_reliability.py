@@ -122,3 +122,64 @@ def test_repeated_signal_during_teardown_is_ignored(tmp_path):
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "survived" in r.stdout, r.stderr
+
+
+def test_disk_full_at_start_is_a_clear_error(tiny_config, monkeypatch, capsys):
+    """Issue 24.6: ENOSPC while writing the run lock's pid is a RunDirError (exit 2, which the
+    documented restart loop does not retry), not a traceback with exit 1."""
+    import errno
+    import os
+
+    def full(*a):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    assert main(["train", str(tiny_config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write to the run directory") and "free disk" in err
+    assert "Traceback" not in err
+
+
+def test_wrong_typed_state_json_falls_back_to_previous_checkpoint(tiny_config, recwarn):
+    """Issue 24.6: a checkpoint whose state.json has a wrong-typed field is skipped like a
+    corrupt one, and the run resumes from the checkpoint before it."""
+    import json
+
+    cfg = load_run(tiny_config)
+    Trainer(cfg).fit()
+    newest = cfg.run_dir() / "checkpoints" / "step_000006" / "state.json"
+    state = json.loads(newest.read_text())
+    state["step"] = "6"
+    newest.write_text(json.dumps(state))
+    resumed = Trainer(load_run(tiny_config, ["train.max_steps=8"]))
+    assert resumed.step == 3
+    assert any("field 'step' is a str" in str(w.message) for w in recwarn)
+
+
+@pytest.mark.parametrize("key", ["optimizer.lr", "train.grad_clip", "guard.spike_factor"])
+def test_non_finite_settings_are_refused(tiny_config, key):
+    """Issue 24.5: lr=.inf passed validation (pydantic floats accept inf, and `gt=0` with it;
+    nan and -inf already fail `gt`)."""
+    with pytest.raises(ConfigError, match=rf"{key} .*must be a finite number, got inf"):
+        load_run(tiny_config, [f"{key}=.inf"])
+
+
+def test_collapsed_run_is_detected_like_a_spike():
+    """Issue 24.5: zero gradient norm with the loss at ln(V) for collapse_steps steps is bad:
+    skipped, and after max_consecutive more, rolled back (lr=1e6 trained "successfully" into a
+    dead model before)."""
+    import math
+
+    from littlelm.train.guard import Collapse, GuardConfig, LossGuard, Verdict
+
+    guard = LossGuard(GuardConfig(collapse_steps=4, max_consecutive=2))
+    guard.collapse = Collapse(256, 4)
+    dead = math.log(256)
+    verdicts = [guard.verdict(dead, 0.0) for _ in range(5)]
+    assert verdicts == [Verdict.OK] * 3 + [Verdict.SKIP, Verdict.ROLLBACK]
+    assert "collapsed" in guard.reason and "ln(vocab)" in guard.reason
+    assert guard.verdict(dead, 0.3) is Verdict.OK  # gradients flow again: not collapsed
+    assert guard.verdict(2.0, 0.0) is Verdict.OK  # a zero norm alone is not a collapse
+    off = LossGuard(GuardConfig(collapse_steps=0))
+    off.collapse = Collapse(256, 0)
+    assert all(off.verdict(dead, 0.0) is Verdict.OK for _ in range(30))

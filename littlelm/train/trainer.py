@@ -51,7 +51,7 @@ from littlelm.train.device import (
     tune_cpu_allocator,
 )
 from littlelm.train.distributed import Parallel
-from littlelm.train.guard import LossGuard, Verdict
+from littlelm.train.guard import Collapse, LossGuard, Verdict
 from littlelm.train.progress import Progress, progress_line
 from littlelm.train.rundir import check_run_dir
 from littlelm.train.runlock import RunLock
@@ -105,6 +105,7 @@ class Trainer(RunState):
         self.model = model_cls(cfg.model).to(self.device, PARAM_DTYPES[t.master_weights])
         self.model.activation_checkpointing = t.activation_checkpointing
         self.guard = LossGuard(cfg.guard)
+        self.guard.collapse = Collapse(cfg.model.vocab_size, cfg.guard.collapse_steps)
         self.stop = StopSignals()
         self.last_checkpoint: Path | None = None  # what a rollback reloads
         self.saved_step: int | None = None  # step of the newest checkpoint in ckpt_dir
