@@ -183,3 +183,14 @@ def test_collapsed_run_is_detected_like_a_spike():
     off = LossGuard(GuardConfig(collapse_steps=0))
     off.collapse = Collapse(256, 0)
     assert all(off.verdict(dead, 0.0) is Verdict.OK for _ in range(30))
+
+
+def test_warnings_print_without_a_source_line(tiny_config, monkeypatch, capsys):
+    """Issue 24.10: the CLI prints a warning as one `warning: ...` line, not Python's
+    `file.py:123: UserWarning: ...` followed by the source line that raised it."""
+    import warnings
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # restored after
+    assert main(["config", "show", str(tiny_config)]) == 0
+    text = warnings.formatwarning(UserWarning("resuming from step_3"), UserWarning, "x.py", 7)
+    assert text == "warning: resuming from step_3\n"
