@@ -194,3 +194,32 @@ def test_warnings_print_without_a_source_line(tiny_config, monkeypatch, capsys):
     assert main(["config", "show", str(tiny_config)]) == 0
     text = warnings.formatwarning(UserWarning("resuming from step_3"), UserWarning, "x.py", 7)
     assert text == "warning: resuming from step_3\n"
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupt_shard_names_the_directory_to_delete(tmp_path, damage):
+    """Issue 24.3: `prepare` trusts a directory with a manifest, so "re-run littlelm data
+    prepare" fixed nothing; the error names the dataset directory to delete."""
+    import json
+
+    import numpy as np
+
+    from littlelm.data.shards import Shard, ShardWriter
+    from littlelm.errors import DataError
+
+    ds = tmp_path / "datasets" / "main-abc"
+    (ds / "train").mkdir(parents=True)
+    (ds / "manifest.json").write_text(json.dumps({"key": "abc"}))
+    w = ShardWriter(ds / "train" / "00000.bin", 256, 0, "f" * 16)
+    for n in (5, 9, 7):
+        w.add(np.arange(n, dtype=np.uint16))
+    w.close()
+    path = ds / "train" / "00000.bin"
+    raw = bytearray(path.read_bytes())
+    if damage == "flip":
+        raw[-3] ^= 0xFF
+    else:
+        raw = raw[:-10]
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=f"delete {ds} \\(the prepared dataset"):
+        Shard(path)
