@@ -124,20 +124,36 @@ def test_repeated_signal_during_teardown_is_ignored(tmp_path):
     assert r.returncode == 0 and "survived" in r.stdout, r.stderr
 
 
-def test_disk_full_at_start_is_a_clear_error(tiny_config, monkeypatch, capsys):
+def test_disk_full_at_start_is_a_clear_error(tmp_path, monkeypatch):
     """Issue 24.6: ENOSPC while writing the run lock's pid is a RunDirError (exit 2, which the
-    documented restart loop does not retry), not a traceback with exit 1."""
+    documented restart loop does not retry), not a raw OSError traceback with exit 1."""
     import errno
     import os
+
+    from littlelm.train.runlock import RunLock
 
     def full(*a):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "pwrite", full)
-    assert main(["train", str(tiny_config)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: cannot write to the run directory") and "free disk" in err
-    assert "Traceback" not in err
+    with pytest.raises(RunDirError, match="cannot write to the run directory .*free disk") as e:
+        RunLock(tmp_path / "run").__enter__()
+    assert e.value.exit_code == 2
+
+
+def test_wrong_typed_state_json_is_unreadable(tmp_path):
+    import json
+
+    from littlelm.train import checkpoint as ckpt
+
+    path = tmp_path / "step_000006"
+    path.mkdir()
+    for state in ({"step": "6"}, {"step": 6, "loader": []}, [6]):
+        (path / "state.json").write_text(json.dumps(state))
+        with pytest.raises(ckpt.UnreadableCheckpoint, match="state.json"):
+            ckpt.check_state_types(json.loads((path / "state.json").read_text()), path)
+        with pytest.raises(ckpt.UnreadableCheckpoint, match="state.json (field|is not)"):
+            ckpt.load_checkpoint(path)
 
 
 def test_wrong_typed_state_json_falls_back_to_previous_checkpoint(tiny_config, recwarn):
