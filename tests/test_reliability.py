@@ -239,3 +239,12 @@ def test_corrupt_shard_names_the_directory_to_delete(tmp_path, damage):
     path.write_bytes(bytes(raw))
     with pytest.raises(DataError, match=f"delete {ds} \\(the prepared dataset"):
         Shard(path)
+
+
+def test_plan_refuses_or_answers_huge_depths_quickly(tiny_config, capsys, recwarn):
+    """Issue 24.8: plan with model.n_layer=1000000 ran past 120 s and 2 GB; 1,000 layers with
+    the trace took 82 s. Now the first is refused at once, the second answered without it."""
+    assert main(["plan", str(tiny_config), "model.n_layer=1000000", "--no-trace"]) == 2
+    assert "model.n_layer 1,000,000 is beyond" in capsys.readouterr().err
+    assert main(["plan", str(tiny_config), "model.n_layer=1000"]) == 0
+    assert any("analytic estimate only" in str(w.message) for w in recwarn)
