@@ -73,7 +73,7 @@ def check_plannable(cfg, trace: bool) -> bool:
     if n > MAX_LAYERS:
         raise ConfigError(
             [
-                f"model.n_layer {n:,} is beyond what littlelm plans or trains (at most "
+                f"model.n_layer {n:,} is beyond what littlelm plans (at most "
                 f"{MAX_LAYERS:,} layers; models of 10M-4B parameters have 4-48); lower it"
             ]
         )
