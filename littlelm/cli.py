@@ -558,11 +558,17 @@ def _add_eval(sub) -> None:
     b.set_defaults(fn=cmd_eval_bundle)
 
 
+def plain_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning as one `warning: ...` line, without Python's file, line and source line."""
+    return f"warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     from littlelm.components import register_all
 
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("once")
+    warnings.formatwarning = plain_warning
     try:
         register_all()  # the CLI is an entry point: every verb may read a config or checkpoint
         return args.fn(args)

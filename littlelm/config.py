@@ -18,7 +18,9 @@ Nothing here knows about models or training: the run's schema lives in `littlelm
 from __future__ import annotations
 
 import copy
+import math
 import re
+import reprlib
 import typing
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -52,8 +54,83 @@ _Loader.add_implicit_resolver(
 )
 
 
+MAX_NODES = 1_000_000  # a config has hundreds of values; aliases may not expand it past this
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A key given twice in one mapping (YAML would silently keep the last)."""
+
+    def __init__(self, key: str, first: int, second: int):
+        self.key, self.first, self.second = key, first, second
+        super().__init__(f"duplicate key {key!r} at lines {first} and {second}")
+
+
+class AliasBombError(yaml.YAMLError):
+    """Aliases (`*name`) that expand to more than MAX_NODES values ("billion laughs")."""
+
+
+def _check_duplicates(node: yaml.MappingNode) -> None:
+    seen: dict[str, int] = {}
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        line = key.start_mark.line + 1
+        if key.value in seen:
+            raise DuplicateKeyError(short(key.value), seen[key.value], line)
+        seen[key.value] = line
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Values in `node` once every alias is expanded (shared nodes are counted once each time
+    they are used, but computed once, so this is linear in the document's size)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = 1  # a recursive alias counts once (SafeLoader builds it as a cycle)
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(n, memo) for n in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    else:
+        size = 1
+    memo[id(node)] = size
+    return size
+
+
+def _compose_mapping_node(self, anchor):
+    node = yaml.composer.Composer.compose_mapping_node(self, anchor)
+    _check_duplicates(node)  # checked before merge keys (`<<`) are flattened in
+    return node
+
+
+_Loader.compose_mapping_node = _compose_mapping_node
+
+
 def parse_yaml(text: str):
-    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
+    """YAML text -> data, refusing duplicate keys and aliases that expand past MAX_NODES."""
+    loader = _Loader(text)  # a SafeLoader subclass: no arbitrary objects
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_NODES:
+            raise AliasBombError(
+                f"its aliases (*name) expand to more than {MAX_NODES:,} values; a run file "
+                "needs far fewer: write the values out"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+_short = reprlib.Repr()
+_short.maxstring, _short.maxother, _short.maxlevel = 80, 80, 3
+_short.maxlist = _short.maxdict = _short.maxtuple = _short.maxset = 6
+
+
+def short(value: Any) -> str:
+    """repr(value), cut to about 80 characters per string and 6 items per container (a value
+    quoted in an error message can be huge)."""
+    return _short.repr(value)
 
 
 class Cfg(BaseModel):
@@ -86,6 +163,15 @@ def read_yaml(path: Path) -> dict:
         raise ConfigError([f"config file not found: {path}"])
     try:
         data = parse_yaml(path.read_text())
+    except DuplicateKeyError as e:
+        raise ConfigError(
+            [
+                f"{path}:{e.second}: duplicate key {e.key}, already set at line {e.first} (YAML "
+                "would silently keep only the last one); merge the two into one"
+            ]
+        ) from None
+    except AliasBombError as e:
+        raise ConfigError([f"{path}: {e}"]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -158,7 +244,7 @@ def apply_overrides(tree: dict, origin: dict[str, str], overrides: Iterable[str]
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
             problems.append(
-                f"override {item!r}: expected dotted.key=value, e.g. train.max_steps=100"
+                f"override {short(item)}: expected dotted.key=value, e.g. train.max_steps=100"
             )
             continue
         try:
@@ -189,12 +275,23 @@ def validate(
     """Validate `tree` against `cls`; raise one ConfigError listing every problem."""
     errors: list[tuple[tuple, str]] = []
     result = _validate_model(cls, tree, (), errors)
+    if not errors:
+        errors += _non_finite(result)
     if errors:
         origin = origin or {}
         raise ConfigError(
             [_describe(loc, msg, origin, source) for loc, msg in errors], source or None
         )
     return result
+
+
+def _non_finite(cfg: Any) -> list[tuple[tuple, str]]:
+    """inf and nan pass pydantic's float checks (and `gt=0`): no setting means them."""
+    return [
+        (tuple(key.split(".")), f"must be a finite number, got {value}")
+        for key, value in flatten(to_tree(cfg)).items()
+        if isinstance(value, float) and not math.isfinite(value)
+    ]
 
 
 def _registered(cls: type[BaseModel]) -> dict[str, Registered]:
@@ -226,7 +323,7 @@ def _has_components(cls: type[BaseModel]) -> bool:
 
 def _validate_model(cls: type[Cfg], data: Any, loc: tuple, errors: list) -> Any:
     if not isinstance(data, dict):
-        errors.append((loc, f"expected a mapping, got {type(data).__name__} {data!r}"))
+        errors.append((loc, f"expected a mapping, got {type(data).__name__} {short(data)}"))
         return None
     special = {**_registered(cls), **_nested_models(cls)}
     plain = {k: v for k, v in data.items() if k not in special}
@@ -258,13 +355,13 @@ def _validate_components(meta: Registered, value: Any, loc: tuple, errors: list)
         return None
     if meta.container == "list":
         if not isinstance(value, list):
-            errors.append((loc, f"expected a list of {meta.registry.kind}s, got {value!r}"))
+            errors.append((loc, f"expected a list of {meta.registry.kind}s, got {short(value)}"))
             return None
         return [_validate_component(meta, v, (*loc, i), errors) for i, v in enumerate(value)]
     if meta.container == "dict":
         if not isinstance(value, dict):
             errors.append(
-                (loc, f"expected a mapping of label -> {meta.registry.kind}, got {value!r}")
+                (loc, f"expected a mapping of label -> {meta.registry.kind}, got {short(value)}")
             )
             return None
         return {k: _validate_component(meta, v, (*loc, k), errors) for k, v in value.items()}
@@ -276,14 +373,18 @@ def _validate_component(meta: Registered, value: Any, loc: tuple, errors: list) 
         value = {"name": value}
     if not isinstance(value, dict):
         errors.append(
-            (loc, f"expected a mapping with 'name: <{meta.registry.kind}>', got {value!r}")
+            (loc, f"expected a mapping with 'name: <{meta.registry.kind}>', got {short(value)}")
         )
         return None
     name = value.get("name", meta.default)
     reg = meta.registry
     if not isinstance(name, str) or name not in reg:
         hint = did_you_mean(name, reg.names()) if isinstance(name, str) else ""
-        what = f"unknown {reg.kind} {name!r}{hint}" if name is not None else f"no {reg.kind} named"
+        what = (
+            f"unknown {reg.kind} {short(name)}{hint}"
+            if name is not None
+            else f"no {reg.kind} named"
+        )
         errors.append(((*loc, "name"), f"{what}; known {reg.kind}s: {reg.known()}"))
         return None
     cfg_cls = reg.config_class(name)
@@ -308,7 +409,7 @@ def _pydantic_message(err: dict, cls: type[BaseModel], rel_loc: tuple) -> str:
         return "required key is missing"
     msg = err["msg"]
     if "input" in err and not isinstance(err["input"], dict):
-        msg += f", got {err['input']!r}"
+        msg += f", got {short(err['input'])}"
     return msg
 
 

@@ -35,7 +35,7 @@ import copy
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from littlelm.config import (
     RESUMABLE,
@@ -59,6 +59,16 @@ from littlelm.sections import BudgetConfig, DistributedConfig, GuardConfig
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 
 
+def run_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a run name, or None when it can."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        return (
+            "must be one directory name (not empty, '.' or '..', no '/' or '\\'): the run's "
+            "directory is run.out_dir/run.name, so choose where it goes with run.out_dir"
+        )
+    return None
+
+
 class RunSection(Cfg):
     name: str = Field(
         "run", description="Run name; its directory is out_dir/name.", json_schema_extra=RESUMABLE
@@ -70,6 +80,14 @@ class RunSection(Cfg):
     device: Literal["auto", "cpu", "cuda", "mps"] = Field(
         "auto", description="Where to train.", json_schema_extra=RESUMABLE
     )
+
+    @field_validator("name")
+    @classmethod
+    def _one_component(cls, name: str) -> str:
+        problem = run_name_problem(name)  # `../x`, `a/b` or `` would write outside out_dir
+        if problem:
+            raise ValueError(problem)
+        return name
 
 
 class TrainConfig(Cfg):

@@ -39,6 +39,13 @@ class GuardConfig(Cfg):
     max_rollbacks: int = Field(
         3, description="Rollbacks allowed in one run; one more stops it.", ge=0
     )
+    collapse_steps: int = Field(
+        20,
+        description="Steps in a row with a zero gradient norm and the loss at the uniform level "
+        "ln(vocab_size) after which the run counts as collapsed (a dead model, e.g. from a huge "
+        "lr) and each such step as bad; 0 = off.",
+        ge=0,
+    )
 
 
 class DistributedConfig(Cfg):

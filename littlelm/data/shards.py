@@ -138,6 +138,18 @@ def write_shard(
     return writer.close()
 
 
+def rebuild_hint(path: Path) -> str:
+    """How to fix a damaged shard: delete its dataset directory (the one holding manifest.json,
+    so that `prepare`, which trusts a complete directory, rebuilds it)."""
+    for parent in list(Path(path).parents)[:3]:
+        if (parent / "manifest.json").is_file():
+            return (
+                f"delete {parent} (the prepared dataset that holds it); `littlelm data prepare` "
+                "or `littlelm train` then rebuilds it"
+            )
+    return "delete it and re-run `littlelm data prepare`"
+
+
 def read_header(path: str | Path) -> ShardHeader:
     path = Path(path)
     try:
@@ -146,18 +158,14 @@ def read_header(path: str | Path) -> ShardHeader:
     except OSError as e:
         raise DataError(f"cannot read shard {path}: {e.strerror}") from None
     if len(raw) < HEADER.size or raw[:8] != MAGIC:
-        raise DataError(
-            f"{path} is not a littlelm shard (bad magic); re-run `littlelm data prepare`"
-        )
+        raise DataError(f"{path} is not a littlelm shard (bad magic); {rebuild_hint(path)}")
     _, version, itemsize, n_tok, n_docs, vocab, bos, fp, ck = HEADER.unpack(raw[: HEADER.size])
     if version > VERSION:
         raise DataError(
             f"{path}: shard format v{version} is newer than this littlelm (v{VERSION}); upgrade littlelm"
         )
     if itemsize not in DTYPES:
-        raise DataError(
-            f"{path}: corrupt header (token size {itemsize}); re-run `littlelm data prepare`"
-        )
+        raise DataError(f"{path}: corrupt header (token size {itemsize}); {rebuild_hint(path)}")
     return ShardHeader(version, itemsize, n_tok, n_docs, vocab, bos, fp.hex(), ck.hex())
 
 
@@ -171,7 +179,7 @@ class Shard:
         if size != h.file_size:
             raise DataError(
                 f"{self.path} is truncated or damaged: {size} bytes, its header promises {h.file_size}; "
-                "re-run `littlelm data prepare` to rebuild it"
+                f"{rebuild_hint(self.path)}"
             )
         with open(self.path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -182,7 +190,7 @@ class Shard:
             self.verify()
         if int(self.offsets[-1]) != h.n_tokens or (h.n_docs and int(self.offsets[0]) != 0):
             raise DataError(
-                f"{self.path}: document offsets are inconsistent; re-run `littlelm data prepare`"
+                f"{self.path}: document offsets are inconsistent; {rebuild_hint(self.path)}"
             )
 
     def verify(self) -> None:
@@ -194,7 +202,7 @@ class Shard:
         view.release()
         if digest.hexdigest() != self.header.checksum:
             raise DataError(
-                f"{self.path}: checksum mismatch, the file is corrupt; re-run `littlelm data prepare`"
+                f"{self.path}: checksum mismatch, the file is corrupt; {rebuild_hint(self.path)}"
             )
 
     def check_tokenizer(self, fingerprint: str, describe: str = "this run's tokenizer") -> None:

@@ -8,8 +8,10 @@ tensor memory and peak RSS (CPU), tokens/s and MFU, each beside the plan's predi
 stores the measurement (measurements.py) so that `plan` uses the measured MFU for this workload
 on this GPU.
 
-The bench trains in its own run directory (`<run.name>-bench`), whose checkpoints it deletes at
-the end; the user's run is never touched.
+The bench keeps its result in a directory of its own making, `<run.name>-bench` (marked by
+`rundir.BENCH_MARKER`), and trains in a private temporary directory inside it, which it deletes
+at the end. It refuses a `<run.name>-bench` that it did not make (a run of that name, or other
+files), so it never deletes anything but its own scratch; the user's run is never touched.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import contextlib
 import io
 import shutil
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from littlelm.data.build import build_data
+from littlelm.errors import RunDirError
 from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
@@ -36,6 +40,7 @@ from littlelm.plan.trace import optimizer_tensors, trace_step
 from littlelm.progress import Progress
 from littlelm.train.callbacks import Callback
 from littlelm.train.device import peak_flops, pick_device
+from littlelm.train.rundir import BENCH_MARKER, is_run_dir
 
 
 class StepTimer(Callback):
@@ -70,11 +75,53 @@ def bench_config(cfg, steps: int):
 
 
 def run_bench(cfg, steps: int = 4, quiet: bool = True) -> dict:
+    c = bench_config(cfg, steps)
+    result_dir = c.run_dir()
+    with scratch_dir(result_dir) as work:
+        c.run.out_dir, c.run.name = str(result_dir), work.name
+        result = _bench_in(c, steps, quiet)
+    result["run"] = result_dir.name
+    result["stored"] = str(save_measurement(result, result_dir))
+    return result
+
+
+def bench_result_dir(path: Path) -> None:
+    """Make `path` the bench's own directory, or refuse one the bench did not make."""
+    if (path / BENCH_MARKER).is_file():
+        return
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        what = "a training run" if path.is_dir() and is_run_dir(path) else "files"
+        raise RunDirError(
+            f"littlelm bench works in {path}, which holds {what} that bench did not make, so it "
+            "refuses to touch it; bench under another run.name (the bench directory is "
+            "<run.name>-bench) or move that directory away"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / BENCH_MARKER).write_text("made by littlelm bench; its scratch is deleted\n")
+    except OSError as e:
+        raise RunDirError(
+            f"cannot create the bench directory {path}: {e.strerror}; point run.out_dir at a "
+            "writable directory"
+        ) from None
+
+
+@contextlib.contextmanager
+def scratch_dir(result_dir: Path):
+    """A private temporary directory inside the bench's own directory, deleted afterwards
+    (concurrent benches each get their own; nothing else is ever deleted)."""
+    bench_result_dir(result_dir)
+    work = Path(tempfile.mkdtemp(prefix="scratch-", dir=result_dir))
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench_in(c, steps: int, quiet: bool) -> dict:
     from littlelm.train.trainer import Trainer
 
-    c = bench_config(cfg, steps)
     device = pick_device(c.run.device)
-    shutil.rmtree(c.run_dir(), ignore_errors=True)
     build_data(c.data, lambda _: None)  # prepare (cached) before the window
     peak_flops(device)  # a CPU's one-off matmul probe (cached) must not count in the window
     compiled = compile_on(c.train.compile, run_backend(c.model, device))
@@ -94,10 +141,7 @@ def run_bench(cfg, steps: int = 4, quiet: bool = True) -> dict:
         resumed = second.step
         del second
     wall = time.perf_counter() - t0
-    shutil.rmtree(c.run_dir() / "checkpoints", ignore_errors=True)
-    result = summarize(c, device, probe, timers, wall, resumed)
-    result["stored"] = str(save_measurement(result, c.run_dir()))
-    return result
+    return summarize(c, device, probe, timers, wall, resumed)
 
 
 def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: int) -> dict:

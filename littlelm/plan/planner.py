@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from littlelm.errors import ConfigError
 from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
@@ -65,6 +66,32 @@ class Plan:
         return out
 
 
+MAX_LAYERS = 1024  # far past littlelm's range (GPT-3 175B has 96); per-layer work grows with it
+TRACE_MAX_LAYERS = 128  # the trace runs each layer on meta tensors: about 0.08 s a layer
+
+
+def check_plannable(cfg, trace: bool) -> bool:
+    """Refuse a model too deep to plan in seconds; returns whether to trace it."""
+    n = cfg.model.n_layer
+    if n > MAX_LAYERS:
+        raise ConfigError(
+            [
+                f"model.n_layer {n:,} is beyond what littlelm plans (at most "
+                f"{MAX_LAYERS:,} layers; models of 10M-4B parameters have 4-48); lower it"
+            ]
+        )
+    if trace and n > TRACE_MAX_LAYERS:
+        import warnings
+
+        warnings.warn(
+            f"model.n_layer {n} > {TRACE_MAX_LAYERS}: the trace would take minutes, so this plan "
+            "uses the analytic estimate only (as with --no-trace)",
+            stacklevel=2,
+        )
+        return False
+    return trace
+
+
 def make_plan(
     cfg,
     catalog: Catalog,
@@ -73,6 +100,7 @@ def make_plan(
     devices: int = 1,
     trace: bool = True,
 ) -> Plan:
+    trace = check_plannable(cfg, trace)  # plan answers or refuses any config in seconds
     d = Dims.of(cfg)
     b = cfg.train.budget
     timed = tokens is None and b is not None and b.kind in ("hours", "dollars")

@@ -337,6 +337,7 @@ def load_checkpoint(path: Path, with_optimizer: bool = True) -> Loaded:
         state = json.loads(state_file.read_text())
     except (OSError, ValueError) as e:
         raise UnreadableCheckpoint(f"{path}: state.json is unreadable ({e})") from None
+    check_state_types(state, path)
     version = state.get("format_version", 0)
     if version > FORMAT_VERSION:
         raise CheckpointError(
@@ -358,6 +359,37 @@ def load_checkpoint(path: Path, with_optimizer: bool = True) -> Loaded:
         ) from None
     origin = json.loads(meta["origin"]) if "origin" in meta else None
     return Loaded(path, state, tensors, origin, optim, rng)
+
+
+STATE_TYPES = {  # state.json fields resume reads, and their JSON types
+    "format_version": int,
+    "step": int,
+    "tokens": int,
+    "train_time": (int, float),
+    "loader": dict,
+    "config": dict,
+    "guard": dict,
+    "loader_world_size": int,
+    "loader_ranks": list,
+}
+REQUIRED_STATE = ("step",)
+
+
+def check_state_types(state, path: Path) -> None:
+    """A state.json whose fields have the wrong types (a hand edit, a foreign tool) is
+    unreadable like a corrupt file, so resume falls back to the checkpoint before it."""
+    if not isinstance(state, dict):
+        raise UnreadableCheckpoint(f"{path}: state.json is not a JSON object")
+    for key in REQUIRED_STATE:
+        if key not in state:
+            raise UnreadableCheckpoint(f"{path}: state.json has no {key!r}")
+    for key, kind in STATE_TYPES.items():
+        value = state.get(key)
+        if key in state and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise UnreadableCheckpoint(
+                f"{path}: state.json field {key!r} is a {type(value).__name__}, not the "
+                f"{getattr(kind, '__name__', 'number')} littlelm writes"
+            )
 
 
 def _torch_load(path: Path):

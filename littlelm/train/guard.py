@@ -36,6 +36,27 @@ class Verdict(Enum):
     STOP = "stop"  # leave it out and stop the run
 
 
+class Collapse:
+    """A dead model: `steps` steps in a row whose gradient norm is zero and whose loss sits at
+    the uniform level ln(V) (every token equally likely), e.g. after lr=1e6. Nothing can train
+    it further, so those steps are bad like a spike: skipped, then rolled back or stopped."""
+
+    def __init__(self, vocab_size: int, steps: int):
+        self.uniform = math.log(vocab_size)
+        self.steps = steps
+        self.run = 0  # collapsed steps in a row
+
+    def check(self, loss: float, grad_norm: float | None) -> str | None:
+        flat = grad_norm is not None and grad_norm < 1e-6
+        self.run = self.run + 1 if flat and abs(loss - self.uniform) < 0.02 * self.uniform else 0
+        if self.steps and self.run >= self.steps:
+            return (
+                f"run collapsed: gradient norm 0 and loss {loss:.4f} at the uniform level "
+                f"ln(vocab) = {self.uniform:.4f} for {self.run} steps"
+            )
+        return None
+
+
 class LossGuard:
     def __init__(self, cfg: GuardConfig):
         self.cfg = cfg
@@ -45,6 +66,7 @@ class LossGuard:
         self.rollbacks = 0
         self.window_skipped = 0  # since the last metrics record
         self.reason = ""  # why the last step was skipped
+        self.collapse: Collapse | None = None  # set by the trainer, which knows the vocabulary
 
     def problem(self, loss: float, grad_norm: float | None) -> str | None:
         """Why a step with this loss and gradient norm must not be applied, or None."""
@@ -52,6 +74,8 @@ class LossGuard:
             return f"loss is {loss}"
         if grad_norm is not None and not math.isfinite(grad_norm):
             return f"gradient norm is {grad_norm}"
+        if self.collapse is not None and (dead := self.collapse.check(loss, grad_norm)):
+            return dead
         factor = self.cfg.spike_factor
         if factor and len(self.recent) == self.recent.maxlen:
             mean = sum(self.recent) / len(self.recent)

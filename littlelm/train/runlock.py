@@ -49,8 +49,15 @@ class RunLock:
                 stacklevel=2,
             )
             return self
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:  # the pid, for the message of a second process; a full disk fails here
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError as e:
+            os.close(fd)
+            raise RunDirError(
+                f"cannot write to the run directory {self.path.parent}: {e.strerror}; free disk "
+                "space, or point run.out_dir at a writable disk with room"
+            ) from None
         self._fd = fd
         return self
 

@@ -9,7 +9,8 @@ The first SIGTERM (what schedulers and spot-instance reclaimers send) or SIGINT 
 sets `requested`: the trainer finishes the step in progress, saves a checkpoint and exits 0. A
 second SIGINT raises KeyboardInterrupt at once, wherever the main thread is: a save in progress
 is abandoned (its temporary directory is removed) and the previous checkpoint stays the newest.
-A repeated SIGTERM changes nothing; a scheduler that wants the process gone sends SIGKILL after
+A repeated SIGTERM changes nothing, nor does any signal after the stop's save, during
+teardown (the handlers are then set to ignore them, not restored); a scheduler that wants the process gone sends SIGKILL after
 its grace period, which the atomic checkpoints survive.
 
 The handler writes its notice with os.write on file descriptor 2: a signal handler that used a
@@ -40,7 +41,9 @@ class StopSignals:
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            # after a stop the process is on its way out (teardown, interpreter exit): a repeated
+            # signal there is ignored, so the exit stays 0 as promised instead of 143 or -2
+            signal.signal(sig, signal.SIG_IGN if self.requested else handler)
         self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:

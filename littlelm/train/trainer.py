@@ -54,7 +54,8 @@ from littlelm.train.device import (
     tune_cpu_allocator,
 )
 from littlelm.train.distributed import Parallel
-from littlelm.train.guard import LossGuard, Verdict
+from littlelm.train.guard import Collapse, LossGuard, Verdict
+from littlelm.train.rundir import check_run_dir
 from littlelm.train.runlock import RunLock
 from littlelm.train.runstate import RunState
 from littlelm.train.signals import StopSignals
@@ -73,6 +74,7 @@ class Trainer(RunState):
         self.parallel = parallel or Parallel.single(cfg.distributed)
         self.progress = progress or Progress()
         self.run_dir = cfg.run_dir()
+        check_run_dir(self.run_dir)  # before any work: a non-empty directory must be a run
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.device = self.parallel.device(pick_device(cfg.run.device))
         self._check_world(cfg)
@@ -99,6 +101,7 @@ class Trainer(RunState):
             )
         self.model = build_model(cfg, self.device)
         self.guard = LossGuard(cfg.guard)
+        self.guard.collapse = Collapse(cfg.model.vocab_size, cfg.guard.collapse_steps)
         self.stop = StopSignals()
         self.last_checkpoint: Path | None = None  # what a rollback reloads
         self.saved_step: int | None = None  # step of the newest checkpoint in ckpt_dir
