@@ -41,7 +41,7 @@ import torch
 
 from littlelm.config import flatten, to_tree
 from littlelm.data.build import build_data
-from littlelm.data.loader import Batch, DataExhausted, Prefetcher
+from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetcher
 from littlelm.errors import CheckpointError, ConfigError, TrainingError
 from littlelm.eval.bpb import evaluate_loss
 from littlelm.optim.groups import MuonConfig, group_table
@@ -239,7 +239,7 @@ class Trainer:
         return self.state.train_time
 
     @property
-    def loader_state(self):
+    def loader_state(self) -> LoaderSnapshot:
         """The data position after the last batch trained on (a LoaderSnapshot)."""
         return self.state.loader
 
