@@ -1,11 +1,11 @@
 """One optimizer step, shared by the trainer and the planner's trace (plan/trace.py), so the
-planner measures exactly the step that trains: `micro_step` per micro-batch, then `apply_update`.
+planner measures exactly the step that trains: `micro_step` per micro-batch, then `grad_norm`
+(which clips) and `update`; `apply_update` is those two for callers without a loss guard.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -37,17 +37,18 @@ def micro_step(forward, x: torch.Tensor, y: torch.Tensor, accum: int, autocast) 
     return loss.detach()
 
 
-def apply_update(
-    model: torch.nn.Module,
-    optimizer,
-    grad_clip: float | None,
-    accept: Callable[[torch.Tensor], bool] | None = None,
-) -> torch.Tensor:
-    """Measure (and clip) the gradients, step, free them: the end of every optimizer step (the
-    planner traces it too). `accept(norm)` (the loss guard) may leave the step out; the
-    gradients are freed either way. Returns the gradient norm before clipping."""
-    norm = grad_norm(model.parameters(), grad_clip)
-    if accept is None or accept(norm):
+def update(optimizer, apply: bool = True) -> None:
+    """Step the optimizer (unless `apply` is False: the loss guard left this update out) and
+    free the gradients either way."""
+    if apply:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def apply_update(model: torch.nn.Module, optimizer, grad_clip: float | None) -> torch.Tensor:
+    """Measure (and clip) the gradients, step, free them: the end of an optimizer step without
+    a loss guard (the planner's trace and benchmarks/throughput.py). The Trainer runs the same
+    two calls with the guard's verdict between them. Returns the gradient norm before clipping."""
+    norm = grad_norm(model.parameters(), grad_clip)
+    update(optimizer)
     return norm

@@ -3,17 +3,23 @@
     trainer = Trainer(load_run("configs/demo.yaml"))
     trainer.fit()
 
-One optimizer step = `grad_accum` micro-batches of forward + backward under autocast, then
-gradient clipping, the optimizer and the schedule. Around it: progress and metrics every
-`log_every` steps, validation (loss and bits per byte) every `eval.every`, checkpoints every
-`checkpoint.every`, callbacks at each hook. A run directory holds the resolved config, the
-metrics, samples and checkpoints; a new Trainer on the same directory resumes from the newest
-complete checkpoint unless told otherwise.
+One optimizer step (`train_step`, read top to bottom): `grad_accum` micro-batches of forward +
+backward under autocast, gradient clipping, the loss guard's verdict, the schedule's learning
+rates, then the update (left out when the guard says so). The loop (`_fit`) acts on the verdict
+(a skip is reported, a rollback reloads the last checkpoint, a stop ends the run), then logs
+progress and metrics every `log_every` steps, validates (loss and bits per byte) every
+`eval.every`, checkpoints every `checkpoint.every` and calls the callbacks at each hook. A run
+directory holds the resolved config, the metrics, samples and checkpoints; a new Trainer on the
+same directory resumes from the newest complete checkpoint unless told otherwise.
+
+The Trainer owns one explicit state object, `self.state` (train/state.py: step, tokens, time,
+data position, loss guard, newest checkpoint); `self.checkpointer` (train/checkpointer.py) saves
+it with the weights and the optimizer's state and restores it on resume and rollback. `__init__`
+builds everything in one numbered sequence whose order matters; each step says why.
 
 Reliability lives in helpers (docs/reliability.md): train/resume.py picks and checks the
 checkpoint to resume from, train/guard.py judges each step's loss, train/signals.py turns
-SIGTERM/SIGINT into a clean stop, train/runlock.py keeps one trainer per run directory, and
-train/runstate.py holds the Trainer's save, resume and rollback methods (a mixin).
+SIGTERM/SIGINT into a clean stop, and train/runlock.py keeps one trainer per run directory.
 
 Under torchrun every rank runs this same loop on its own slice of the data; `self.parallel`
 (train/distributed.py) does the rest: DDP or FSDP2 wrapping, no gradient sync during
@@ -29,13 +35,14 @@ import math
 import signal
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from littlelm.config import flatten, to_tree
 from littlelm.data.build import build_data
 from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetcher
-from littlelm.errors import ConfigError, TrainingError
+from littlelm.errors import CheckpointError, ConfigError, TrainingError
 from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.bpb import evaluate_loss
 from littlelm.optim.groups import group_table
@@ -46,6 +53,7 @@ from littlelm.train import budget as budgeting
 from littlelm.train import checkpoint as ckpt
 from littlelm.train.build import build_model, build_optimizer
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
+from littlelm.train.checkpointer import Checkpointer, Resumed
 from littlelm.train.device import (
     autocast,
     peak_flops,
@@ -54,15 +62,25 @@ from littlelm.train.device import (
     tune_cpu_allocator,
 )
 from littlelm.train.distributed import Parallel
+from littlelm.train.growth import GrownFrom, grow_from_parent
 from littlelm.train.guard import Collapse, LossGuard, Verdict
 from littlelm.train.rundir import check_run_dir
 from littlelm.train.runlock import RunLock
-from littlelm.train.runstate import RunState
 from littlelm.train.signals import StopSignals
-from littlelm.train.step import apply_update, micro_step, seed_everything
+from littlelm.train.state import TrainState, Window
+from littlelm.train.step import grad_norm, micro_step, seed_everything, update
 
 
-class Trainer(RunState):
+class Step(NamedTuple):
+    """What one optimizer step hands the loop."""
+
+    loss: torch.Tensor  # mean micro-batch loss (detached, on the device)
+    grad_norm: torch.Tensor  # before clipping
+    verdict: Verdict  # the loss guard's: was the update applied, and what next
+    lr_mult: float  # the schedule's multiplier at this step
+
+
+class Trainer:
     def __init__(
         self,
         cfg: RunConfig,
@@ -75,65 +93,135 @@ class Trainer(RunState):
         self.progress = progress or Progress()
         self.run_dir = cfg.run_dir()
         check_run_dir(self.run_dir)  # before any work: a non-empty directory must be a run
-        self.ckpt_dir = self.run_dir / "checkpoints"
         self.device = self.parallel.device(pick_device(cfg.run.device))
-        self._check_world(cfg)
+        # inf: a time or money budget decides the end from measured speed (train/budget.py)
+        self.max_steps: float = cfg.train.max_steps or math.inf
+        self.stop = StopSignals()
+        self._agreed_stop: str | None = None  # see `stopping`
+        self.last_eval: dict = {}
+        # 1. process: every rank has this config and the device can run the model, checked
+        #    before any work; then seeded, before anything draws from the RNG (model init)
+        self._setup_process()
+        # 2. callbacks: a missing optional package (wandb, tensorboard) fails before data prep
+        self.callbacks: list[Callback] = [JSONLLogger(), *map(build_callback, cfg.callbacks)]
+        # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
+        self.data = self._build_data()
+        self.checkpointer = Checkpointer(cfg, self.parallel, self.data.tokenizer, self.run_dir)
+        # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
+        self.model = self._build_model()
+        # 5. load: a resumed run's weights go in whole, before sharding splits the tensors, and
+        #    its parameters' origin tags before the optimizer's groups are made from them
+        resumed = self.checkpointer.load(resume, self.model)
+        # 6. grow: a fresh grown run copies its parent's weights and tags, for the same reasons
+        grown = self._grow(resumed)
+        # 7. shard: FSDP replaces the parameters by DTensors, which the optimizer must hold
+        self.parallel.shard_model(self.model, cfg.train.precision)
+        # 8. optimizer: parameter groups from the sharded parameters and their origin tags
+        #    (the schedule sets their learning rates at each step)
+        self.optimizer = self.parallel.shard_optimizer(self._build_optimizer())
+        self.schedule = build_schedule(cfg.schedule)
+        # 9. loader and state: this rank's slice of the data, and the run at step 0
+        self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
+        self.state = TrainState(self.loader.snapshot(), LossGuard(cfg.guard))
+        self.state.guard.collapse = Collapse(cfg.model.vocab_size, cfg.guard.collapse_steps)
+        # 10. measure: FLOPs per token and peak FLOP/s (a CPU's first probe draws random
+        #     matrices from torch's RNG, so it comes before 11 sets the checkpoint's RNG state)
+        self._measure()
+        # 11. resume: optimizer moments, RNG, counters, guard and data position, into the
+        #     optimizer and loader of 8-9 (or a grown run's parent's data position)
+        self._resume(resumed, grown)
+        # 12. budget: a time or money budget checks it holds one step at the peak of 10 and
+        #     takes the time already spent from the checkpoint of 11 (or the run's ledger)
+        self._start_budget(resumed)
+        # 13. wrap: DDP and torch.compile around the finished model; checkpoints, evaluation
+        #     and sampling use the bare `self.model`
+        self.forward = self._wrap()
+
+    # ------------------------------------------------------------------------------------------
+    # Construction steps (in the order __init__ calls them)
+
+    def _setup_process(self) -> None:
+        cfg = self.cfg
+        assert cfg.distributed.world_size in (None, self.parallel.world), (
+            "resolve the config with the session's world size (load_run(..., world_size=...))"
+        )
+        self.parallel.agree_config(flatten(to_tree(cfg)))
         cfg.model.check_device(self.device)
         if self.device.type == "cpu":
             tune_cpu_allocator()
         seed_everything(cfg.run.seed)
-        t = cfg.train
-        self.max_steps: float = t.max_steps or math.inf  # inf: a time budget decides (budget.py)
-        # Callbacks first: a missing optional package (wandb, tensorboard) fails before data prep.
-        self.callbacks: list[Callback] = [
-            JSONLLogger(),
-            *(build_callback(c) for c in cfg.callbacks),
-        ]
+
+    def _build_data(self):
+        cfg = self.cfg
         # data preparation shows progress on rank 0 only (the other ranks find it cached)
         progress = self.progress if self.is_main else Progress(io.StringIO())
-        self.data = self.parallel.in_turns(lambda: build_data(cfg.data, self.log, progress))
-        if self.data.tokenizer.vocab_size != cfg.model.vocab_size:
+        data = self.parallel.in_turns(lambda: build_data(cfg.data, self.log, progress))
+        if data.tokenizer.vocab_size != cfg.model.vocab_size:
             raise ConfigError(
                 [
                     f"model.vocab_size {cfg.model.vocab_size} differs from the tokenizer's "
-                    f"{self.data.tokenizer.vocab_size}; leave model.vocab_size null"
+                    f"{data.tokenizer.vocab_size}; leave model.vocab_size null"
                 ]
             )
-        self.model = build_model(cfg, self.device)
-        self.guard = LossGuard(cfg.guard)
-        self.guard.collapse = Collapse(cfg.model.vocab_size, cfg.guard.collapse_steps)
-        self.stop = StopSignals()
-        self.last_checkpoint: Path | None = None  # what a rollback reloads
-        self.saved_step: int | None = None  # step of the newest checkpoint in ckpt_dir
-        self.save_failures = 0
-        self.rollback_pending = False
-        self._agreed_stop: str | None = None  # see `stopping`
-        loaded = self._load_weights(resume)
-        grown = None
-        if cfg.grow is not None and (loaded is None or loaded.state["step"] == 0):
-            grown = self._grow_from_parent()
-        self.parallel.shard_model(self.model, t.precision)
-        self.optimizer = self.parallel.shard_optimizer(build_optimizer(cfg, self.model))
-        self.schedule = build_schedule(cfg.schedule)
-        self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
-        self.loader_state: LoaderSnapshot = self.loader.snapshot()
+        return data
+
+    def _build_model(self) -> torch.nn.Module:
+        return build_model(self.cfg, self.device)
+
+    def _grow(self, resumed: Resumed | None) -> GrownFrom | None:
+        """A fresh grown run (or one resumed at step 0): the parent's weights and origin tags."""
+        cfg = self.cfg
+        if cfg.grow is None or (resumed is not None and resumed.loaded.state["step"] != 0):
+            return None
+        fingerprint = self.data.tokenizer.fingerprint
+        grown = grow_from_parent(self.model, cfg.grow, fingerprint, to_tree(cfg))
+        self.log(grown.summary())
+        return grown
+
+    def _build_optimizer(self):
+        return build_optimizer(self.cfg, self.model)
+
+    def _make_loader(self, rank: int, world: int):
+        t = self.cfg.train
+        return self.data.loader(
+            self.cfg.data, t.micro_batch_size, t.seq_len, self.cfg.run.seed, rank, world
+        )
+
+    def _measure(self) -> None:
         self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
-        self.flops_per_token = self.model.flops_per_token(t.seq_len)
+        self.flops_per_token = self.model.flops_per_token(self.cfg.train.seq_len)
         self.peak = peak_flops(self.device) * self.parallel.world
-        self.step, self.tokens, self.train_time = 0, 0, 0.0
-        self._norm_sum = torch.zeros((), device=self.device)  # grad norms since the last record
-        self.last_eval: dict = {}
-        if loaded is not None:
-            self._resume(loaded)
-        # budget (train/budget.py): a time or money budget decides the end from measured speed
-        self.budget = budgeting.RunBudget.for_trainer(self, loaded.state if loaded else None)
-        if self.budget is not None and self.budget.finished:
-            self.max_steps = self.step
-        if grown is not None and grown.loader_state is not None:
-            self._continue_parent_data(grown.path)
-        self.forward = self.parallel.wrap(self.model)
-        if compile_on(t.compile, run_backend(cfg.model, self.device)):
-            self.forward = torch.compile(self.forward)
+
+    def _resume(self, resumed: Resumed | None, grown: GrownFrom | None) -> None:
+        loader, make = self.loader, self._make_loader
+        if resumed is not None:
+            self.checkpointer.restore(self.state, resumed.loaded, self.optimizer, loader, make)
+            self._log_resumed(resumed)
+        if grown is not None and grown.loader_state is not None:  # grow.continue_data
+            self.checkpointer.restore_parent_data(self.state, grown.path, loader, make)
+
+    def _log_resumed(self, resumed: Resumed) -> None:
+        s, path = self.state, resumed.loaded.path
+        self.log(f"resumed from {path} (step {s.step}, {s.tokens:,} tokens)")
+        if resumed.changes:
+            self.log(f"resuming with changed settings: {'; '.join(resumed.changes)}")
+        saved_world = resumed.loaded.state.get("loader_world_size", 1)
+        if saved_world != self.parallel.world:
+            self.log(
+                f"the checkpoint was written by {saved_world} process(es), this run has "
+                f"{self.parallel.world}: the data order was re-dealt (docs/distributed.md)"
+            )
+
+    def _start_budget(self, resumed: Resumed | None) -> None:
+        loaded = resumed.loaded.state if resumed is not None else None
+        self.state.budget = budgeting.RunBudget.for_trainer(self, loaded)
+        if self.state.budget is not None and self.state.budget.finished:
+            self.max_steps = self.state.step
+
+    def _wrap(self):
+        forward = self.parallel.wrap(self.model)
+        on = compile_on(self.cfg.train.compile, run_backend(self.cfg.model, self.device))
+        return torch.compile(forward) if on else forward
 
     # ------------------------------------------------------------------------------------------
     # Helpers
@@ -142,6 +230,24 @@ class Trainer(RunState):
     def is_main(self) -> bool:
         """True on the process that prints and writes files (rank 0, or the only one)."""
         return self.parallel.is_main
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (read-only here; `self.state` holds the run's counters)."""
+        return self.state.step
+
+    @property
+    def tokens(self) -> int:
+        return self.state.tokens
+
+    @property
+    def train_time(self) -> float:
+        return self.state.train_time
+
+    @property
+    def loader_state(self) -> LoaderSnapshot:
+        """The data position after the last batch trained on (a LoaderSnapshot)."""
+        return self.state.loader
 
     def log(self, text: str) -> None:
         if self.is_main:
@@ -154,33 +260,8 @@ class Trainer(RunState):
         fsdp = self.parallel.strategy == "fsdp"
         return [cb for cb in self.callbacks if fsdp and cb.runs_model]
 
-    def _make_loader(self, rank: int, world: int):
-        t = self.cfg.train
-        return self.data.loader(
-            self.cfg.data, t.micro_batch_size, t.seq_len, self.cfg.run.seed, rank, world
-        )
-
-    def _check_world(self, cfg: RunConfig) -> None:
-        assert cfg.distributed.world_size in (None, self.parallel.world), (
-            "resolve the config with the session's world size (load_run(..., world_size=...))"
-        )
-        self.parallel.agree_config(flatten(to_tree(cfg)))
-
     def autocast(self):
         return autocast(self.device, self.cfg.train.precision)
-
-    def _set_lr(self) -> float:
-        if self.budget is not None:  # the budget says how far through the run this step is
-            mult = self.budget.multiplier(self.step)
-        else:
-            mult = self.schedule(self.step, self.max_steps)
-        for g in self.optimizer.param_groups:
-            g["lr"] = g["base_lr"] * mult
-        m = self.cfg.optimizer.momentum_at(self.step)
-        if m is not None:  # the optimizer schedules its Muon groups' momentum
-            for g in self.optimizer.muon_groups():
-                g["momentum"] = m
-        return mult
 
     # ------------------------------------------------------------------------------------------
     # The loop
@@ -202,13 +283,13 @@ class Trainer(RunState):
             try:
                 yield
             except KeyboardInterrupt:
-                newest = ckpt.latest_checkpoint(self.ckpt_dir, warn=False)
+                newest = ckpt.latest_checkpoint(self.checkpointer.dir, warn=False)
                 self.log(f"aborted at step {self.step} without saving; newest checkpoint: {newest}")
                 raise
 
     def _lock_run_dir(self, stack: contextlib.ExitStack) -> None:
         stack.enter_context(RunLock(self.run_dir))
-        for note in ckpt.clean_incomplete(self.ckpt_dir):
+        for note in ckpt.clean_incomplete(self.checkpointer.dir):
             self.log(note)
 
     @property
@@ -218,156 +299,211 @@ class Trainer(RunState):
         return self.stop.requested if self.parallel.world == 1 else self._agreed_stop
 
     def _fit(self, stop_after: int | None) -> dict:
-        if self.step >= self.max_steps:
+        s, c = self.state, self.cfg
+        if s.step >= self.max_steps:
             return self._already_finished()
-        self._write_run_files()
-        self._print_summary()
-        if self.cfg.train.max_tokens:  # a time budget does not know its tokens in advance
-            self.log(
-                f"data mixture ({self.cfg.train.max_tokens:,} training tokens):\n"
-                + "\n".join(self.data.mixture_plan(self.cfg.train.max_tokens))
-            )
-        if self.step:
-            self.log(f"data realised so far: {self.loader_state.report()}")
-        for cb in self._my_callbacks():
-            cb.on_train_start(self)
-        end = self.max_steps if stop_after is None else min(self.max_steps, self.step + stop_after)
-        batches = Prefetcher(self.loader, self.cfg.data.prefetch)
-        window = {"step": self.step, "tokens": self.tokens, "train_time": self.train_time}
-        loss_sum = torch.zeros((), device=self.device)
-        if self.budget is not None:
-            self.budget.start()
+        self._start()
+        end = self.max_steps if stop_after is None else min(self.max_steps, s.step + stop_after)
+        batches = Prefetcher(self.loader, c.data.prefetch)
+        window = Window.starting_at(s, self.device)
+        if s.budget is not None:
+            s.budget.start()
         try:
-            while self.step < end and not self.stopping:
-                loss_sum += self.train_step(batches)
-                if self.budget is not None and self.budget.stepped(self.step):
-                    end = self.max_steps = self.step  # the budget's last step, cooldown done
-                if self.rollback_pending:
-                    self._rollback()
-                    window.update(step=self.step, tokens=self.tokens, train_time=self.train_time)
-                    loss_sum.zero_()
+            while s.step < end and not self.stopping:
+                step = self.train_step(batches)
+                if s.budget is not None and s.budget.stepped(s.step):
+                    end = self.max_steps = s.step  # the budget's last step, cooldown done
+                if step.verdict is Verdict.OK:
+                    window.add(step.loss, step.grad_norm)
+                else:  # no update: say why (a STOP verdict raises here)
+                    self._skipped(step.verdict)
+                if step.verdict is Verdict.ROLLBACK:
+                    self._rollback()  # to the last checkpoint; the data moves on
+                    window.restart(s)  # the steps since the checkpoint are abandoned
                     continue
-                metrics = {"step": self.step, "tokens": self.tokens, "lr_mult": self.lr_mult}
-                if self.step % self.cfg.train.log_every == 0 or self.step == end:
-                    metrics.update(self._log_metrics(loss_sum, window))
-                    loss_sum.zero_()
+                metrics = {"step": s.step, "tokens": s.tokens, "lr_mult": step.lr_mult}
+                if s.step % c.train.log_every == 0 or s.step == end:
+                    metrics.update(self._log_metrics(window, step.lr_mult))
                 for cb in self._my_callbacks():
                     cb.on_step_end(self, metrics)
-                if (
-                    self.cfg.eval.every
-                    and self.step % self.cfg.eval.every == 0
-                    and self.step < self.max_steps
-                    and not self.stopping
-                ):
+                if self._due(c.eval.every) and s.step < self.max_steps and not self.stopping:
                     self.evaluate()
-                if (
-                    self.cfg.checkpoint.every
-                    and self.step % self.cfg.checkpoint.every == 0
-                    and self.step < end
-                ):
+                if self._due(c.checkpoint.every) and s.step < end:
                     t0 = time.perf_counter()
                     self.save()
-                    if self.budget is not None:
-                        self.budget.note_save(time.perf_counter() - t0)
+                    if s.budget is not None:  # saves count against a time budget
+                        s.budget.note_save(time.perf_counter() - t0)
         except DataExhausted as e:
             self.log(f"stopping: {e}")
         finally:
             batches.close()
         return self._finish(end)
 
-    def train_step(self, batches) -> torch.Tensor:
-        """One optimizer step; returns the mean micro-batch loss (a detached tensor)."""
+    def _start(self) -> None:
+        """The run directory's config, the start-up summary and the on_train_start hooks."""
+        self.checkpointer.write_config()
+        self._print_summary()
+        max_tokens = self.cfg.train.max_tokens
+        if max_tokens:  # a time budget does not know its tokens in advance
+            self.log(
+                f"data mixture ({max_tokens:,} training tokens):\n"
+                + "\n".join(self.data.mixture_plan(max_tokens))
+            )
+        if self.state.step:
+            self.log(f"data realised so far: {self.state.loader.report()}")
+        for cb in self._my_callbacks():
+            cb.on_train_start(self)
+
+    def _due(self, every: int) -> bool:
+        """True at the steps that are multiples of `every` (0: never)."""
+        return bool(every) and self.state.step % every == 0
+
+    def train_step(self, batches) -> Step:
+        """One optimizer step, top to bottom. A step the guard rejects still consumes its batch
+        and moves the counters and the schedule on; only the update is left out."""
         t0 = time.perf_counter()
-        self.lr_mult = self._set_lr()
-        accum = self.cfg.train.grad_accum
+        s, t = self.state, self.cfg.train
+        # forward and backward, micro-batch by micro-batch: gradients accumulate in .grad
         total = torch.zeros((), device=self.device)
-        for i in range(accum):
+        for i in range(t.grad_accum):
             batch: Batch = next(batches)
             x = batch.x.to(self.device, non_blocking=True)
             y = batch.y.to(self.device, non_blocking=True)
-            with self.parallel.no_sync(skip=i < accum - 1):  # DDP: all-reduce on the last only
-                total += micro_step(self.forward, x, y, accum, self.autocast())
-        self.loader_state = batch.state
-        loss = total / accum
-        verdict = Verdict.OK
-
-        def accept(norm: torch.Tensor) -> bool:
-            nonlocal verdict
-            verdict = self._judge(loss, norm)
-            return verdict is Verdict.OK
-
-        norm = apply_update(self.model, self.optimizer, self.cfg.train.grad_clip, accept)
-        if verdict is Verdict.OK:
-            self._norm_sum += norm
-        self.step += 1
-        self.tokens += self.cfg.train.batch_tokens
+            with self.parallel.no_sync(skip=i < t.grad_accum - 1):  # DDP: all-reduce on the last
+                total += micro_step(self.forward, x, y, t.grad_accum, self.autocast())
+        s.loader = batch.state
+        loss = total / t.grad_accum
+        # clip: measure the gradient norm (before clipping) and clip to train.grad_clip
+        norm = grad_norm(self.model.parameters(), t.grad_clip)
+        # the loss guard's verdict on this step's loss and norm (one host sync)
+        verdict = self._judge(loss, norm)
+        # schedule: this step's learning rates (and Muon momentum)
+        lr_mult = self._set_lr()
+        # update, unless the guard left it out; the gradients are freed either way
+        update(self.optimizer, apply=verdict is Verdict.OK)
+        s.step += 1
+        s.tokens += t.batch_tokens
         synchronize(self.device)
-        self.train_time += time.perf_counter() - t0
-        if verdict is not Verdict.OK:
-            self._skipped(verdict)
-            return torch.zeros((), device=self.device)
-        return loss
+        s.train_time += time.perf_counter() - t0
+        return Step(loss, norm, verdict, lr_mult)
 
     def _judge(self, loss: torch.Tensor, norm: torch.Tensor) -> Verdict:
         """The loss guard's verdict on this step (one host sync for both numbers). Under torchrun
         it judges the numbers every rank shares (Parallel.agree_step: the mean loss, non-finite
         if any rank's is), and learns whether any rank received a stop signal, so every rank
         skips, rolls back, stops and exits at the same step."""
+        guard = self.state.guard
         if self.parallel.world > 1:
             signum = signal.Signals[self.stop.requested].value if self.stop.requested else 0
             value, norm_value, agreed = self.parallel.agree_step(loss, norm, signum)
             if agreed and self._agreed_stop is None:
                 self._agreed_stop = signal.Signals(agreed).name
-        elif not self.guard.cfg.enabled:
+        elif not guard.cfg.enabled:
             return Verdict.OK
         else:
             value, norm_value = torch.stack([loss.float(), norm.float().to(loss.device)]).tolist()
-        return self.guard.verdict(value, norm_value) if self.guard.cfg.enabled else Verdict.OK
+        return guard.verdict(value, norm_value) if guard.cfg.enabled else Verdict.OK
+
+    def _set_lr(self) -> float:
+        """Set this step's learning rates (and Muon momentum); returns the multiplier."""
+        s = self.state
+        if s.budget is not None:  # the budget says how far through the run this step is
+            mult = s.budget.multiplier(s.step)
+        else:
+            mult = self.schedule(s.step, self.max_steps)
+        for g in self.optimizer.param_groups:
+            g["lr"] = g["base_lr"] * mult
+        m = self.cfg.optimizer.momentum_at(s.step)
+        if m is not None:  # the optimizer schedules its Muon groups' momentum
+            for g in self.optimizer.muon_groups():
+                g["momentum"] = m
+        return mult
 
     def _skipped(self, verdict: Verdict) -> None:
-        g = self.guard
+        """Report an update the guard left out; raise when it gives up on the run."""
+        s, g = self.state, self.state.guard
         self.log(
-            f"step {self.step}: update skipped, {g.reason} "
+            f"step {s.step}: update skipped, {g.reason} "
             f"({g.in_a_row} in a row; {g.cfg.on_persistent} after {g.cfg.max_consecutive})"
         )
-        if verdict is Verdict.ROLLBACK:
-            self.rollback_pending = True
-        elif verdict is Verdict.STOP:
-            raise TrainingError(self.guard.stop_message(self.step, self.last_checkpoint))
+        if verdict is Verdict.STOP:
+            raise TrainingError(g.stop_message(s.step, s.last_checkpoint))
 
-    def _log_metrics(self, loss_sum: torch.Tensor, window: dict) -> dict:
-        steps = max(1, self.step - window["step"])
-        busy = max(1e-9, self.train_time - window["train_time"])
-        tok_s = (self.tokens - window["tokens"]) / busy
-        skipped = self.guard.take_window()
-        loss_sum = self.parallel.mean(loss_sum)  # over every rank's micro-batches
+    def _rollback(self) -> None:
+        """Reload the last checkpoint after persistent bad steps, keeping the data loader where
+        it is so the batches since the checkpoint are skipped (train/guard.py explains)."""
+        s, g = self.state, self.state.guard
+        if s.last_checkpoint is None:
+            raise TrainingError(g.stop_message(s.step, s.last_checkpoint))
+        failed_at, reason = s.step, g.reason
+        loaded = self.checkpointer.rollback(s, self.model, self.optimizer)
+        info = {
+            "step": s.step,
+            "tokens": s.tokens,
+            "failed_at": failed_at,
+            "reason": reason,
+            "rollbacks": g.rollbacks,
+            "checkpoint": str(loaded.path),
+        }
+        self.log(
+            f"rolled back to {loaded.path} (step {s.step}) after {g.cfg.max_consecutive} "
+            f"skipped updates up to step {failed_at} ({reason}); the batches of steps "
+            f"{s.step + 1}-{failed_at} are skipped (rollback {g.rollbacks} of at most "
+            f"{g.cfg.max_rollbacks})"
+        )
+        for cb in self._my_callbacks():
+            cb.on_rollback(self, info)
+
+    def _log_metrics(self, window: Window, lr_mult: float) -> dict:
+        """The record of the steps since the last one (one host sync), shown on the progress
+        line; starts a new window."""
+        s = self.state
+        steps = max(1, s.step - window.step)
+        busy = max(1e-9, s.train_time - window.train_time)
+        tok_s = (s.tokens - window.tokens) / busy
+        skipped = s.guard.take_window()
+        loss_sum = self.parallel.mean(window.loss_sum)  # over every rank's micro-batches
         loss = loss_sum.item() / (steps - skipped) if steps > skipped else math.nan
-        left = (self.max_steps - self.step) * self.cfg.train.batch_tokens / max(tok_s, 1e-9)
+        left = (self.max_steps - s.step) * self.cfg.train.batch_tokens / max(tok_s, 1e-9)
         mfu = tok_s * self.flops_per_token / self.peak if math.isfinite(self.peak) else None
-        grad_norm = self._norm_sum.item() / (steps - skipped) if steps > skipped else math.nan
-        self._norm_sum.zero_()
+        grad_norm = window.norm_sum.item() / (steps - skipped) if steps > skipped else math.nan
         m = {
             "loss": loss,
             "grad_norm": grad_norm,
             "tok_per_s": tok_s,
             "mfu": mfu,
-            "train_time": self.train_time,
+            "train_time": s.train_time,
             "eta_s": left,
-            "mix": self.loader_state.proportions(),
-            "crop_rate": self.loader_state.crop_rate(),
-            "split_rate": self.loader_state.split_rate(),
+            "mix": s.loader.proportions(),
+            "crop_rate": s.loader.crop_rate(),
+            "split_rate": s.loader.split_rate(),
             **({"skipped": skipped} if skipped else {}),  # present only when there were skips
         }
-        total, line = self.max_steps, {"step": self.step, "lr_mult": self.lr_mult}
-        if self.budget is not None:  # budget (train/budget.py): time spent, projected end
-            line["budget"], total = self.budget.log_metrics(self.step, m)
+        total, line = self.max_steps, {"step": s.step, "lr_mult": lr_mult}
+        if s.budget is not None:  # budget (train/budget.py): time spent, projected end
+            line["budget"], total = s.budget.log_metrics(s.step, m)
         if self.is_main:
             self.progress.update(progress_line({**line, **m}, total))
-        window.update(tokens=self.tokens, train_time=self.train_time, step=self.step)
+        window.restart(s)
         return m
 
+    def save(self, final: bool = False) -> Path | None:
+        """Checkpoint now. A failed periodic save stops the run, or with
+        checkpoint.on_save_error=continue is reported and skipped; a final save always raises."""
+        try:  # a failure (disk full) raises the same CheckpointError on every rank
+            path = self.checkpointer.save(self.state, self.model, self.optimizer)
+        except CheckpointError as e:
+            if final or self.cfg.checkpoint.on_save_error == "stop":
+                raise
+            self.state.save_failures += 1
+            self.log(f"warning: {e}\ntraining goes on (checkpoint.on_save_error is continue)")
+            return None
+        for cb in self._my_callbacks():
+            cb.on_checkpoint(self, path)
+        return path
+
     def evaluate(self) -> dict:
-        c = self.cfg
+        c, s = self.cfg, self.state
         batches = self.data.val_batches(
             c.eval.batch_size or c.train.micro_batch_size,
             c.train.seq_len,
@@ -376,54 +512,55 @@ class Trainer(RunState):
         t0 = time.perf_counter()
         m = evaluate_loss(self.model, batches, self.token_bytes, self.device, self.autocast())
         m.update(
-            step=self.step,
-            tokens=self.tokens,
-            train_time=self.train_time,
+            step=s.step,
+            tokens=s.tokens,
+            train_time=s.train_time,
             eval_time=time.perf_counter() - t0,
         )
         self.log(
-            f"eval step {self.step}: val loss {m['val_loss']:.4f} | val bpb {m['val_bpb']:.4f} "
-            f"| {m['val_tokens']:,} tokens | train time {self.train_time:.1f}s"
+            f"eval step {s.step}: val loss {m['val_loss']:.4f} | val bpb {m['val_bpb']:.4f} "
+            f"| {m['val_tokens']:,} tokens | train time {s.train_time:.1f}s"
         )
-        if self.budget is not None:
-            m["budget_spent"] = self.budget.spent()
+        if s.budget is not None:
+            m["budget_spent"] = s.budget.spent()
         self.last_eval = m
         for cb in self._my_callbacks():
             cb.on_eval(self, m)
-        if self.budget is not None:  # the evaluation and its callbacks (samples) took this long
-            self.budget.note_eval(time.perf_counter() - t0)
+        if s.budget is not None:  # the evaluation and its callbacks (samples) took this long
+            s.budget.note_eval(time.perf_counter() - t0)
         return m
 
     def _finish(self, end: int) -> dict:
-        done = self.step >= self.max_steps
+        s = self.state
+        done = s.step >= self.max_steps
         if done and self.cfg.eval.at_end:
             self.evaluate()
-        if (self.cfg.checkpoint.at_end or not done) and self.saved_step != self.step:
+        if (self.cfg.checkpoint.at_end or not done) and s.saved_step != s.step:
             self.save(final=True)
         final = {
-            "step": self.step,
-            "tokens": self.tokens,
-            "train_time": self.train_time,
+            "step": s.step,
+            "tokens": s.tokens,
+            "train_time": s.train_time,
             "finished": done,
             **{k: v for k, v in self.last_eval.items() if k.startswith("val_")},
-            "mix": self.loader_state.proportions(),
-            "crop_rate": self.loader_state.crop_rate(),
-            "split_rate": self.loader_state.split_rate(),
+            "mix": s.loader.proportions(),
+            "crop_rate": s.loader.crop_rate(),
+            "split_rate": s.loader.split_rate(),
             **self._fault_summary(),
         }
-        if self.budget is not None:  # the final evaluation and save count too
-            self.log(self.budget.close(self.step, final))
-        self.log(f"data realised: {self.loader_state.report()}")
+        if s.budget is not None:  # the final evaluation and save count too
+            self.log(s.budget.close(s.step, final))
+        self.log(f"data realised: {s.loader.report()}")
         if self.stopping:
             self.log(
-                f"stopped by {self.stopping} at step {self.step}; newest checkpoint: "
-                f"{self.last_checkpoint}. Run the same command to resume"
+                f"stopped by {self.stopping} at step {s.step}; newest checkpoint: "
+                f"{s.last_checkpoint}. Run the same command to resume"
             )
         if done:
             for cb in self._my_callbacks():
                 cb.on_train_end(self, final)
             self.log(
-                f"done: {self.step} steps, {self.tokens:,} tokens, {self.train_time:.1f}s training"
+                f"done: {s.step} steps, {s.tokens:,} tokens, {s.train_time:.1f}s training"
                 + (f", final val bpb {final['val_bpb']:.4f}" if "val_bpb" in final else "")
             )
         return final
@@ -431,26 +568,28 @@ class Trainer(RunState):
     def _already_finished(self) -> dict:
         """A run resumed at or past max_steps: nothing to train, so nothing is written (no
         second evaluation, end record or checkpoint)."""
+        s = self.state
         self.log(
-            f"run {self.cfg.run.name!r} has already finished: {self.last_checkpoint} is at step "
-            f"{self.step} and train.max_steps is {self.max_steps}; nothing to do. To train "
-            f"further, raise train.max_steps (e.g. add train.max_steps={2 * self.step} to the "
+            f"run {self.cfg.run.name!r} has already finished: {s.last_checkpoint} is at step "
+            f"{s.step} and train.max_steps is {self.max_steps}; nothing to do. To train "
+            f"further, raise train.max_steps (e.g. add train.max_steps={2 * s.step} to the "
             "command); to start over, pick another run.name"
         )
         return {
-            "step": self.step,
-            "tokens": self.tokens,
-            "train_time": self.train_time,
+            "step": s.step,
+            "tokens": s.tokens,
+            "train_time": s.train_time,
             "finished": True,
             "already_finished": True,
             **self._fault_summary(),
         }
 
     def _fault_summary(self) -> dict:
+        s = self.state
         out = {
-            "skipped_steps": self.guard.skipped_total,
-            "rollbacks": self.guard.rollbacks,
-            "save_failures": self.save_failures,
+            "skipped_steps": s.guard.skipped_total,
+            "rollbacks": s.guard.rollbacks,
+            "save_failures": s.save_failures,
         }
         if self.stopping:
             out["stopped_by"] = self.stopping

@@ -1,0 +1,171 @@
+"""Saving and restoring a run's TrainState (train/state.py) together with its weights and
+optimizer state: the run directory's side of the Trainer.
+
+    save        gather the whole state on every rank; rank 0 writes one checkpoint
+                (train/checkpoint.py: atomic, whole tensors) and prunes the old ones
+    load        at start-up: the checkpoint to resume from (train/resume.py picks it and checks
+                this run's config may continue it), its weights loaded into the unsharded model
+    restore     after the optimizer and loader exist: optimizer state, RNG, counters, guard and
+                this rank's data position (re-dealt if the world size changed, data/reshard.py)
+    rollback    mid-run: the last checkpoint's weights, optimizer state, RNG, counters and loss
+                window, keeping the data position and the time spent
+
+Under torchrun every rank takes part in gathering and rank 0 alone writes (`Parallel.on_main`: a
+failure is raised on every rank); every rank reads the same checkpoint to resume or roll back.
+docs/reliability.md and docs/distributed.md describe the behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from littlelm.config import dump_yaml, to_tree
+from littlelm.data.reshard import MakeLoader, loader_state_for
+from littlelm.errors import RunDirError
+from littlelm.train import checkpoint as ckpt
+from littlelm.train import resume as resuming
+from littlelm.train.distributed import Parallel
+from littlelm.train.state import TrainState
+
+
+@dataclass
+class Resumed:
+    """A checkpoint chosen to resume from, whose weights are in the model already."""
+
+    loaded: ckpt.Loaded
+    changes: list[str]  # the config differences this run may make ('key: old -> new')
+
+
+class Checkpointer:
+    # cfg: the run's RunConfig (littlelm/schema.py)
+    def __init__(self, cfg, parallel: Parallel, tokenizer, run_dir: Path):
+        self.cfg = cfg
+        self.parallel = parallel
+        self.tokenizer = tokenizer
+        self.run_dir = run_dir
+        self.dir = run_dir / "checkpoints"
+
+    def write_config(self) -> None:
+        """The resolved config, RUN_DIR/config.yaml (rank 0; an error is raised on every rank)."""
+        self.parallel.on_main(self._write_config)
+
+    def _write_config(self) -> None:
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.run_dir / "config.yaml.tmp"
+            tmp.write_text(dump_yaml(self.cfg))
+            tmp.replace(self.run_dir / "config.yaml")
+        except OSError as e:
+            raise RunDirError(
+                f"cannot write to the run directory {self.run_dir}: {e.strerror}; free disk "
+                "space, fix its permissions, or point run.out_dir elsewhere"
+            ) from None
+
+    # ------------------------------------------------------------------------------------------
+    # Saving
+
+    def save(self, state: TrainState, model, optimizer) -> Path:
+        """Checkpoint `state` with the weights and optimizer state; records it in `state` and
+        prunes older checkpoints. Raises CheckpointError (on every rank) when the write fails."""
+        saved = self._state_json(state)
+        # every rank takes part in gathering the whole state; rank 0 writes it
+        weights = Frozen(self.parallel.model_state_dict(model))
+        moments = Frozen(optimizer.state_dict())
+        path = self.parallel.on_main(
+            lambda: ckpt.save_checkpoint(
+                self.dir, state.step, weights, moments, saved, model.origin, self.tokenizer
+            )
+        )
+        state.last_checkpoint, state.saved_step = path, state.step
+        if self.parallel.is_main:
+            ckpt.prune(self.dir, self.cfg.checkpoint.keep_last, self.cfg.checkpoint.keep_every)
+        return path
+
+    def _state_json(self, state: TrainState) -> dict:
+        """state.json's keys after format_version and step (train/state.py lists them)."""
+        saved = {
+            "tokens": state.tokens,
+            "train_time": state.train_time,
+            "loader": state.loader.state_dict(),
+            "tokenizer": self.tokenizer.fingerprint,
+            "config": to_tree(self.cfg),
+            "guard": state.guard.state_dict(),
+        }
+        if state.budget is not None:  # time spent counts after a resume
+            saved["budget"] = state.budget.state_dict()
+        if self.parallel.world > 1:  # a checkpoint resumes each rank exactly where it was
+            saved["loader_world_size"] = self.parallel.world
+            saved["loader_ranks"] = self.parallel.gather_objects(state.loader.state_dict())
+        return saved
+
+    # ------------------------------------------------------------------------------------------
+    # Resuming and rolling back
+
+    def load(self, resume: str, model) -> Resumed | None:
+        """Read the checkpoint to resume from (None: start fresh), check this run may continue
+        it, and load its weights and origin tags into `model`: before the model is sharded
+        (whole tensors) and before the optimizer's groups are made from the tags."""
+        loaded = resuming.load_first(resuming.choose(self.dir, resume))
+        self.parallel.agree(
+            None if loaded is None else loaded.path.name,
+            "the checkpoint to resume from (run.out_dir must be on a file system every node sees)",
+        )
+        if loaded is None:
+            return None
+        changes = resuming.check_compatible(
+            loaded.state, to_tree(self.cfg), self.tokenizer.fingerprint, loaded.path
+        )
+        ckpt.load_model_tensors(model, loaded.model, loaded.path)
+        if loaded.origin:
+            model.origin.update(loaded.origin)
+        return Resumed(loaded, changes)
+
+    def restore(self, state: TrainState, loaded: ckpt.Loaded, optimizer, loader, make_loader):
+        """Everything but the weights (`load` put them in): optimizer state, RNG, counters,
+        this rank's data position (re-dealt if the world size changed) and the guard."""
+        resuming.load_optimizer_state(optimizer, loaded.optimizer)
+        ckpt.set_rng_state(loaded.rng)
+        state.restore_counters(loaded.state)
+        self.restore_data(state, loaded.state, loader, make_loader)
+        state.guard.load_state_dict(loaded.state.get("guard", {}))
+        state.last_checkpoint = loaded.path
+        if loaded.path.parent.resolve() == self.dir.resolve():
+            state.saved_step = state.step
+
+    def restore_data(self, state: TrainState, saved: dict, loader, make_loader: MakeLoader):
+        """Move `loader` to this rank's position in `saved` (a state.json: this run's
+        checkpoint, or a grown run's parent under grow.continue_data)."""
+        p = self.parallel
+        loader.load_state_dict(loader_state_for(saved, p.rank, p.world, make_loader))
+        state.loader = loader.snapshot()
+
+    def restore_parent_data(self, state: TrainState, parent: Path, loader, make_loader) -> None:
+        """grow.continue_data: start at the parent checkpoint's data position."""
+        saved = json.loads((parent / "state.json").read_text())
+        self.restore_data(state, saved, loader, make_loader)
+
+    def rollback(self, state: TrainState, model, optimizer) -> ckpt.Loaded:
+        """Reload state.last_checkpoint's weights, optimizer state, RNG, counters and loss
+        window; the data position and the time spent stay (train/guard.py explains why)."""
+        assert state.last_checkpoint is not None
+        loaded = ckpt.load_checkpoint(state.last_checkpoint)
+        # every rank reads the same checkpoint (whole tensors; FSDP keeps its slice)
+        self.parallel.load_model_state(model, loaded.model, loaded.path)
+        resuming.load_optimizer_state(optimizer, loaded.optimizer)
+        ckpt.set_rng_state(loaded.rng)
+        state.restore_counters(loaded.state, keep_time=True)
+        state.guard.rolled_back(loaded.state.get("guard", {}))
+        return loaded
+
+
+class Frozen:
+    """A state dict computed already (gathered from every rank: a collective, so it cannot wait
+    until rank 0 alone writes), handed to the checkpoint writer in place of the live object."""
+
+    def __init__(self, state: dict):
+        self._state = state
+
+    def state_dict(self) -> dict:
+        return self._state

@@ -1,0 +1,82 @@
+"""The training state: everything a run carries from one step to the next besides its weights
+and its optimizer's state, declared in one object that the Trainer owns and the checkpointer
+(train/checkpointer.py) saves and restores.
+
+    step, tokens, train_time      counters (train_time: seconds inside optimizer steps only)
+    loader                        the data position just after the last batch trained on
+    guard                         the loss guard: its window of recent losses, skip counts and
+                                  rollback count (train/guard.py)
+    last_checkpoint, saved_step   the newest checkpoint of this run (what a rollback reloads)
+                                  and its step (a final save is not repeated for it)
+    save_failures                 periodic saves that failed under on_save_error=continue
+
+The RNG states (torch, numpy, Python, CUDA) belong to the state too, but they stay in the
+process's generators, where every operation draws from them: a copy here would go stale at the
+next draw. The checkpointer reads them at each save (rng.pt) and sets them back on resume and
+rollback. The weights and the optimizer's moments live in the model and the optimizer.
+
+A checkpoint's state.json holds `format_version` and `step` (train/checkpoint.py), then
+`tokens`, `train_time`, `loader`, `tokenizer` (fingerprint), `config` (the resolved config) and
+`guard`, plus `loader_world_size` and `loader_ranks` (every rank's data position) under torchrun.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from littlelm.data.loader import LoaderSnapshot
+from littlelm.train.budget import RunBudget
+from littlelm.train.guard import LossGuard
+
+
+@dataclass
+class TrainState:
+    loader: LoaderSnapshot
+    guard: LossGuard
+    step: int = 0
+    tokens: int = 0
+    train_time: float = 0.0
+    last_checkpoint: Path | None = None
+    saved_step: int | None = None
+    save_failures: int = 0
+    budget: RunBudget | None = None  # a time or money budget: time spent, measured speed
+
+    def restore_counters(self, saved: dict, keep_time: bool = False) -> None:
+        """step, tokens and (unless `keep_time`: a rollback, where time spent is spent)
+        train_time from a checkpoint's state.json."""
+        self.step, self.tokens = saved["step"], saved["tokens"]
+        if not keep_time:
+            self.train_time = saved.get("train_time", 0.0)
+
+
+@dataclass
+class Window:
+    """The steps since the last metrics record, which the next record averages over: where
+    they started, and the sums (on the device, read once per record) of the losses and gradient
+    norms of the updates the guard accepted. Not saved: a resumed run starts a new window."""
+
+    step: int
+    tokens: int
+    train_time: float
+    loss_sum: torch.Tensor
+    norm_sum: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.norm_sum = torch.zeros_like(self.loss_sum)
+
+    @classmethod
+    def starting_at(cls, state: TrainState, device: torch.device) -> Window:
+        return cls(state.step, state.tokens, state.train_time, torch.zeros((), device=device))
+
+    def add(self, loss: torch.Tensor, norm: torch.Tensor) -> None:
+        self.loss_sum += loss
+        self.norm_sum += norm
+
+    def restart(self, state: TrainState) -> None:
+        """A new window from `state` (after a record, or a rollback abandoned the steps)."""
+        self.step, self.tokens, self.train_time = state.step, state.tokens, state.train_time
+        self.loss_sum.zero_()
+        self.norm_sum.zero_()
