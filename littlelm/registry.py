@@ -15,6 +15,7 @@ imports them all, so importing that module fills every registry.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -47,8 +48,8 @@ class Registry:
         def decorate(obj: T) -> T:
             assert name not in self._entries, f"{self.kind} {name!r} registered twice"
             own = config.__dict__.get("__doc__") if config is not None else None
-            doc = (own or getattr(obj, "__doc__", None) or "").strip().splitlines()
-            self._entries[name] = Entry(name, obj, config, doc[0] if doc else "")
+            doc = own or getattr(obj, "__doc__", None) or ""
+            self._entries[name] = Entry(name, obj, config, first_sentence(doc))
             return obj
 
         return decorate
@@ -75,6 +76,13 @@ class Registry:
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
+
+
+def first_sentence(doc: str) -> str:
+    """The docstring's first sentence, its lines joined (`littlelm list` shows it whole)."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\. ", paragraph)  # a full stop, not an "e.g."
+    return paragraph[: end.start() + 1] if end else paragraph
 
 
 MODELS = Registry("model")
