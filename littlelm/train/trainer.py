@@ -39,6 +39,7 @@ from littlelm.errors import ConfigError, TrainingError
 from littlelm.eval.bpb import evaluate_loss
 from littlelm.optim.groups import MuonConfig, group_table
 from littlelm.optim.schedule import build_schedule, momentum_warmup
+from littlelm.optim.schedule_check import schedule_warnings
 from littlelm.registry import MODELS, OPTIMIZERS
 from littlelm.schema import RunConfig
 from littlelm.train import checkpoint as ckpt
@@ -52,7 +53,7 @@ from littlelm.train.device import (
 )
 from littlelm.train.distributed import Parallel
 from littlelm.train.guard import LossGuard, Verdict
-from littlelm.train.progress import Progress, progress_line
+from littlelm.train.progress import FirstSteps, Progress, progress_line
 from littlelm.train.runlock import RunLock
 from littlelm.train.runstate import RunState
 from littlelm.train.signals import StopSignals
@@ -229,18 +230,24 @@ class Trainer(RunState):
             self.log(f"data realised so far: {self.loader_state.report()}")
         for cb in self._my_callbacks():
             cb.on_train_start(self)
+        for problem in schedule_warnings(self.cfg.schedule, self.max_steps):
+            self.log(f"warning: {problem}")
+        first = FirstSteps(self.step, self.cfg.train.log_every)  # shown before the log cadence
         end = self.max_steps if stop_after is None else min(self.max_steps, self.step + stop_after)
         batches = Prefetcher(self.loader, self.cfg.data.prefetch)
         window = {"step": self.step, "tokens": self.tokens, "train_time": self.train_time}
         loss_sum = torch.zeros((), device=self.device)
         try:
             while self.step < end and not self.stopping:
-                loss_sum += self.train_step(batches)
+                step_loss = self.train_step(batches)
+                loss_sum += step_loss
                 if self.rollback_pending:
                     self._rollback()
                     window.update(step=self.step, tokens=self.tokens, train_time=self.train_time)
                     loss_sum.zero_()
                     continue
+                if self.is_main and first.wants(self.step):
+                    first.show(self.progress, self.step, self.max_steps, step_loss.item())
                 metrics = {"step": self.step, "tokens": self.tokens, "lr_mult": self.lr_mult}
                 if self.step % self.cfg.train.log_every == 0 or self.step == end:
                     metrics.update(self._log_metrics(loss_sum, window))
