@@ -131,3 +131,9 @@ def test_shell_completion_offers_verbs_options_and_configs():
 def test_train_with_override_after_resume(tiny_config, tmp_path, capsys):
     assert main(["train", str(tiny_config), "--resume", "never", "train.max_steps=2"]) == 0
     assert "done: 2 steps" in capsys.readouterr().out
+
+
+def test_repeated_eval_task_is_scored_once():
+    from littlelm.eval.run import parse_labels
+
+    assert parse_labels("copa,copa, piqa,copa") == ["copa", "piqa"]
