@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK  (lets `register-python-argcomplete littlelm` complete this CLI)
 """Command line: one function per verb, argument parsing only.
 
     littlelm train [CONFIG] [key=value ...] [--resume auto|never|PATH] [--nproc N]
@@ -20,12 +21,15 @@
                    [--budget 30m|2h|$5|500M] [--seeds N] [--devices 0,1] [--name NAME]
 
 CONFIG is a YAML path or the name of a packaged config (`demo`, `shakespeare_char`); it
-defaults to `demo`. User errors print one message and exit non-zero, without a traceback.
+defaults to `demo`. key=value overrides may also follow the options (`train demo --nproc 2
+run.name=ddp`); any other unknown word is an error. `littlelm VERB --help` shows defaults and
+examples; shell completion comes from argcomplete. User errors print one message and exit non-zero, without a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -234,31 +238,6 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_interop(sub) -> None:
-    ex = sub.add_parser(
-        "export",
-        help="write a Hugging Face model directory (transformers, vLLM, llama.cpp)",
-        description="Export a checkpoint as stock LlamaForCausalLM / Qwen3ForCausalLM when its "
-        "features allow, else with littlelm's modeling file (trust_remote_code=True); see "
-        "docs/interop.md.",
-    )
-    ex.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
-    ex.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
-    ex.add_argument(
-        "--max-shard-size", default="5GB", help="split the weights into files of at most this"
-    )
-    ex.set_defaults(fn=cmd_export)
-    im = sub.add_parser(
-        "import",
-        help="read a Hugging Face Llama/Mistral/Qwen3/SmolLM directory into a littlelm run",
-        description="Convert a local model directory (config.json, *.safetensors, "
-        "tokenizer.json) into RUN_DIR/checkpoints/step_000000 and RUN_DIR/train.yaml.",
-    )
-    im.add_argument("hf_dir", help="a directory written by save_pretrained or `hf download`")
-    im.add_argument("--out", required=True, help="run directory to create")
-    im.set_defaults(fn=cmd_import)
-
-
 def cmd_eval_bundle(args: argparse.Namespace) -> int:
     from littlelm.eval.bundle import download_bundle
 
@@ -344,52 +323,99 @@ def _positive(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="littlelm", description="Train small language models from one YAML file."
-    )
-    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Keeps the examples' line breaks and appends each option's default to its help."""
 
-    t = sub.add_parser("train", help="train (or resume) a run")
-    t.add_argument(
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text  # nothing to show, or the help already says it in words
+        return f"{text} (default: %(default)s)"
+
+
+def _verb(sub, name: str, help: str, examples: str = "", **kw) -> argparse.ArgumentParser:
+    """A verb's parser: help shown with defaults, examples under it."""
+    epilog = f"examples:\n{examples}" if examples else None
+    return sub.add_parser(name, help=help, formatter_class=_Help, epilog=epilog, **kw)
+
+
+def _items(p: argparse.ArgumentParser, what: str = "run file or packaged config") -> None:
+    """CONFIG then key=value overrides; more overrides may follow the options."""
+    p.add_argument(
         "items",
         nargs="*",
         metavar="CONFIG [key=value ...]",
-        help=f"run file or packaged config (default {DEFAULT_CONFIG}), then overrides",
+        help=f"{what} (default {DEFAULT_CONFIG}), then key=value overrides, "
+        "which may also come after the options",
+    ).completer = _complete_config
+    p.set_defaults(overrides_to="items")
+
+
+def _complete_config(prefix: str, **_) -> list[str]:
+    """Shell completion of CONFIG: packaged configs, YAML files and directories."""
+    from pathlib import Path
+
+    packaged = Path(__file__).parent / "configs"  # schema.PACKAGED_CONFIGS, without importing it
+    names = [str(f.relative_to(packaged).with_suffix("")) for f in packaged.rglob("*.yaml")]
+    here = Path(prefix).parent if prefix else Path(".")
+    files = [
+        str(p) + ("/" if p.is_dir() else "")
+        for p in (here.iterdir() if here.is_dir() else [])
+        if p.is_dir() or p.suffix in (".yaml", ".yml")
+    ]
+    return [c for c in [*sorted(names), *files] if c.startswith(prefix)]
+
+
+def _add_train(sub) -> None:
+    t = _verb(
+        sub,
+        "train",
+        "train (or resume) a run",
+        "  littlelm train demo\n"
+        "  littlelm train run.yaml train.max_steps=500 optim.lr=3e-3\n"
+        "  littlelm train demo --resume never train.max_steps=5\n"
+        "  littlelm train run.yaml --nproc 2 run.name=ddp",
     )
+    _items(t)
     t.add_argument(
         "--resume",
         default="auto",
-        help="auto (newest complete checkpoint of the run, default), never (start fresh; "
+        help="auto (newest complete checkpoint of the run), never (start fresh; "
         "refused over existing checkpoints), or a checkpoint path",
     )
     t.add_argument(
         "--nproc",
         type=int,
-        default=None,
         metavar="N",
         help="train with N processes on this machine (runs torchrun; one per GPU)",
     )
     t.set_defaults(fn=cmd_train)
 
+
+def _add_config(sub) -> None:
     c = sub.add_parser("config", help="inspect run files")
     csub = c.add_subparsers(dest="config_verb", required=True, metavar="ACTION")
-    show = csub.add_parser("show", help="print the merged, validated, resolved config")
-    show.add_argument("items", nargs="*", metavar="CONFIG [key=value ...]")
+    show = _verb(
+        csub,
+        "show",
+        "print the merged, validated, resolved config",
+        "  littlelm config show demo\n  littlelm config show run.yaml model.n_layer=8 --flat",
+    )
+    _items(show)
     show.add_argument("--flat", action="store_true", help="one dotted key per line")
     show.set_defaults(fn=cmd_config_show)
 
+
+def _add_data(sub) -> None:
     d = sub.add_parser("data", help="prepare and inspect token shards")
     dsub = d.add_subparsers(dest="data_verb", required=True, metavar="ACTION")
-    prep = dsub.add_parser(
-        "prepare", help="tokenize a config's data sources into shards (resumable, every core)"
+    prep = _verb(
+        dsub,
+        "prepare",
+        "tokenize a config's data sources into shards (resumable, every core)",
+        "  littlelm data prepare demo\n  littlelm data prepare run.yaml --out shards/ --only web",
     )
-    prep.add_argument(
-        "items",
-        nargs="*",
-        metavar="CONFIG [key=value ...]",
-        help="run or data file, then overrides",
-    )
+    _items(prep, "run or data file")
     prep.add_argument(
         "--out", help="write each source to OUT/LABEL (default: the cache `littlelm train` uses)"
     )
@@ -400,7 +426,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokenizing processes (default: one per core, one per 64 MB of input at most)",
     )
     prep.set_defaults(fn=cmd_data_prepare)
-    insp = dsub.add_parser("inspect", help="summarise and check a prepared dataset")
+    insp = _verb(
+        dsub,
+        "inspect",
+        "summarise and check a prepared dataset",
+        "  littlelm data inspect shards/web --samples 3",
+    )
     insp.add_argument("directory", help="a dataset directory written by `littlelm data prepare`")
     insp.add_argument("--samples", type=int, default=1, help="decoded sample documents to print")
     insp.add_argument("--chars", type=int, default=400, help="characters of each sample")
@@ -409,22 +440,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     insp.set_defaults(fn=cmd_data_inspect)
 
-    ls = sub.add_parser("list", help="list every registered component")
-    ls.set_defaults(fn=cmd_list)
 
-    s = sub.add_parser("sample", help="generate text from a checkpoint")
+def _add_list(sub) -> None:
+    _verb(sub, "list", "list every registered component").set_defaults(fn=cmd_list)
+
+
+def _add_sample(sub) -> None:
+    s = _verb(
+        sub,
+        "sample",
+        "generate text from a checkpoint",
+        '  littlelm sample runs/demo --prompt "ROMEO:" --max-tokens 100 --temperature 0',
+    )
     s.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
     s.add_argument("--prompt", default="", help="text to continue")
-    s.add_argument("--max-tokens", type=int, default=200)
+    s.add_argument("--max-tokens", type=int, default=200, help="tokens to generate")
     s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     s.add_argument("--top-k", type=int, default=50, help="0 = no top-k filter")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--device", default="auto")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed")
+    s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
     s.set_defaults(fn=cmd_sample)
 
-    g = sub.add_parser(
+
+def _add_grow(sub) -> None:
+    g = _verb(
+        sub,
         "grow",
-        help="check growing a checkpoint into a run's larger model (docs/growth.md)",
+        "check growing a checkpoint into a run's larger model (docs/growth.md)",
+        "  littlelm grow runs/small --to big.yaml train.max_steps=2000",
         description="Build RUN's model from PARENT as `littlelm train` would with "
         "grow.parent=PARENT, check that it computes the parent's function, and print where each "
         "block comes from and the learning rate of every parameter group. Writes nothing.",
@@ -437,9 +480,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN.yaml [key=value ...]",
         help="run file (or packaged config) of the grown model, then its overrides",
     )
-    g.set_defaults(fn=cmd_grow)
+    g.set_defaults(fn=cmd_grow, overrides_to="to")
 
-    r = sub.add_parser("report", help="write a Markdown report with plots of one or more runs")
+
+def _add_report(sub) -> None:
+    r = _verb(
+        sub,
+        "report",
+        "write a Markdown report with plots of one or more runs",
+        "  littlelm report runs/demo\n"
+        "  littlelm report runs/a runs/b --out cmp/ --price-per-hour 2.5",
+    )
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories to report on")
     r.add_argument(
         "--out",
@@ -453,36 +504,123 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.set_defaults(fn=cmd_report)
 
-    _add_eval(sub)
-    _add_interop(sub)
-    pl = sub.add_parser("plan", help="memory, speed and cost of a run on each GPU of a catalog")
-    pl.add_argument("items", nargs="*", metavar="CONFIG [key=value ...]")
+
+def _add_plan(sub) -> None:
+    pl = _verb(
+        sub,
+        "plan",
+        "memory, speed and cost of a run on each GPU of a catalog",
+        "  littlelm plan demo\n"
+        "  littlelm plan run.yaml --gpu H100-SXM --devices 8 --chart plan.png\n"
+        "  littlelm plan run.yaml --json model.n_layer=24",
+    )
+    _items(pl)
     pl.add_argument("--gpu", action="append", help="plan for this catalog GPU (repeatable)")
     pl.add_argument("--tokens", type=_positive, help="token budget (default: the config's)")
-    pl.add_argument(
-        "--devices", type=_positive, default=1, help="data-parallel GPUs (DDP); default 1"
-    )
+    pl.add_argument("--devices", type=_positive, default=1, help="data-parallel GPUs (DDP)")
     pl.add_argument("--gpus", action="append", help="extra GPU catalog YAML (repeatable)")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.add_argument("--chart", metavar="OUT.png", help="write a memory and cost chart")
     pl.add_argument("--no-trace", action="store_true", help="skip the FakeTensorMode trace")
     pl.set_defaults(fn=cmd_plan)
 
-    b = sub.add_parser("bench", help="run real steps, a save and a resume; measure them")
-    b.add_argument("items", nargs="*", metavar="CONFIG [key=value ...]")
+
+def _add_bench(sub) -> None:
+    b = _verb(
+        sub,
+        "bench",
+        "run real steps, a save and a resume; measure them",
+        "  littlelm bench demo --steps 8\n  littlelm bench run.yaml --json model.n_layer=4",
+    )
+    _items(b)
     b.add_argument("--steps", type=_positive, default=4, help="steps before and after resume")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.set_defaults(fn=cmd_bench)
-    _add_sweep(sub)
-    return p
+
+
+def _add_eval(sub) -> None:
+    e = _verb(
+        sub,
+        "eval",
+        "score a checkpoint on CORE or other in-context tasks",
+        "  littlelm eval-bundle && littlelm eval runs/demo --max-per-task 100\n"
+        "  littlelm eval runs/demo --tasks copa,piqa --out scores.json\n"
+        "  littlelm eval runs/demo --bundle my_tasks/ --task-file my_tasks/tasks.yaml",
+    )
+    e.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
+    e.add_argument(
+        "--bundle",
+        help="task directory: the CORE eval bundle (default: the one `eval-bundle` fetched) "
+        "or a directory with its own tasks.yaml",
+    )
+    e.add_argument("--tasks", help="comma-separated task labels (default: all)")
+    e.add_argument("--task-file", help="task list YAML to use instead of the directory's")
+    e.add_argument(
+        "--max-per-task", type=_positive, help="score this many items per task (default: all)"
+    )
+    e.add_argument(
+        "--truncation",
+        choices=["crop", "drop_shots"],
+        default="crop",
+        help="fit long prompts by cropping after BOS or by dropping whole examples",
+    )
+    e.add_argument("--batch-tokens", type=_positive, default=16384, help="tokens per forward")
+    e.add_argument(
+        "--warn-share",
+        type=_share,
+        default=0.01,
+        help="warn when more than this share of a task's prompts exceed the context",
+    )
+    e.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+    e.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
+    e.add_argument("--out", help="also write results and per-item decisions to this JSON file")
+    e.add_argument(
+        "--harness",
+        metavar="TASKS",
+        help="score with lm-evaluation-harness instead: comma-separated lm_eval task names "
+        "(pip install 'littlelm[harness]'); --max-per-task becomes its --limit",
+    )
+    e.add_argument("--include", metavar="DIR", help="with --harness: your own lm_eval task YAMLs")
+    e.add_argument(
+        "--num-fewshot", type=int, help="with --harness: examples per prompt (default: the task's)"
+    )
+    e.set_defaults(fn=cmd_eval)
+
+
+def _add_interop(sub) -> None:
+    ex = sub.add_parser(
+        "export",
+        help="write a Hugging Face model directory (transformers, vLLM, llama.cpp)",
+        description="Export a checkpoint as stock LlamaForCausalLM / Qwen3ForCausalLM when its "
+        "features allow, else with littlelm's modeling file (trust_remote_code=True); see "
+        "docs/interop.md.",
+    )
+    ex.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
+    ex.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
+    ex.add_argument(
+        "--max-shard-size", default="5GB", help="split the weights into files of at most this"
+    )
+    ex.set_defaults(fn=cmd_export)
+    im = sub.add_parser(
+        "import",
+        help="read a Hugging Face Llama/Mistral/Qwen3/SmolLM directory into a littlelm run",
+        description="Convert a local model directory (config.json, *.safetensors, "
+        "tokenizer.json) into RUN_DIR/checkpoints/step_000000 and RUN_DIR/train.yaml.",
+    )
+    im.add_argument("hf_dir", help="a directory written by save_pretrained or `hf download`")
+    im.add_argument("--out", required=True, help="run directory to create")
+    im.set_defaults(fn=cmd_import)
 
 
 def _add_sweep(sub) -> None:
-    w = sub.add_parser(
+    w = _verb(
+        sub,
         "sweep",
-        help="run variants of a config (at equal budget) and compare them (docs/budget.md)",
+        "run variants of a config (at equal budget) and compare them (docs/budget.md)",
+        "  littlelm sweep demo --set model.n_layer=4,6 --budget 10m\n"
+        "  littlelm sweep demo --set train.seq_len=256,512 --set model.n_layer=4,6 --seeds 2",
     )
-    w.add_argument("items", nargs="*", metavar="CONFIG [key=value ...]")
+    _items(w)
     w.add_argument(
         "--set",
         action="append",
@@ -505,57 +643,91 @@ def _add_sweep(sub) -> None:
     w.set_defaults(fn=cmd_sweep)
 
 
-def _add_eval(sub) -> None:
+def _add_eval_bundle(sub) -> None:
     from littlelm.eval.bundle import BUNDLE_SHA256, BUNDLE_URL
 
-    e = sub.add_parser("eval", help="score a checkpoint on CORE or other in-context tasks")
-    e.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
-    e.add_argument(
-        "--bundle",
-        help="task directory: the CORE eval bundle (default: the one `eval-bundle` fetched) "
-        "or a directory with its own tasks.yaml",
+    b = _verb(
+        sub,
+        "eval-bundle",
+        "download the public CORE eval bundle",
+        "  littlelm eval-bundle\n  littlelm eval-bundle --dest ~/eval_bundle --force",
     )
-    e.add_argument("--tasks", help="comma-separated task labels (default: all)")
-    e.add_argument("--task-file", help="task list YAML to use instead of the directory's")
-    e.add_argument(
-        "--max-per-task", type=_positive, help="score this many items per task (default: all)"
-    )
-    e.add_argument(
-        "--truncation",
-        choices=["crop", "drop_shots"],
-        default="crop",
-        help="fit long prompts by cropping after BOS (default) or by dropping whole examples",
-    )
-    e.add_argument("--batch-tokens", type=_positive, default=16384, help="tokens per forward")
-    e.add_argument(
-        "--warn-share",
-        type=_share,
-        default=0.01,
-        help="warn when more than this share of a task's prompts exceed the context",
-    )
-    e.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
-    e.add_argument("--device", default="auto")
-    e.add_argument("--out", help="also write results and per-item decisions to this JSON file")
-    e.add_argument(
-        "--harness",
-        metavar="TASKS",
-        help="score with lm-evaluation-harness instead: comma-separated lm_eval task names "
-        "(pip install 'littlelm[harness]'); --max-per-task becomes its --limit",
-    )
-    e.add_argument("--include", metavar="DIR", help="with --harness: your own lm_eval task YAMLs")
-    e.add_argument(
-        "--num-fewshot", type=int, help="with --harness: examples per prompt (default: the task's)"
-    )
-    e.set_defaults(fn=cmd_eval)
-
-    b = sub.add_parser("eval-bundle", help="download the public CORE eval bundle")
     b.add_argument("--dest", help="directory to create (default: LITTLELM_CACHE/eval_bundle)")
-    b.add_argument("--url", default=BUNDLE_URL)
+    b.add_argument("--url", default=BUNDLE_URL, help="where to download the zip from")
     b.add_argument(
-        "--sha256", default=BUNDLE_SHA256, help="expected sha256 of the zip ('none' = no check)"
+        "--sha256", default=BUNDLE_SHA256, help="expected sha256 of the zip (none = no check)"
     )
     b.add_argument("--force", action="store_true", help="replace an existing bundle")
     b.set_defaults(fn=cmd_eval_bundle)
+
+
+VERBS = (
+    _add_train,
+    _add_config,
+    _add_data,
+    _add_list,
+    _add_sample,
+    _add_grow,
+    _add_report,
+    _add_eval,
+    _add_eval_bundle,
+    _add_plan,
+    _add_bench,
+    _add_interop,
+    _add_sweep,
+)
+
+EXAMPLES = """\
+examples:
+  littlelm train demo                          train the packaged demo model
+  littlelm train run.yaml train.max_steps=500  key=value overrides, anywhere after CONFIG
+  littlelm plan run.yaml --gpu H100-SXM        memory, speed and cost before renting a GPU
+  littlelm report runs/demo                    Markdown report with plots
+  littlelm VERB --help                         a verb's options, defaults and examples
+
+shell completion (bash/zsh): eval "$(register-python-argcomplete littlelm)"
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from littlelm import __version__
+
+    p = argparse.ArgumentParser(
+        prog="littlelm",
+        description="Train small language models from one YAML file.",
+        epilog=EXAMPLES,
+        formatter_class=_Help,
+    )
+    p.add_argument("--version", action="version", version=f"littlelm {__version__}")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for add in VERBS:
+        add(sub)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse, taking key=value words found after the options as more overrides."""
+    parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # only when the shell asks for completions
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
+    args, extra = parser.parse_known_args(argv)
+    target = getattr(args, "overrides_to", None)
+    for word in extra:
+        if target is None or word.startswith("-") or "=" not in word:
+            hint = "; overrides are written key=value" if target else ""
+            parser.error(
+                f"unrecognized argument {word!r} for `littlelm {_verb_name(args)}` "
+                f"(see `littlelm {_verb_name(args)} --help`){hint}"
+            )
+        getattr(args, target).append(word)
+    return args
+
+
+def _verb_name(args: argparse.Namespace) -> str:
+    words = [getattr(args, k, None) for k in ("verb", "config_verb", "data_verb")]
+    return " ".join(w for w in words if w)
 
 
 def plain_warning(message, category, filename, lineno, line=None) -> str:
@@ -566,7 +738,7 @@ def plain_warning(message, category, filename, lineno, line=None) -> str:
 def main(argv: list[str] | None = None) -> int:
     from littlelm.components import register_all
 
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     warnings.filterwarnings("once")
     warnings.formatwarning = plain_warning
     try:

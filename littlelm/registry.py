@@ -14,6 +14,7 @@ CLI, tests, benchmarks, a script using littlelm as a library) call
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -52,8 +53,8 @@ class Registry:
                 return obj
             assert old is None, f"{self.kind} {name!r} registered twice"
             own = config.__dict__.get("__doc__") if config is not None else None
-            doc = (own or getattr(obj, "__doc__", None) or "").strip().splitlines()
-            self._entries[name] = Entry(name, obj, config, doc[0] if doc else "")
+            doc = own or getattr(obj, "__doc__", None) or ""
+            self._entries[name] = Entry(name, obj, config, first_sentence(doc))
             return obj
 
         return decorate
@@ -88,6 +89,13 @@ class Registry:
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
+
+
+def first_sentence(doc: str) -> str:
+    """The docstring's first sentence, its lines joined (`littlelm list` shows it whole)."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\. ", paragraph)  # a full stop, not an "e.g."
+    return paragraph[: end.start() + 1] if end else paragraph
 
 
 MODELS = Registry("model")

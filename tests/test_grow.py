@@ -246,6 +246,17 @@ def test_grown_run_records_parent_trains_and_resumes(parent_run, tmp_path):
     finally:
         shutil.move(root / "parent_away", root / "runs" / "parent")
     assert train_losses(tmp_path / "runs" / "split") == train_losses(cfg.run_dir())
+    # growth records where it started, so a report continues the parent's axes; the start
+    # record of the session resumed without the parent keeps the first one's
+    from littlelm.report.runs import load_run_dir
+
+    parent_state = json.loads((parent_ckpt / "state.json").read_text())
+    for run_dir in (cfg.run_dir(), tmp_path / "runs" / "split"):
+        assert load_run_dir(run_dir).grown_start() == {
+            "checkpoint": str(parent_ckpt),
+            "step": 4,
+            "tokens": parent_state["tokens"],
+        }
 
 
 def test_grow_errors_name_the_fix(parent_run, tmp_path):

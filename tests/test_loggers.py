@@ -137,3 +137,32 @@ def test_wandb_offline_for_real_beside_tensorboard(tiny_config, tmp_path, monkey
     data = logs[0].read_bytes()
     assert b"train/loss" in data and b"eval/val_bpb" in data
     assert list((trainer.run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def _broken_wandb(fake_wandb):
+    def broken(**kwargs):
+        raise RuntimeError("wandb-core failed to start")
+
+    fake_wandb.init = broken
+
+
+def test_offline_wandb_failure_does_not_advise_going_offline(tiny_config, fake_wandb):
+    _broken_wandb(fake_wandb)
+    with pytest.raises(DependencyError) as failed:
+        run_with(tiny_config, "[{name: wandb, mode: offline}]", "train.max_steps=2")
+    message = str(failed.value)
+    assert "already offline" in message and "mode: disabled" in message
+    assert "set mode: offline" not in message and "WANDB_MODE=offline" not in message
+
+
+def test_a_failed_logger_start_is_not_a_session(tiny_config, fake_wandb):
+    from littlelm.report import write_report
+
+    _broken_wandb(fake_wandb)
+    with pytest.raises(DependencyError):
+        run_with(tiny_config, "[{name: wandb}]", "train.max_steps=2")
+    # the failed start left its start record; the next session's report counts one session
+    trainer = run_with(tiny_config, "[]", "train.max_steps=2", resume="auto")
+    text = (trainer.run_dir / "metrics.jsonl").read_text()
+    assert text.count('"kind": "start"') == 2
+    assert "1 session(s)" in write_report([trainer.run_dir]).read_text()

@@ -82,7 +82,7 @@ def write_results(path: Path, suite: SuiteResult, checkpoint: Path) -> None:
 
 
 def parse_labels(text: str | None) -> list[str] | None:
-    """'a,b' -> ['a', 'b']; None or '' -> None (all tasks)."""
+    """'a,b' -> ['a', 'b']; 'a,a' -> ['a'] (scored and averaged once); None or '' -> None."""
     if not text:
         return None
-    return [t.strip() for t in text.split(",") if t.strip()]
+    return list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))

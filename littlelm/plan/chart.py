@@ -69,22 +69,39 @@ def _memory_panel(ax, plan: Plan, ys: list[int]) -> None:
         ax.plot([cap, cap], [y - 0.45, y + 0.45], color="black", linewidth=2.5)
     ax.plot([], [], color="black", linewidth=2.5, label="GPU memory")
     ax.set_xlabel("memory per GPU at the configured micro-batch (GiB)")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncols=4, frameon=False)
+    # outside the axes, below both panels: constrained layout makes room, clear of the x label
+    ax.figure.legend(fontsize=7, loc="outside lower center", ncols=6, frameon=False)
     _style(ax)
 
 
 def _cost_panel(ax, plan: Plan, ys: list[int]) -> None:
     for p, y in zip(plan.gpus, ys):
         runs = p.fits or p.best_micro_batch is not None
+        if not runs:  # no bar: a run that cannot fit has no cost
+            ax.text(0, y, " does not fit at any micro-batch", va="center", fontsize=7)
+            continue
         ax.barh(
             y,
             p.dollars_per_btok,
-            color="#2ca02c" if p.fits else ("#ff7f0e" if runs else "#cccccc"),
+            color="#2ca02c" if p.fits else "#ff7f0e",
             hatch="" if p.fits else "//",
+            label="fits as configured" if p.fits else "fits at a smaller micro-batch",
         )
-        note = "" if p.fits else (f" at micro-batch {p.best_micro_batch}" if runs else " no fit")
-        label = f" ${p.dollars_per_btok:,.0f}{note}"
-        ax.text(p.dollars_per_btok, y, label, va="center", fontsize=7)
+        note = "" if p.fits else f" at micro-batch {p.best_micro_batch}"
+        ax.text(
+            p.dollars_per_btok, y, f" ${p.dollars_per_btok:,.0f}{note}", va="center", fontsize=7
+        )
+    handles, labels = ax.get_legend_handles_labels()
+    keep = dict(zip(labels, handles))  # one entry per colour
+    if keep:
+        ax.legend(
+            keep.values(),
+            keep.keys(),
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.0, 1.0),
+            frameon=False,
+        )
     ax.set_xlabel("USD per billion tokens (assumed or measured MFU)")
     _style(ax)
 

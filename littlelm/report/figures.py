@@ -62,22 +62,26 @@ class FigureFile:
 
 
 def collect(runs: list[RunData]) -> dict[str, dict[tuple[str, str], list[Entry]]]:
-    """figure -> (panel, unit) -> entries, in catalog order of figures and first-seen panels."""
+    """figure -> (panel, unit) -> entries, in catalog order of figures and first-seen panels.
+
+    In a comparison a grown run's series continue its parent's axes (RunData.grown_start)."""
     figures: dict[str, dict[tuple[str, str], list[Entry]]] = {}
     for i, run in enumerate(runs):
+        start = run.grown_start() if len(runs) > 1 else None
         for kind in run.kinds():
             if kind in ("start", "end"):
                 continue
-            for name in run.fields(kind):
+            names = run.fields(kind)
+            for name in names:
                 metric = describe(kind, name)
-                series = run.series(kind, name)
-                if metric is None or series is None:
+                series = shifted(run.series(kind, name), start)
+                if metric is None or series is None or single_source_mix(name, names):
                     continue
                 panel = (metric.panel or f"{kind}:{name}", metric.unit)
                 figures.setdefault(metric.figure, {}).setdefault(panel, []).append(
                     Entry(i, kind, name, metric, series)
                 )
-        schedule = schedule_series(run)
+        schedule = shifted(schedule_series(run), start)
         if schedule is not None:
             metric = describe("config", "lr_mult")
             entries = figures.setdefault(metric.figure, {}).setdefault(
@@ -86,6 +90,18 @@ def collect(runs: list[RunData]) -> dict[str, dict[tuple[str, str], list[Entry]]
             first = next((n for n, e in enumerate(entries) if e.run == i), len(entries))
             entries.insert(first, Entry(i, "config", "lr_mult", metric, schedule))
     return dict(sorted(figures.items(), key=lambda kv: figure_order(kv[0])))
+
+
+def single_source_mix(name: str, names: list[str]) -> bool:
+    """A data-mix share of the only source: 1.0 at every step, a panel that says nothing."""
+    return name.startswith("mix.") and sum(n.startswith("mix.") for n in names) == 1
+
+
+def shifted(series: Series | None, start: dict | None) -> Series | None:
+    """`series` moved along by a grown run's starting step and tokens (its parent's)."""
+    if series is None or start is None:
+        return series
+    return Series(series.step + start["step"], series.tokens + start["tokens"], series.value)
 
 
 def schedule_series(run: RunData, points: int = 2000) -> Series | None:
@@ -108,6 +124,12 @@ def schedule_series(run: RunData, points: int = 2000) -> Series | None:
 def render_figures(runs: list[RunData], out: Path) -> list[FigureFile]:
     xaxis = XAxis.for_runs(runs)
     out.mkdir(parents=True, exist_ok=True)
+    for run in runs if len(runs) > 1 else []:
+        if (start := run.grown_start()) is not None:
+            run.notes.append(
+                f"grown from {start['checkpoint']}: its curves continue the parent's, from "
+                f"{start['tokens']:,} tokens (step {start['step']})"
+            )
     files = []
     for key, panels in collect(runs).items():
         built = [build_panel(entries, runs, xaxis) for entries in panels.values()]
@@ -192,7 +214,8 @@ class XAxis:
         use_tokens = bool(tokens) and all(isinstance(t, (int, float)) for t in tokens)
         if not use_tokens:
             return cls(False, 1.0, "optimizer step", None)
-        div, word = token_scale(max(tokens))
+        starts = [run.grown_start() for run in runs] if len(runs) > 1 else []
+        div, word = token_scale(max(tokens) + max((s["tokens"] for s in starts if s), default=0))
         label = f"tokens seen ({word})" if word else "tokens seen (tokens)"
         return cls(True, div, label, common_batch(runs))
 
@@ -212,6 +235,9 @@ def common_batch(runs: list[RunData]) -> float | None:
     if len(sizes) != 1 or not isinstance(bt := sizes.pop(), int) or bt <= 0:
         return None
     for run in runs:
+        start = run.grown_start() if len(runs) > 1 else None
+        if start is not None and start["tokens"] != start["step"] * bt:  # a parent's other batch
+            return None
         for recs in run.records.values():
             for r in recs:
                 if isinstance(r.get("step"), int) and r.get("tokens") != r["step"] * bt:

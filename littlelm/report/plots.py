@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -137,6 +138,13 @@ def log_axis(ax: Axes, lines: list[Line]) -> None:
     ax.yaxis.set_minor_formatter(PLAIN if narrow else NullFormatter())
 
 
+def lone_points(y: Sequence[float]) -> bool:
+    """True when some finite value has no finite neighbour (a series of one logged point, or
+    one between gaps): a line alone draws nothing there, so such a series gets markers."""
+    ok = np.pad(np.isfinite(np.asarray(y, dtype=float)), 1)  # False beyond both ends
+    return bool(np.any(ok[1:-1] & ~ok[:-2] & ~ok[2:]))
+
+
 def draw_panel(ax: Axes, panel: Panel) -> None:
     style_axes(ax)
     for line in panel.lines:
@@ -146,7 +154,7 @@ def draw_panel(ax: Axes, panel: Panel) -> None:
             label=line.label,
             color=line.color,
             linestyle=line.style,
-            marker=line.marker,
+            marker=line.marker or ("o" if lone_points(line.y) else None),
             markersize=4,
             linewidth=1.6,
         )

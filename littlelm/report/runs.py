@@ -66,6 +66,15 @@ class RunData:
                     )
         return self._run_config
 
+    def grown_start(self) -> dict | None:
+        """Where a grown run starts on its parent's axes ({step, tokens, checkpoint}), as its
+        start record says (train/callbacks.py); None for a run that was not grown."""
+        for rec in self.records.get("start", []):
+            start = rec.get("grown_from")
+            if isinstance(start, dict) and is_number(start.get("tokens")):
+                return {"checkpoint": "?", "step": 0, **start}
+        return None
+
     def kinds(self) -> list[str]:
         return list(self.records)
 

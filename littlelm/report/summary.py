@@ -108,12 +108,12 @@ def wall_time(run: RunData, f: Facts) -> tuple[float | None, str]:
         finite(r.get("time") for k, recs in run.records.items() if k != "start" for r in recs)
     )
     if starts and times:
-        total = 0.0
+        total, sessions = 0.0, 0
         bounds = [*sorted(starts), math.inf]
         for begin, nxt in itertools.pairwise(bounds):
             inside = [t for t in times if begin <= t < nxt]
             total += (inside[-1] - begin) if inside else 0.0
-        sessions = len(starts)
+            sessions += bool(inside)  # a start that logged nothing (a logger failed) is none
         return total, f"{sessions} session(s), from the start of training to the last record"
     if f.train_time is not None:
         return (

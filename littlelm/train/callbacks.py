@@ -168,7 +168,18 @@ def run_facts(trainer: TrainerView) -> dict:
         else trainer.device.type,
         "peak_flops": peak if math.isfinite(peak) else None,
         "torch": torch.__version__,
+        **grown_from(trainer),
     }
+
+
+def grown_from(trainer: Trainer) -> dict:
+    """A grown run's starting point on its parent's step and token axes (train/growth.py), so
+    that a report comparing it with its parent continues the parent's curves."""
+    from littlelm.train.growth import lineage_start
+
+    grow = trainer.cfg.grow
+    start = lineage_start(grow.parent) if grow is not None else None
+    return {"grown_from": start} if start is not None else {}
 
 
 def truncate_metrics(path: Path, step: int) -> None:

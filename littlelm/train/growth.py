@@ -37,6 +37,23 @@ from littlelm.train import checkpoint as ckpt
 VERIFY_RTOL = 1e-4  # of the largest logit; fp32 growth lands near 1e-6
 
 
+def lineage_start(checkpoint: str | Path, depth: int = 16) -> dict | None:
+    """Where a run grown from `checkpoint` starts on its lineage's axes: the parent's steps and
+    tokens, plus its own parent's if it was grown too. None when the checkpoint cannot be read
+    (a grown run may resume after its parent is gone)."""
+    try:
+        state = json.loads((Path(checkpoint) / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    start = {"checkpoint": str(checkpoint), "step": state["step"], "tokens": state["tokens"]}
+    grandparent = ((state.get("config") or {}).get("grow") or {}).get("parent")
+    earlier = lineage_start(grandparent, depth - 1) if grandparent and depth > 1 else None
+    if earlier is not None:
+        start["step"] += earlier["step"]
+        start["tokens"] += earlier["tokens"]
+    return start
+
+
 @dataclass
 class GrownFrom:
     """What `grow_from_parent` did, for the start-up log and the trainer."""

@@ -135,8 +135,7 @@ class WandbLogger(Callback):
             self.run = self.wandb.init(**kwargs)
         except Exception as e:  # wandb raises several kinds (no API key, no network, ...)
             raise DependencyError(
-                f"wandb could not start a run: {e}; run `wandb login`, or set mode: offline in "
-                "the wandb callback (or WANDB_MODE=offline) and `wandb sync` the run later"
+                f"wandb could not start a run: {e}; {start_fix(self.mode())}"
             ) from e
         # Steps may repeat after a resume; plotting against our own `step` keeps them in place.
         self.run.define_metric("step")
@@ -159,6 +158,20 @@ class WandbLogger(Callback):
             if isinstance(value, (int, float)) and math.isfinite(value):
                 self.run.summary[key] = value
         self.run.finish()
+
+
+def start_fix(mode: str | None) -> str:
+    """What to do when wandb.init fails: going offline helps only a run that was not already."""
+    if mode == "offline":
+        return (
+            "the run was already offline, so the cause is this machine's setup, not the "
+            "network: check the wandb install (`wandb --version`) and that RUN_DIR/wandb is "
+            "writable, or set mode: disabled (or remove the wandb callback)"
+        )
+    return (
+        "run `wandb login`, or set mode: offline in the wandb callback (or WANDB_MODE=offline) "
+        "and `wandb sync` the run later"
+    )
 
 
 def run_id(run_dir: Path) -> str:

@@ -47,7 +47,8 @@ from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.bpb import evaluate_loss
 from littlelm.optim.groups import group_table
 from littlelm.optim.schedule import build_schedule
-from littlelm.progress import Progress, progress_line
+from littlelm.optim.schedule_check import schedule_warnings
+from littlelm.progress import FirstSteps, Progress, progress_line
 from littlelm.schema import RunConfig
 from littlelm.train import budget as budgeting
 from littlelm.train import checkpoint as ckpt
@@ -306,6 +307,7 @@ class Trainer:
         end = self.max_steps if stop_after is None else min(self.max_steps, s.step + stop_after)
         batches = Prefetcher(self.loader, c.data.prefetch)
         window = Window.starting_at(s, self.device)
+        first = FirstSteps(s.step, c.train.log_every)  # shown before the log cadence
         if s.budget is not None:
             s.budget.start()
         try:
@@ -321,6 +323,8 @@ class Trainer:
                     self._rollback()  # to the last checkpoint; the data moves on
                     window.restart(s)  # the steps since the checkpoint are abandoned
                     continue
+                if self.is_main and first.wants(s.step):
+                    first.show(self.progress, s.step, self.max_steps, step.loss.item())
                 metrics = {"step": s.step, "tokens": s.tokens, "lr_mult": step.lr_mult}
                 if s.step % c.train.log_every == 0 or s.step == end:
                     metrics.update(self._log_metrics(window, step.lr_mult))
@@ -353,6 +357,8 @@ class Trainer:
             self.log(f"data realised so far: {self.state.loader.report()}")
         for cb in self._my_callbacks():
             cb.on_train_start(self)
+        for problem in schedule_warnings(self.cfg.schedule, self.max_steps):
+            self.log(f"warning: {problem}")
 
     def _due(self, every: int) -> bool:
         """True at the steps that are multiples of `every` (0: never)."""
