@@ -172,7 +172,7 @@ def run_facts(trainer: TrainerView) -> dict:
     }
 
 
-def grown_from(trainer: Trainer) -> dict:
+def grown_from(trainer: TrainerView) -> dict:
     """A grown run's starting point on its parent's step and token axes (train/growth.py), so
     that a report comparing it with its parent continues the parent's curves."""
     from littlelm.train.growth import lineage_start

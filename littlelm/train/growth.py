@@ -13,6 +13,7 @@ once its resolved config (runs/NAME/config.yaml) is used.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
