@@ -75,17 +75,22 @@ def _memory_panel(ax, plan: Plan, ys: list[int]) -> None:
 
 def _cost_panel(ax, plan: Plan, ys: list[int]) -> None:
     for p, y in zip(plan.gpus, ys):
-        runs = p.fits or p.best_micro_batch is not None
+        runs = p.dollars_per_btok is not None
+        if not runs:  # nothing to price: it fits at no micro-batch
+            ax.text(0, y, " does not fit at any micro-batch", va="center", fontsize=7)
+            continue
         ax.barh(
             y,
             p.dollars_per_btok,
             color="#2ca02c" if p.fits else ("#ff7f0e" if runs else "#cccccc"),
             hatch="" if p.fits else "//",
         )
-        note = "" if p.fits else (f" at micro-batch {p.best_micro_batch}" if runs else " no fit")
+        note = "" if p.fits else f" at micro-batch {p.best_micro_batch}"
         label = f" ${p.dollars_per_btok:,.0f}{note}"
         ax.text(p.dollars_per_btok, y, label, va="center", fontsize=7)
-    ax.set_xlabel("USD per billion tokens (assumed or measured MFU)")
+    ax.set_xlabel(
+        "USD per billion tokens (step model; green fits, orange at a smaller micro-batch)"
+    )
     _style(ax)
 
 
