@@ -337,7 +337,7 @@ class LazyTensors(Mapping):
 
     def __init__(self, path: Path):
         self._file = safe_open(str(path), "pt")  # memory-maps the file; reads nothing yet
-        self.shapes = {k: tuple(self._file.get_slice(k).get_shape()) for k in self._file.keys()}
+        self.shapes = {k: tuple(self._file.get_slice(k).get_shape()) for k in self._file.keys()}  # noqa: SIM118 (not iterable)
         self.metadata = self._file.metadata() or {}
 
     def __getitem__(self, key: str) -> torch.Tensor:
