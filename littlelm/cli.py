@@ -264,11 +264,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     config, overrides = _split_config(args.items)
     cfg = load_run(config, overrides, world_size=args.devices)
     catalog = load_catalog(args.gpus or [])
-    plan = make_plan(cfg, catalog, args.gpu, args.tokens, args.devices, not args.no_trace)
+    plan = make_plan(
+        cfg,
+        catalog,
+        args.gpu,
+        args.tokens,
+        args.devices,
+        not args.no_trace,
+        local=args.device == "cpu",
+        price_per_hour=args.price_per_hour or 0.0,
+    )
     if args.json:
         print(json.dumps(plan_json(plan), indent=1))
     else:
-        print_plan(plan)
+        print_plan(plan, detail=args.detail)
     if args.chart:
         from littlelm.plan.chart import plan_chart
 
@@ -522,6 +531,17 @@ def _add_plan(sub) -> None:
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.add_argument("--chart", metavar="OUT.png", help="write a memory and cost chart")
     pl.add_argument("--no-trace", action="store_true", help="skip the FakeTensorMode trace")
+    pl.add_argument(
+        "--device",
+        choices=["cpu"],
+        help="also predict the run on this machine's CPU (rates probed here, in seconds)",
+    )
+    pl.add_argument(
+        "--price-per-hour", type=float, help="what this machine costs per hour (with --device)"
+    )
+    pl.add_argument(
+        "--detail", action="store_true", help="memory by category, trace check, every remedy"
+    )
     pl.set_defaults(fn=cmd_plan)
 
 

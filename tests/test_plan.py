@@ -10,6 +10,8 @@ import pytest
 from littlelm.cli import main
 from littlelm.errors import ConfigError
 from littlelm.plan import memory as mem
+from littlelm.plan import speed
+from littlelm.plan.calibration import cuda_calibration
 from littlelm.plan.catalog import load_catalog
 from littlelm.plan.cost import (
     largest_fitting,
@@ -18,7 +20,7 @@ from littlelm.plan.cost import (
     plan_gpu,
     remedies,
 )
-from littlelm.plan.measurements import measured_mfu, save_measurement, workload_key
+from littlelm.plan.measurements import save_measurement, speed_calibration, workload_key
 from littlelm.plan.planner import make_plan
 from littlelm.plan.shapes import Dims
 from littlelm.schema import load_run
@@ -158,18 +160,25 @@ def test_micro_batch_search_keeps_tokens_per_step(tiny_config):
     assert largest_fitting(d, gpu, cat) == options[0]
 
 
-def test_costs_follow_mfu_price_and_tokens(tiny_config):
+def test_costs_follow_the_step_model_price_and_tokens(tiny_config):
     cfg = load_run(tiny_config)
     d = Dims.of(cfg)
     cat = load_catalog()
     g = cat.gpus["H100-SXM"]
     p = plan_gpu(d, g, cat, tokens=10**9)
-    assert p.tok_s == pytest.approx(g.mfu * g.bf16_tflops * 1e12 / d_flops(d))
+    rates = speed.catalog_rates(g, cat, d)
+    ratio = cuda_calibration(cat).ratio
+    expect = d.tokens * d.grad_accum / (speed.step_time(d, rates).raw * ratio)
+    assert p.tok_s == pytest.approx(expect) and "torchtitan" in p.mfu_source
     assert p.dollars == pytest.approx(p.hours * g.price_per_hour)
     assert p.dollars_per_btok == pytest.approx(p.dollars)  # one billion tokens
     two = plan_gpu(d, g, cat, tokens=10**9, devices=2)
-    assert two.tok_s == pytest.approx(2 * p.tok_s)
+    assert 1.0 < two.tok_s / p.tok_s < 2.0  # the gradient all-reduce is not free
     assert two.needed_gib == pytest.approx(p.needed_gib)  # same Dims: nothing sharded
+    fixed = g.model_copy(update={"mfu": 0.3})  # a catalog mfu replaces the step model
+    assert plan_gpu(d, fixed, cat, 10**9).tok_s == pytest.approx(
+        0.3 * g.bf16_tflops * 1e12 / d_flops(d)
+    )
 
 
 def test_per_rank_memory_follows_the_distributed_strategy(tiny_config):
@@ -211,18 +220,24 @@ def d_flops(d):
     return flops_per_token(d.model, d.seq_len)
 
 
-def test_measured_mfu_replaces_the_assumption(tiny_config, tmp_path):
+def test_a_bench_on_a_gpu_calibrates_every_workload_there(tiny_config, tmp_path):
     cfg = load_run(tiny_config)
+    cat = load_catalog()
+    before = {p.gpu.name: p for p in make_plan(cfg, cat, ["H100-SXM"], trace=False).gpus}
     record = {"device": "NVIDIA H100 80GB HBM3", "gpu": "H100-SXM", "mfu": 0.31}
     memory = {"micro_batch": 4, "peak_reserved": 3 * 2**30, "outside_pytorch": 2**29}
-    save_measurement({**record, **memory, "workload": workload_key(cfg)})
-    save_measurement({**record, "workload": "another model", "mfu": 0.9})
-    plan = make_plan(cfg, load_catalog(), ["H100-SXM", "A100-80GB"], trace=False)
+    save_measurement({**record, **memory, "workload": workload_key(cfg), "speed_ratio": 2.0})
+    save_measurement({**record, "workload": "another model", "speed_ratio": 4.0})  # newest
+    plan = make_plan(cfg, cat, ["H100-SXM", "A100-80GB"], trace=False)
     by = {p.gpu.name: p for p in plan.gpus}
-    assert by["H100-SXM"].mfu == 0.31 and by["H100-SXM"].mfu_source.startswith("measured")
-    assert by["A100-80GB"].mfu_source == "assumed" and by["A100-80GB"].measured is None
+    d = Dims.of(cfg)
+    raw = speed.step_time(d, speed.catalog_rates(cat.gpus["H100-SXM"], cat, d)).raw
+    assert by["H100-SXM"].tok_s == pytest.approx(d.tokens * d.grad_accum / (raw * 4.0))
+    assert by["H100-SXM"].tok_s < before["H100-SXM"].tok_s
+    assert "bench on this GPU" in by["H100-SXM"].mfu_source
+    assert "torchtitan" in by["A100-80GB"].mfu_source and by["A100-80GB"].measured is None
     assert by["H100-SXM"].measured["peak_reserved"] == 3 * 2**30
-    assert measured_mfu([], "H100-SXM", "x") is None
+    assert speed_calibration([], gpu="H100-SXM") is None
 
 
 def test_cli_plan_json(tiny_config, capsys):
@@ -239,7 +254,10 @@ def test_cli_plan_table_and_chart(tiny_config, tmp_path, capsys):
     chart = tmp_path / "plan.png"
     assert main(["plan", str(tiny_config), "--chart", str(chart)]) == 0
     out = capsys.readouterr().out
-    assert "trace / analytic" in out and "cheapest first" in out and "A100-80GB" in out
+    assert "cheapest per token first" in out and "A100-80GB" in out
+    assert "trace / analytic" not in out  # the detail is on request
+    assert main(["plan", str(tiny_config), "--detail", "--no-trace"]) == 0
+    assert "memory per GPU" in capsys.readouterr().out
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -31,10 +31,13 @@ from littlelm.errors import RunDirError
 from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
+from littlelm.plan import speed
 from littlelm.plan.accounting import MemoryAccountant
+from littlelm.plan.calibration import cuda_calibration
 from littlelm.plan.catalog import load_catalog
-from littlelm.plan.cost import GIB, tokens_per_second
+from littlelm.plan.cost import GIB
 from littlelm.plan.measurements import save_measurement, workload_key
+from littlelm.plan.probe import device_key, measure_rates
 from littlelm.plan.shapes import Dims
 from littlelm.plan.trace import optimizer_tensors, trace_step
 from littlelm.progress import Progress
@@ -188,6 +191,8 @@ def catalog_peak(c, device_name: str) -> float | None:
 
 
 def predictions(c, device, probe, measured: dict) -> dict:
+    """What the plan predicts for this bench, and the step model's ratio to the measurement
+    (`speed_ratio`, measured / modelled step time), which `plan` uses on this device."""
     d = Dims.of(c)
     if device.type == "cuda":
         catalog = load_catalog()
@@ -197,20 +202,30 @@ def predictions(c, device, probe, measured: dict) -> dict:
         allocated = e.peak + catalog.defaults.workspace_gib * GIB  # cuBLAS uses the allocator
         pred = {
             "gpu": gpu.name if gpu else None,
+            "device_key": device_key(device),
             "predicted_allocated": allocated,
             "predicted_reserved": allocated * (1 + margin),
         }
         if gpu:
-            pred["predicted_tok_s"] = tokens_per_second(d, gpu, gpu.mfu)
-            pred["assumed_mfu"] = gpu.mfu
+            modelled = speed.step_time(d, speed.catalog_rates(gpu, catalog, d)).raw
+            pred["predicted_tok_s"] = (
+                d.tokens * d.grad_accum / (modelled * cuda_calibration(catalog).ratio)
+            )
+            pred["speed_ratio"] = measured["step_s"] / modelled
         return pred
     traced = trace_step(c)
+    e = mem.estimate(d, "cpu")
+    resume = e.categories[mem.PARAMS] + e.categories[mem.STATE]
+    modelled = speed.step_time(d, measure_rates(d, device)).raw
     return {
         "gpu": None,
+        "device_key": device_key(device),
         "predicted_tensor_peak": traced.peak.total,
-        "predicted_tensor_peak_analytic": mem.estimate(d, "cpu").peak,
-        "predicted_host_resume": mem.estimate(d, "cpu").categories[mem.PARAMS]
-        + mem.estimate(d, "cpu").categories[mem.STATE],
+        "predicted_tensor_peak_analytic": e.peak,
+        "predicted_host_resume": resume,
+        "predicted_rss": (measured.get("rss_at_start") or 0) + max(traced.peak.total, 2 * resume),
+        "predicted_tok_s": d.tokens * d.grad_accum / modelled,
+        "speed_ratio": measured["step_s"] / modelled,
     }
 
 
@@ -344,11 +359,16 @@ def comparison_rows(r: dict) -> list[tuple[str, float | None, float | None, str]
                 r["predicted_tensor_peak"] / g,
                 "GiB",
             ),
-            ("peak RSS", (r["peak_rss"] or 0) / g or None, None, "GiB"),
+            (
+                "peak RSS",
+                (r["peak_rss"] or 0) / g or None,
+                (r.get("predicted_rss") or 0) / g or None,
+                "GiB",
+            ),
             ("host RAM for a resume", None, r["predicted_host_resume"] / g, "GiB"),
         ]
     rows.append(("tokens/s", r["tok_s"], r.get("predicted_tok_s"), ""))
-    rows.append(("MFU", r["mfu"], r.get("assumed_mfu"), ""))
+    rows.append(("MFU", r["mfu"], None, ""))
     return rows
 
 
@@ -377,7 +397,10 @@ def print_bench(r: dict) -> None:
                 else "peak RSS is the process's lifetime peak (could not reset it)."
             )
         )
-    console.print(f"  stored: {r['stored']} (plan uses this MFU for this workload on this GPU)")
+    console.print(
+        f"  stored: {r['stored']} (plan calibrates its speed on this device with it: "
+        f"measured step time = {r.get('speed_ratio') or float('nan'):.2f} x the step model's)"
+    )
 
 
 def _fmt(x: float | None, unit: str) -> str:

@@ -26,7 +26,7 @@ def apply_budget(p: GpuPlan, budget, batch_tokens: int, cap: int | None = None) 
     """`p` with its time, cost, tokens and steps those of the budget (tokens at most `cap`,
     train.max_tokens, which ends the run first when it is reached first)."""
     seconds = budget_seconds(budget, p)
-    if seconds is None:
+    if seconds is None or p.tok_s is None:  # no time budget, or nothing runs on this GPU
         return p
     tokens = int(p.tok_s * seconds)
     if cap is not None and tokens > cap:

@@ -25,6 +25,31 @@ class Defaults(Cfg):
     allocator_margin: float = Field(
         0.05, description="Caching-allocator fragmentation: reserved/allocated - 1.", ge=0
     )
+    matmul_ceiling: float = Field(
+        0.80,
+        description="Fraction of the datasheet matrix peak that large GEMMs reach (0-1).",
+        gt=0,
+        le=1,
+    )
+    attention_fraction: float = Field(
+        0.35,
+        description="Fraction of the datasheet matrix peak that fused causal attention "
+        "(forward + backward) reaches (0-1).",
+        gt=0,
+        le=1,
+    )
+    bandwidth_ceiling: float = Field(
+        0.90, description="Fraction of the datasheet memory bandwidth a copy reaches.", gt=0, le=1
+    )
+    launch_us: float = Field(
+        8.0, description="Host time per eager kernel (dispatch + launch), microseconds.", ge=0
+    )
+    interconnect_efficiency: float = Field(
+        0.80,
+        description="Fraction of the link bandwidth NCCL's ring collectives reach.",
+        gt=0,
+        le=1,
+    )
 
 
 class GPU(Cfg):
@@ -42,7 +67,22 @@ class GPU(Cfg):
     price_per_hour: float = Field(..., description="On-demand USD per GPU-hour.", ge=0)
     price_date: str = Field(..., description="When that price was seen (YYYY-MM).")
     price_source: str = Field("", description="Where the price comes from.")
-    mfu: float = Field(..., description="Assumed model FLOPs utilisation (0-1).", gt=0, le=1)
+    interconnect_gbs: float | None = Field(
+        None,
+        description="GPU-to-GPU bandwidth within a node, one direction, GB/s (NVLink or PCIe); "
+        "null = unknown (multi-GPU plans then leave communication out and say so).",
+        gt=0,
+    )
+    attention_fraction: float | None = Field(
+        None, description="Override of defaults.attention_fraction for this GPU.", gt=0, le=1
+    )
+    mfu: float | None = Field(
+        None,
+        description="Fixed model FLOPs utilisation (0-1) to use instead of the step model; "
+        "null = predict it from the run's shapes.",
+        gt=0,
+        le=1,
+    )
     context_gib: float | None = Field(
         None, description="CUDA context, GiB; null = the catalog default.", ge=0
     )

@@ -76,7 +76,7 @@ def _memory_panel(ax, plan: Plan, ys: list[int]) -> None:
 
 def _cost_panel(ax, plan: Plan, ys: list[int]) -> None:
     for p, y in zip(plan.gpus, ys):
-        runs = p.fits or p.best_micro_batch is not None
+        runs = p.dollars_per_btok is not None
         if not runs:  # no bar: a run that cannot fit has no cost
             ax.text(0, y, " does not fit at any micro-batch", va="center", fontsize=7)
             continue
@@ -102,7 +102,7 @@ def _cost_panel(ax, plan: Plan, ys: list[int]) -> None:
             bbox_to_anchor=(1.0, 1.0),
             frameon=False,
         )
-    ax.set_xlabel("USD per billion tokens (assumed or measured MFU)")
+    ax.set_xlabel("USD per billion tokens (speed from the step model, plan/speed.py)")
     _style(ax)
 
 

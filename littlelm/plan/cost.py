@@ -3,7 +3,9 @@
 Pure functions of a resolved config's `Dims`, a catalog entry and the catalog's defaults:
 
     needed   = tensor peak x (1 + allocator margin) + CUDA context and workspaces
-    tokens/s = MFU x peak FLOP/s / FLOPs per token   (per GPU; x devices for data parallel)
+    tokens/s = the step model (plan/speed.py) at the micro-batch that runs: the configured one
+               if it fits, else the largest that fits with the same tokens per step; none if
+               nothing fits
     cost     = hours x price x devices
 """
 
@@ -13,6 +15,8 @@ from dataclasses import dataclass, field, replace
 
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
+from littlelm.plan import speed
+from littlelm.plan.calibration import cuda_calibration
 from littlelm.plan.catalog import GPU, Catalog
 from littlelm.plan.parallel import fsdp_peak
 from littlelm.plan.shapes import Dims
@@ -41,12 +45,13 @@ class GpuPlan:
     lines: dict[str, float]  # GiB per line of the device budget
     best_micro_batch: int | None  # largest that fits and keeps the tokens per step
     best_grad_accum: int | None
-    tok_s: float  # all devices, at the micro-batch that runs
-    mfu: float
-    mfu_source: str  # "assumed" or "measured <date>"
-    hours: float
-    dollars: float
-    dollars_per_btok: float
+    needed_at_best_gib: float | None  # at best_micro_batch
+    tok_s: float | None  # all devices, at the micro-batch that runs; None: nothing fits
+    mfu: float | None
+    mfu_source: str  # where the speed comes from (step model + calibration, or catalog mfu)
+    hours: float | None
+    dollars: float | None
+    dollars_per_btok: float | None
     remedies: list[Remedy] = field(default_factory=list)
     measured: dict | None = None  # bench's measurement of this run on this GPU, if any
     budget_tokens: int | None = None  # what a time or money budget buys here (plan/budget.py)
@@ -93,9 +98,23 @@ def peak_tflops(gpu: GPU, d: Dims) -> float:
     return gpu.bf16_tflops if d.bf16 else gpu.fp32_tflops
 
 
-def tokens_per_second(d: Dims, gpu: GPU, mfu: float) -> float:
-    fpt = flops_per_token(d.model, d.seq_len)
-    return mfu * peak_tflops(gpu, d) * 1e12 / fpt
+def gpu_speed(
+    d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1, measured: dict | None = None
+) -> tuple[float, str]:
+    """Tokens/s over `devices` GPUs of this kind and where the figure comes from: the step
+    model on the catalog's ceilings, calibrated by this GPU's own bench if there is one, else
+    by the published points (calibration.yaml); or the catalog's fixed `mfu` where set."""
+    if gpu.mfu is not None:
+        fpt = flops_per_token(d.model, d.seq_len)
+        return gpu.mfu * peak_tflops(gpu, d) * 1e12 / fpt * devices, "catalog mfu"
+    rates = speed.catalog_rates(gpu, catalog, d)
+    if measured and measured.get("speed_ratio"):
+        ratio, source = measured["speed_ratio"], f"bench on this GPU {measured['time'][:10]}"
+    else:
+        cal = cuda_calibration(catalog)
+        ratio, source = cal.ratio, cal.source
+    rates = replace(rates, calibration=ratio, calibration_source=source)
+    return speed.tokens_per_second(d, rates, devices), f"step model, {source}"
 
 
 def plan_gpu(
@@ -110,11 +129,11 @@ def plan_gpu(
     need = lines["needed"]
     fits = need <= gpu.memory_gib
     best = largest_fitting(d, gpu, catalog, devices)
-    mfu = measured["mfu"] if measured else gpu.mfu
-    source = f"measured {measured['time'][:10]}" if measured else "assumed"
-    tok_s = tokens_per_second(d, gpu, mfu) * devices
-    hours = tokens / tok_s / 3600
+    runs = d if fits else (d.with_micro_batch(best) if best else None)
+    tok_s, source = gpu_speed(runs, gpu, catalog, devices, measured) if runs else (None, "")
     price = gpu.price_per_hour * devices
+    hours = tokens / tok_s / 3600 if tok_s else None
+    fpt = flops_per_token(d.model, d.seq_len)
     return GpuPlan(
         gpu=gpu,
         devices=devices,
@@ -125,12 +144,13 @@ def plan_gpu(
         lines=lines,
         best_micro_batch=best,
         best_grad_accum=(d.micro_batch * d.grad_accum // best) if best else None,
+        needed_at_best_gib=needed_gib(runs, gpu, catalog, devices) if runs else None,
         tok_s=tok_s,
-        mfu=mfu,
+        mfu=tok_s / devices * fpt / (peak_tflops(gpu, d) * 1e12) if tok_s else None,
         mfu_source=source,
         hours=hours,
-        dollars=hours * price,
-        dollars_per_btok=price / (tok_s * 3600) * 1e9,
+        dollars=hours * price if hours is not None else None,
+        dollars_per_btok=price / (tok_s * 3600) * 1e9 if tok_s else None,
         remedies=[] if fits else remedies(d, gpu, catalog, devices),
     )
 
@@ -193,7 +213,8 @@ def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Reme
             name = f"distributed.strategy=fsdp on {n} GPUs (--nproc {n})"
             out.append(Remedy(name, need, base - need, need <= gpu.memory_gib, note))
             break
-    return sorted(out, key=lambda r: (not r.fits, -r.needed_gib if r.fits else r.needed_gib))
+    # those that fit first, mildest change first (the order above); then the rest, closest first
+    return sorted(out, key=lambda r: (not r.fits, 0.0 if r.fits else r.needed_gib))
 
 
 def _accum_note(d: Dims, dm: Dims) -> str:

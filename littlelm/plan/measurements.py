@@ -1,9 +1,10 @@
-"""Bench measurements on disk, so that `plan` can use a measured MFU instead of an assumed one.
+"""Bench measurements on disk, so that `plan` can calibrate its step model on a device it ran on.
 
 `littlelm bench` writes one JSON file per run to CACHE/bench/ (CACHE = $LITTLELM_CACHE or
-~/.cache/littlelm) and a copy into the run directory. A measurement applies to a plan when it was
-taken on the same GPU model (catalog key) for the same workload: model shape, sequence length,
-precision and compile (the `workload` fingerprint).
+~/.cache/littlelm) and a copy into the run directory. Its `speed_ratio` (measured step time over
+the step model's, plan/speed.py) calibrates the plan of any run on the same GPU model (catalog
+key) or the same machine (`device_key`); its memory figures apply to the same workload (model
+shape, sequence length, precision and compile: the `workload` fingerprint) and micro-batch.
 """
 
 from __future__ import annotations
@@ -58,17 +59,22 @@ def load_measurements(directory: Path | None = None) -> list[dict]:
     for f in sorted(d.glob("*.json")) if d.is_dir() else []:
         with contextlib.suppress(OSError, ValueError):
             rec = json.loads(f.read_text())
-            if isinstance(rec, dict) and "mfu" in rec:
+            if isinstance(rec, dict) and ("mfu" in rec or "speed_ratio" in rec):
                 out.append(rec)
     return sorted(out, key=lambda r: str(r.get("time", "")))
 
 
-def measured_mfu(records: list[dict], gpu: str, workload: str) -> dict | None:
-    """The newest measurement on `gpu` of this workload with a usable MFU."""
+def speed_calibration(
+    records: list[dict], gpu: str | None = None, device_key: str | None = None
+) -> dict | None:
+    """The newest measurement on this GPU (catalog key) or this machine (`probe.device_key`)
+    whose measured step time was compared with the step model's (`speed_ratio`): it calibrates
+    the step model for every workload on that device, not only the one measured."""
     hits = [
         r
         for r in records
-        if r.get("gpu") == gpu and r.get("workload") == workload and (r.get("mfu") or 0) > 0
+        if (r.get("speed_ratio") or 0) > 0
+        and ((gpu and r.get("gpu") == gpu) or (device_key and r.get("device_key") == device_key))
     ]
     return hits[-1] if hits else None
 

@@ -488,9 +488,10 @@ def resume_device_bytes(e: Estimate) -> int:
     return e.categories[PARAMS] + e.categories[STATE]
 
 
-def resume_host_bytes(e: Estimate) -> int:
-    """Host RAM while resuming: the whole checkpoint (weights + optimizer state)."""
-    return e.categories[PARAMS] + e.categories[STATE]
+def resume_host_bytes(e: Estimate, ranks_per_node: int = 1) -> int:
+    """Host RAM of one node while resuming: each rank reads the whole checkpoint (weights +
+    optimizer state) into its own memory (train/checkpoint.py load_checkpoint)."""
+    return (e.categories[PARAMS] + e.categories[STATE]) * ranks_per_node
 
 
 def phase_peaks(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, int]:

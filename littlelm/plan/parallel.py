@@ -36,3 +36,15 @@ def fsdp_peak(d: Dims, shards: int, kernels: mem.Kernels = "cuda") -> int:
     )
     optimizer = sharded + c[mem.SCRATCH] // shards
     return max(forward_backward, optimizer)
+
+
+def fsdp_categories(d: Dims, shards: int, kernels: mem.Kernels = "cuda") -> dict[str, int]:
+    """Bytes per category on one GPU under FSDP over `shards` GPUs: parameters, gradients,
+    optimizer state and scratch split, the gathered units counted as weight copies."""
+    e = mem.estimate(replace(d, strategy="fsdp", world=shards), kernels)
+    c = dict(e.categories)
+    for k in (mem.PARAMS, mem.GRADS, mem.STATE, mem.SCRATCH):
+        c[k] //= shards
+    per = 2 + d.param_bytes
+    c[mem.COPIES] += 2 * layer_param_numel(d) * per
+    return c

@@ -8,24 +8,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from littlelm.errors import ConfigError
 from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
+from littlelm.plan import speed
 from littlelm.plan.accounting import CATEGORIES
+from littlelm.plan.bench import current_rss
 from littlelm.plan.budget import apply_budget
 from littlelm.plan.catalog import Catalog
 from littlelm.plan.cost import GIB, GpuPlan, plan_gpu
 from littlelm.plan.measurements import (
     load_measurements,
     measured_memory,
-    measured_mfu,
+    speed_calibration,
     workload_key,
 )
+from littlelm.plan.parallel import fsdp_categories, fsdp_peak
+from littlelm.plan.probe import device_key, measure_rates
 from littlelm.plan.shapes import Dims
 from littlelm.plan.trace import TraceResult, trace_step, traced_dims
-
-SMALL_MODEL = 200_000_000  # parameters below which the MFU assumptions are optimistic
 
 # Where the prediction rests on something the CPU trace cannot check.
 KERNEL_NOTES = {
@@ -50,10 +54,25 @@ class Plan:
     devices: int
     resume: dict[str, float]  # GiB: device during resume, host RAM during resume
     notes: list[str] = field(default_factory=list)
+    local: LocalPlan | None = None  # `--device cpu`: the machine in hand
 
     @property
     def flops_per_token(self) -> int:
         return flops_per_token(self.dims.model, self.dims.seq_len)
+
+    @property
+    def fsdp(self) -> bool:
+        return self.dims.strategy == "fsdp" and self.devices > 1
+
+    def per_rank_categories(self) -> dict[str, int]:
+        """Bytes per category on one GPU (FSDP splits the state; DDP's sharded optimizers are
+        in the estimate already)."""
+        if self.fsdp:
+            return fsdp_categories(self.dims, self.devices)
+        return dict(self.estimate.categories)
+
+    def per_rank_peak(self) -> int:
+        return fsdp_peak(self.dims, self.devices) if self.fsdp else self.estimate.peak
 
     def trace_check(self) -> dict[str, float | None]:
         """trace / analytic (CPU kernels) for every category both compute."""
@@ -99,6 +118,8 @@ def make_plan(
     tokens: int | None = None,
     devices: int = 1,
     trace: bool = True,
+    local: bool = False,
+    price_per_hour: float = 0.0,
 ) -> Plan:
     trace = check_plannable(cfg, trace)  # plan answers or refuses any config in seconds
     d = Dims.of(cfg)
@@ -108,7 +129,7 @@ def make_plan(
     records = load_measurements()
     key = workload_key(cfg)
     gpus = [
-        plan_gpu(d, g, catalog, tokens, devices, measured_mfu(records, g.name, key))
+        plan_gpu(d, g, catalog, tokens, devices, speed_calibration(records, gpu=g.name))
         for g in catalog.select(gpu_names)
     ]
     if timed:  # what the budget buys on each GPU (plan/budget.py)
@@ -116,7 +137,8 @@ def make_plan(
         gpus = [apply_budget(p, b, cfg.train.batch_tokens, cap) for p in gpus]
     for p in gpus:
         p.measured = measured_memory(records, p.gpu.name, key, d.micro_batch)
-    gpus.sort(key=lambda p: (not p.fits and p.best_micro_batch is None, not p.fits, p.dollars))
+    # cheapest per token first among those that run at all; those that cannot run last
+    gpus.sort(key=lambda p: (p.tok_s is None, p.dollars_per_btok or 0.0, not p.fits))
     estimate = mem.estimate(d, "cuda")
     return Plan(
         cfg=cfg,
@@ -129,16 +151,63 @@ def make_plan(
         gpus=gpus,
         tokens=tokens,
         devices=devices,
-        resume=resume_memory(estimate),
+        resume=resume_memory(estimate, devices, d.strategy),
         notes=notes_for(cfg),
+        local=local_plan(d, tokens, records, price_per_hour) if local else None,
     )
 
 
-def resume_memory(e: mem.Estimate) -> dict[str, float]:
-    """GiB on the GPU and in host RAM while a resume loads the checkpoint."""
+@dataclass
+class LocalPlan:
+    """The run on the machine in hand (the CPU): rates probed here at the run's shapes."""
+
+    device: str
+    tok_s: float
+    source: str
+    parts: dict[str, float]  # seconds per step by kind of work
+    tensor_peak: int  # bytes (CPU kernels)
+    process_peak: int  # bytes: this process's resident memory now + the tensor peak
+    hours: float
+    dollars: float
+    rates: speed.Rates  # as probed, with the bench calibration if one applied
+
+
+def local_plan(d: Dims, tokens: int, records: list[dict], price_per_hour: float) -> LocalPlan:
+    rates = measure_rates(d)
+    key = device_key(torch.device("cpu"))
+    bench = speed_calibration(records, device_key=key)
+    if bench:
+        when = bench["time"][:10]
+        rates = replace(rates, calibration=bench["speed_ratio"])
+        source = f"{rates.source}, calibrated by bench of {bench.get('run')} {when}"
+    else:
+        source = f"{rates.source}; uncalibrated (run `littlelm bench` here to calibrate)"
+    st = speed.step_time(d, rates)
+    tok_s = d.tokens * d.grad_accum / st.seconds
+    e = mem.estimate(d, "cpu")
+    resume = e.categories[mem.PARAMS] + e.categories[mem.STATE]
+    hours = tokens / tok_s / 3600
+    return LocalPlan(
+        device=key,
+        tok_s=tok_s,
+        source=source,
+        parts={k: v * st.calibration for k, v in st.parts.items()},
+        tensor_peak=e.peak,
+        process_peak=(current_rss() or 0) + max(e.peak, 2 * resume),
+        hours=hours,
+        dollars=hours * price_per_hour,
+        rates=rates,
+    )
+
+
+def resume_memory(e: mem.Estimate, devices: int = 1, strategy: str = "ddp") -> dict:
+    """GiB on each GPU and in host RAM per node (up to 8 ranks) while a resume loads."""
+    ranks = min(devices, 8)
+    shards = devices if strategy == "fsdp" and devices > 1 else 1
     return {
-        "device_gib": mem.resume_device_bytes(e) / GIB,
-        "host_gib": mem.resume_host_bytes(e) / GIB,
+        "device_gib": mem.resume_device_bytes(e) / shards / GIB,
+        "host_gib": mem.resume_host_bytes(e, ranks) / GIB,
+        "ranks_per_node": ranks,
     }
 
 
@@ -149,11 +218,6 @@ def notes_for(cfg) -> list[str]:
         notes.append(KERNEL_NOTES["fp8"])
     if cfg.optimizer.traits().adamw_8bit:
         notes.append(KERNEL_NOTES["adamw_8bit"])
-    if Dims.of(cfg).n_params < SMALL_MODEL:
-        notes.append(
-            "the catalog's MFU assumptions are for 1B+ models; a model this small runs far below "
-            "them on a GPU (launch overheads): run `littlelm bench` there to measure it"
-        )
     dc = cfg.distributed
     if dc.strategy == "fsdp" and (dc.world_size or 1) > 1:
         notes.append(

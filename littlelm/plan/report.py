@@ -32,21 +32,25 @@ def duration(hours: float) -> str:
     return f"{hours / 24:.1f} d"
 
 
-def print_plan(plan: Plan, console: Console | None = None) -> None:
+def print_plan(plan: Plan, console: Console | None = None, detail: bool = False) -> None:
+    """The renter's view first: one table of the GPUs that can run it, cheapest per token
+    first, one line for each that cannot (its best remedy), then memory and resume in a few
+    lines. `detail` adds the memory categories, the trace check and every remedy."""
     console = console or Console(width=140)
     console.print(summary_line(plan))
+    console.print(gpu_table(plan))
+    for line in no_fit_lines(plan):
+        console.print(line)
+    if plan.local is not None:
+        console.print(local_table(plan))
+    console.print(memory_line(plan))
+    console.print(resume_line(plan))
+    if not detail:
+        console.print("  [dim]--detail: memory by category, trace check, every remedy[/dim]")
+        return
     console.print(memory_table(plan))
     for note in plan.notes:
         console.print(f"  [dim]note: {note}[/dim]")
-    r = plan.resume
-    step = plan.estimate.peak / GIB
-    where = "below" if r["device_gib"] <= step else "[red]above[/red]"
-    console.print(
-        f"resume: the GPU holds {gib(r['device_gib'])} GiB while loading (weights + optimizer "
-        f"state, copied one tensor at a time from host RAM), {where} the step's peak of "
-        f"{gib(step)} GiB; host RAM needs {gib(r['host_gib'])} GiB for the checkpoint"
-    )
-    console.print(gpu_table(plan))
     for p in plan.gpus:
         if p.measured:
             m = p.measured
@@ -57,6 +61,68 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
             )
     if any(not p.fits for p in plan.gpus):
         console.print(remedy_table(plan))
+
+
+def no_fit_lines(plan: Plan) -> list[str]:
+    """One line per GPU that fits at no micro-batch: what it needs and the best remedy."""
+    out = []
+    for p in plan.gpus:
+        if p.tok_s is not None:
+            continue
+        fixes = [r for r in p.remedies if r.fits]
+        best = (
+            f"fits with {fixes[0].name} ({gib(fixes[0].needed_gib)} GiB)"
+            if fixes
+            else "no single change makes it fit"
+        )
+        out.append(
+            f"  [red]{p.gpu.name}[/red] ({gib(p.gpu.memory_gib)} GiB) fits at no micro-batch "
+            f"({gib(p.needed_gib)} GiB at {p.micro_batch}); {best}"
+        )
+    return out
+
+
+def memory_line(plan: Plan) -> str:
+    e = plan.estimate
+    per_rank = plan.per_rank_categories()
+    parts = ", ".join(f"{k} {gib(v / GIB)}" for k, v in per_rank.items() if v >= 0.005 * GIB)
+    who = "per GPU" + (f" ({plan.dims.strategy}, {plan.devices} GPUs)" if plan.devices > 1 else "")
+    return (
+        f"memory {who} at micro-batch {plan.dims.micro_batch}: peak "
+        f"{gib(plan.per_rank_peak() / GIB)} GiB in the {e.peak_phase} ({parts} GiB)"
+    )
+
+
+def resume_line(plan: Plan) -> str:
+    r = plan.resume
+    step = plan.per_rank_peak() / GIB
+    where = "below" if r["device_gib"] <= step else "[red]above[/red]"
+    return (
+        f"resume: {gib(r['device_gib'])} GiB per GPU while loading, {where} the step's peak; "
+        f"host RAM {gib(r['host_gib'])} GiB per node ({r['ranks_per_node']} rank(s), each "
+        "reading the whole checkpoint)"
+    )
+
+
+def local_table(plan: Plan) -> Table:
+    lp = plan.local
+    t = Table(title=f"this machine: {lp.device}", title_justify="left")
+    for col in ("tokens/s", "step (s)", "GEMMs", "attention", "elementwise", "optimizer"):
+        t.add_column(col, justify="right")
+    t.add_column("process memory", justify="right")
+    t.add_column("time", justify="right")
+    t.add_row(
+        f"{lp.tok_s:,.0f}",
+        f"{sum(lp.parts.values()):.3f}",
+        *(
+            f"{lp.parts.get(k, 0.0):.3f}"
+            for k in ("GEMMs", "attention", "elementwise", "optimizer")
+        ),
+        f"{gib(lp.process_peak / GIB)} GiB",
+        duration(lp.hours),
+    )
+    t.caption = f"speed: {lp.source}"
+    return t
 
 
 def summary_line(plan: Plan) -> str:
@@ -127,14 +193,12 @@ def _ratio(r: float | None) -> str:
 
 
 def gpu_table(plan: Plan) -> Table:
-    t = Table(title="GPUs, cheapest first", title_justify="left")
+    runs = [p for p in plan.gpus if p.tok_s is not None]
+    t = Table(title="GPUs that can run it, cheapest per token first", title_justify="left")
     for col, right in (
         ("GPU", False),
-        ("memory", True),
-        ("needed", True),
-        ("headroom", True),
-        ("fits", False),
-        ("max micro-batch (accum)", True),
+        ("needs / has (GiB)", True),
+        ("micro-batch (accum)", True),
         ("tokens/s", True),
         ("MFU", True),
         ("time", True),
@@ -142,26 +206,27 @@ def gpu_table(plan: Plan) -> Table:
         ("$/B tokens", True),
     ):
         t.add_column(col, justify="right" if right else "left")
-    bought = bool(plan.gpus) and plan.gpus[0].budget_tokens is not None
+    bought = bool(runs) and runs[0].budget_tokens is not None
     if bought:  # a time or money budget: what it buys on each GPU
         t.add_column("budget buys (tokens / steps)", justify="right")
-    for p in plan.gpus:
-        best = f"{p.best_micro_batch} ({p.best_grad_accum})" if p.best_micro_batch else "none"
+    for p in runs:
+        mb = p.micro_batch if p.fits else p.best_micro_batch
+        accum = plan.dims.grad_accum if p.fits else p.best_grad_accum
         t.add_row(
             p.gpu.name + (f" ×{p.devices}" if p.devices > 1 else ""),
-            gib(p.gpu.memory_gib),
-            gib(p.needed_gib),
-            gib(p.headroom_gib),
-            "[green]yes[/green]" if p.fits else "[red]no[/red]",
-            best,
+            f"{gib(p.needed_gib if p.fits else p.needed_at_best_gib)} / {gib(p.gpu.memory_gib)}",
+            f"{mb} ({accum})" + ("" if p.fits else " [yellow]smaller[/yellow]"),
             f"{p.tok_s:,.0f}",
-            f"{p.mfu:.0%} {p.mfu_source}",
+            f"{p.mfu:.0%}",
             duration(p.hours),
             money(p.dollars),
             money(p.dollars_per_btok),
             *([f"{human(p.budget_tokens)} / {human(p.budget_steps)}"] if bought else []),
         )
-    t.caption = "prices: typical on-demand, dated in the catalog (littlelm/plan/gpus.yaml)"
+    sources = sorted({p.mfu_source for p in runs})
+    t.caption = (
+        f"speed: {'; '.join(sources) or '-'}. Prices: on-demand, dated in littlelm/plan/gpus.yaml"
+    )
     return t
 
 
@@ -217,6 +282,10 @@ def plan_json(plan: Plan) -> dict:
         "trace_seconds": tr.seconds if tr else None,
         "trace_over_analytic": plan.trace_check(),
         "resume_gib": plan.resume,
+        "memory_per_rank_bytes": plan.per_rank_categories(),
+        "local": (
+            {k: v for k, v in plan.local.__dict__.items() if k != "rates"} if plan.local else None
+        ),
         "notes": plan.notes,
         "gpus": [_gpu_json(p) for p in plan.gpus],
     }
@@ -244,7 +313,7 @@ def _gpu_json(p: GpuPlan) -> dict:
             else {}
         ),
         "mfu": p.mfu,
-        "mfu_source": p.mfu_source,
+        "speed_source": p.mfu_source,
         "hours": p.hours,
         "dollars": p.dollars,
         "dollars_per_billion_tokens": p.dollars_per_btok,

@@ -31,13 +31,15 @@ import random
 import re
 import shutil
 import time
+import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 # finding checkpoints lives in the bottom layer (every layer needs it); ckpt.* re-exports it
 from littlelm.checkpoints import (  # noqa: F401
@@ -286,17 +288,38 @@ def prune(root: Path, keep_last: int, keep_every: int = 0) -> list[Path]:
     return gone
 
 
-def load_model_tensors(
-    model: torch.nn.Module, tensors: dict[str, torch.Tensor], source: Path
-) -> None:
+class LazyTensors(Mapping):
+    """A checkpoint's weights, each read from its safetensors file when it is asked for: a
+    resume copies them into the model one at a time, so the host never holds a second copy of
+    the whole model (under torchrun, not one per rank). `shapes` needs no read at all."""
+
+    def __init__(self, path: Path):
+        self._file = safe_open(str(path), "pt")  # memory-maps the file; reads nothing yet
+        self.shapes = {k: tuple(self._file.get_slice(k).get_shape()) for k in self._file.keys()}  # noqa: SIM118 (not iterable)
+        self.metadata = self._file.metadata() or {}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self.shapes:
+            raise KeyError(key)
+        return self._file.get_tensor(key)
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def load_model_tensors(model: torch.nn.Module, tensors: Mapping, source: Path) -> None:
     """Copy checkpoint tensors into `model`; shapes and names must match (tied copies aside)."""
     own = model.state_dict()
-    missing = [k for k in own if k not in tensors and not _is_tied_copy(model, k)]
-    unexpected = [k for k in tensors if k not in own]
+    shapes = tensors.shapes if isinstance(tensors, LazyTensors) else _shapes(tensors)
+    missing = [k for k in own if k not in shapes and not _is_tied_copy(model, k)]
+    unexpected = [k for k in shapes if k not in own]
     wrong = [
-        f"{k} {tuple(tensors[k].shape)} vs {tuple(own[k].shape)}"
-        for k in tensors
-        if k in own and tensors[k].shape != own[k].shape
+        f"{k} {shapes[k]} vs {tuple(own[k].shape)}"
+        for k in shapes
+        if k in own and shapes[k] != tuple(own[k].shape)
     ]
     if missing or unexpected or wrong:
         parts = [
@@ -311,6 +334,10 @@ def load_model_tensors(
     model.load_state_dict(tensors, strict=False)
 
 
+def _shapes(tensors: Mapping) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in tensors.items()}
+
+
 def _is_tied_copy(model: torch.nn.Module, key: str) -> bool:
     names = {n for n, _ in model.named_parameters()}
     return key.endswith(".weight") and key not in names
@@ -320,7 +347,7 @@ def _is_tied_copy(model: torch.nn.Module, key: str) -> bool:
 class Loaded:
     path: Path
     state: dict
-    model: dict[str, torch.Tensor]
+    model: Mapping[str, torch.Tensor]  # LazyTensors: read one tensor at a time
     origin: dict[str, str] | None
     optimizer: dict | None
     rng: dict | None
@@ -345,10 +372,11 @@ def load_checkpoint(path: Path, with_optimizer: bool = True) -> Loaded:
             f"up to {FORMAT_VERSION}); upgrade littlelm to load it"
         )
     try:
-        with safe_open(str(path / "model.safetensors"), "pt") as f:
-            meta = f.metadata() or {}
-        tensors = load_file(str(path / "model.safetensors"), device="cpu")
-        optim = _torch_load(path / "optimizer.pt") if with_optimizer else None
+        tensors = LazyTensors(path / "model.safetensors")
+        meta = tensors.metadata
+        # memory-mapped: pages are read as the optimizer takes its state, shared between the
+        # ranks of a node through the page cache, and a sharded optimizer touches only its own
+        optim = _torch_load(path / "optimizer.pt", mmap=True) if with_optimizer else None
         rng = _torch_load(path / "rng.pt") if with_optimizer else None
     except UnreadableCheckpoint:
         raise
@@ -392,10 +420,12 @@ def check_state_types(state, path: Path) -> None:
             )
 
 
-def _torch_load(path: Path):
-    """torch.load restricted to tensors and plain containers (never arbitrary pickles)."""
+def _torch_load(path: Path, mmap: bool = False):
+    """torch.load restricted to tensors and plain containers (never arbitrary pickles); with
+    `mmap` the tensors are views of the file (private pages: writing them never changes it)."""
+    mmap = mmap and zipfile.is_zipfile(path)  # only torch.save's zip format maps; others refused
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
         what = f" ({found.group(1)})" if found else ""

@@ -1,0 +1,134 @@
+"""Host RAM per rank while a run resumes, at 1 and 2 processes on this CPU.
+
+    python benchmarks/resume_memory.py                       # this checkout
+    python benchmarks/resume_memory.py --baseline ../old     # and another checkout, for a ratio
+
+The demo scaled to about 100M parameters (12 layers x 768) trains one step and saves; a second
+`littlelm train` resumes from that checkpoint and trains one more step, while this script reads
+each training process's /proc/PID/smaps_rollup every 20 ms. Per rank it reports the peak
+resident set (Rss: every page the process maps, shared page-cache pages included) and the peak
+proportional set (Pss: shared pages divided among the processes that map them, which is how a
+node's RAM is split between its ranks). One micro-batch of 1 x 128 tokens keeps activations
+small, so what is measured is the weights and optimizer state the resume brings in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+SHAPE = [
+    "model.n_layer=12",
+    "model.d_model=768",
+    "model.n_head=12",
+    "train.micro_batch_size=1",
+    "train.seq_len=128",
+    "eval.every=0",
+    "eval.at_end=false",
+    "callbacks=[]",
+]
+
+
+def rollup(pid: int) -> dict[str, int]:
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            parts = line.split()
+            if parts and parts[0] in ("Rss:", "Pss:"):
+                out[parts[0][:-1]] = int(parts[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def trainers(root: int) -> list[int]:
+    """The training processes under `root`: itself, or torchrun's workers (LOCAL_RANK set)."""
+    found = []
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            continue
+        if b"LOCAL_RANK=" in env or pid == root:
+            found.append(pid)
+        stack += [int(k) for k in kids]
+    workers = [p for p in found if p != root]
+    return workers or [root]
+
+
+def run_and_watch(cmd: list[str], env: dict) -> dict[int, dict[str, int]]:
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peaks: dict[int, dict[str, int]] = {}
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            for pid in trainers(proc.pid):
+                now = rollup(pid)
+                best = peaks.setdefault(pid, {"Rss": 0, "Pss": 0})
+                for k, v in now.items():
+                    best[k] = max(best[k], v)
+            time.sleep(0.02)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    _, err = proc.communicate()
+    done.set()
+    t.join()
+    if proc.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd)} failed:\n{err.decode()[-2000:]}")
+    return peaks
+
+
+def measure(code: Path, nproc: int, out: Path) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    base = [sys.executable, "-m", "littlelm", "train", "demo", *SHAPE]
+    base += [f"run.out_dir={out}", f"run.name=resume_{nproc}", f"train.batch_tokens={128 * nproc}"]
+    if nproc > 1:
+        base += ["--nproc", str(nproc)]
+    run_and_watch([*base, "train.max_steps=1", "checkpoint.at_end=true"], env)
+    peaks = run_and_watch([*base, "train.max_steps=2"], env)  # resumes from step 1
+    gib = 2**30
+    return {
+        "rss": max(p["Rss"] for p in peaks.values()) / gib,
+        "pss": max(p["Pss"] for p in peaks.values()) / gib,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", type=Path, help="another checkout to compare with")
+    ap.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
+    args = ap.parse_args()
+    codes = {"this checkout": Path(__file__).resolve().parents[1]}
+    if args.baseline:
+        codes["baseline"] = args.baseline.resolve()
+    results = {}
+    for label, code in codes.items():
+        for n in args.nproc:
+            with tempfile.TemporaryDirectory() as tmp:
+                results[label, n] = measure(code, n, Path(tmp))
+    print("| code | ranks | peak Rss per rank GiB | peak Pss per rank GiB |")
+    print("| --- | ---: | ---: | ---: |")
+    for (label, n), r in results.items():
+        print(f"| {label} | {n} | {r['rss']:.2f} | {r['pss']:.2f} |")
+    if args.baseline:
+        for n in args.nproc:
+            new, old = results["this checkout", n], results["baseline", n]
+            print(
+                f"{n} rank(s): this / baseline = {new['rss'] / old['rss']:.2f} (Rss), "
+                f"{new['pss'] / old['pss']:.2f} (Pss)"
+            )
+
+
+if __name__ == "__main__":
+    main()

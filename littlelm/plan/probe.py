@@ -1,0 +1,99 @@
+"""Measure this machine's rates for the step model (plan/speed.py) at a run's own shapes.
+
+Every distinct GEMM of the model is timed at its real (m, k, n), causal attention forward +
+backward at the run's (batch, heads, seq, head_dim) with the kernel the run uses, memory
+bandwidth with a large add, and the host time per kernel with a loop of tiny ops. A few
+seconds in all; `littlelm plan --device cpu` and `littlelm bench` call it.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import torch
+
+from littlelm.model.attention import causal_attention
+from littlelm.plan import speed
+from littlelm.plan.shapes import Dims
+
+PROBE_SECONDS = 0.25  # per measurement: the best of repeats within it
+
+
+def device_key(device: torch.device) -> str:
+    """What a measurement on this machine is filed under: the CPU model and thread count, or
+    the CUDA device's name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    return f"cpu {cpu}, {torch.get_num_threads()} threads"
+
+
+def best_seconds(fn, seconds: float = PROBE_SECONDS) -> float:
+    """The fastest of repeated calls of `fn` over about `seconds` (after one warm-up)."""
+    fn()
+    best, start = float("inf"), time.perf_counter()
+    while time.perf_counter() - start < seconds or best == float("inf"):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def gemm_rates(d: Dims, dtype: torch.dtype) -> dict[tuple[int, int, int], float]:
+    """FLOP/s of each distinct GEMM shape of one micro-batch's forward."""
+    out = {}
+    for g in speed.gemms(d):
+        key = (g.m, g.k, g.n)
+        if key in out:
+            continue
+        a = torch.randn(g.m, g.k, dtype=dtype)
+        b = torch.randn(g.k, g.n, dtype=dtype)
+        out[key] = 2 * g.m * g.k * g.n / best_seconds(lambda a=a, b=b: a @ b)
+    return out
+
+
+def attention_rate(d: Dims, dtype: torch.dtype) -> float:
+    """FLOP/s of the run's causal attention (forward + backward) on one layer."""
+    m = d.model
+    shape = (d.micro_batch, m.n_head, d.seq_len, m.head_dim)
+    q = torch.randn(shape, dtype=dtype, requires_grad=True)
+    k = torch.randn(d.micro_batch, m.kv_heads, d.seq_len, m.head_dim, dtype=dtype)
+    v = torch.randn_like(k)
+    k.requires_grad_(True)
+    v.requires_grad_(True)
+    grad = torch.randn(shape, dtype=dtype)
+
+    def step():
+        causal_attention(q, k, v).backward(grad)
+
+    return speed.attention_flops(d) / m.n_layer / best_seconds(step)
+
+
+def bandwidth() -> float:
+    """Bytes/s of a large out-of-place add (two reads and one write of 32 MiB each)."""
+    a, b = torch.randn(8 << 20), torch.randn(8 << 20)
+    out = torch.empty_like(a)
+    return 3 * a.nbytes / best_seconds(lambda: torch.add(a, b, out=out))
+
+
+def launch_seconds(n: int = 200) -> float:
+    """Host time per kernel: tiny adds, so the dispatch is all there is."""
+    x = torch.zeros(4)
+    return best_seconds(lambda: [x.add(1.0) for _ in range(n)]) / n
+
+
+def measure_rates(d: Dims, device: torch.device | None = None) -> speed.Rates:
+    """This CPU's rates at the shapes of `d` (the CUDA path is `catalog_rates` + a bench)."""
+    dtype = torch.bfloat16 if d.bf16 else torch.float32
+    with torch.no_grad():
+        gemm = gemm_rates(d, dtype)
+    best = max(gemm.values())
+    return speed.Rates(
+        matmul=best,
+        attention=attention_rate(d, dtype),
+        bandwidth=bandwidth(),
+        launch=launch_seconds(),
+        gemm_rate=lambda g: gemm[(g.m, g.k, g.n)],
+        source=f"measured here ({device_key(device or torch.device('cpu'))})",
+    )
