@@ -226,8 +226,10 @@ def test_a_bench_on_a_gpu_calibrates_every_workload_there(tiny_config, tmp_path)
     before = {p.gpu.name: p for p in make_plan(cfg, cat, ["H100-SXM"], trace=False).gpus}
     record = {"device": "NVIDIA H100 80GB HBM3", "gpu": "H100-SXM", "mfu": 0.31}
     memory = {"micro_batch": 4, "peak_reserved": 3 * 2**30, "outside_pytorch": 2**29}
-    save_measurement({**record, **memory, "workload": workload_key(cfg), "speed_ratio": 2.0})
-    save_measurement({**record, "workload": "another model", "speed_ratio": 4.0})  # newest
+    older = {"time": "2026-12-01T10:00:00", "speed_ratio": 2.0}
+    save_measurement({**record, **memory, "workload": workload_key(cfg), **older})
+    newest = {"time": "2026-12-01T11:00:00", "speed_ratio": 4.0}  # another workload, newer
+    save_measurement({**record, "workload": "another model", **newest})
     plan = make_plan(cfg, cat, ["H100-SXM", "A100-80GB"], trace=False)
     by = {p.gpu.name: p for p in plan.gpus}
     d = Dims.of(cfg)
