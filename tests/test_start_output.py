@@ -11,7 +11,7 @@ import pytest
 from littlelm.optim.schedule_check import schedule_warnings
 from littlelm.registry import SCHEDULES
 from littlelm.schema import load_run
-from littlelm.train.progress import FirstSteps, Progress
+from littlelm.progress import FirstSteps, Progress
 from littlelm.train.trainer import Trainer
 
 
