@@ -204,6 +204,22 @@ def test_config_changes_are_reported_with_values():
     assert not resuming.resumable("data.sources.web.path")
 
 
+def test_a_checkpoint_from_before_a_new_field_resumes_at_its_default(tiny_config):
+    """Upgrading littlelm mid-run: fields added since the checkpoint was written (absent from
+    its state.json) count as unchanged at their defaults, and as changed otherwise."""
+    cfg = load_run(tiny_config)
+    Trainer(cfg, resume="never").fit(stop_after=1)
+    path = ckpt.latest_checkpoint(cfg.run_dir() / "checkpoints")
+    state = json.loads((path / "state.json").read_text())
+    del state["config"]["model"]["norm_eps"]  # a field this checkpoint's littlelm lacked
+    del state["config"]["data"]["sources"]["text"]["long_docs"]
+    (path / "state.json").write_text(json.dumps(state))
+    resumed = Trainer(load_run(tiny_config))
+    assert resumed.step == 1
+    with pytest.raises(CheckpointError, match="model.norm_eps: None -> 1e-05"):
+        Trainer(load_run(tiny_config, ["model.norm_eps=1e-5"]))
+
+
 def test_filesystem_without_locks_warns_and_goes_on(tiny_config, monkeypatch):
     import errno
     import fcntl

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from littlelm.config import flatten
-from littlelm.errors import CheckpointError
-from littlelm.schema import resumable
+from littlelm.config import flatten, to_tree, validate
+from littlelm.errors import CheckpointError, ConfigError
+from littlelm.schema import RunConfig, resumable
 from littlelm.train import checkpoint as ckpt
 
 
@@ -41,10 +41,20 @@ def config_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
     return allowed, refused
 
 
+def with_defaults(saved: dict) -> dict:
+    """A checkpoint's config with the fields added to littlelm since it was written filled in
+    with their defaults, so that upgrading littlelm mid-run changes no setting; as saved when
+    it no longer validates (the differences then name what to restore)."""
+    try:
+        return to_tree(validate(RunConfig, saved))
+    except ConfigError:
+        return saved
+
+
 def check_compatible(state: dict, config: dict, fingerprint: str, path: Path) -> list[str]:
     """Raise CheckpointError when `config` cannot continue the checkpoint's run; return the
     allowed differences (for the log)."""
-    allowed, refused = config_changes(state.get("config", {}), config)
+    allowed, refused = config_changes(with_defaults(state.get("config", {})), config)
     if state.get("tokenizer") != fingerprint:
         keys = [c for c in refused if c.startswith("data.tokenizer.")]
         refused.insert(
