@@ -9,9 +9,9 @@ import json
 import pytest
 
 from littlelm.optim.schedule_check import schedule_warnings
+from littlelm.progress import FirstSteps, Progress
 from littlelm.registry import SCHEDULES
 from littlelm.schema import load_run
-from littlelm.progress import FirstSteps, Progress
 from littlelm.train.trainer import Trainer
 
 
