@@ -113,3 +113,14 @@ def test_plan_on_this_cpu_probes_and_uses_a_bench_calibration(tiny_config, capsy
     plan = make_plan(cfg, load_catalog(), ["H100-SXM"], trace=False, local=True)
     assert "calibrated by bench of x" in plan.local.source
     assert plan.local.tok_s > 0 and plan.local.process_peak > plan.local.tensor_peak
+
+
+def test_muon_step_costs_bytes_per_parameter_and_newton_schulz_flops(tiny_config):
+    d = Dims.of(load_run("demo"))
+    assert d.optimizer == "muon"
+    bytes_, flops = speed.optimizer_work(d)
+    # every parameter is read and written a few times: tens of bytes each, not millions
+    assert 10 * d.n_params < bytes_ < 200 * d.n_params
+    assert flops > 0  # five Newton-Schulz iterations per matrix
+    adamw = replace(d, optimizer="adamw")
+    assert speed.optimizer_work(adamw)[1] == 0.0

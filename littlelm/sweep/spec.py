@@ -174,7 +174,7 @@ def check_budgets(configs: list[RunConfig], names: list[str], peak_of) -> None:
     for cfg, name in zip(configs, names, strict=True):
         b = cfg.train.budget
         seconds = b.seconds(cfg.distributed.world_size or 1) if b is not None else None
-        if seconds is None or not hasattr(cfg.model, "d_model"):
+        if seconds is None or not cfg.model.analytic_plan:  # FLOPs are counted for gpt only
             continue
         peak, device = peak_of(cfg)
         fpt = flops_per_token(cfg.model, cfg.train.seq_len)

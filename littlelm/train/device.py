@@ -95,7 +95,10 @@ def probe_matmul(sizes: tuple[int, ...] = PROBE_SIZES, seconds: float = 0.5) -> 
     """Best bf16 FLOP/s over ~`seconds` of repeated n×n×n products for each n in `sizes`.
 
     The fastest size differs between CPUs (on a 2-core Zen 4, 512 and 1024 reach 0.44 TFLOP/s
-    and 2048 0.42), so the peak is the best over a few sizes.
+    and 2048 0.42), so the peak is the best over a few sizes. A CPU without native bf16 (no
+    AVX-512 BF16 or AMX: 1 GFLOP/s on a 2-core EPYC of 2026-12-01, where one 2048 product takes
+    17 s) stops after the first size whose product alone takes a tenth of `seconds`: larger ones
+    would only take longer to say the same.
     """
     best = 0.0
     for n in sizes:
@@ -106,7 +109,10 @@ def probe_matmul(sizes: tuple[int, ...] = PROBE_SIZES, seconds: float = 0.5) -> 
         while time.perf_counter() - start < seconds:
             t = time.perf_counter()
             a @ b
-            best = max(best, 2 * n**3 / (time.perf_counter() - t))
+            last = time.perf_counter() - t
+            best = max(best, 2 * n**3 / last)
+        if last > seconds / 10:
+            break
     return best
 
 

@@ -357,8 +357,9 @@ class Trainer:
             self.log(f"data realised so far: {self.state.loader.report()}")
         for cb in self._my_callbacks():
             cb.on_train_start(self)
-        for problem in schedule_warnings(self.cfg.schedule, self.max_steps):
-            self.log(f"warning: {problem}")
+        if math.isfinite(self.max_steps):  # a time budget sets the steps as it goes
+            for problem in schedule_warnings(self.cfg.schedule, self.max_steps):
+                self.log(f"warning: {problem}")
 
     def _due(self, every: int) -> bool:
         """True at the steps that are multiples of `every` (0: never)."""
