@@ -100,7 +100,10 @@ def test_no_fit_line_names_the_mildest_remedy_that_fits(tiny_config):
     assert fits and a100.remedies[: len(fits)] == fits  # those that fit come first
 
 
-def test_plan_on_this_cpu_probes_and_uses_a_bench_calibration(tiny_config, capsys):
+def test_plan_on_this_cpu_probes_and_uses_a_bench_calibration(
+    tiny_config, capsys, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))  # no other test's benches
     cfg = load_run(tiny_config)
     d = Dims.of(cfg)
     rates = measure_rates(d)
