@@ -49,3 +49,16 @@ def test_cpu_allocator_tuning_applies_with_glibc():
     assert dev.tune_cpu_allocator()
     x = torch.empty(64 << 20, dtype=torch.uint8)  # still allocates and frees normally
     del x
+
+
+def test_cpu_probe_stops_at_the_first_size_that_is_slow(monkeypatch):
+    """Without native bf16 one 2048^3 product takes ~17 s: the probe must not reach it when a
+    smaller size is already slow (here every size is 'slow' against a tiny time budget)."""
+    import littlelm.train.device as device
+
+    seen, real = [], torch.randn
+    monkeypatch.setattr(
+        device.torch, "randn", lambda *shape, **kw: seen.append(shape) or real(*shape, **kw)
+    )
+    assert device.probe_matmul(sizes=(32, 2048), seconds=1e-9) > 0
+    assert seen == [(32, 32), (32, 32)]  # a and b of the first size only

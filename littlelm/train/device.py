@@ -104,7 +104,10 @@ def probe_matmul(sizes: tuple[int, ...] = PROBE_SIZES, seconds: float = 0.5) -> 
     for n in sizes:
         a = torch.randn(n, n, dtype=torch.bfloat16)
         b = torch.randn(n, n, dtype=torch.bfloat16)
+        t = time.perf_counter()
         a @ b  # warm-up
+        last = time.perf_counter() - t
+        best = max(best, 2 * n**3 / last)
         start = time.perf_counter()
         while time.perf_counter() - start < seconds:
             t = time.perf_counter()
