@@ -30,6 +30,7 @@ SHAPE = [
     "train.micro_batch_size=1",
     "train.seq_len=128",
     "train.precision=fp32",  # the memory in question is the same; bf16 is slow on some CPUs
+    "optimizer.name=adamw",  # two moments per weight; Muon's bf16 Newton-Schulz is slow there too
     "eval.every=0",
     "eval.at_end=false",
     "callbacks=[]",
