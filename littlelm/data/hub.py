@@ -344,23 +344,11 @@ class HubDataset(ParquetFiles):
             if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
                 self.bad(f"column {self.cfg.field!r} holds {column.type}, not text", path)
                 return
-            yield from self._texts(column, path)
+            yield from self._texts(column, path, self.cfg.field)
             return
         columns = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
         for values in zip(*columns):
             text = self._fill(dict(zip(self.columns, values)), path)
-            if text is not None:
-                yield text
-
-    def _texts(self, column, path: Path) -> Iterator[str]:
-        import pyarrow as pa
-
-        binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
-        for value in column.cast(binary).to_pylist():  # bytes: decoded here, row by row
-            if value is None:
-                self.bad(f"missing value in column {self.cfg.field!r}", path)
-                continue
-            text = self.decode(value, path)
             if text is not None:
                 yield text
 

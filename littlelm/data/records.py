@@ -193,17 +193,18 @@ class ParquetFiles(Source):
             groups = range(start, pf.metadata.num_row_groups if stop is None else stop)
             batches = pf.iter_batches(self.BATCH_ROWS, row_groups=groups, columns=[self.cfg.column])
             for batch in batches:
-                yield from self._texts(batch.column(0), path)
+                yield from self._texts(batch.column(0), path, self.cfg.column)
         except (OSError, pa.ArrowException) as e:
             self.bad(f"unreadable file ({type(e).__name__}: {e})", path)
 
-    def _texts(self, column, path: Path) -> Iterator[str]:
+    def _texts(self, column, path: Path, name: str) -> Iterator[str]:
+        """The text values of an Arrow column called `name` (bytes, decoded row by row)."""
         import pyarrow as pa
 
         binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
         for value in column.cast(binary).to_pylist():  # bytes: decoded here, row by row
             if value is None:
-                self.bad(f"missing value in column {self.cfg.column!r}", path)
+                self.bad(f"missing value in column {name!r}", path)
                 continue
             text = self.decode(value, path)
             if text is not None:
