@@ -27,6 +27,7 @@ SHAPES = {
 
 def one(name: str, steps: int, out_dir: str) -> dict:
     """Plan, then bench, one shape in this process (printed as JSON)."""
+    from littlelm.hardware import native_bf16
     from littlelm.plan import speed
     from littlelm.plan.bench import run_bench
     from littlelm.plan.catalog import load_catalog
@@ -37,7 +38,7 @@ def one(name: str, steps: int, out_dir: str) -> dict:
     over = [*SHAPES[name], f"run.name=plan_check_{name}", f"run.out_dir={out_dir}"]
     cfg = load_run("demo", over)
     plan = make_plan(cfg, load_catalog(), ["H100-SXM"], trace=False, local=True)
-    d = Dims.of(cfg)
+    d = Dims.of(cfg.with_precision(native_bf16("cpu")))  # what bench (the Trainer) computes in
     # uncalibrated: the rates probed here, without any earlier bench's ratio
     modelled = speed.step_time(d, plan.local.rates).raw
     bench = run_bench(cfg, steps=steps)

@@ -15,7 +15,8 @@ off, at the same shapes, in one run; and the chunked loss's peak memory against 
 
 Every variant trains on the same random tokens at the same shapes. `reference` is the naive GPT
 this file carries (plain PyTorch: RMSNorm, RoPE, SDPA, relu², untied head, F.cross_entropy on
-the full logits, torch AdamW with its default implementation, bf16 autocast, grad clip 1.0).
+the full logits, torch AdamW with its default implementation, autocast in `--precision` (bf16
+where the hardware has it, else fp32), grad clip 1.0).
 Every variant runs the trainer's step (littlelm.train.trainer's micro_step per micro-batch:
 autocast, forward, backward; then apply_update: grad-norm clip 1.0, optimizer step); the
 littlelm variants run it on littlelm's GPT with its default features (qk norm, value
@@ -28,7 +29,7 @@ variant in turn: each round's ratio compares steps measured seconds apart, and t
 the median of those per-round ratios (and their range) beside the median step's tokens/s. This
 is the method for small differences on a noisy machine (the rebuilt rounds spread by ±5-8%).
 tokens/s counts the tokens of the timed optimizer steps; MFU = tokens/s · training FLOPs per
-token / the device's bf16 peak (littlelm.train.device.peak_flops: the CUDA table, or the CPU
+token / the device's peak in that precision (littlelm.train.device.peak_flops: the CUDA table, or the CPU
 matmul probe). The CPU allocator tuning the trainer applies (tune_cpu_allocator) is applied
 once for the whole process, so the reference gets it too.
 """
@@ -55,6 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from littlelm.components import register_all
+from littlelm.hardware import auto_precision
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.registry import OPTIMIZERS
 from littlelm.train.build import PARAM_DTYPES
@@ -105,6 +107,7 @@ VARIANTS = {
     "cpu_backend_compile": Variant("cpu_backend_compile", model={"backend": "cpu"}, compile=True),
 }
 HEADLINE = ["reference", "littlelm", "muon_accum8"]
+PRECISION = "bf16"  # --precision, made concrete for the device (littlelm/hardware.py)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -151,7 +154,8 @@ class RefGPT(nn.Module):
 
     def forward(self, idx, targets):
         x = self.wte(idx)
-        cos, sin = self.cos.to(torch.bfloat16), self.sin.to(torch.bfloat16)
+        dt = torch.bfloat16 if PRECISION == "bf16" else torch.float32  # the autocast's dtype
+        cos, sin = self.cos.to(dt), self.sin.to(dt)
         for b in self.blocks:
             x = b(x, cos, sin)
         logits = self.lm_head(F.rms_norm(x, (x.size(-1),)))  # (B, T, V)
@@ -198,7 +202,7 @@ def build(v: Variant, size: tuple, device: torch.device, data) -> Setup:
 
     def step() -> None:  # the body of Trainer.train_step, with the trainer's own functions
         for _ in range(v.accum):
-            micro_step(fwd, x, y, v.accum, autocast(device, "bf16"))
+            micro_step(fwd, x, y, v.accum, autocast(device, PRECISION))
         apply_update(model, opt, 1.0)
 
     return Setup(step, micro * seq * v.accum, flops)
@@ -527,6 +531,13 @@ def cpu_name() -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "bf16", "fp32"],
+        help="every variant's autocast (and the peak MFU is against); auto: bf16 where the "
+        "hardware computes it natively, fp32 elsewhere (as train.precision)",
+    )
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), help="default: medium (1b on cuda)")
     p.add_argument("--variants", nargs="+", help=f"names from {list(VARIANTS)}, or 'all'")
     p.add_argument("--steps", type=int, default=3, help="timed optimizer steps per round")
@@ -560,10 +571,13 @@ def main() -> None:
         tune_cpu_allocator()
     cuda = device.type == "cuda"
     name = torch.cuda.get_device_name(device) if cuda else cpu_name()
-    peak = peak_flops(device)
+    global PRECISION
+    PRECISION = auto_precision(args.precision, device.type)
+    peak = peak_flops(device, precision=PRECISION)
     print(
         f"{name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"bf16 peak {peak / 1e12:.3g} TFLOP/s, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        f"{PRECISION} peak {peak / 1e12:.3g} TFLOP/s, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
     print("command: python " + " ".join(sys.argv))
     if args.loss_memory or args.fp8_loss:

@@ -125,7 +125,15 @@ class TrainConfig(Cfg):
         "max_steps/max_tokens, when also set, stay a cap.",
         json_schema_extra=RESUMABLE,  # a budget may be raised or lowered mid-run
     )
-    precision: Literal["bf16", "fp32"] = Field("bf16", description="bf16 autocast, or plain fp32.")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto",
+        description="bf16 autocast, plain fp32, or auto: bf16 where the device multiplies bf16 in "
+        "hardware (CUDA from Ampere on, CPUs with AVX-512 BF16 or AMX), fp32 elsewhere (software "
+        "bf16 is ~30x slower than fp32 there; littlelm/hardware.py).",
+        # may change on resume (a run moved to other hardware): the weights, gradients and
+        # optimizer state are in train.master_weights' dtype either way
+        json_schema_extra=RESUMABLE,
+    )
     master_weights: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="dtype of the parameters, their gradients and the optimizer state "
@@ -241,6 +249,20 @@ class RunConfig(Cfg):
 
     def run_dir(self) -> Path:
         return Path(self.run.out_dir) / self.run.name
+
+    def with_precision(self, native_bf16: bool) -> RunConfig:
+        """This config with train.precision made concrete for a device that does (or does not)
+        multiply bf16 in hardware (littlelm/hardware.py): `auto` is bf16 there, fp32 elsewhere;
+        bf16 master weights compute in bf16 whatever the device."""
+        t = self.train
+        precision = t.precision
+        if t.master_weights == "bf16":
+            precision = "bf16"
+        elif precision == "auto":
+            precision = "bf16" if native_bf16 else "fp32"
+        if precision == t.precision:
+            return self
+        return self.model_copy(update={"train": t.model_copy(update={"precision": precision})})
 
 
 def find_config(path: str | Path) -> Path:
@@ -389,8 +411,8 @@ def _budget(t: TrainConfig, batch_tokens: int, schedule: str) -> tuple[int | Non
 
 def _precision_problems(t: TrainConfig) -> list[str]:
     problems = []
-    if t.master_weights == "bf16" and t.precision != "bf16":
-        problems.append("train.master_weights=bf16 needs train.precision=bf16")
+    if t.master_weights == "bf16" and t.precision == "fp32":
+        problems.append("train.master_weights=bf16 needs train.precision=bf16 (or auto)")
     if t.stochastic_rounding and t.master_weights != "bf16":
         problems.append(
             "train.stochastic_rounding only applies to bf16 parameters: "

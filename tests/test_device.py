@@ -14,7 +14,7 @@ from littlelm.train import device as dev
 
 def test_cpu_peak_is_probed_once_and_cached(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(dev, "probe_matmul", lambda: calls.append(1) or 1.25e12)
+    monkeypatch.setattr(dev, "probe_matmul", lambda **_: calls.append(1) or 1.25e12)
     assert dev.cpu_peak_flops(tmp_path) == 1.25e12
     assert dev.cpu_peak_flops(tmp_path) == 1.25e12
     assert len(calls) == 1
@@ -24,7 +24,7 @@ def test_cpu_peak_is_probed_once_and_cached(tmp_path, monkeypatch):
 
 def test_corrupt_cache_is_probed_again(tmp_path, monkeypatch):
     (tmp_path / "cpu_peak.json").write_text("{not json")
-    monkeypatch.setattr(dev, "probe_matmul", lambda: 2e11)
+    monkeypatch.setattr(dev, "probe_matmul", lambda **_: 2e11)
     assert dev.cpu_peak_flops(tmp_path) == 2e11
     assert json.loads((tmp_path / "cpu_peak.json").read_text())  # rewritten, readable
 

@@ -10,6 +10,7 @@ import torch
 from rich.console import Console
 
 from littlelm.cli import main
+from littlelm.hardware import native_bf16
 from littlelm.plan import speed
 from littlelm.plan.calibration import cuda_calibration, load_points, point_ratio
 from littlelm.plan.catalog import load_catalog
@@ -115,6 +116,9 @@ def test_plan_on_this_cpu_probes_and_uses_a_bench_calibration(
     save_measurement({"device": "cpu", "device_key": key, "run": "x", "speed_ratio": 2.0})
     plan = make_plan(cfg, load_catalog(), ["H100-SXM"], trace=False, local=True)
     assert "calibrated by bench of x" in plan.local.source
+    # precision auto: the catalog's GPUs in bf16, this machine in what it computes natively
+    assert cfg.train.precision == "auto" and plan.dims.bf16
+    assert plan.local.precision == ("bf16" if native_bf16("cpu") else "fp32")
     assert plan.local.tok_s > 0 and plan.local.process_peak > plan.local.tensor_peak
 
 

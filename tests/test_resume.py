@@ -39,7 +39,6 @@ REFUSED = [
     (["model.n_kv_head=1"], "model.n_kv_head"),
     (["model.max_seq_len=64", "train.seq_len=64"], "train.seq_len: 32 -> 64"),
     (["train.micro_batch_size=2"], "train.micro_batch_size: 4 -> 2"),
-    (["train.precision=fp32"], "train.precision"),
     (["run.seed=1"], "run.seed: 0 -> 1"),
     (["data.val_fraction=0.2"], "data.val_fraction"),
     (["data.buffer_docs=8"], "data.buffer_docs"),
@@ -92,6 +91,18 @@ def test_change_that_can_apply_is_allowed_and_logged(trained, overrides, capsys)
     assert "resuming with changed settings: " in out
     for o in overrides:
         assert o.split("=")[0].split("{")[0] in out
+
+
+def test_precision_may_change_on_resume_and_auto_records_what_ran(trained, capsys):
+    """`precision: auto` is saved as what the run computed in; a resume may change it (a run
+    moved to other hardware): weights and optimizer state are fp32 either way."""
+    path = ckpt.latest_checkpoint(load_run(trained).run_dir() / "checkpoints")
+    saved = json.loads((path / "state.json").read_text())["config"]["train"]["precision"]
+    assert saved in ("bf16", "fp32")  # not "auto"
+    other = "fp32" if saved == "bf16" else "bf16"
+    trainer = Trainer(load_run(trained, [f"train.precision={other}"]))
+    assert trainer.step == 2 and trainer.cfg.train.precision == other
+    assert f"train.precision: '{saved}' -> '{other}'" in capsys.readouterr().out
 
 
 def test_changed_optimizer_settings_take_effect(trained):

@@ -15,12 +15,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from littlelm.config import RESUMABLE
 from littlelm.errors import ConfigError
+from littlelm.hardware import auto_precision
 from littlelm.optim.base import OptimizerConfig, OptimizerTraits
 from littlelm.optim.lowp import StochasticAdamW
 from littlelm.optim.muon import Muon
@@ -110,6 +113,12 @@ class MuonConfig(AdamWConfig):
     momentum_warmup_steps: int = Field(300, description="Steps over which momentum rises.", ge=0)
     nesterov: bool = Field(True, description="Nesterov momentum in Muon.")
     ns_steps: int = Field(5, description="Newton–Schulz iterations per update.", ge=1)
+    ns_dtype: Literal["auto", "bf16", "fp32"] = Field(
+        "auto",
+        description="dtype of the Newton–Schulz iteration; auto: bf16 where the device "
+        "multiplies bf16 in hardware, fp32 elsewhere (littlelm/hardware.py).",
+        json_schema_extra=RESUMABLE,  # numerics of the update only, like the lrs
+    )
 
     def traits(self) -> OptimizerTraits:
         return OptimizerTraits("muon", nesterov=self.nesterov, adamw_8bit=self.adamw_8bit)
@@ -123,6 +132,7 @@ class MuonConfig(AdamWConfig):
 
 
 ORIGINS = ("embedding", "old", "new")
+NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -237,6 +247,7 @@ def build_optimizer(
                 nesterov=cfg.nesterov,
                 ns_steps=cfg.ns_steps,
                 stochastic_rounding=stochastic_rounding,
+                ns_dtype=NS_DTYPES[auto_precision(cfg.ns_dtype, device.type)],
             )
         )
     return HybridOptimizer(inner, specs)

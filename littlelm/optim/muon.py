@@ -19,10 +19,14 @@ from littlelm.optim.lowp import stochastic_round_
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
-def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """Approximate U·Vᵀ of the SVD of g (..., m, n), computed in bf16."""
+def orthogonalize(
+    g: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """Approximate U·Vᵀ of the SVD of g (..., m, n), computed in `dtype` (bf16: the iteration
+    only needs singular values near 1, and bf16 runs at the hardware's fastest rate; fp32 where
+    bf16 is emulated in software, see littlelm/hardware.py)."""
     a, b, c = NS_COEFFS
-    x = g.bfloat16()
+    x = g.to(dtype)
     tall = x.size(-2) > x.size(-1)
     if tall:  # iterate on the smaller Gram matrix
         x = x.mT
@@ -42,7 +46,7 @@ def shape_scale(shape: torch.Size) -> float:
 class Muon(torch.optim.Optimizer):
     """Muon for 2-D parameters. Group options: lr, momentum, nesterov, weight_decay, ns_steps.
 
-    Same-shaped matrices are orthogonalised together as one batch. With
+    Same-shaped matrices are orthogonalised together as one batch, in `ns_dtype`. With
     `stochastic_rounding` (bf16 parameters) each update is computed in fp32 and rounded
     stochastically into the parameter (see optim.lowp).
     """
@@ -56,6 +60,7 @@ class Muon(torch.optim.Optimizer):
         weight_decay=0.0,
         ns_steps=5,
         stochastic_rounding=False,
+        ns_dtype=torch.bfloat16,
     ):
         defaults = dict(
             lr=lr,
@@ -66,6 +71,7 @@ class Muon(torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
         self.stochastic_rounding = stochastic_rounding
+        self.ns_dtype = ns_dtype  # not a group option: derived from the config on every start
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:
@@ -82,7 +88,7 @@ class Muon(torch.optim.Optimizer):
 
     def _step_same_shape(self, group: dict, params: list[torch.Tensor]) -> None:
         directions = self._directions(group, params, [p.grad for p in params])
-        updates = orthogonalize(torch.stack(directions), group["ns_steps"])  # (N, m, n)
+        updates = orthogonalize(torch.stack(directions), group["ns_steps"], dtype=self.ns_dtype)
         self._apply(group, params, list(updates.unbind(0)), params[0].shape)
 
     def _directions(

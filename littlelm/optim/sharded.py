@@ -91,10 +91,9 @@ class ShardedMuon(Muon):
 
     @classmethod
     def like(cls, muon: Muon, fsdp: bool) -> ShardedMuon:
-        sr = muon.stochastic_rounding
-        return cls(
-            [dict(g) for g in muon.param_groups], fsdp, stochastic_rounding=sr, **muon.defaults
-        )
+        groups = [dict(g) for g in muon.param_groups]
+        sr, dtype = muon.stochastic_rounding, muon.ns_dtype
+        return cls(groups, fsdp, stochastic_rounding=sr, ns_dtype=dtype, **muon.defaults)
 
     def _owned(self, n: int) -> tuple[int, int]:
         k = -(-n // self.world)
@@ -114,11 +113,13 @@ class ShardedMuon(Muon):
         n, shape = len(params), params[0].shape
         k = -(-n // self.world)
         lo, hi = self._owned(n)
-        local = params[0].new_zeros((k, *shape), dtype=torch.bfloat16)
+        local = params[0].new_zeros((k, *shape), dtype=self.ns_dtype)
         if hi > lo:
             mine = params[lo:hi]
             dirs = self._directions(group, mine, [p.grad for p in mine])
-            local[: hi - lo] = orthogonalize(torch.stack(dirs), group["ns_steps"])
+            local[: hi - lo] = orthogonalize(
+                torch.stack(dirs), group["ns_steps"], dtype=self.ns_dtype
+            )
         gathered = local.new_empty((self.world * k, *shape))
         all_gather(gathered, local)
         self._apply(group, params, list(gathered[:n].unbind(0)), shape)
@@ -131,7 +132,7 @@ class ShardedMuon(Muon):
         a, b = chunk_bounds(m, self.rank, w)
         assert all(t.shape == (b - a, cols) for t in local), "FSDP2 split rows unexpectedly"
         dirs = self._directions(group, params, [p.grad.to_local() for p in params])
-        send = local[0].new_zeros((w * k, c, cols), dtype=torch.bfloat16)
+        send = local[0].new_zeros((w * k, c, cols), dtype=self.ns_dtype)
         for i, d in enumerate(dirs):
             send[i, : d.size(0)] = d
         recv = torch.empty_like(send)
@@ -140,7 +141,9 @@ class ShardedMuon(Muon):
         lo, hi = self._owned(n)
         upd = torch.zeros_like(whole)
         if hi > lo:
-            upd[: hi - lo, :m] = orthogonalize(whole[: hi - lo, :m], group["ns_steps"])
+            upd[: hi - lo, :m] = orthogonalize(
+                whole[: hi - lo, :m], group["ns_steps"], dtype=self.ns_dtype
+            )
         back = upd.view(k, w, c, cols).transpose(0, 1).contiguous()  # (w, k, c, cols)
         mine = torch.empty_like(back)
         dist.all_to_all_single(mine, back)  # mine[j]: my rows of owner j's k matrices

@@ -42,7 +42,7 @@ from littlelm.plan.shapes import Dims
 from littlelm.plan.trace import optimizer_tensors, trace_step
 from littlelm.progress import Progress
 from littlelm.train.callbacks import Callback
-from littlelm.train.device import peak_flops, pick_device
+from littlelm.train.device import peak_flops, pick_device, with_precision
 from littlelm.train.rundir import BENCH_MARKER, is_run_dir
 
 
@@ -125,8 +125,9 @@ def _bench_in(c, steps: int, quiet: bool) -> dict:
     from littlelm.train.trainer import Trainer
 
     device = pick_device(c.run.device)
+    c = with_precision(c, device)  # what the Trainer computes in (auto: littlelm/hardware.py)
     build_data(c.data, lambda _: None)  # prepare (cached) before the window
-    peak_flops(device)  # a CPU's one-off matmul probe (cached) must not count in the window
+    peak_flops(device, precision=c.train.precision)  # a CPU's probe (cached): not in the window
     compiled = compile_on(c.train.compile, run_backend(c.model, device))
     probe = CudaProbe(device) if device.type == "cuda" else CpuProbe(track=not compiled)
     progress = Progress(io.StringIO()) if quiet else Progress()
@@ -154,7 +155,7 @@ def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: i
     tok_s = c.train.batch_tokens / step_s
     fpt = flops_per_token(c.model, c.train.seq_len)
     peak = catalog_peak(c, probe.device_name) if device.type == "cuda" else None
-    peak = peak or peak_flops(device)
+    peak = peak or peak_flops(device, precision=c.train.precision)
     d = Dims.of(c)
     out = {
         "device": probe.device_name,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from littlelm.errors import ConfigError
+from littlelm.hardware import native_bf16
 from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
@@ -122,6 +123,8 @@ def make_plan(
     price_per_hour: float = 0.0,
 ) -> Plan:
     trace = check_plannable(cfg, trace)  # plan answers or refuses any config in seconds
+    here = Dims.of(cfg.with_precision(native_bf16("cpu")))  # `--device cpu`: this CPU's choice
+    cfg = cfg.with_precision(True)  # every GPU in the catalog multiplies bf16 in hardware
     d = Dims.of(cfg)
     b = cfg.train.budget
     timed = tokens is None and b is not None and b.kind in ("hours", "dollars")
@@ -153,7 +156,7 @@ def make_plan(
         devices=devices,
         resume=resume_memory(estimate, devices, d.strategy),
         notes=notes_for(cfg),
-        local=local_plan(d, tokens, records, price_per_hour) if local else None,
+        local=local_plan(here, tokens, records, price_per_hour) if local else None,
     )
 
 
@@ -170,6 +173,7 @@ class LocalPlan:
     hours: float
     dollars: float
     rates: speed.Rates  # as probed, with the bench calibration if one applied
+    precision: str = "bf16"  # what `precision: auto` computes in on this machine
 
 
 def local_plan(d: Dims, tokens: int, records: list[dict], price_per_hour: float) -> LocalPlan:
@@ -197,6 +201,7 @@ def local_plan(d: Dims, tokens: int, records: list[dict], price_per_hour: float)
         hours=hours,
         dollars=hours * price_per_hour,
         rates=rates,
+        precision="bf16" if d.bf16 else "fp32",
     )
 
 

@@ -106,7 +106,7 @@ def resume_line(plan: Plan) -> str:
 
 def local_table(plan: Plan) -> Table:
     lp = plan.local
-    t = Table(title=f"this machine: {lp.device}", title_justify="left")
+    t = Table(title=f"this machine: {lp.device}, {lp.precision}", title_justify="left")
     for col in ("tokens/s", "step (s)", "GEMMs", "attention", "elementwise", "optimizer"):
         t.add_column(col, justify="right")
     t.add_column("process memory", justify="right")

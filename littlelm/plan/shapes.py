@@ -108,7 +108,7 @@ class Dims:
             micro_batch=mb,
             seq_len=t.seq_len,
             grad_accum=accum,
-            bf16=t.precision == "bf16",
+            bf16=t.precision in ("bf16", "auto"),  # auto: the plan's GPUs all compute bf16
             optimizer=traits.kind,
             nesterov=traits.nesterov,
             params=tuple(param_shapes(cfg.model)),

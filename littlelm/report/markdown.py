@@ -110,7 +110,7 @@ def mfu(f: Facts) -> str:
         return "not logged"
     text = f"{100 * f.mfu_median:.1f}%"
     if f.peak_flops:
-        text += f" of {f.peak_flops / 1e12:.3g} TFLOP/s bf16 peak"
+        text += f" of {f.peak_flops / 1e12:.3g} TFLOP/s {f.precision} peak"
     return text + (f" ({f.device})" if f.device else "")
 
 

@@ -30,6 +30,7 @@ class Facts:
     mfu_median: float | None = None
     device: str | None = None
     peak_flops: float | None = None
+    precision: str = "bf16"  # of the peak: runs before `precision: auto` logged a bf16 peak
     params: dict | None = None
     flops_per_token: float | None = None
     cost: float | None = None
@@ -81,9 +82,10 @@ def facts(run: RunData, price_per_hour: float | None = None) -> Facts:
     mfus = finite(r.get("mfu") for r in run.records.get("train", []))
     f.mfu_median = statistics.median(mfus) if mfus else None
     start = run.last("start") or {}
-    f.device, f.peak_flops = (
+    f.device, f.peak_flops, f.precision = (
         start.get("device_name") or start.get("device"),
         start.get("peak_flops"),
+        start.get("precision", "bf16"),
     )
     f.params, f.flops_per_token = model_size(run, start)
     if price_per_hour is not None and f.wall_time is not None:

@@ -26,7 +26,7 @@ from littlelm.sweep.spec import (
     parse_budget,
     parse_set,
 )
-from littlelm.train.device import peak_flops, pick_device
+from littlelm.train.device import peak_flops, pick_device, with_precision
 
 __all__ = ["SweepError", "SweepOptions", "plan_sweep", "run_sweep"]
 
@@ -89,7 +89,7 @@ def plan_sweep(opts: SweepOptions) -> tuple[Path, list[Job]]:
 
 def _peak(cfg) -> tuple[float, str]:
     device = pick_device(cfg.run.device)
-    return peak_flops(device), device.type
+    return peak_flops(device, precision=with_precision(cfg, device).train.precision), device.type
 
 
 def run_sweep(opts: SweepOptions, say=print) -> Path:

@@ -167,6 +167,7 @@ def run_facts(trainer: TrainerView) -> dict:
         if trainer.device.type == "cuda"
         else trainer.device.type,
         "peak_flops": peak if math.isfinite(peak) else None,
+        "precision": trainer.cfg.train.precision,  # what the peak is of (auto made concrete)
         "torch": torch.__version__,
         **grown_from(trainer),
     }

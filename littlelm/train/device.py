@@ -15,6 +15,7 @@ import torch
 
 from littlelm.data.cache import cache_root
 from littlelm.errors import LittleLMError
+from littlelm.hardware import auto_precision, native_bf16
 
 # Dense bf16 tensor-core peak (FLOP/s) by a substring of torch.cuda.get_device_name().
 # Most specific names first. Sources: vendor datasheets (dense, without sparsity).
@@ -47,15 +48,24 @@ def pick_device(requested: str = "auto") -> torch.device:
     return torch.device(requested)
 
 
+def with_precision(cfg, device: torch.device):
+    """`cfg` (a RunConfig) with train.precision made concrete for `device` (RunConfig.with_precision)."""
+    return cfg.with_precision(native_bf16(device.type))
+
+
 def autocast(device: torch.device, precision: str):
-    """bf16 autocast for matmuls (weights stay fp32 unless configured otherwise), or nothing."""
-    if precision == "bf16":
+    """bf16 autocast for matmuls (weights stay fp32 unless configured otherwise), or nothing;
+    `auto`: bf16 where the device computes it natively."""
+    if auto_precision(precision, device.type) == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
-def peak_flops(device: torch.device, cache_dir: Path | None = None) -> float:
-    """Peak bf16 FLOP/s of `device`: a table for CUDA, a one-off matmul probe (cached) for CPUs."""
+def peak_flops(
+    device: torch.device, cache_dir: Path | None = None, precision: str = "bf16"
+) -> float:
+    """Peak FLOP/s of `device`: the bf16 table for CUDA, a one-off matmul probe (cached) in the
+    run's `precision` for CPUs (MFU is then measured against what the run computes in)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         for key, flops in CUDA_BF16_PEAK:
@@ -63,16 +73,18 @@ def peak_flops(device: torch.device, cache_dir: Path | None = None) -> float:
                 return flops
         return float("nan")
     if device.type == "cpu":
-        return cpu_peak_flops(cache_dir)
+        return cpu_peak_flops(cache_dir, auto_precision(precision, "cpu"))
     return float("nan")
 
 
-def cpu_peak_flops(cache_dir: Path | None = None) -> float:
-    """bf16 matmul FLOP/s this process reaches with its threads, probed once and cached per
-    (CPU, core count, thread count, torch version) in $LITTLELM_CACHE/cpu_peak.json."""
+def cpu_peak_flops(cache_dir: Path | None = None, precision: str = "bf16") -> float:
+    """Matmul FLOP/s this process reaches with its threads in `precision` (bf16 or fp32),
+    probed once and cached per (CPU, core count, thread count, torch version, precision) in
+    $LITTLELM_CACHE/cpu_peak.json."""
     threads = torch.get_num_threads()
     cpu = platform.processor() or platform.machine()
     key = f"{PROBE_VERSION}-{cpu}-{os.cpu_count()}cpu-{threads}threads-torch{torch.__version__}"
+    key += "" if precision == "bf16" else f"-{precision}"  # bf16 keys as before: caches stay valid
     path = (cache_dir or cache_root()) / "cpu_peak.json"
     cached = {}
     if path.is_file():
@@ -80,7 +92,7 @@ def cpu_peak_flops(cache_dir: Path | None = None) -> float:
             cached = json.loads(path.read_text())
     if key in cached:
         return cached[key]
-    cached[key] = probe_matmul()
+    cached[key] = probe_matmul(dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(cached, indent=2))
@@ -91,8 +103,10 @@ PROBE_VERSION = "v2"
 PROBE_SIZES = (512, 1024, 2048)
 
 
-def probe_matmul(sizes: tuple[int, ...] = PROBE_SIZES, seconds: float = 0.5) -> float:
-    """Best bf16 FLOP/s over ~`seconds` of repeated n×n×n products for each n in `sizes`.
+def probe_matmul(
+    sizes: tuple[int, ...] = PROBE_SIZES, seconds: float = 0.5, dtype: torch.dtype = torch.bfloat16
+) -> float:
+    """Best FLOP/s in `dtype` over ~`seconds` of repeated n×n×n products for each n in `sizes`.
 
     The fastest size differs between CPUs (on a 2-core Zen 4, 512 and 1024 reach 0.44 TFLOP/s
     and 2048 0.42), so the peak is the best over a few sizes. A CPU without native bf16 (no
@@ -102,8 +116,8 @@ def probe_matmul(sizes: tuple[int, ...] = PROBE_SIZES, seconds: float = 0.5) -> 
     """
     best = 0.0
     for n in sizes:
-        a = torch.randn(n, n, dtype=torch.bfloat16)
-        b = torch.randn(n, n, dtype=torch.bfloat16)
+        a = torch.randn(n, n, dtype=dtype)
+        b = torch.randn(n, n, dtype=dtype)
         t = time.perf_counter()
         a @ b  # warm-up
         last = time.perf_counter() - t

@@ -61,6 +61,7 @@ from littlelm.train.device import (
     pick_device,
     synchronize,
     tune_cpu_allocator,
+    with_precision,
 )
 from littlelm.train.distributed import Parallel
 from littlelm.train.growth import GrownFrom, grow_from_parent
@@ -95,6 +96,11 @@ class Trainer:
         self.run_dir = cfg.run_dir()
         check_run_dir(self.run_dir)  # before any work: a non-empty directory must be a run
         self.device = self.parallel.device(pick_device(cfg.run.device))
+        # `precision: auto` becomes bf16 or fp32 for this device before anything reads it, so
+        # the checkpoints record what the run computed in (littlelm/hardware.py)
+        self.auto_fp32 = cfg.train.precision == "auto"
+        self.cfg = cfg = with_precision(cfg, self.device)
+        self.auto_fp32 &= cfg.train.precision == "fp32"
         # inf: a time or money budget decides the end from measured speed (train/budget.py)
         self.max_steps: float = cfg.train.max_steps or math.inf
         self.stop = StopSignals()
@@ -191,7 +197,9 @@ class Trainer:
     def _measure(self) -> None:
         self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
         self.flops_per_token = self.model.flops_per_token(self.cfg.train.seq_len)
-        self.peak = peak_flops(self.device) * self.parallel.world
+        self.peak = (
+            peak_flops(self.device, precision=self.cfg.train.precision) * self.parallel.world
+        )
 
     def _resume(self, resumed: Resumed | None, grown: GrownFrom | None) -> None:
         loader, make = self.loader, self._make_loader
@@ -625,6 +633,12 @@ class Trainer:
         self.log(
             f"speed: {speed_summary(c, self.device)}; MFU against {self.peak / 1e12:.3g} TFLOP/s"
         )
+        if self.auto_fp32:
+            self.log(
+                f"precision auto -> fp32: this device ({self.device.type}) has no native bf16 "
+                "arithmetic, so bf16 would be emulated and slower than fp32 (train.precision=bf16 "
+                "forces it)"
+            )
         table = Table(title="parameter groups", title_justify="left")
         for col in ("group", "tensors", "parameters", "optimizer", "lr"):
             table.add_column(
