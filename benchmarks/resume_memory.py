@@ -2,6 +2,7 @@
 
     python benchmarks/resume_memory.py                       # this checkout
     python benchmarks/resume_memory.py --baseline ../old     # and another checkout, for a ratio
+    python benchmarks/resume_memory.py --phase resume ...    # the resume alone, no step after it
 
 The demo scaled to about 100M parameters (12 layers x 768) trains one step and saves; a second
 `littlelm train` resumes from that checkpoint and trains one more step, while this script reads
@@ -10,6 +11,12 @@ resident set (Rss: every page the process maps, shared page-cache pages included
 proportional set (Pss: shared pages divided among the processes that map them, which is how a
 node's RAM is split between its ranks). One micro-batch of 1 x 128 tokens keeps activations
 small, so what is measured is the weights and optimizer state the resume brings in.
+
+`--phase step` (the default) resumes and trains one step: on a CPU the step's own state (weights,
+gradients, two AdamW moments) is then the peak whatever the resume does. `--phase resume` asks
+the resumed run for no further step (train.max_steps stays 1): the process builds the model,
+reads the checkpoint into it and the optimizer, and exits, so the peak is the resume's own
+spike, which on a GPU node is what lands in host RAM (the step's state lives on the GPU there).
 """
 
 from __future__ import annotations
@@ -91,14 +98,15 @@ def run_and_watch(cmd: list[str], env: dict) -> dict[int, dict[str, int]]:
     return peaks
 
 
-def measure(code: Path, nproc: int, out: Path) -> dict[str, float]:
+def measure(code: Path, nproc: int, out: Path, phase: str = "step") -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(code)}
     base = [sys.executable, "-m", "littlelm", "train", "demo", *SHAPE]
     base += [f"run.out_dir={out}", f"run.name=resume_{nproc}", f"train.batch_tokens={128 * nproc}"]
     if nproc > 1:
         base += ["--nproc", str(nproc)]
     run_and_watch([*base, "train.max_steps=1", "checkpoint.at_end=true"], env)
-    peaks = run_and_watch([*base, "train.max_steps=2"], env)  # resumes from step 1
+    steps = 2 if phase == "step" else 1  # 1: resumes from step 1, finished: loads and exits
+    peaks = run_and_watch([*base, f"train.max_steps={steps}"], env)
     gib = 2**30
     return {
         "rss": max(p["Rss"] for p in peaks.values()) / gib,
@@ -110,6 +118,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", type=Path, help="another checkout to compare with")
     ap.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--phase", choices=["step", "resume"], default="step")
     args = ap.parse_args()
     codes = {"this checkout": Path(__file__).resolve().parents[1]}
     if args.baseline:
@@ -118,7 +127,7 @@ def main() -> None:
     for label, code in codes.items():
         for n in args.nproc:
             with tempfile.TemporaryDirectory() as tmp:
-                results[label, n] = measure(code, n, Path(tmp))
+                results[label, n] = measure(code, n, Path(tmp), args.phase)
     print("| code | ranks | peak Rss per rank GiB | peak Pss per rank GiB |")
     print("| --- | ---: | ---: | ---: |")
     for (label, n), r in results.items():

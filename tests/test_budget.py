@@ -174,7 +174,7 @@ class FakeClock:
         return self.t
 
 
-def test_trainer_follows_a_time_budget_and_resumes_it(tmp_path, corpus, monkeypatch):
+def test_trainer_follows_a_time_budget_and_resumes_it(tmp_path, corpus, monkeypatch, capsys):
     monkeypatch.setattr(bg, "now", FakeClock(1.0))
     path = budget_cfg(tmp_path, corpus, {"hours": 40 / 3600}, log_every=1)
     cfg = load_run(path)
@@ -190,8 +190,12 @@ def test_trainer_follows_a_time_budget_and_resumes_it(tmp_path, corpus, monkeypa
     assert train[-1]["lr_mult"] == 0.0  # the tiny config's trapezoidal floor: cooldown done
     assert all("budget_spent" in r for r in train)
     assert json.loads((run / "budget.json").read_text())["finished"]
+    capsys.readouterr()
     again = Trainer(load_run(path)).fit()  # a finished budget run does nothing more
     assert again.get("already_finished") and again["step"] == result["step"]
+    out = capsys.readouterr().out  # and names the budget to raise, not train.max_steps
+    assert "its budget (train.budget.hours=0.0111111) is spent" in out
+    assert "add train.budget.hours=0.0222222 to the command" in out and "max_steps=" not in out
 
 
 def test_plan_shows_what_a_budget_buys_on_each_gpu(tiny_config):

@@ -184,7 +184,7 @@ def test_resuming_a_finished_run_rewrites_nothing(tmp_path, corpus, capsys):
     assert main(["train", str(config)]) == 0
     out = capsys.readouterr().out
     assert "has already finished" in out and "step 6 and train.max_steps is 6" in out
-    assert "raise train.max_steps (e.g. add train.max_steps=12" in out
+    assert "raise it (e.g. add train.max_steps=12 to the command)" in out
     assert files() == before_files
     result = Trainer(cfg).fit()
     assert result["finished"] and result["already_finished"] and result["step"] == 6

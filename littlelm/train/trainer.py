@@ -583,12 +583,17 @@ class Trainer:
     def _already_finished(self) -> dict:
         """A run resumed at or past max_steps: nothing to train, so nothing is written (no
         second evaluation, end record or checkpoint)."""
-        s = self.state
+        s, b = self.state, self.cfg.train.budget
+        if b is not None and b.kind is not None:  # the budget set max_steps: raise the budget
+            kind = b.kind
+            more = f"train.budget.{kind}={2 * getattr(b, kind):g}"
+            why = f"its budget (train.budget.{kind}={getattr(b, kind):g}) is spent"
+        else:
+            more, why = f"train.max_steps={2 * s.step}", f"train.max_steps is {self.max_steps}"
         self.log(
             f"run {self.cfg.run.name!r} has already finished: {s.last_checkpoint} is at step "
-            f"{s.step} and train.max_steps is {self.max_steps}; nothing to do. To train "
-            f"further, raise train.max_steps (e.g. add train.max_steps={2 * s.step} to the "
-            "command); to start over, pick another run.name"
+            f"{s.step} and {why}; nothing to do. To train further, raise it (e.g. add {more} "
+            "to the command); to start over, pick another run.name"
         )
         return {
             "step": s.step,
