@@ -101,7 +101,7 @@ def resolve_tokenizer(
         return load_tokenizer(target)
     log(f"training a {cfg.name} tokenizer ({cls.vocab_size_for(cfg):,} tokens) -> {target}")
     t0 = time.time()
-    tok = cls.train(cfg, _weighted_texts(raw, splits, cfg))
+    tok = cls.train(cfg, _weighted_texts(raw, splits, cls.train_chars_for(cfg)))
     tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tok.save(tmp)
@@ -110,9 +110,12 @@ def resolve_tokenizer(
     return tok
 
 
-def _weighted_texts(sources: dict[str, Source], splits: dict[str, ValSplit], cfg) -> Iterator[str]:
+def _weighted_texts(
+    sources: dict[str, Source], splits: dict[str, ValSplit], chars: int | None
+) -> Iterator[str]:
+    """Training documents of every source, `chars` in all (None: no limit), shared by weight."""
     total = sum(s.cfg.weight for s in sources.values())
-    budget = getattr(cfg, "train_chars", None) or 10**12
+    budget = chars or 10**12
     for label, src in sources.items():
         share, seen = budget * src.cfg.weight / total, 0
         for doc in train_documents(src, splits[label]):

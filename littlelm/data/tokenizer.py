@@ -109,6 +109,11 @@ class Tokenizer:
         """The vocabulary size `cfg` will produce, without training it."""
         return cls.vocab_size
 
+    @classmethod
+    def train_chars_for(cls, cfg: ComponentConfig) -> int | None:
+        """Characters of training text `train` reads at most (None: all it is given)."""
+        return None
+
 
 class ByteConfig(ComponentConfig):
     """Bytes 0-255 are tokens 0-255; BOS is 256."""
@@ -259,6 +264,10 @@ class BPETokenizer(HFTokenizer):
     @classmethod
     def vocab_size_for(cls, cfg: BPEConfig) -> int:
         return cfg.vocab_size
+
+    @classmethod
+    def train_chars_for(cls, cfg: BPEConfig) -> int:
+        return cfg.train_chars
 
     def state(self) -> str:
         return self.tok.to_str()

@@ -406,6 +406,16 @@ class GPT(nn.Module):
         """The kernel backend this model runs with on `device` (model.backend)."""
         return select_backend(self.cfg.backend, device)
 
+    def shard_units(self) -> list[nn.Module]:
+        """Modules sharded as their own FSDP unit (gathered just before they run, freed after):
+        every block, every value-embedding table and the token embedding. The root unit keeps
+        the rest: lm_head (read as a weight by the loss, not called as a module), the final norm
+        and the residual scalars; a tied token embedding stays there with lm_head."""
+        units: list[nn.Module] = [*self.blocks, *self.value_embeds.values()]
+        if self.lm_head.weight is not self.wte.weight:
+            units.append(self.wte)
+        return units
+
     def param_counts(self) -> dict[str, int]:
         """total, embedding (token + value tables) and non-embedding parameter counts."""
         counts = {r: 0 for r in ROLES}

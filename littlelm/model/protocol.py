@@ -57,6 +57,10 @@ class LanguageModel(Protocol):
         """The role (one of ROLES) of the parameter called `name`."""
         ...
 
+    def shard_units(self) -> list[nn.Module]:
+        """The submodules FSDP shards as units of their own (the rest stays in the root unit)."""
+        ...
+
     def param_counts(self) -> dict[str, int]:
         """total, embedding and non_embedding parameter counts."""
         ...

@@ -1,7 +1,7 @@
 """Data-parallel model wrapping: DDP (every rank holds the whole model) or FSDP2 (fully_shard:
 every rank holds a 1/world slice of each parameter and gathers whole ones only while a unit
-computes). Which modules become FSDP units, and why, is in `fsdp_units`; the memory each rank
-holds is written out in docs/distributed.md.
+computes). Which modules become FSDP units, and why, the model says (`shard_units`,
+model/gpt.py); the memory each rank holds is written out in docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -31,19 +31,6 @@ def ddp_wrap(model: nn.Module, device: torch.device, bucket_cap_mb: int) -> nn.M
     )
 
 
-def fsdp_units(model: nn.Module) -> list[nn.Module]:
-    """Modules sharded as their own FSDP unit (gathered just before they run, freed after):
-    every transformer block, every value-embedding table and the token embedding. The root unit
-    keeps the rest: lm_head (read as a weight by the loss, not called as a module), the final
-    norm and the residual scalars; a tied token embedding stays there with lm_head."""
-    units: list[nn.Module] = list(getattr(model, "blocks", []))
-    units += list(getattr(model, "value_embeds", {}).values())
-    wte, head = getattr(model, "wte", None), getattr(model, "lm_head", None)
-    if wte is not None and (head is None or head.weight is not wte.weight):
-        units.append(wte)
-    return units
-
-
 def fully_shard_model(
     model: nn.Module, world: int, device_type: str, precision: str, cfg
 ) -> nn.Module:
@@ -55,7 +42,7 @@ def fully_shard_model(
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
         mp = MixedPrecisionPolicy()
-    for unit in fsdp_units(model):
+    for unit in model.shard_units():  # the model says which (LanguageModel.shard_units)
         fully_shard(unit, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp)
     fully_shard(model, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp)
     return model
