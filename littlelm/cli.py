@@ -131,7 +131,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     from littlelm.load import load_model
     from littlelm.model.generate import check_sampling, fit_prompt, generate
-    from littlelm.train.device import autocast, pick_device
+    from littlelm.train.device import autocast, inference_precision, pick_device
 
     top_k = args.top_k or None  # 0 = no top-k filter
     check_sampling(args.max_tokens, args.temperature, top_k)
@@ -142,7 +142,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
     )
     if note:
         print(f"warning: {note}", file=sys.stderr)
-    with torch.no_grad(), autocast(device, cfg.train.precision):
+    with (
+        torch.no_grad(),
+        autocast(device, inference_precision("auto", cfg.train.precision, device)),
+    ):
         ids = generate(model, prompt, max_tokens, args.temperature, top_k, args.seed, tok.bos_id)
     print(args.prompt + tok.decode(ids))
     return 0

@@ -111,3 +111,16 @@ def test_muon_ns_dtype_auto_follows_the_hardware(cpu_flags):
     cpu_flags(architecture="x86_64", avx512_bf16=True)
     assert ns_dtype() == torch.bfloat16
     assert ns_dtype(ns_dtype="fp32") == torch.float32
+
+
+def test_eval_and_sample_use_the_trained_precision_where_native(cpu_flags):
+    from littlelm.train.device import inference_precision
+
+    cpu = torch.device("cpu")
+    cpu_flags(architecture="x86_64")  # bf16 emulated: a bf16-trained model evaluates in fp32
+    assert inference_precision("auto", "bf16", cpu) == "fp32"
+    assert inference_precision("auto", "auto", cpu) == "fp32"
+    assert inference_precision("bf16", "fp32", cpu) == "bf16"  # asked for: done
+    cpu_flags(architecture="x86_64", avx512_bf16=True)
+    assert inference_precision("auto", "bf16", cpu) == "bf16"
+    assert inference_precision("auto", "fp32", cpu) == "fp32"

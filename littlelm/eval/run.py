@@ -23,7 +23,7 @@ from littlelm.eval.tasks import (
     select_tasks,
 )
 from littlelm.load import load_model
-from littlelm.train.device import autocast, pick_device
+from littlelm.train.device import autocast, inference_precision, pick_device
 
 
 def tasks_and_data(
@@ -55,7 +55,7 @@ def run_eval(
     dev = pick_device(device)
     path = find_checkpoint(checkpoint)
     model, tok, cfg = load_model(path, dev)
-    precision = cfg.train.precision if precision == "auto" else precision
+    precision = inference_precision(precision, cfg.train.precision, dev)
     print(
         f"evaluating {path} ({model.cfg.max_seq_len}-token context, {precision}) on "
         f"{len(tasks)} task(s) from {data_dir}",

@@ -15,7 +15,7 @@ from pathlib import Path
 from littlelm.errors import EvalError, did_you_mean
 from littlelm.extras import require
 from littlelm.load import find_checkpoint, load_model
-from littlelm.train.device import autocast, pick_device
+from littlelm.train.device import autocast, inference_precision, pick_device
 
 
 def task_manager(tasks: list[str], include: str | Path | None):
@@ -68,7 +68,7 @@ def run_harness(
     dev = pick_device(device)
     path = find_checkpoint(checkpoint)
     model, tok, cfg = load_model(path, dev)
-    precision = cfg.train.precision if precision == "auto" else precision
+    precision = inference_precision(precision, cfg.train.precision, dev)
     print(f"lm-evaluation-harness on {path} ({precision}): {', '.join(tasks)}", file=sys.stderr)
     with autocast(dev, precision):
         res = lm_eval.simple_evaluate(

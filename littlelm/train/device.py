@@ -53,6 +53,17 @@ def with_precision(cfg, device: torch.device):
     return cfg.with_precision(native_bf16(device.type))
 
 
+def inference_precision(requested: str, trained: str, device: torch.device) -> str:
+    """The precision to evaluate or sample in: `requested`, or for `auto` the one the model
+    trained in (its config's train.precision), unless `device` would only emulate bf16, where
+    fp32 is faster and at least as exact."""
+    if requested != "auto":
+        return requested
+    if trained == "bf16" and not native_bf16(device.type):
+        return "fp32"
+    return auto_precision(trained, device.type)
+
+
 def autocast(device: torch.device, precision: str):
     """bf16 autocast for matmuls (weights stay fp32 unless configured otherwise), or nothing;
     `auto`: bf16 where the device computes it natively."""
