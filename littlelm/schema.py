@@ -251,18 +251,20 @@ class RunConfig(Cfg):
         return Path(self.run.out_dir) / self.run.name
 
     def with_precision(self, native_bf16: bool) -> RunConfig:
-        """This config with train.precision made concrete for a device that does (or does not)
-        multiply bf16 in hardware (littlelm/hardware.py): `auto` is bf16 there, fp32 elsewhere;
-        bf16 master weights compute in bf16 whatever the device."""
+        """This config with train.precision (and the optimizer's own `auto` dtypes) made concrete
+        for a device that does (or does not) multiply bf16 in hardware (littlelm/hardware.py):
+        `auto` is bf16 there, fp32 elsewhere; bf16 master weights compute in bf16 anywhere."""
         t = self.train
         precision = t.precision
         if t.master_weights == "bf16":
             precision = "bf16"
         elif precision == "auto":
             precision = "bf16" if native_bf16 else "fp32"
-        if precision == t.precision:
+        optimizer = self.optimizer.with_native_bf16(native_bf16)  # e.g. Muon's ns_dtype
+        if precision == t.precision and optimizer is self.optimizer:
             return self
-        return self.model_copy(update={"train": t.model_copy(update={"precision": precision})})
+        train = t.model_copy(update={"precision": precision})
+        return self.model_copy(update={"train": train, "optimizer": optimizer})
 
 
 def find_config(path: str | Path) -> Path:

@@ -147,3 +147,17 @@ def test_optimizer_state_per_parameter(tmp_path, corpus):
     assert abs(mem.optimizer_state_bytes(adam) - 8 * n) < 0.05 * 8 * n
     expected = 4 * matrices + 8 * (n - matrices)
     assert abs(mem.optimizer_state_bytes(muon) - expected) < 0.05 * expected
+
+
+def test_newton_schulz_in_fp32_is_planned_as_traced(tmp_path, corpus):
+    """A CPU without native bf16 runs Muon's Newton–Schulz in fp32 (optimizer.ns_dtype auto):
+    the analytic scratch follows the dtype the trace runs."""
+    cfg = config(tmp_path, corpus, {"optimizer": {"name": "muon", "ns_dtype": "fp32"}})
+    traced = trace_step(cfg)
+    d = Dims.of(cfg)
+    assert not d.ns_bf16 and d.ns_bytes == 4
+    analytic = mem.estimate(d, "cpu")
+    t, a = traced.categories[mem.SCRATCH], analytic.categories[mem.SCRATCH]
+    assert close(a, t), f"optimizer scratch: analytic {a} vs trace {t}"
+    bf16 = mem.estimate(Dims.of(config(tmp_path, corpus, {})), "cpu").categories[mem.SCRATCH]
+    assert a > bf16  # the fp32 iterate is wider

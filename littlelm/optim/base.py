@@ -19,6 +19,7 @@ class OptimizerTraits:
     kind: str  # "muon" (Muon for the hidden matrices, AdamW for the rest) or "adamw" (all AdamW)
     nesterov: bool = False  # Muon's Nesterov momentum (one more buffer-sized temporary)
     adamw_8bit: bool = False  # AdamW's moments in 8 bits (bitsandbytes, CUDA only)
+    ns_dtype: str = "bf16"  # Muon's Newton–Schulz iterate: bf16, fp32, or auto (as the device)
 
 
 class OptimizerConfig(ComponentConfig):
@@ -33,6 +34,11 @@ class OptimizerConfig(ComponentConfig):
 
     def traits(self) -> OptimizerTraits:
         raise NotImplementedError
+
+    def with_native_bf16(self, native: bool) -> OptimizerConfig:
+        """This config with its `auto` dtypes made concrete for a device that does (or does
+        not) multiply bf16 in hardware (the default: nothing to make concrete)."""
+        return self
 
     def momentum_at(self, step: int) -> float | None:
         """The momentum of the Muon groups at `step` (a warmup), or None: not scheduled."""

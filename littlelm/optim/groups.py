@@ -121,7 +121,14 @@ class MuonConfig(AdamWConfig):
     )
 
     def traits(self) -> OptimizerTraits:
-        return OptimizerTraits("muon", nesterov=self.nesterov, adamw_8bit=self.adamw_8bit)
+        return OptimizerTraits(
+            "muon", nesterov=self.nesterov, adamw_8bit=self.adamw_8bit, ns_dtype=self.ns_dtype
+        )
+
+    def with_native_bf16(self, native: bool) -> MuonConfig:
+        if self.ns_dtype != "auto":
+            return self
+        return self.model_copy(update={"ns_dtype": "bf16" if native else "fp32"})
 
     def momentum_at(self, step: int) -> float:
         return momentum_warmup(step, self.momentum_start, self.momentum, self.momentum_warmup_steps)

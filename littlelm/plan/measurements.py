@@ -25,7 +25,7 @@ def workload_key(cfg) -> str:
         {
             "model": to_tree(cfg.model),
             "seq_len": t.seq_len,
-            "precision": t.precision,
+            "precision": "bf16" if t.precision == "auto" else t.precision,  # as plans GPUs
             "compile": t.compile,
         }
     )

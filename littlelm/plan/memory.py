@@ -359,20 +359,23 @@ def clip_scratch(d: Dims) -> int:
     return (len(d.params) + 2) * block_bytes(4)  # + their stack and the total
 
 
-def muon_scratch(shape: tuple[int, int], count: int, nesterov: bool) -> int:
+def muon_scratch(shape: tuple[int, int], count: int, nesterov: bool, ns_bytes: int = 2) -> int:
     """Muon on `count` same-shaped matrices: the Nesterov direction (fp32), its stack (fp32),
-    then Newton–Schulz in bf16: x, a·x, poly·x, their sum and two Gram-sized matrices."""
+    then Newton–Schulz in `ns_bytes` per element (bf16: 2, fp32: 4): x, a·x, poly·x, their sum
+    and two Gram-sized matrices."""
     rows, cols = shape
     k = count * rows * cols
     s = min(rows, cols)
     directions = 4 * k if nesterov else 0
-    return directions + 4 * k + 4 * 2 * k + 2 * 2 * count * s * s
+    return directions + 4 * k + 4 * ns_bytes * k + 2 * ns_bytes * count * s * s
 
 
-def sharded_exchange_bytes(shape: tuple[int, ...], owned: int, world: int) -> int:
-    """Sharded Muon under ddp: the bf16 updates of the owned matrices and the all-gather of
-    every rank's (world x owned matrices)."""
-    return 2 * (world + 1) * owned * math.prod(shape)
+def sharded_exchange_bytes(
+    shape: tuple[int, ...], owned: int, world: int, ns_bytes: int = 2
+) -> int:
+    """Sharded Muon under ddp: the updates of the owned matrices (in the Newton–Schulz dtype)
+    and the all-gather of every rank's (world x owned matrices)."""
+    return ns_bytes * (world + 1) * owned * math.prod(shape)
 
 
 def zero1_gather_bytes(d: Dims) -> int:
@@ -392,9 +395,9 @@ def optimizer_scratch_bytes(d: Dims) -> int:
             peak = max(peak, adamw_scratch(d, numels))
     for shape, count in d.muon_buckets():
         owned = d.muon_owned(count)
-        need = muon_scratch(shape, owned, d.nesterov)  # type: ignore[arg-type]
+        need = muon_scratch(shape, owned, d.nesterov, d.ns_bytes)  # type: ignore[arg-type]
         if owned < count:
-            need += sharded_exchange_bytes(shape, owned, w)
+            need += sharded_exchange_bytes(shape, owned, w, d.ns_bytes)
         peak = max(peak, need)
     if d.shard_adamw and w > 1:
         peak = max(peak, zero1_gather_bytes(d))

@@ -81,6 +81,7 @@ class Dims:
     nesterov: bool
     params: tuple[Param, ...]
     master_bf16: bool = False  # train.master_weights: bf16 (parameters, grads, state in bf16)
+    ns_bf16: bool = True  # Muon's Newton–Schulz in bf16 (optimizer.ns_dtype), else fp32
     adamw_8bit: bool = False  # optimizer.adamw_8bit (bitsandbytes, CUDA only)
     checkpointing: bool = False  # train.activation_checkpointing
     fp8: bool = False  # model.fp8
@@ -109,6 +110,7 @@ class Dims:
             seq_len=t.seq_len,
             grad_accum=accum,
             bf16=t.precision in ("bf16", "auto"),  # auto: the plan's GPUs all compute bf16
+            ns_bf16=traits.ns_dtype in ("bf16", "auto"),
             optimizer=traits.kind,
             nesterov=traits.nesterov,
             params=tuple(param_shapes(cfg.model)),
@@ -131,6 +133,11 @@ class Dims:
     def param_bytes(self) -> int:
         """Bytes per element of parameters, gradients and optimizer state."""
         return 2 if self.master_bf16 else 4
+
+    @property
+    def ns_bytes(self) -> int:
+        """Bytes per element of Muon's Newton–Schulz iterate."""
+        return 2 if self.ns_bf16 else 4
 
     @property
     def loss(self) -> str:

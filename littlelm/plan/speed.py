@@ -167,7 +167,7 @@ def optimizer_work(d: Dims) -> tuple[float, float]:
         a, b = sorted(shape[-2:])
         # 5 Newton-Schulz iterations: X X^T (2a^2b), A A (2a^3), B X (2a^2b)
         flops += 5 * (4 * a * a * b + 2 * a**3) * d.muon_owned(count)
-    muon_bytes = pb * 3 + 2 * 6  # per parameter: momentum update, bf16 iterate in and out
+    muon_bytes = pb * 3 + d.ns_bytes * 6  # per parameter: momentum update, iterate in and out
     return ((n - matrix) * adam_bytes + matrix * muon_bytes + n * clip) / shard, flops
 
 

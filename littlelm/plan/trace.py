@@ -109,6 +109,7 @@ def traced_dims(d: Dims) -> Dims:
 def trace_step(cfg: RunConfig, micro_batch: int | None = None) -> TraceResult:
     """Trace one optimizer step of `cfg` (at `micro_batch` sequences per micro-batch)."""
     t0 = time.perf_counter()
+    cfg = cfg.with_precision(True)  # `auto` as on the GPU it stands in for (Dims.of does too)
     mb = micro_batch or cfg.train.micro_batch_size
     accum = cfg.train.grad_accum or 1
     with FakeTensorMode(), fake_safe_optimizers():
