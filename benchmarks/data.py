@@ -8,8 +8,9 @@
    trained here with `tokenizers`): the raw throughput of its batch encoder on the corpus's
    documents (1 MB batches, every core), then a full `prepare_source` of the same corpus (read,
    split, tokenize, write shards with checksums, manifest) with every core, as MB/s of text and
-   tokens/s, and their ratio (target: prepare >= 90% of raw); once with the default worker
-   count and once with one worker process per core (what a large corpus gets). The two are measured alternately
+   tokens/s, and their ratio (target: prepare >= 90% of raw); with the default worker count,
+   the same with exact dedup off (its cost), and with one worker process per core (what a
+   large corpus gets). The two are measured alternately
    --repeats times and the best of each is kept, so a busy shared machine hurts both alike.
 3. The loader on one core: a four-source mixture (weights 0.6/0.15/0.15/0.1) with BOS-aligned
    best-fit packing, seq 2048, batch 32, on synthetic shards with realistic (log-normal) document
@@ -104,7 +105,7 @@ def raw_throughput(tok, docs: list[str]) -> tuple[float, float, float]:
 
 
 def prepare_throughput(
-    tok, raw_dir: Path, out: Path, workers: int | None
+    tok, raw_dir: Path, out: Path, workers: int | None, dedup: bool = True
 ) -> tuple[float, float, float, int]:
     """(seconds, MB/s, tokens/s, shards) of a complete prepare_source of the corpus."""
     from littlelm.data.prepare import prepare_source
@@ -114,7 +115,7 @@ def prepare_throughput(
 
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(out.with_name(out.name + ".partial"), ignore_errors=True)
-    src = JSONLFiles(JSONLConfig(name="jsonl", path=str(raw_dir)), "bench")
+    src = JSONLFiles(JSONLConfig(name="jsonl", path=str(raw_dir), dedup=dedup), "bench")
     quiet = Progress(open(os.devnull, "w"))  # noqa: SIM115
     t0 = time.perf_counter()
     m = prepare_source(
@@ -199,13 +200,16 @@ def prepare_tables(work: Path, args, cores: int) -> None:
     )
     print("| tokenizer | raw encode_batch | data prepare | workers | prepare / raw | shards |")
     print("| --- | --- | --- | --- | --- | --- |")
-    modes = {"default": None, f"{cores} processes": cores}
+    # exact dedup (on by default) hashes every document: "dedup off" is its cost
+    modes = {"default": (None, True), "default, dedup off": (None, False)}
+    modes[f"{cores} processes"] = (cores, True)
     for name, tok, note in tokenizers(work, docs):
         raws, preps = [], {m: [] for m in modes}
         for _ in range(args.repeats):
             raws.append(raw_throughput(tok, docs))
-            for mode, workers in modes.items():
-                preps[mode].append(prepare_throughput(tok, work / "raw", work / "out", workers))
+            for mode, (workers, dedup) in modes.items():
+                out = work / "out"
+                preps[mode].append(prepare_throughput(tok, work / "raw", out, workers, dedup))
         r_secs, r_mbs, r_toks = min(raws)
         raw = f"{r_mbs:.2f} MB/s, {r_toks / 1e6:.2f}M tok/s ({r_secs:.1f}s)"
         for mode in modes:
