@@ -9,7 +9,10 @@ The demo scaled to about 100M parameters (12 layers x 768) trains one step and s
 each training process's /proc/PID/smaps_rollup every 20 ms. Per rank it reports the peak
 resident set (Rss: every page the process maps, shared page-cache pages included) and the peak
 proportional set (Pss: shared pages divided among the processes that map them, which is how a
-node's RAM is split between its ranks). One micro-batch of 1 x 128 tokens keeps activations
+node's RAM is split between its ranks) and the peak anonymous memory (what the process owns
+outright: a memory-mapped checkpoint's pages are file-backed, shared between the ranks of a
+node through the page cache and dropped by the kernel under pressure, so they cannot OOM a node
+the way a read into private memory can). One micro-batch of 1 x 128 tokens keeps activations
 small, so what is measured is the weights and optimizer state the resume brings in.
 
 `--phase step` (the default) resumes and trains one step: on a CPU the step's own state (weights,
@@ -49,7 +52,7 @@ def rollup(pid: int) -> dict[str, int]:
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
             parts = line.split()
-            if parts and parts[0] in ("Rss:", "Pss:"):
+            if parts and parts[0] in ("Rss:", "Pss:", "Anonymous:"):
                 out[parts[0][:-1]] = int(parts[1]) * 1024
     except OSError:
         pass
@@ -83,7 +86,7 @@ def run_and_watch(cmd: list[str], env: dict) -> dict[int, dict[str, int]]:
         while not done.is_set():
             for pid in trainers(proc.pid):
                 now = rollup(pid)
-                best = peaks.setdefault(pid, {"Rss": 0, "Pss": 0})
+                best = peaks.setdefault(pid, {"Rss": 0, "Pss": 0, "Anonymous": 0})
                 for k, v in now.items():
                     best[k] = max(best[k], v)
             time.sleep(0.02)
@@ -111,6 +114,7 @@ def measure(code: Path, nproc: int, out: Path, phase: str = "step") -> dict[str,
     return {
         "rss": max(p["Rss"] for p in peaks.values()) / gib,
         "pss": max(p["Pss"] for p in peaks.values()) / gib,
+        "anon": max(p["Anonymous"] for p in peaks.values()) / gib,
     }
 
 
@@ -128,16 +132,16 @@ def main() -> None:
         for n in args.nproc:
             with tempfile.TemporaryDirectory() as tmp:
                 results[label, n] = measure(code, n, Path(tmp), args.phase)
-    print("| code | ranks | peak Rss per rank GiB | peak Pss per rank GiB |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| code | ranks | peak Rss per rank GiB | peak Pss per rank GiB | peak anonymous GiB |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for (label, n), r in results.items():
-        print(f"| {label} | {n} | {r['rss']:.2f} | {r['pss']:.2f} |")
+        print(f"| {label} | {n} | {r['rss']:.2f} | {r['pss']:.2f} | {r['anon']:.2f} |")
     if args.baseline:
         for n in args.nproc:
             new, old = results["this checkout", n], results["baseline", n]
             print(
                 f"{n} rank(s): this / baseline = {new['rss'] / old['rss']:.2f} (Rss), "
-                f"{new['pss'] / old['pss']:.2f} (Pss)"
+                f"{new['pss'] / old['pss']:.2f} (Pss), {new['anon'] / old['anon']:.2f} (anonymous)"
             )
 
 

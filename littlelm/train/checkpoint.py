@@ -301,7 +301,15 @@ class LazyTensors(Mapping):
     def __getitem__(self, key: str) -> torch.Tensor:
         if key not in self.shapes:
             raise KeyError(key)
+        if self._file is None:
+            raise RuntimeError("LazyTensors read after release()")
         return self._file.get_tensor(key)
+
+    def release(self) -> None:
+        """Unmap the file once its tensors are copied: the pages each read touched count in the
+        process's resident memory while the mapping lives (measured: the whole 0.44 GB model
+        of a 100M run, kept until the Trainer finished constructing)."""
+        self._file = None
 
     def __iter__(self):
         return iter(self.shapes)
@@ -347,7 +355,7 @@ def _is_tied_copy(model: torch.nn.Module, key: str) -> bool:
 class Loaded:
     path: Path
     state: dict
-    model: Mapping[str, torch.Tensor]  # LazyTensors: read one tensor at a time
+    model: LazyTensors  # read one tensor at a time, then released
     origin: dict[str, str] | None
     optimizer: dict | None
     rng: dict | None

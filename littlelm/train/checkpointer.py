@@ -118,6 +118,7 @@ class Checkpointer:
             loaded.state, to_tree(self.cfg), self.tokenizer.fingerprint, loaded.path
         )
         ckpt.load_model_tensors(model, loaded.model, loaded.path)
+        loaded.model.release()  # the weights are in the model: unmap their file now
         if loaded.origin:
             model.origin.update(loaded.origin)
         return Resumed(loaded, changes)
@@ -153,6 +154,7 @@ class Checkpointer:
         loaded = ckpt.load_checkpoint(state.last_checkpoint)
         # every rank reads the same checkpoint (whole tensors; FSDP keeps its slice)
         self.parallel.load_model_state(model, loaded.model, loaded.path)
+        loaded.model.release()
         resuming.load_optimizer_state(optimizer, loaded.optimizer)
         ckpt.set_rng_state(loaded.rng)
         state.restore_counters(loaded.state, keep_time=True)
