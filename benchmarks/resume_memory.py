@@ -60,8 +60,9 @@ def rollup(pid: int) -> dict[str, int]:
 
 
 def trainers(root: int) -> list[int]:
-    """The training processes under `root`: itself, or torchrun's workers (LOCAL_RANK set)."""
-    found = []
+    """The training processes under `root` (the HWM wrapper): torchrun's workers (LOCAL_RANK
+    set), or else the wrapper's own child, the one training process."""
+    found, child = [], 0
     stack = [root]
     while stack:
         pid = stack.pop()
@@ -70,15 +71,30 @@ def trainers(root: int) -> list[int]:
             kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except OSError:
             continue
-        if b"LOCAL_RANK=" in env or pid == root:
+        if b"LOCAL_RANK=" in env:
             found.append(pid)
+        if pid == root and kids:
+            child = int(kids[0])
         stack += [int(k) for k in kids]
-    workers = [p for p in found if p != root]
-    return workers or [root]
+    return found or ([child] if child else [])
 
 
-def run_and_watch(cmd: list[str], env: dict) -> dict[int, dict[str, int]]:
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+# Runs a command and prints the kernel's high-water mark of its largest process (ru_maxrss of the
+# waited-for children: torchrun waits for its workers, so that is the largest rank's peak RSS).
+# Sampling misses peaks shorter than its interval; the kernel's count does not.
+HWM = (
+    "import resource, subprocess, sys; rc = subprocess.call(sys.argv[1:]); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(rc)"
+)
+
+
+def run_and_watch(cmd: list[str], env: dict, cwd: Path) -> dict[int, dict[str, int]]:
+    cmd = [sys.executable, "-c", HWM, *cmd]
+    # cwd away from any checkout: `python -m` puts the working directory ahead of PYTHONPATH,
+    # so run from this repository it would import this checkout's littlelm as the baseline too
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     peaks: dict[int, dict[str, int]] = {}
     done = threading.Event()
 
@@ -98,6 +114,7 @@ def run_and_watch(cmd: list[str], env: dict) -> dict[int, dict[str, int]]:
     t.join()
     if proc.returncode != 0:
         sys.exit(f"error: {' '.join(cmd)} failed:\n{err.decode()[-2000:]}")
+    peaks[0] = {"hwm": int(err.decode().split()[-1]) * 1024}  # KiB, Linux
     return peaks
 
 
@@ -107,11 +124,13 @@ def measure(code: Path, nproc: int, out: Path, phase: str = "step") -> dict[str,
     base += [f"run.out_dir={out}", f"run.name=resume_{nproc}", f"train.batch_tokens={128 * nproc}"]
     if nproc > 1:
         base += ["--nproc", str(nproc)]
-    run_and_watch([*base, "train.max_steps=1", "checkpoint.at_end=true"], env)
+    run_and_watch([*base, "train.max_steps=1", "checkpoint.at_end=true"], env, out)
     steps = 2 if phase == "step" else 1  # 1: resumes from step 1, finished: loads and exits
-    peaks = run_and_watch([*base, f"train.max_steps={steps}"], env)
+    peaks = run_and_watch([*base, f"train.max_steps={steps}"], env, out)
     gib = 2**30
+    hwm = peaks.pop(0)["hwm"]
     return {
+        "hwm": hwm / gib,
         "rss": max(p["Rss"] for p in peaks.values()) / gib,
         "pss": max(p["Pss"] for p in peaks.values()) / gib,
         "anon": max(p["Anonymous"] for p in peaks.values()) / gib,
@@ -132,15 +151,19 @@ def main() -> None:
         for n in args.nproc:
             with tempfile.TemporaryDirectory() as tmp:
                 results[label, n] = measure(code, n, Path(tmp), args.phase)
-    print("| code | ranks | peak Rss per rank GiB | peak Pss per rank GiB | peak anonymous GiB |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| code | ranks | peak RSS per rank GiB (kernel) | sampled: Rss | Pss | anonymous |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for (label, n), r in results.items():
-        print(f"| {label} | {n} | {r['rss']:.2f} | {r['pss']:.2f} | {r['anon']:.2f} |")
+        print(
+            f"| {label} | {n} | {r['hwm']:.2f} | {r['rss']:.2f} | {r['pss']:.2f} "
+            f"| {r['anon']:.2f} |"
+        )
     if args.baseline:
         for n in args.nproc:
             new, old = results["this checkout", n], results["baseline", n]
             print(
-                f"{n} rank(s): this / baseline = {new['rss'] / old['rss']:.2f} (Rss), "
+                f"{n} rank(s): this / baseline = {new['hwm'] / old['hwm']:.2f} (peak RSS, kernel), "
+                f"{new['rss'] / old['rss']:.2f} (Rss), "
                 f"{new['pss'] / old['pss']:.2f} (Pss), {new['anon'] / old['anon']:.2f} (anonymous)"
             )
 
