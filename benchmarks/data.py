@@ -234,6 +234,9 @@ def main() -> None:
     p.add_argument("--work", help="scratch directory (default: a new temporary one, removed after)")
     p.add_argument("--loader-only", action="store_true", help="measure the loader only")
     args = p.parse_args()
+    from littlelm.components import register_all
+
+    register_all()  # an entry point: the prepare's sources are looked up in the registries
     work = Path(args.work or tempfile.mkdtemp(prefix="littlelm-bench-data-"))
     cores = os.cpu_count() or 1
     try:

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from test_interop import FEATURES, VOCAB, hf_load, make_checkpoint, save_hf
 
+from littlelm.components import register_all
 from littlelm.interop.hf import export, import_model
 from littlelm.load import load_model
 from littlelm.model.generate import generate
@@ -59,6 +60,7 @@ def import_row(root: Path, kind: str) -> tuple:
 
 
 def main() -> None:
+    register_all()  # an entry point: fill the registries before building a config
     with tempfile.TemporaryDirectory() as d:
         rows = [export_row(Path(d), n) for n in FEATURES]
         rows += [import_row(Path(d), k) for k in ("llama", "qwen3")]

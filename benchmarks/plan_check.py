@@ -27,6 +27,7 @@ SHAPES = {
 
 def one(name: str, steps: int, out_dir: str) -> dict:
     """Plan, then bench, one shape in this process (printed as JSON)."""
+    from littlelm.components import register_all
     from littlelm.hardware import native_bf16
     from littlelm.plan import speed
     from littlelm.plan.bench import run_bench
@@ -35,6 +36,7 @@ def one(name: str, steps: int, out_dir: str) -> dict:
     from littlelm.plan.shapes import Dims
     from littlelm.schema import load_run
 
+    register_all()  # an entry point: fill the registries before reading a config
     over = [*SHAPES[name], f"run.name=plan_check_{name}", f"run.out_dir={out_dir}"]
     cfg = load_run("demo", over)
     plan = make_plan(cfg, load_catalog(), ["H100-SXM"], trace=False, local=True)
@@ -65,9 +67,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in SHAPES:
             cmd = [sys.executable, __file__, "--one", name, "--steps", str(args.steps)]
-            out = subprocess.run(
-                [*cmd, "--out-dir", tmp], capture_output=True, text=True, check=True
-            ).stdout
+            done = subprocess.run([*cmd, "--out-dir", tmp], capture_output=True, text=True)
+            if done.returncode:
+                sys.exit(f"error: {name} failed:\n{done.stderr[-3000:]}")  # say why, not just rc
+            out = done.stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
     first = rows[0]["speed_ratio"]  # measured / modelled step time of the first shape
     print(
