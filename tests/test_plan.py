@@ -270,3 +270,18 @@ def test_cli_plan_errors(tiny_config, capsys):
     assert "GPU catalog file not found" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["plan", str(tiny_config), "--tokens", "0"])
+
+
+def test_resume_host_ram_counts_the_mapped_checkpoint_once_per_node():
+    """Ranks memory-map the same checkpoint: the page cache holds it once per node, and each
+    rank owns only the tensor it is copying (not a whole copy per rank, as before)."""
+    cfg = load_run("configs/plans/3b_grow.yaml")
+    one, eight = (
+        make_plan(cfg, load_catalog(), ["H200-SXM"], devices=n, trace=False).resume
+        for n in (1, 8)
+    )
+    ckpt_gib = one["device_gib"]  # weights + optimizer state
+    assert one["host_page_cache_gib"] == eight["host_page_cache_gib"] == pytest.approx(ckpt_gib)
+    assert eight["host_private_gib"] == pytest.approx(8 * one["host_private_gib"])
+    assert one["host_private_gib"] < 0.05 * ckpt_gib  # one tensor, not the checkpoint
+    assert eight["host_gib"] < 1.2 * ckpt_gib  # was 8 x the checkpoint

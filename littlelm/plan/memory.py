@@ -491,10 +491,16 @@ def resume_device_bytes(e: Estimate) -> int:
     return e.categories[PARAMS] + e.categories[STATE]
 
 
-def resume_host_bytes(e: Estimate, ranks_per_node: int = 1) -> int:
-    """Host RAM of one node while resuming: each rank reads the whole checkpoint (weights +
-    optimizer state) into its own memory (train/checkpoint.py load_checkpoint)."""
-    return (e.categories[PARAMS] + e.categories[STATE]) * ranks_per_node
+def resume_host_bytes(e: Estimate, d: Dims, ranks_per_node: int = 1) -> tuple[int, int]:
+    """Host RAM of one node while resuming: (page cache, private memory of all its ranks).
+    load_checkpoint memory-maps the checkpoint (weights + optimizer state): its pages sit in
+    the page cache once per node whatever the number of ranks (they map the same files), and
+    the kernel can drop them under pressure; each rank owns only the tensor it is copying to
+    its GPU (the largest: the embedding or lm_head in fp32). Measured on the CPU at 100M
+    parameters: peak RSS per rank 0.55x of reading the whole checkpoint into each rank
+    (benchmarks/resume_memory.py --phase resume)."""
+    largest = max((p.numel for p in d.params), default=0) * 4
+    return e.categories[PARAMS] + e.categories[STATE], largest * ranks_per_node
 
 
 def phase_peaks(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, int]:

@@ -154,7 +154,7 @@ def make_plan(
         gpus=gpus,
         tokens=tokens,
         devices=devices,
-        resume=resume_memory(estimate, devices, d.strategy),
+        resume=resume_memory(estimate, d, devices),
         notes=notes_for(cfg),
         local=local_plan(here, tokens, records, price_per_hour) if local else None,
     )
@@ -205,13 +205,16 @@ def local_plan(d: Dims, tokens: int, records: list[dict], price_per_hour: float)
     )
 
 
-def resume_memory(e: mem.Estimate, devices: int = 1, strategy: str = "ddp") -> dict:
+def resume_memory(e: mem.Estimate, d: Dims, devices: int = 1) -> dict:
     """GiB on each GPU and in host RAM per node (up to 8 ranks) while a resume loads."""
     ranks = min(devices, 8)
-    shards = devices if strategy == "fsdp" and devices > 1 else 1
+    shards = devices if d.strategy == "fsdp" and devices > 1 else 1
+    cache, private = mem.resume_host_bytes(e, d, ranks)
     return {
         "device_gib": mem.resume_device_bytes(e) / shards / GIB,
-        "host_gib": mem.resume_host_bytes(e, ranks) / GIB,
+        "host_gib": (cache + private) / GIB,
+        "host_page_cache_gib": cache / GIB,
+        "host_private_gib": private / GIB,
         "ranks_per_node": ranks,
     }
 

@@ -99,8 +99,9 @@ def resume_line(plan: Plan) -> str:
     where = "below" if r["device_gib"] <= step else "[red]above[/red]"
     return (
         f"resume: {gib(r['device_gib'])} GiB per GPU while loading, {where} the step's peak; "
-        f"host RAM {gib(r['host_gib'])} GiB per node ({r['ranks_per_node']} rank(s), each "
-        "reading the whole checkpoint)"
+        f"host RAM {gib(r['host_gib'])} GiB per node: the checkpoint memory-mapped once "
+        f"({gib(r['host_page_cache_gib'])} GiB of page cache, shared by {r['ranks_per_node']} "
+        f"rank(s)) + {gib(r['host_private_gib'])} GiB the ranks copy one tensor at a time"
     )
 
 
