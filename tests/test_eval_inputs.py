@@ -271,3 +271,31 @@ def test_a_folder_without_the_task_files_names_the_one_to_point_at(tmp_path, cap
     err = capsys.readouterr().err
     assert code == 2 and "error: none of the 22 task files is under" in err
     assert "littlelm eval-bundle" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("mode", ["crop", "drop_shots"])
+def test_example_delimiter_scores_as_the_reference_scorer(tmp_path, mode):
+    """The fast harness and the slow reference agree with a non-default example delimiter."""
+    import torch
+
+    from littlelm.data.tokenizer import ByteTokenizer
+    from littlelm.eval.core import EvalOptions, evaluate_task, task_items
+    from littlelm.eval.reference import reference_decisions
+    from littlelm.model.gpt import GPT, GPTConfig
+
+    d = make_task_dir(tmp_path / "t", items=12)
+    torch.manual_seed(0)
+    model = GPT(
+        GPTConfig(name="gpt", vocab_size=257, n_layer=1, d_model=32, n_head=2, max_seq_len=96)
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    model.eval()
+    tok = ByteTokenizer()
+    for task in load_task_list(d / "tasks.yaml"):
+        task = task.model_copy(update={"example_delimiter": "\n###\n"})
+        data = task_items(task, d)
+        opts = EvalOptions(max_per_task=3, truncation=mode, batch_tokens=2048)
+        res = evaluate_task(model, tok, task, data, opts)
+        assert res.decisions == reference_decisions(model, tok, task, data, res.items, mode)
