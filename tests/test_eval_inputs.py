@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from conftest import make_task_dir
+from conftest import make_corpus, make_task_dir, tiny_tree, write_config
 from littlelm.cli import main
 from littlelm.errors import EvalError
 from littlelm.eval.core import is_full_core, load_suite
@@ -21,6 +21,24 @@ from littlelm.eval.tasks import (
     load_task_list,
     resolve_bundle,
 )
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A real checkpoint (1 step of a tiny run): input errors must show whatever eval checks first."""
+    import io
+
+    from littlelm.progress import Progress
+    from littlelm.schema import load_run
+    from littlelm.train.trainer import Trainer
+
+    tmp = tmp_path_factory.mktemp("run")
+    train = {"max_steps": 1, "precision": "fp32"}
+    tree = tiny_tree(make_corpus(tmp / "corpus.txt"), tmp / "runs", train=train)
+    tree["eval"]["every"], tree["optimizer"] = 0, {"name": "adamw"}  # fast on a CPU
+    Trainer(load_run(write_config(tmp / "run.yaml", tree)), progress=Progress(io.StringIO())).fit()
+    return tmp / "runs" / "tiny"
+
 
 GOOD = json.dumps({"query": "q", "choices": ["a", "b"], "gold": 1})
 
@@ -63,9 +81,9 @@ def test_task_list_and_meta_csv_not_utf8(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["jsonl", "task-file"])
-def test_eval_cli_reports_bad_utf8_without_traceback(tmp_path, capsys, where):
+def test_eval_cli_reports_bad_utf8_without_traceback(run_dir, tmp_path, capsys, where):
     tasks = make_task_dir(tmp_path / "tasks", items=8)
-    args = ["eval", str(tmp_path / "no-run"), "--bundle", str(tasks)]
+    args = ["eval", str(run_dir), "--bundle", str(tasks)]
     if where == "jsonl":
         (tasks / "lm.jsonl").write_bytes(b'{"context": "1 + 1 =", "continuation": " 2\xc3"}\n')
         expected = "lm.jsonl:1: not valid UTF-8 (byte 0xc3 at column 43)"
@@ -253,7 +271,7 @@ def test_llm_foundry_scripts_eval_layout(tmp_path):
     )
 
 
-def test_a_folder_without_the_task_files_names_the_one_to_point_at(tmp_path, capsys):
+def test_a_folder_without_the_task_files_names_the_one_to_point_at(run_dir, tmp_path, capsys):
     root = tmp_path / "llm-foundry"
     evaldir = llm_foundry_checkout(root)
     task_file = evaldir / "yamls" / "tasks.yaml"
@@ -267,7 +285,7 @@ def test_a_folder_without_the_task_files_names_the_one_to_point_at(tmp_path, cap
         tasks_and_data(evaldir / "local_data" / "mine", task_file, None)  # too low
     # CORE from an empty folder: nothing to point at, so say where CORE comes from
     (tmp_path / "empty").mkdir()
-    code = main(["eval", str(tmp_path / "no-run"), "--bundle", str(tmp_path / "empty")])
+    code = main(["eval", str(run_dir), "--bundle", str(tmp_path / "empty")])
     err = capsys.readouterr().err
     assert code == 2 and "error: none of the 22 task files is under" in err
     assert "littlelm eval-bundle" in err and "Traceback" not in err
