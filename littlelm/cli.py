@@ -573,11 +573,15 @@ def _add_eval(sub) -> None:
     e.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
     e.add_argument(
         "--bundle",
-        help="task directory: the CORE eval bundle (default: the one `eval-bundle` fetched) "
-        "or a directory with its own tasks.yaml",
+        help="task directory: the CORE eval bundle (default: the one `eval-bundle` fetched), "
+        "llm-foundry's scripts/eval, or a directory with its own tasks.yaml",
     )
     e.add_argument("--tasks", help="comma-separated task labels (default: all)")
-    e.add_argument("--task-file", help="task list YAML to use instead of the directory's")
+    e.add_argument(
+        "--task-file",
+        help="task list YAML to use instead of the directory's: `tasks:`, or the `icl_tasks:` "
+        "of llm-foundry, DCLM and nanochat",
+    )
     e.add_argument(
         "--max-per-task", type=_positive, help="score this many items per task (default: all)"
     )

@@ -2,7 +2,7 @@
 
 An item becomes one prompt per choice (multiple_choice), per context option (schema) or one
 prompt (language_modeling). Each prompt is BOS, then `num_fewshot` solved examples each followed
-by a blank line, then the item:
+by the task's example delimiter (a blank line unless the task list says otherwise), then the item:
 
     multiple_choice:    {query}{delim}{choice}
     schema:             {context_option}{delim}{continuation}
@@ -48,18 +48,18 @@ def fewshot_indices(index: int, n_items: int, k: int) -> list[int]:
 
 def render(task: TaskSpec, item: dict, shots: list[dict]) -> tuple[list[str], str]:
     """(full prompt texts, few-shot prefix text). Language modeling gives [without, with]."""
-    d = task.continuation_delimiter
+    d, e = task.continuation_delimiter, task.example_delimiter
     kind = task.icl_task_type
     if kind == "multiple_choice":
-        prefix = "".join(f"{s['query']}{d}{s['choices'][s['gold']]}\n\n" for s in shots)
+        prefix = "".join(f"{s['query']}{d}{s['choices'][s['gold']]}{e}" for s in shots)
         return [f"{prefix}{item['query']}{d}{c}" for c in item["choices"]], prefix
     if kind == "schema":
         prefix = "".join(
-            f"{s['context_options'][s['gold']]}{d}{s['continuation']}\n\n" for s in shots
+            f"{s['context_options'][s['gold']]}{d}{s['continuation']}{e}" for s in shots
         )
         cont = item["continuation"]
         return [f"{prefix}{o}{d}{cont}" for o in item["context_options"]], prefix
-    prefix = "".join(f"{s['context'].strip()}{d}{s['continuation']}\n\n" for s in shots)
+    prefix = "".join(f"{s['context'].strip()}{d}{s['continuation']}{e}" for s in shots)
     without = f"{prefix}{item['context'].strip()}{d}"
     return [without.strip(), without + item["continuation"]], prefix
 

@@ -22,15 +22,15 @@ def few_shots(data: list[dict], i: int, k: int) -> list[dict]:
 
 def texts(task: TaskSpec, item: dict, shots: list[dict]) -> tuple[list[str], str]:
     """Full prompt texts (language modeling: without and with the continuation), shots text."""
-    d, kind = task.continuation_delimiter, task.icl_task_type
+    d, kind, sep = task.continuation_delimiter, task.icl_task_type, task.example_delimiter
     examples = ""
     for s in shots:
         if kind == "multiple_choice":
-            examples += s["query"] + d + s["choices"][s["gold"]] + "\n\n"
+            examples += s["query"] + d + s["choices"][s["gold"]] + sep
         elif kind == "schema":
-            examples += s["context_options"][s["gold"]] + d + s["continuation"] + "\n\n"
+            examples += s["context_options"][s["gold"]] + d + s["continuation"] + sep
         else:
-            examples += s["context"].strip() + d + s["continuation"] + "\n\n"
+            examples += s["context"].strip() + d + s["continuation"] + sep
     if kind == "multiple_choice":
         return [examples + item["query"] + d + c for c in item["choices"]], examples
     if kind == "schema":

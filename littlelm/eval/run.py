@@ -18,6 +18,7 @@ from littlelm.eval.core import (
 from littlelm.eval.tasks import (
     TaskSpec,
     bundle_differences,
+    check_data_dir,
     load_task_list,
     resolve_bundle,
     select_tasks,
@@ -34,6 +35,7 @@ def tasks_and_data(
     listed, data_dir = resolve_bundle(root)
     listed = Path(task_file).expanduser() if task_file else listed
     specs = select_tasks(load_task_list(listed), labels)
+    check_data_dir(specs, data_dir, listed)
     for line in bundle_differences(root, specs):
         print(f"warning: {line}", file=sys.stderr)
     return specs, data_dir
