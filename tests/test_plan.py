@@ -277,8 +277,7 @@ def test_resume_host_ram_counts_the_mapped_checkpoint_once_per_node():
     rank owns only the tensor it is copying (not a whole copy per rank, as before)."""
     cfg = load_run("configs/plans/3b_grow.yaml")
     one, eight = (
-        make_plan(cfg, load_catalog(), ["H200-SXM"], devices=n, trace=False).resume
-        for n in (1, 8)
+        make_plan(cfg, load_catalog(), ["H200-SXM"], devices=n, trace=False).resume for n in (1, 8)
     )
     ckpt_gib = one["device_gib"]  # weights + optimizer state
     assert one["host_page_cache_gib"] == eight["host_page_cache_gib"] == pytest.approx(ckpt_gib)
