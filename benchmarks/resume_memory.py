@@ -122,11 +122,11 @@ def measure(code: Path, nproc: int, out: Path, phase: str = "step") -> dict[str,
     env = {**os.environ, "PYTHONPATH": str(code)}
     base = [sys.executable, "-m", "littlelm", "train", "demo", *SHAPE]
     base += [f"run.out_dir={out}", f"run.name=resume_{nproc}", f"train.batch_tokens={128 * nproc}"]
-    if nproc > 1:
-        base += ["--nproc", str(nproc)]
-    run_and_watch([*base, "train.max_steps=1", "checkpoint.at_end=true"], env, out)
+    # options after every override: checkouts before 2026-12-01 took overrides only before them
+    tail = ["--nproc", str(nproc)] if nproc > 1 else []
+    run_and_watch([*base, "train.max_steps=1", "checkpoint.at_end=true", *tail], env, out)
     steps = 2 if phase == "step" else 1  # 1: resumes from step 1, finished: loads and exits
-    peaks = run_and_watch([*base, f"train.max_steps={steps}"], env, out)
+    peaks = run_and_watch([*base, f"train.max_steps={steps}", *tail], env, out)
     gib = 2**30
     hwm = peaks.pop(0)["hwm"]
     return {
