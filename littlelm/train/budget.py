@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,12 +38,15 @@ from littlelm.optim.schedule import ProgressSchedule, build_progress_schedule
 from littlelm.progress import duration
 from littlelm.sections import BudgetConfig
 
-WINDOW = 32  # step times averaged for the speed (recent ones: a shared machine's speed drifts)
+# step times whose median is the speed: recent ones, as a shared machine's speed drifts (a mean
+# of 32 kept a 2-minute demo budget on a contended CPU's slow start, 7.4 s/step against the 4
+# of its last steps, and it ended at 87% of its time); the median ignores one-off stalls
+WINDOW = 8
 LAST_BELOW = 1.5  # a step is the last when fewer than this many projected steps fit
 LEDGER_EVERY = 5.0  # seconds between writes of RUN_DIR/budget.json
-# The CPU's "peak" comes from a short bf16 matmul probe, which can read 100x below what training
-# reaches (no native bf16, a busy machine: 1.3 GFLOP/s on the shared 2-core box, where the demo
-# trains at ~180), so on a CPU the check that a budget holds one step only catches nonsense.
+# The CPU's "peak" comes from a short matmul probe in the run's precision, which a busy shared
+# machine can read far below what training reaches, so on a CPU the check that a budget holds
+# one step only catches nonsense.
 # A CUDA peak comes from a table.
 PEAK_SLACK = {"cpu": 1000.0}
 EVAL_FORWARD_SHARE = 1 / 3  # an eval token costs about a third of a training token (no backward)
@@ -146,7 +150,7 @@ class Budget:
     def step_s(self) -> float | None:
         """Measured seconds per step (evaluations and saves excluded)."""
         if self.step_times:
-            return sum(self.step_times) / len(self.step_times)
+            return statistics.median(self.step_times)
         return self.prior_step
 
     def eval_cost(self) -> float:
