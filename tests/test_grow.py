@@ -342,12 +342,18 @@ def test_ramp_shapes():
     }
 
 
-def test_lr_multipliers_resolve(parent_run, tmp_path):
+def test_lr_multipliers_resolve(parent_run, tmp_path, monkeypatch):
+    import littlelm.model.grow_lr as grow_lr
+
     root, corpus = parent_run
     run = grown_config(root, corpus, "r", tmp_path)  # sets optimizer.lr_multipliers
     assert load_run(run).grow.lr_multipliers == {}  # as before grow.lr_multipliers existed
     default = load_run(run, ["optimizer.lr_multipliers={}"]).grow.lr_multipliers
-    assert default == DEFAULT_LR_MULTIPLIERS
+    assert default == DEFAULT_LR_MULTIPLIERS  # none measured yet: one lr (docs/growth.md)
+    measured = {"old": OriginRamp(start=0.1, ramp_steps=5)}
+    monkeypatch.setattr(grow_lr, "DEFAULT_LR_MULTIPLIERS", measured)
+    assert load_run(run, ["optimizer.lr_multipliers={}"]).grow.lr_multipliers == measured
+    assert load_run(run).grow.lr_multipliers == {}  # optimizer.lr_multipliers win
     ramp = "grow.lr_multipliers={old: {start: 0.1, ramp_steps: 3}, new: 2}"
     cfg = load_run(run, ["optimizer.lr_multipliers={}", ramp])
     assert cfg.grow.lr_multipliers == {"old": OriginRamp(start=0.1, ramp_steps=3), "new": 2.0}
@@ -408,7 +414,8 @@ def test_start_table_and_cli_show_the_ramp(parent_run, tmp_path, capsys):
     root, corpus = parent_run
     run = grown_config(root, corpus, "shown", tmp_path)
     parent = str(root / "runs" / "parent")
-    assert main(["grow", parent, "--to", str(run), "optimizer.lr_multipliers={}"]) == 0
+    ramp = "grow.lr_multipliers={old: {start: 0.033, ramp_steps: 200}}"
+    assert main(["grow", parent, "--to", str(run), "optimizer.lr_multipliers={}", ramp]) == 0
     out = capsys.readouterr().out
     assert "in 200 steps" in out and "one lr for old and new" not in out
     row = next(line for line in out.splitlines() if line.startswith("matrix/old"))

@@ -112,8 +112,8 @@ class GrowConfig(Cfg):
         None,
         description="lr multiplier per origin tag (old, new, embedding) over the grown run's "
         "steps: a number (constant) or {start, end, ramp_steps, shape} (a ramp, then the run's "
-        "schedule); null = the measured default (docs/growth.md), or none when "
-        "optimizer.lr_multipliers is set. Resolved to what the run uses.",
+        "schedule); null = the measured default (none yet: one lr for all; docs/growth.md), "
+        "or none when optimizer.lr_multipliers is set. Resolved to what the run uses.",
         # a learning-rate setting like optimizer.lr: a pure function of the step, so a resumed
         # run may change it (the new value applies from the resumed step on)
         json_schema_extra=RESUMABLE,

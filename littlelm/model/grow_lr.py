@@ -55,12 +55,12 @@ class OriginRamp(Cfg):
 # A number: a constant multiplier for that tag; a ramp: a multiplier that moves.
 OriginLR = float | OriginRamp
 
-# What a grown run uses when neither grow.lr_multipliers nor optimizer.lr_multipliers is set:
-# measured by benchmarks/growth.py at two seeds (benchmarks/RESULTS.md, docs/growth.md).
-DEFAULT_LR_MULTIPLIERS: dict[str, OriginLR] = {
-    "old": OriginRamp(start=0.033, ramp_steps=200),
-    "embedding": OriginRamp(start=0.17, ramp_steps=200),
-}
+# What a grown run uses when neither grow.lr_multipliers nor optimizer.lr_multipliers is set.
+# None yet, i.e. one lr for all: benchmarks/growth.py (4 -> 6 layers, seed 0) found no recipe with
+# both a smaller jump and an end at least as good as one lr's; a 200-step ramp from
+# {old: 0.033, embedding: 0.17} postpones the rise (+0.045 in the first 200 steps, +0.082 at
+# step 230, vs one lr's +0.078) and ends 0.015 higher (docs/growth.md, benchmarks/RESULTS.md).
+DEFAULT_LR_MULTIPLIERS: dict[str, OriginLR] = {}
 
 
 def multiplier(spec: OriginLR, step: int) -> float:

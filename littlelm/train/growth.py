@@ -178,8 +178,9 @@ def preview_growth(cfg: Any) -> list[str]:
     ]
     if not cfg.grow.lr_multipliers and not cfg.optimizer.origin_multipliers():
         lines.append(
-            "one lr for old and new weights: a loss spike is likely; leave grow.lr_multipliers "
-            "unset for the measured default (docs/growth.md)"
+            "one lr for old and new weights: the loss jumps after growth before it improves; "
+            "grow.lr_multipliers trade that jump against the final loss, e.g. {old: 0.033, "
+            "embedding: 0.17} (no jump, a worse end) or a ramp (docs/growth.md)"
         )
     return lines
 
