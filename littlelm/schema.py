@@ -50,8 +50,10 @@ from littlelm.data.build import DataConfig
 from littlelm.data.tokenizer import vocab_size_of
 from littlelm.errors import ConfigError
 from littlelm.model.grow import GrowConfig, resolve_growth
+from littlelm.model.grow_lr import resolve_lr_multipliers
 from littlelm.model.protocol import ModelConfig
 from littlelm.optim.base import OptimizerConfig
+from littlelm.optim.groups import ORIGINS
 from littlelm.optim.schedule import PROGRESS_FORMS
 from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
 from littlelm.sections import BudgetConfig, DistributedConfig, GuardConfig
@@ -325,10 +327,23 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
         )
     grow, m, more = resolve_growth(cfg.grow, m)
     problems += more
+    grow, more = _resolve_grow_lr(grow, cfg.optimizer)
+    problems += more
     if problems:
         raise ConfigError(problems, source or None)
     update = {"model": m, "train": train, "distributed": dist, "grow": grow}
     return cfg.model_copy(update=copy.deepcopy(update), deep=True)
+
+
+def _resolve_grow_lr(
+    g: GrowConfig | None, optimizer: OptimizerConfig
+) -> tuple[GrowConfig | None, list[str]]:
+    """grow.lr_multipliers made explicit (model/grow_lr.py says how)."""
+    if g is None:
+        return g, []
+    constant = optimizer.origin_multipliers()
+    specs, problems = resolve_lr_multipliers(g.lr_multipliers, constant, ORIGINS)
+    return g.model_copy(update={"lr_multipliers": specs}), problems
 
 
 def _resolve_train(

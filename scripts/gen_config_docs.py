@@ -79,6 +79,19 @@ def component_section(title: str, meta: Registered) -> list[str]:
     return lines
 
 
+def nested_models(ann) -> list[type[BaseModel]]:
+    """The config classes inside a field's type (`X | None`, `dict[str, float | X]`)."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return [ann]
+    return [m for a in typing.get_args(ann) for m in nested_models(a)]
+
+
+def _is_dict(ann) -> bool:
+    if typing.get_origin(ann) is dict:
+        return True
+    return any(_is_dict(a) for a in typing.get_args(ann))
+
+
 def render() -> str:
     lines = [HEADER]
     for name, field in RunConfig.model_fields.items():
@@ -95,6 +108,11 @@ def render() -> str:
             if sub_reg is not None:
                 section = component_section(f"{name}.{sub_name}", sub_reg)
                 lines += ["#" + line if line.startswith("#") else line for line in section]
+                continue
+            for inner in nested_models(sub.annotation):  # a sub-section (`x: Y | None`, dict)
+                key = f"{name}.{sub_name}" + (".KEY" if _is_dict(sub.annotation) else "")
+                doc = " ".join((inner.__dict__.get("__doc__") or sub.description or "").split())
+                lines += [f"### `{key}` ({inner.__name__})", "", doc, "", *table(inner), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 
@@ -12,6 +13,7 @@ import yaml
 from conftest import make_corpus, tiny_tree, write_config
 from littlelm.cli import main
 from littlelm.errors import CheckpointError, ConfigError, TrainingError
+from littlelm.load import load_model
 from littlelm.model.gpt import GPT, GPTConfig, flops_per_token
 from littlelm.model.grow import (
     check_growable,
@@ -20,8 +22,10 @@ from littlelm.model.grow import (
     layer_map,
     logit_gap,
 )
+from littlelm.model.grow_lr import DEFAULT_LR_MULTIPLIERS, OriginRamp, origin_multipliers
 from littlelm.optim.groups import MuonConfig, plan_groups
-from littlelm.schema import load_run
+from littlelm.schema import load_run, resumable
+from littlelm.train.callbacks import Callback
 from littlelm.train.trainer import Trainer
 
 # ----------------------------------------------------------------------------------------------
@@ -317,3 +321,145 @@ def test_cli_grow_checks_and_reports(parent_run, tmp_path, capsys):
     assert not (tmp_path / "runs" / "g").exists()  # writes nothing
     assert main(["grow", parent, "--to", str(run), "model.n_head=6"]) == 2
     assert "head_size" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-origin lr schedules (grow.lr_multipliers)
+
+
+def test_ramp_shapes():
+    geo = OriginRamp(start=0.01, end=1.0, ramp_steps=4)
+    values = [geo.at(s) for s in range(7)]
+    assert values[0] == 0.01 and values[4:] == [1.0, 1.0, 1.0]
+    ratios = [b / a for a, b in itertools.pairwise(values[:5])]
+    assert ratios == pytest.approx([100**0.25] * 4)  # the same factor every step
+    lin = OriginRamp(start=0.2, end=1.0, ramp_steps=4, shape="linear")
+    assert [lin.at(s) for s in range(5)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    assert OriginRamp(start=0.1, end=0.5, ramp_steps=0).at(0) == 0.5
+    assert origin_multipliers({"old": geo, "embedding": 0.5}, 2) == {
+        "old": pytest.approx(0.1),
+        "embedding": 0.5,
+    }
+
+
+def test_lr_multipliers_resolve(parent_run, tmp_path, monkeypatch):
+    import littlelm.model.grow_lr as grow_lr
+
+    root, corpus = parent_run
+    run = grown_config(root, corpus, "r", tmp_path)  # sets optimizer.lr_multipliers
+    assert load_run(run).grow.lr_multipliers == {}  # as before grow.lr_multipliers existed
+    default = load_run(run, ["optimizer.lr_multipliers={}"]).grow.lr_multipliers
+    assert default == DEFAULT_LR_MULTIPLIERS  # none measured yet: one lr (docs/growth.md)
+    measured = {"old": OriginRamp(start=0.1, ramp_steps=5)}
+    monkeypatch.setattr(grow_lr, "DEFAULT_LR_MULTIPLIERS", measured)
+    assert load_run(run, ["optimizer.lr_multipliers={}"]).grow.lr_multipliers == measured
+    assert load_run(run).grow.lr_multipliers == {}  # optimizer.lr_multipliers win
+    ramp = "grow.lr_multipliers={old: {start: 0.1, ramp_steps: 3}, new: 2}"
+    cfg = load_run(run, ["optimizer.lr_multipliers={}", ramp])
+    assert cfg.grow.lr_multipliers == {"old": OriginRamp(start=0.1, ramp_steps=3), "new": 2.0}
+    with pytest.raises(ConfigError, match="lr_multipliers.old would multiply"):
+        load_run(run, [ramp])
+    with pytest.raises(ConfigError, match="unknown tag 'older'"):
+        load_run(run, ["grow.lr_multipliers={older: 0.1}"])
+    with pytest.raises(ConfigError, match="ramp_steps"):
+        load_run(run, ["optimizer.lr_multipliers={}", "grow.lr_multipliers={old: {start: 0.1}}"])
+    # a learning-rate setting: a resumed run may change it; the parent may not change
+    tree = yaml.safe_load((tmp_path / "r.yaml").read_text())
+    assert resumable("grow.lr_multipliers.old.start", tree)
+    assert not resumable("grow.parent", tree) and not resumable("grow.placement", tree)
+
+
+class LrRecorder(Callback):
+    """Each step's learning rate per group, as the optimizer used it."""
+
+    def __init__(self):
+        self.lrs: dict[int, dict[str, float]] = {}
+
+    def on_step_end(self, trainer, metrics):
+        self.lrs[metrics["step"] - 1] = {g["name"]: g["lr"] for g in trainer.optimizer.param_groups}
+
+
+def test_ramp_sets_each_steps_lrs_and_resumes_bitwise(parent_run, tmp_path):
+    root, corpus = parent_run
+    ramp = "grow.lr_multipliers={old: {start: 0.05, ramp_steps: 4}, embedding: 0.5}"
+    overrides = ["optimizer.lr_multipliers={}", ramp, "checkpoint.every=0", "train.max_steps=6"]
+    cfg = load_run(grown_config(root, corpus, "ramped", tmp_path), overrides)
+    t = Trainer(cfg, resume="never")
+    straight = LrRecorder()
+    t.callbacks.append(straight)
+    t.fit()
+    base = {g.name: g.lr for g in t.optimizer.specs}
+    old = OriginRamp(start=0.05, ramp_steps=4)
+    for step, lrs in straight.lrs.items():  # 6 steps: inside the ramp, then after it
+        sched = t.schedule(step, t.max_steps)
+        assert lrs["matrix/new"] == base["matrix/new"] * sched
+        assert lrs["matrix/old"] == pytest.approx(base["matrix/old"] * sched * old.at(step))
+        assert lrs["embedding/embedding"] == pytest.approx(base["embedding/embedding"] * sched / 2)
+    assert straight.lrs[5]["matrix/old"] == straight.lrs[5]["matrix/new"]  # the ramp is done
+
+    split_cfg = load_run(grown_config(root, corpus, "ramped_split", tmp_path), overrides)
+    Trainer(split_cfg, resume="never").fit(stop_after=2)  # stopped inside the ramp
+    resumed = Trainer(load_run(tmp_path / "runs" / "ramped_split" / "config.yaml"))
+    assert resumed.step == 2
+    after = LrRecorder()
+    resumed.callbacks.append(after)
+    resumed.fit()
+    assert after.lrs == {s: straight.lrs[s] for s in range(2, 6)}
+    assert train_losses(tmp_path / "runs" / "ramped_split") == train_losses(cfg.run_dir())
+    for a, b in zip(t.model.state_dict().values(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_start_table_and_cli_show_the_ramp(parent_run, tmp_path, capsys):
+    root, corpus = parent_run
+    run = grown_config(root, corpus, "shown", tmp_path)
+    parent = str(root / "runs" / "parent")
+    ramp = "grow.lr_multipliers={old: {start: 0.033, ramp_steps: 200}}"
+    assert main(["grow", parent, "--to", str(run), "optimizer.lr_multipliers={}", ramp]) == 0
+    out = capsys.readouterr().out
+    assert "in 200 steps" in out and "one lr for old and new" not in out
+    row = next(line for line in out.splitlines() if line.startswith("matrix/old"))
+    assert "0.00066 → 0.02 in 200 steps" in row  # Muon's 0.02 × 0.033, ramped to 0.02
+    one_lr = ["optimizer.lr_multipliers={}", "grow.lr_multipliers={}"]
+    assert main(["grow", parent, "--to", str(run), *one_lr]) == 0
+    assert "one lr for old and new weights" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# Several stages: A -> B -> C, each trained between
+
+
+def test_three_stage_growth_keeps_function_and_tags(parent_run, tmp_path):
+    """A (2 layers × 32) -> B (3 × 48) -> C (5 × 48, MLP wider): at step 0 of B and of C the
+    model computes its parent's trained function, and what was new in B is old in C."""
+    root, corpus = parent_run
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(5))
+
+    def stage(name: str, parent_dir, **model) -> Trainer:
+        tree = yaml.safe_load(grown_config(root, corpus, name, tmp_path).read_text())
+        tree["model"].update(model)
+        tree["grow"]["parent"] = str(parent_dir)
+        tree["train"]["max_steps"] = 2
+        t = Trainer(load_run(write_config(tmp_path / f"{name}.yaml", tree)), resume="never")
+        parent, _, _ = load_model(parent_dir)
+        gap, largest = logit_gap(parent, t.model, tokens)
+        assert gap <= 1e-5 * largest, f"{name}: max |Δlogit| {gap} (largest {largest})"
+        t.fit()
+        moved, _ = logit_gap(parent, t.model, tokens)  # training changed the function
+        assert moved > 1e-3 * largest, f"{name}: {moved}"
+        return t
+
+    b = stage("stage_b", root / "runs" / "parent", n_layer=3, d_model=48, n_head=3)
+    assert b.model.origin["blocks.2.attn.c_q.weight"] == "new"
+    assert b.model.origin["blocks.0.attn.c_q.weight"] == "old"
+    c = stage("stage_c", b.run_dir, n_layer=5, d_model=48, n_head=3, mlp_hidden=256)
+    assert c.cfg.grow.placement == [0, 1, None, 2, None]
+    o = c.model.origin
+    assert o["blocks.3.attn.c_q.weight"] == "old"  # B's new block 2, trained in B: old now
+    assert o["blocks.3.attn.c_proj.weight"] == "old"
+    assert o["blocks.2.attn.c_q.weight"] == o["blocks.4.mlp.c_fc.weight"] == "new"
+    assert o["blocks.0.mlp.c_fc.weight"] == "old"  # widened: grow.widened
+    assert o["wte.weight"] == "embedding"
+    assert {g.name for g in c.optimizer.specs} >= {"matrix/old", "matrix/new"}
+    saved = load_model(c.run_dir)[0].origin  # the tags C's checkpoint keeps
+    assert saved == o

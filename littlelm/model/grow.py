@@ -54,9 +54,10 @@ import torch
 from pydantic import Field
 
 from littlelm.checkpoints import find_checkpoint
-from littlelm.config import Cfg, validate
+from littlelm.config import RESUMABLE, Cfg, validate
 from littlelm.errors import CheckpointError, LittleLMError
 from littlelm.model.gpt import GPT, GPTConfig
+from littlelm.model.grow_lr import OriginLR
 from littlelm.model.protocol import ModelConfig
 
 PLACEMENTS = ("interleave", "end", "start")
@@ -106,6 +107,16 @@ class GrowConfig(Cfg):
         description="Tokens of a probe on which the grown model's logits must match the "
         "parent's at the start (fp32); 0 = skip.",
         ge=0,
+    )
+    lr_multipliers: dict[str, OriginLR] | None = Field(
+        None,
+        description="lr multiplier per origin tag (old, new, embedding) over the grown run's "
+        "steps: a number (constant) or {start, end, ramp_steps, shape} (a ramp, then the run's "
+        "schedule); null = the measured default (none yet: one lr for all; docs/growth.md), "
+        "or none when optimizer.lr_multipliers is set. Resolved to what the run uses.",
+        # a learning-rate setting like optimizer.lr: a pure function of the step, so a resumed
+        # run may change it (the new value applies from the resumed step on)
+        json_schema_extra=RESUMABLE,
     )
 
 

@@ -44,6 +44,11 @@ class OptimizerConfig(ComponentConfig):
         """The momentum of the Muon groups at `step` (a warmup), or None: not scheduled."""
         return None
 
+    def origin_multipliers(self) -> dict[str, float]:
+        """The constant lr multiplier per origin tag (old, new, embedding) this optimizer
+        applies (the default: none)."""
+        return {}
+
     def traceable(self, stochastic_rounding: bool) -> tuple[OptimizerConfig, bool]:
         """The config and stochastic-rounding switch the planner's fake-tensor trace builds in
         place of this one, when a part cannot run on fake CPU tensors (the default: itself)."""

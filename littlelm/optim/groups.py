@@ -3,7 +3,8 @@
 Each parameter has a role (embedding, value_embedding, lm_head, matrix, scalar; decided by the
 model) and an origin tag (embedding, old, new; `grow` marks copied weights old). A group is one
 (role, origin) pair. Its base lr is the role's lr from the optimizer config times
-`lr_multipliers[origin]`; the schedule multiplies every base lr by the same factor each step.
+`lr_multipliers[origin]`; the schedule multiplies every base lr by the same factor each step,
+and in a grown run `grow.lr_multipliers` (model/grow_lr.py) by its origin's factor at that step.
 
 Two optimizers are registered:
 - `muon`: Muon for the 2-D hidden matrices, AdamW for everything else (the modern recipe);
@@ -73,6 +74,9 @@ class AdamWConfig(OptimizerConfig):
 
     def traits(self) -> OptimizerTraits:
         return OptimizerTraits("adamw", adamw_8bit=self.adamw_8bit)
+
+    def origin_multipliers(self) -> dict[str, float]:
+        return self.lr_multipliers
 
     def traceable(self, stochastic_rounding: bool) -> tuple[OptimizerConfig, bool]:
         # bitsandbytes is CUDA-only: the trace runs torch's AdamW (the same parameters and
@@ -153,6 +157,10 @@ class GroupSpec:
     @property
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
+
+    @property
+    def origin(self) -> str:
+        return self.name.split("/")[1]
 
 
 def role_lr(cfg: AdamWConfig, role: str) -> float:
@@ -307,6 +315,7 @@ def _group(spec: GroupSpec) -> dict:
         "base_lr": spec.lr,
         "weight_decay": spec.weight_decay,
         "name": spec.name,
+        "origin": spec.origin,  # grow.lr_multipliers move each origin's lr (trainer._set_lr)
     }
 
 

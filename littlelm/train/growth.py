@@ -32,6 +32,8 @@ from littlelm.model.grow import (
     logit_gap,
     parent_model_config,
 )
+from littlelm.model.grow_lr import OriginLR, OriginRamp, multiplier
+from littlelm.optim.groups import group_table
 from littlelm.schema import RunConfig
 from littlelm.train import checkpoint as ckpt
 
@@ -154,7 +156,6 @@ def preview_growth(cfg: Any) -> list[str]:
     """What `littlelm grow` prints: the parent, the grown shape, where each block comes from,
     the logit check and the parameter groups with their learning rates. Builds the grown model
     on the CPU exactly as training would; trains nothing and writes nothing."""
-    from littlelm.optim.groups import group_table
     from littlelm.registry import OPTIMIZERS
 
     torch.manual_seed(cfg.run.seed)
@@ -169,15 +170,37 @@ def preview_growth(cfg: Any) -> list[str]:
         f"{m.head_dim}, MLP {m.hidden}; {model.param_counts()['total']:,} parameters",
         f"layer <- parent block: {where}",
         f"value embeddings at layers {[i for i in range(m.n_layer) if m.has_value_embed(i)]}",
-        f"{'group':<26}{'tensors':>8}{'parameters':>14}  {'optimizer':<10}{'lr':>10}",
+        f"{'group':<26}{'tensors':>8}{'parameters':>14}  {'optimizer':<10}  lr (peak of the schedule)",
     ]
     lines += [
-        f"{name:<26}{n:>8}{numel:>14,}  {opt:<10}{lr:>10.3g}"
-        for name, n, numel, opt, lr in group_table(groups)
+        f"{name:<26}{n:>8}{numel:>14,}  {opt:<10}  {lr}"
+        for name, n, numel, opt, lr in group_rows(groups, cfg.grow)
     ]
-    if not cfg.optimizer.lr_multipliers:
+    if not cfg.grow.lr_multipliers and not cfg.optimizer.origin_multipliers():
         lines.append(
-            "one lr for old and new weights: a loss spike is likely; consider "
-            "optimizer.lr_multipliers={old: 0.033, new: 1.0, embedding: 0.17} (docs/growth.md)"
+            "one lr for old and new weights: the loss jumps after growth before it improves; "
+            "grow.lr_multipliers trade that jump against the final loss, e.g. {old: 0.033, "
+            "embedding: 0.17} (no jump, a worse end) or a ramp (docs/growth.md)"
         )
     return lines
+
+
+def group_rows(specs: list, grow: GrowConfig | None) -> list[tuple[str, int, int, str, str]]:
+    """The start-up table's rows (group, tensors, parameters, optimizer, lr): the lr as a
+    number, or how it moves in a grown run whose grow.lr_multipliers ramp that group's origin."""
+    ramps = grow.lr_multipliers if grow is not None else None
+    rows = []
+    for spec, (name, n, numel, opt, lr) in zip(specs, group_table(specs)):
+        rows.append((name, n, numel, opt, lr_text(lr, (ramps or {}).get(spec.origin))))
+    return rows
+
+
+def lr_text(lr: float, spec: OriginLR | None) -> str:
+    """`lr` (the group's base lr) under `spec`: '0.02', or '0.00066 → 0.02 in 200 steps' (a
+    geometric ramp; other shapes are named)."""
+    if spec is None:
+        return f"{lr:.3g}"
+    if not isinstance(spec, OriginRamp) or spec.ramp_steps == 0:
+        return f"{lr * multiplier(spec, 0):.3g}"
+    shape = "" if spec.shape == "geometric" else f" ({spec.shape})"
+    return f"{lr * spec.start:.3g} → {lr * spec.end:.3g} in {spec.ramp_steps} steps{shape}"

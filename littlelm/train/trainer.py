@@ -45,7 +45,7 @@ from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetche
 from littlelm.errors import CheckpointError, ConfigError, TrainingError
 from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.bpb import evaluate_loss
-from littlelm.optim.groups import group_table
+from littlelm.model.grow_lr import origin_multipliers
 from littlelm.optim.schedule import build_schedule
 from littlelm.optim.schedule_check import schedule_warnings
 from littlelm.progress import FirstSteps, Progress, progress_line
@@ -64,7 +64,7 @@ from littlelm.train.device import (
     with_precision,
 )
 from littlelm.train.distributed import Parallel
-from littlelm.train.growth import GrownFrom, grow_from_parent
+from littlelm.train.growth import GrownFrom, group_rows, grow_from_parent
 from littlelm.train.guard import Collapse, LossGuard, Verdict
 from littlelm.train.rundir import check_run_dir
 from littlelm.train.runlock import RunLock
@@ -426,8 +426,10 @@ class Trainer:
             mult = s.budget.multiplier(s.step)
         else:
             mult = self.schedule(s.step, self.max_steps)
+        # a grown run's multiplier per origin tag at this step (grow.lr_multipliers; else 1)
+        by_origin = origin_multipliers(self.cfg.grow and self.cfg.grow.lr_multipliers, s.step)
         for g in self.optimizer.param_groups:
-            g["lr"] = g["base_lr"] * mult
+            g["lr"] = g["base_lr"] * mult * by_origin.get(g.get("origin"), 1.0)
         m = self.cfg.optimizer.momentum_at(s.step)
         if m is not None:  # the optimizer schedules its Muon groups' momentum
             for g in self.optimizer.muon_groups():
@@ -649,8 +651,8 @@ class Trainer:
             table.add_column(
                 col, justify="right" if col in ("tensors", "parameters", "lr") else "left"
             )
-        for name, n, numel, opt, lr in group_table(self.optimizer.specs):
-            table.add_row(name, str(n), f"{numel:,}", opt, f"{lr:.3g}")
+        for name, n, numel, opt, lr in group_rows(self.optimizer.specs, c.grow):
+            table.add_row(name, str(n), f"{numel:,}", opt, lr)
         if self.progress._open:
             self.progress.message("")
         Console(**self.progress.console_options()).print(table)
