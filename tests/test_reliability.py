@@ -214,8 +214,8 @@ def test_warnings_print_without_a_source_line(tiny_config, monkeypatch, capsys):
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_corrupt_shard_names_the_directory_to_delete(tmp_path, damage):
-    """Issue 24.3: `prepare` trusts a directory with a manifest, so "re-run littlelm data
-    prepare" fixed nothing; the error names the dataset directory to delete."""
+    """Issue 24.3: the error names the dataset directory (and `littlelm data prepare`, which
+    rebuilds its damaged shards: tests/test_prepare.py)."""
     import json
 
     import numpy as np

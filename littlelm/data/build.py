@@ -20,6 +20,7 @@ from littlelm.config import RESUMABLE, SAME_DATA, Cfg, Registered
 from littlelm.data.cache import cache_root
 from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
 from littlelm.data.prepare import (
+    damaged_shards,
     dataset_dir,
     make_split,
     prepare_source,
@@ -180,9 +181,11 @@ def prepare_data(
     only: list[str] | None = None,
     log=print,
     progress=None,
+    verify: str = "none",
 ) -> tuple[Tokenizer, dict[str, tuple[Source, Path, dict]]]:
     """The tokenizer, and for each source its (source, dataset directory, manifest): raw
-    sources are prepared into `out/LABEL` (or the cache), prepared ones are read."""
+    sources are prepared into `out/LABEL` (or the cache), prepared ones are read. With `verify`
+    ("sizes" or "checksums") existing shards are checked first and damaged ones rebuilt."""
     sources = build_sources(cfg)
     unknown = sorted(set(only or []) - set(sources))
     if unknown:
@@ -198,14 +201,29 @@ def prepare_data(
         if only and label not in only:
             continue
         if src.prepared:
-            result[label] = (src, src.directory(), read_manifest(src.directory()))
+            manifest = read_manifest(src.directory())
+            if verify != "none":
+                _refuse_damaged(label, src.directory(), manifest, verify)
+            result[label] = (src, src.directory(), manifest)
             continue
         directory = out / label if out else dataset_dir(src, tok, splits[label], root)
         manifest = prepare_source(
-            src, tok, splits[label], directory, cfg.shard_tokens, cfg.workers, log, progress
+            src, tok, splits[label], directory, cfg.shard_tokens, cfg.workers, log, progress, verify
         )
         result[label] = (src, directory, manifest)
     return tok, result
+
+
+def _refuse_damaged(label: str, directory: Path, manifest: dict, level: str) -> None:
+    """A `shards` source has no raw input here to rebuild from: name what is damaged."""
+    damaged = damaged_shards(directory, manifest, level)
+    if damaged:
+        what = "; ".join(f"{name}: {problem}" for name, problem in damaged.items())
+        raise DataError(
+            f"data.sources.{label}: {len(damaged)} damaged shard(s) in {directory} ({what}); "
+            f"it is prepared shards, so rebuild it with the `littlelm data prepare ... --out` "
+            f"that made it (its source: {manifest.get('source')})"
+        )
 
 
 def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
