@@ -50,9 +50,7 @@ def run_eval(
     out: str | Path | None = None,
 ) -> SuiteResult:
     opts = opts or EvalOptions()
-    path = find_checkpoint(
-        checkpoint
-    )  # a wrong checkpoint path first: the bundle is no use without
+    path = find_checkpoint(checkpoint)  # a wrong checkpoint path first, then the bundle
     tasks, data_dir = tasks_and_data(bundle, task_file, labels)
     loaded = load_suite(tasks, data_dir)
     dev = pick_device(device)
