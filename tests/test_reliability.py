@@ -248,3 +248,44 @@ def test_plan_refuses_or_answers_huge_depths_quickly(tiny_config, capsys, recwar
     assert "model.n_layer 1,000,000 is beyond" in capsys.readouterr().err
     assert main(["plan", str(tiny_config), "model.n_layer=1000"]) == 0
     assert any("analytic estimate only" in str(w.message) for w in recwarn)
+
+
+def test_empty_validation_split_is_explained_at_start_not_logged_as_nan(tmp_path, corpus, capsys):
+    """Issue 24.10: with nothing held out, every evaluation printed `val loss nan` and no hint;
+    now the start says why and what to set, and no evaluation is logged."""
+    import json
+
+    tree = tiny_tree(corpus, tmp_path / "runs", data={"val_fraction": 0.0})
+    assert main(["train", str(write_config(tmp_path / "t.yaml", tree))]) == 0
+    out = capsys.readouterr().out
+    assert "warning: data.sources.text holds out 0 of its 120 documents" in out
+    assert "data.val_fraction 0.0" in out and "Raise data.val_fraction" in out
+    assert "eval.every=0" in out and "nan" not in out
+    assert out.index("warning: data.sources.text") < out.index("step 1")
+    lines = (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines]
+    assert not [r for r in records if r.get("kind") == "eval"]
+    assert not any("val_loss" in r for r in records)
+
+
+def test_a_source_too_small_to_evaluate_is_named_and_left_out():
+    from types import SimpleNamespace
+
+    from littlelm.data.build import PreparedSource, RunData
+
+    class S(SimpleNamespace):  # a shard: its header and its number of documents
+        def __len__(self):
+            return 1
+
+    def source(label, val_tokens):
+        val = [S(header=SimpleNamespace(n_tokens=val_tokens))]
+        m = {"documents": 40, "split": {"fraction": 0.01}}
+        return PreparedSource(label, 1.0, None, [], val, manifest=m)
+
+    data = RunData(None, {"big": source("big", 500), "small": source("small", 20)})
+    assert data.can_evaluate(32)
+    text = data.val_warning(32)
+    assert text.startswith("data.sources.small holds out 1 of its 40 documents")
+    assert "20 tokens: fewer than one window of train.seq_len + 1 = 33" in text
+    assert "The validation loss leaves it out" in text and "eval.every=0" not in text
+    assert data.val_warning(16) is None

@@ -116,10 +116,26 @@ class PreparedSource:
     train: list[Shard]
     val: list[Shard]
     long_docs: str = "crop"
+    manifest: dict | None = None
 
     @property
     def train_tokens(self) -> int:
         return sum(s.header.n_tokens for s in self.train)
+
+    def val_shortage(self, seq_len: int) -> str | None:
+        """Why this source adds nothing to the validation loss (its held-out tokens do not
+        fill one window of seq_len + 1), or None when it does."""
+        tokens = sum(s.header.n_tokens for s in self.val)
+        if tokens > seq_len:
+            return None
+        m = self.manifest or {}
+        held = f"{sum(len(s) for s in self.val):,} of its {m.get('documents', '?'):,} documents"
+        fraction = (m.get("split") or {}).get("fraction", "?")
+        return (
+            f"data.sources.{self.label} holds out {held} for validation (data.val_fraction "
+            f"{fraction}), {tokens:,} tokens: fewer than one window of train.seq_len + 1 = "
+            f"{seq_len + 1}"
+        )
 
 
 @dataclass
@@ -138,6 +154,32 @@ class RunData:
             packers[label] = BestFitPacker(stream, seq_len + 1, cfg.buffer_docs, src.long_docs)
         weights = {k: s.weight for k, s in self.sources.items()}
         return MixtureLoader(packers, weights, batch, seq_len)
+
+    def can_evaluate(self, seq_len: int) -> bool:
+        return any(s.val_shortage(seq_len) is None for s in self.sources.values())
+
+    def val_warning(self, seq_len: int) -> str | None:
+        """At start, instead of a `val loss nan` later: which sources have too little held out
+        to evaluate, why, and what to set (documents are held out whole: `max_chars` cuts them
+        after the split, so it does not help)."""
+        short = [w for s in self.sources.values() if (w := s.val_shortage(seq_len))]
+        if not short:
+            return None
+        none = len(short) == len(self.sources)
+        return (
+            "; ".join(short)
+            + (
+                ". There is no validation loss: evaluation is skipped. "
+                if none
+                else ". The validation loss leaves "
+                + ("it" if len(short) == 1 else "them")
+                + " out. "
+            )
+            + "Raise data.val_fraction, give the source more documents (a text source: "
+            "split: paragraph or line; max_chars cuts documents after the split and does not "
+            "help) or lower train.seq_len"
+            + ("; or set eval.every=0 and eval.at_end=false to train without one" if none else "")
+        )
 
     @property
     def val_shards(self) -> list[Shard]:
@@ -257,4 +299,6 @@ def open_dataset(
             s.check_tokenizer(tok.fingerprint, f"this run's tokenizer, {tok.describe()}")
         return shards
 
-    return PreparedSource(label, weight, directory, open_split("train"), open_split("val"))
+    return PreparedSource(
+        label, weight, directory, open_split("train"), open_split("val"), manifest=manifest
+    )

@@ -170,6 +170,9 @@ class Trainer:
                     f"{data.tokenizer.vocab_size}; leave model.vocab_size null"
                 ]
             )
+        warning = data.val_warning(cfg.train.seq_len) if cfg.eval.every or cfg.eval.at_end else None
+        if warning:  # said at start, instead of `val loss nan` at each evaluation
+            self.log(f"warning: {warning}")
         return data
 
     def _build_model(self) -> torch.nn.Module:
@@ -519,6 +522,8 @@ class Trainer:
 
     def evaluate(self) -> dict:
         c, s = self.cfg, self.state
+        if not self.data.can_evaluate(c.train.seq_len):  # no held-out window: said at start
+            return {}
         batches = self.data.val_batches(
             c.eval.batch_size or c.train.micro_batch_size,
             c.train.seq_len,
