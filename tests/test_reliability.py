@@ -289,3 +289,31 @@ def test_a_source_too_small_to_evaluate_is_named_and_left_out():
     assert "20 tokens: fewer than one window of train.seq_len + 1 = 33" in text
     assert "The validation loss leaves it out" in text and "eval.every=0" not in text
     assert data.val_warning(16) is None
+
+
+def test_report_on_garbage_metrics_is_an_error_naming_the_line(tmp_path, capsys):
+    """Issue 24.10: junk lines and no train record made a report of "step None of ?" and exit 0."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('garbage\n{"x": 1}\n[1, 2]\n{"loss": "abc"}\n')
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run / 'metrics.jsonl'}:1: not JSON ('garbage')")
+    assert "and 3 more bad line(s)" in err and "Traceback" not in err
+    assert not (run / "report").exists()
+
+
+def test_report_with_a_few_bad_lines_among_good_ones_names_them(tmp_path, recwarn):
+    import json
+
+    run = tmp_path / "r"
+    run.mkdir()
+    good = [{"kind": "train", "step": s, "tokens": 64 * s, "loss": 5.0 - s / 10} for s in (1, 2, 3)]
+    lines = [json.dumps(good[0]), "junk", json.dumps(good[1]), '{"loss": 1}', json.dumps(good[2])]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["report", str(run)]) == 0
+    (warning,) = [str(w.message) for w in recwarn if "littlelm records skipped" in str(w.message)]
+    assert "2 line(s) that are not JSON objects or littlelm" in warning
+    assert warning.endswith("(line 2, 4)")
+    text = (run / "report" / "report.md").read_text()
+    assert "(line 2, 4)" in text and "step None" not in text and "at step 3" in text
