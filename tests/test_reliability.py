@@ -317,3 +317,23 @@ def test_report_with_a_few_bad_lines_among_good_ones_names_them(tmp_path, recwar
     assert warning.endswith("(line 2, 4)")
     text = (run / "report" / "report.md").read_text()
     assert "(line 2, 4)" in text and "step None" not in text and "at step 3" in text
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["model.d_model=48"], "model.d_model: 32 -> 48"),
+        (["--resume", "never"], "--resume never would mix"),
+    ],
+    ids=["non-resumable-change", "resume-never"],
+)
+def test_a_refused_resume_prepares_no_data(tmp_path, corpus, capsys, args, expected):
+    """Issue 24.10: a resume that is refused prepared the data (and trained a tokenizer) first."""
+    cfg = str(write_config(tmp_path / "t.yaml", tiny_tree(corpus, tmp_path / "runs")))
+    assert main(["train", cfg, "train.max_steps=3"]) == 0
+    capsys.readouterr()
+    cache = tmp_path / "fresh-cache"  # data.cache_dir may change on resume: where prep would go
+    assert main(["train", cfg, f"data.cache_dir={cache}", *args]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and expected in err and "Traceback" not in err
+    assert not cache.exists() and "preparing" not in out

@@ -109,6 +109,9 @@ class Trainer:
         # 1. process: every rank has this config and the device can run the model, checked
         #    before any work; then seeded, before anything draws from the RNG (model init)
         self._setup_process()
+        # 1b. resume: a resume that will be refused (config, --resume never or PATH over newer
+        #     checkpoints) is refused before any data preparation or tokenizer training
+        Checkpointer.refuse_early(cfg, self.run_dir, resume)
         # 2. callbacks: a missing optional package (wandb, tensorboard) fails before data prep
         self.callbacks: list[Callback] = [JSONLLogger(), *map(build_callback, cfg.callbacks)]
         # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
