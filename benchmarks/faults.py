@@ -519,10 +519,10 @@ def bench_beside_live_run(args, live: Child, cfg: Path, env: dict) -> tuple[str,
 def sigterm_in_teardown(args, live: Child, cfg: Path) -> tuple[str, str, bool]:
     """SIGTERM the live run; once its stop checkpoint exists, SIGTERM it again until it ends."""
     root = cfg.parent / "runs" / "prod-bench" / "checkpoints"
-    had = {d.name for d in ckpt.list_checkpoints(root)}
+    had = {d.name for d in ckpt.list_checkpoints(root, warn=False)}
     workers = [p for p in live.tree() if p != live.p.pid] if args.nproc > 1 else [live.p.pid]
     os.kill(live.worker(0) if args.nproc > 1 else live.p.pid, signal.SIGTERM)
-    saved = lambda: {d.name for d in ckpt.list_checkpoints(root)} - had  # noqa: E731
+    saved = lambda: {d.name for d in ckpt.list_checkpoints(root, warn=False)} - had  # noqa: E731
     wait_for(live, lambda: saved() or any("stopped by SIGTERM" in x for x in live.out), 120)
     sent = 0
     while live.p.poll() is None:
@@ -550,16 +550,24 @@ def sigterm_in_teardown(args, live: Child, cfg: Path) -> tuple[str, str, bool]:
 
 
 def extra_cases(args, work: Path, env: dict) -> list[tuple[str, str, bool]]:
-    rows = [disk_full_at_start(args, work, env)]
+    """The three cases of step 4, each with its wall time."""
+    t0 = time.monotonic()
+    rows = [timed(disk_full_at_start(args, work, env), t0)]
     cfg = make_run(work, "prod-bench", args, steps=100_000)
+    t0 = time.monotonic()
     live = Child(cfg, env, args.nproc)
     try:
-        rows.append(bench_beside_live_run(args, live, cfg, env))
-        rows.append(sigterm_in_teardown(args, live, cfg))
+        rows.append(timed(bench_beside_live_run(args, live, cfg, env), t0))
+        t0 = time.monotonic()
+        rows.append(timed(sigterm_in_teardown(args, live, cfg), t0))
     finally:
         for pid in alive(live.tree()):
             os.kill(pid, signal.SIGKILL)
     return rows
+
+
+def timed(row: tuple[str, str, bool], t0: float) -> tuple[str, str, bool]:
+    return row[0], f"{row[1]} [{time.monotonic() - t0:.0f}s]", row[2]
 
 
 def report(args: argparse.Namespace, rows: list[Outcome]) -> None:

@@ -129,7 +129,10 @@ class PreparedSource:
         if tokens > seq_len:
             return None
         m = self.manifest or {}
-        held = f"{sum(len(s) for s in self.val):,} of its {m.get('documents', '?'):,} documents"
+        docs = m.get("documents")
+        held = f"{sum(len(s) for s in self.val):,}" + (
+            f" of its {docs:,} documents" if isinstance(docs, int) else " documents"
+        )
         fraction = (m.get("split") or {}).get("fraction", "?")
         return (
             f"data.sources.{self.label} holds out {held} for validation (data.val_fraction "

@@ -151,8 +151,8 @@ def load_run_dir(path: str | Path) -> RunData:
                 "metrics.jsonl or is damaged: pass a run directory (runs/NAME)"
             )
         raise ReportError(f"{metrics} has no train or eval records yet; nothing to report")
-    if bad:
-        warnings.warn(notes[0], stacklevel=2)
+    if bad:  # the note read_metrics just added, said on the terminal as well
+        warnings.warn(notes[-1], stacklevel=2)
     config, config_text = read_config(path / "config.yaml", notes)
     name = (config.get("run") or {}).get("name") or path.name
     return RunData(
