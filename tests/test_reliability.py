@@ -124,6 +124,24 @@ def test_repeated_signal_during_teardown_is_ignored(tmp_path):
     assert r.returncode == 0 and "survived" in r.stdout, r.stderr
 
 
+def test_signal_during_teardown_of_a_rank_stopped_by_another_is_ignored():
+    """Under torchrun a rank stopped by another rank's SIGTERM had its default handlers back for
+    the teardown, so a SIGTERM there killed it (143) and torchrun exited 1 (faults.py --nproc 2)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal\n"
+        "from littlelm.train.signals import StopSignals\n"
+        "with StopSignals() as stop:\n"
+        "    stop.agreed = 'SIGTERM'\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('survived')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "survived" in r.stdout, (r.returncode, r.stderr)
+
+
 def test_disk_full_at_start_is_a_clear_error(tmp_path, monkeypatch):
     """Issue 24.6: ENOSPC while writing the run lock's pid is a RunDirError (exit 2, which the
     documented restart loop does not retry), not a raw OSError traceback with exit 1."""

@@ -419,6 +419,7 @@ class Trainer:
             value, norm_value, agreed = self.parallel.agree_step(loss, norm, signum)
             if agreed and self._agreed_stop is None:
                 self._agreed_stop = signal.Signals(agreed).name
+                self.stop.agreed = self._agreed_stop  # its teardown ignores signals too
         elif not guard.cfg.enabled:
             return Verdict.OK
         else:
