@@ -3,7 +3,7 @@
 
     littlelm train [CONFIG] [key=value ...] [--resume auto|never|PATH] [--nproc N]
     littlelm config show CONFIG [key=value ...] [--flat]
-    littlelm data prepare CONFIG [key=value ...] [--out DIR] [--only LABEL ...] [--workers N]
+    littlelm data prepare CONFIG [key=value ...] [--out DIR] [--only LABEL ...] [--workers N] [--no-verify]
     littlelm data inspect DIR [--samples N] [--chars N] [--no-verify]
     littlelm list
     littlelm sample CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
