@@ -28,6 +28,19 @@
    with no process left (a rank kill with a non-zero exit), the final weights are bitwise equal
    to the reference's, and so is every logged per-step loss.
 
+4. Three more cases, each on a run of its own (one process each, except the live run, which
+   has `--nproc` processes):
+   - disk full at start: `littlelm train` with ENOSPC injected into its first write to the run
+     directory (the run lock's pid; os.pwrite patched in the process, as tests/ simulate it,
+     since a small full filesystem needs root): exit 2, one `error:` line, no traceback;
+   - bench beside a live run: while a run named `prod-bench` trains, `littlelm bench
+     run.name=prod` (whose result directory would be that run) must refuse with exit 2, and
+     `littlelm bench` of the live run's own name must work in a directory of its own; the live
+     run keeps training, its checkpoints and metrics intact;
+   - a second SIGTERM during teardown: the live run is then sent SIGTERM (rank 0 with
+     `--nproc`), and once the stop's checkpoint is written, SIGTERM again every 10 ms until it
+     exits: exit 0, as documented, with that checkpoint complete and every step logged once.
+
 Exit status 0 only when every check passes. On 2 CPU cores the default run takes about one
 minute, `--nproc 2` (10 kills, 200 steps) about two. `--device cuda` trains on GPUs instead
 (for a borrowed GPU node): recoveries, lost steps and teardowns are checked the same way;
@@ -38,6 +51,7 @@ required there, since some CUDA kernels are not deterministic. Linux only (reads
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -58,6 +72,7 @@ from littlelm.train import checkpoint as ckpt
 
 STEP_LINE = re.compile(r"^step (\d+)/\d+ \|")
 RESUMED = re.compile(r"^resumed from \S+ \(step (\d+),")
+STOPPED = re.compile(r"^stopped by SIGTERM at step (\d+);")
 WORDS = [
     *[
         "the",
@@ -109,7 +124,7 @@ WORDS = [
 ]
 
 
-def make_run(work: Path, name: str, args: argparse.Namespace) -> Path:
+def make_run(work: Path, name: str, args: argparse.Namespace, steps: int | None = None) -> Path:
     rng = random.Random(0)
     corpus = work / "corpus.txt"
     if not corpus.exists():
@@ -132,7 +147,7 @@ def make_run(work: Path, name: str, args: argparse.Namespace) -> Path:
         "train": {
             "micro_batch_size": 8,
             "seq_len": 64,
-            "max_steps": args.steps,
+            "max_steps": steps or args.steps,
             "log_every": 1,
         },
         "eval": {"every": 0, "at_end": False},
@@ -140,6 +155,13 @@ def make_run(work: Path, name: str, args: argparse.Namespace) -> Path:
     }
     if args.nproc > 1:
         tree["distributed"] = {"shard_adamw": args.zero1}
+    for item in args.set or []:  # --set train.precision=fp32 ...
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
@@ -402,6 +424,15 @@ def parse_args() -> argparse.Namespace:
         help="runs, data cache and configs go here (kept afterwards)",
     )
     ap.add_argument("--device", default="cpu", help="cpu (bitwise check) or cuda")
+    ap.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="config override, e.g. train.precision=fp32",
+    )
+    ap.add_argument(
+        "--no-cases", dest="cases", action="store_false", help="skip the three extra cases (step 4)"
+    )
     args = ap.parse_args()
     multi = args.nproc > 1
     args.steps = args.steps or (200 if multi else 300)
@@ -429,6 +460,114 @@ def faulted_run(args: argparse.Namespace, cfg: Path, env: dict) -> tuple[list[Ou
         out.start = child.resumed_step() or 0
         rows.append(out)
     return rows, child.drain()
+
+
+def littlelm(args: list[str], env: dict, code: str | None = None) -> subprocess.CompletedProcess:
+    """`littlelm ARGS` in a process of its own (with `code` run first, to inject a fault)."""
+    main = f"import sys; from littlelm.cli import main; sys.exit(main({args!r}))"
+    cmd = [sys.executable, "-c", f"{code}\n{main}" if code else main]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def clean_error(r: subprocess.CompletedProcess) -> bool:
+    """Exit 2 with an `error:` line and no traceback."""
+    return r.returncode == 2 and "error: " in r.stderr and "Traceback" not in r.stderr
+
+
+def last_error(r: subprocess.CompletedProcess) -> str:
+    lines = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
+    return (lines[-1] if lines else r.stderr.strip()[-200:])[:150]
+
+
+DISK_FULL = (
+    "import errno, os\n"
+    "def full(*a):\n"
+    "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+    "os.pwrite = full"
+)
+
+
+def disk_full_at_start(args, work: Path, env: dict) -> tuple[str, str, bool]:
+    cfg = make_run(work, "diskfull", args)
+    r = littlelm(["train", str(cfg)], env, DISK_FULL)
+    run_dir = work / "runs" / "diskfull"
+    left = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    ok = clean_error(r) and "free disk space" in r.stderr and left in ([], [".lock"])
+    return "disk full at start", f"exit {r.returncode}: {last_error(r)}", ok
+
+
+def bench_beside_live_run(args, live: Child, cfg: Path, env: dict) -> tuple[str, str, bool]:
+    """Two benches while `live` (run.name prod-bench) trains; then the live run must be whole."""
+    run_dir = cfg.parent / "runs" / "prod-bench"
+    wait_for(live, lambda: ckpt.latest_checkpoint(run_dir / "checkpoints", warn=False) is not None)
+    before = len((run_dir / "metrics.jsonl").read_text().splitlines())
+    into = littlelm(["bench", str(cfg), "run.name=prod", "--steps", "2"], env)
+    own = littlelm(["bench", str(cfg), "--steps", "2"], env)
+    alive_after = live.p.poll() is None
+    after = len((run_dir / "metrics.jsonl").read_text().splitlines())
+    whole = ckpt.latest_checkpoint(run_dir / "checkpoints", warn=False) is not None
+    ok = clean_error(into) and own.returncode == 0 and alive_after and after > before and whole
+    text = (
+        f"bench run.name=prod: exit {into.returncode} ({last_error(into)}); bench of the live "
+        f"run's name: exit {own.returncode} (in prod-bench-bench); live run "
+        f"{'still training' if alive_after else 'ENDED'}, metrics {before} -> {after} lines, "
+        f"checkpoints {'kept' if whole else 'LOST'}"
+    )
+    return "bench beside a live run", text, ok
+
+
+def sigterm_in_teardown(args, live: Child, cfg: Path) -> tuple[str, str, bool]:
+    """SIGTERM the live run; once its stop checkpoint exists, SIGTERM it again until it ends."""
+    root = cfg.parent / "runs" / "prod-bench" / "checkpoints"
+    had = {d.name for d in ckpt.list_checkpoints(root, warn=False)}
+    workers = [p for p in live.tree() if p != live.p.pid] if args.nproc > 1 else [live.p.pid]
+    os.kill(live.worker(0) if args.nproc > 1 else live.p.pid, signal.SIGTERM)
+    saved = lambda: {d.name for d in ckpt.list_checkpoints(root, warn=False)} - had  # noqa: E731
+    wait_for(live, lambda: saved() or any("stopped by SIGTERM" in x for x in live.out), 120)
+    sent = 0
+    while live.p.poll() is None:
+        for pid in alive(workers):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                sent += 1
+        time.sleep(0.01)
+    rc = live.drain()
+    stop = next((int(m.group(1)) for x in live.out if (m := STOPPED.match(x))), None)
+    newest = ckpt.latest_checkpoint(root, warn=False)
+    steps = sorted(losses(root.parent))
+    ok = (
+        rc == 0
+        and stop is not None
+        and newest is not None
+        and ckpt.checkpoint_step(newest) == stop
+        and steps == list(range(1, stop + 1))
+    )
+    text = (
+        f"stopped at step {stop}, {sent} more SIGTERM(s) in teardown: exit {rc}; newest "
+        f"checkpoint {newest.name if newest else None}, steps logged 1..{steps[-1] if steps else 0}"
+    )
+    return "second SIGTERM in teardown", text, ok
+
+
+def extra_cases(args, work: Path, env: dict) -> list[tuple[str, str, bool]]:
+    """The three cases of step 4, each with its wall time."""
+    t0 = time.monotonic()
+    rows = [timed(disk_full_at_start(args, work, env), t0)]
+    cfg = make_run(work, "prod-bench", args, steps=100_000)
+    t0 = time.monotonic()
+    live = Child(cfg, env, args.nproc)
+    try:
+        rows.append(timed(bench_beside_live_run(args, live, cfg, env), t0))
+        t0 = time.monotonic()
+        rows.append(timed(sigterm_in_teardown(args, live, cfg), t0))
+    finally:
+        for pid in alive(live.tree()):
+            os.kill(pid, signal.SIGKILL)
+    return rows
+
+
+def timed(row: tuple[str, str, bool], t0: float) -> tuple[str, str, bool]:
+    return row[0], f"{row[1]} [{time.monotonic() - t0:.0f}s]", row[2]
 
 
 def report(args: argparse.Namespace, rows: list[Outcome]) -> None:
@@ -507,12 +646,16 @@ def main() -> int:
         f"wall time: {total:.0f}s (uninterrupted run {ref_time:.0f}s)"
     )
     exact = (weights_equal and losses_equal) or args.device != "cpu"
+    cases = extra_cases(args, work, env) if args.cases else []
+    for name, text, ok in cases:
+        print(f"{name}: {'ok' if ok else 'FAILED'}: {text}")
     passed = (
         recovered == args.kills
         and worst <= args.every
         and stopped == len(rows)
         and rc == 0
         and exact
+        and all(ok for _, _, ok in cases)
     )
     print("PASS" if passed else "FAIL")
     return 0 if passed else 1

@@ -3,7 +3,7 @@
 
     littlelm train [CONFIG] [key=value ...] [--resume auto|never|PATH] [--nproc N]
     littlelm config show CONFIG [key=value ...] [--flat]
-    littlelm data prepare CONFIG [key=value ...] [--out DIR] [--only LABEL ...] [--workers N]
+    littlelm data prepare CONFIG [key=value ...] [--out DIR] [--only LABEL ...] [--workers N] [--no-verify]
     littlelm data inspect DIR [--samples N] [--chars N] [--no-verify]
     littlelm list
     littlelm sample CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
@@ -89,7 +89,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
         overrides = [*overrides, f"data.workers={args.workers}"]
     cfg = load_data_config(config, overrides)
     out = Path(args.out) if args.out else None
-    _, result = prepare_data(cfg, out, args.only)
+    _, result = prepare_data(cfg, out, args.only, verify="sizes" if args.no_verify else "checksums")
     if out is not None:
         print(prepared_snippet(result))
     return 0
@@ -436,6 +436,12 @@ def _add_data(sub) -> None:
         "--workers",
         type=int,
         help="tokenizing processes (default: one per core, one per 64 MB of input at most)",
+    )
+    prep.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="check an already prepared dataset's shard sizes and headers only, not every "
+        "checksum (damaged shards are rebuilt either way)",
     )
     prep.set_defaults(fn=cmd_data_prepare)
     insp = _verb(

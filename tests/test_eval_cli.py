@@ -222,3 +222,12 @@ def test_icl_records_reach_the_tensorboard_logger(tmp_path, task_dir):
     publish(SimpleNamespace(step=7, callbacks=[tb], is_main=True), record)
     assert tb.writer.seen == {"eval/mean_centered": (0.1, 7), "eval/task_acc.mc_words": (0.5, 7)}
     assert scalars({"task_acc": {"a": 1.0}}, "eval") == {"eval/task_acc.a": 1.0}
+
+
+@pytest.mark.parametrize("bundle", [["--bundle", "/nonexistent/dir"], []])
+def test_eval_on_a_missing_checkpoint_names_the_checkpoint_first(tmp_path, capsys, bundle):
+    """Issue 24.10: a wrong checkpoint path was reported as a missing eval bundle."""
+    code = main(["eval", str(tmp_path / "no-such-run"), *bundle])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and "no-such-run" in err, err
+    assert "bundle" not in err and "eval directory" not in err and "Traceback" not in err

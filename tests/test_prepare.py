@@ -384,3 +384,105 @@ def test_data_prepare_fills_the_cache_train_uses(tmp_path, raw, capsys):
     assert "preparing 'text'" in capsys.readouterr().out
     Trainer(load_run(cfg_path), resume="never").fit()
     assert "preparing" not in capsys.readouterr().out
+
+
+def _damage(path, how: str) -> None:
+    raw = bytearray(path.read_bytes())
+    if how == "flip":
+        raw[len(raw) // 2] ^= 0xFF  # inside the tokens: only the checksum tells
+    else:
+        raw = raw[:-10]
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_prepare_rebuilds_only_the_damaged_unit(tmp_path, raw, how):
+    """Issue 24.3: with the manifest present prepare trusted the directory and did nothing; it
+    now checks every shard, rebuilds the unit that holds a damaged one, and says so."""
+    cfg = data_cfg(raw)
+    _, result = prepare_data(cfg, tmp_path / "out", only=["web"], log=lambda s: None)
+    directory, manifest = result["web"][1], result["web"][2]
+    files = [s["file"] for s in manifest["splits"]["train"]["shards"]]
+    victim = next(f for f in files if "-00001-" in f)
+    original = {f.name: f.read_bytes() for f in directory.glob("*.bin")}
+    before = shard_files(directory)
+    _damage(directory / victim, how)
+    logs = []
+    _, again = prepare_data(cfg, tmp_path / "out", only=["web"], log=logs.append, verify="sizes")
+    if how == "flip":  # a flipped byte keeps the size and header: sizes alone cannot see it
+        assert not logs and (directory / victim).read_bytes() != original[victim]
+    _, again = prepare_data(
+        cfg, tmp_path / "out", only=["web"], log=logs.append, verify="checksums"
+    )
+    text = "\n".join(logs)
+    assert f"{victim}: " + ("checksum mismatch" if how == "flip" else "truncated") in text
+    assert "rebuilding 1 damaged shard(s)" in text and "unit(s) 1" in text
+    assert f"rebuilt {victim}" in text
+    assert {f.name: f.read_bytes() for f in directory.glob("*.bin")} == original
+    after = shard_files(directory)
+    unit1 = {n for n in before if "-00001-" in n}
+    assert all(after[n] == before[n] for n in before if n not in unit1)  # others untouched
+    assert again["web"][2]["splits"] == manifest["splits"]
+    assert not (tmp_path / "out" / "web.partial").exists()
+    logs.clear()
+    prepare_data(cfg, tmp_path / "out", only=["web"], log=logs.append, verify="checksums")
+    assert not logs  # nothing damaged: nothing rebuilt, nothing said
+
+
+def test_prepare_rebuilds_a_dataset_made_before_plans_were_kept_whole(tmp_path, raw):
+    import shutil
+
+    cfg = data_cfg(raw)
+    _, result = prepare_data(cfg, tmp_path / "out", only=["web"], log=lambda s: None)
+    directory = result["web"][1]
+    shutil.rmtree(directory / "units")
+    (directory / "plan.json").unlink()
+    original = {f.name: f.read_bytes() for f in directory.glob("*.bin")}
+    victim = sorted(original)[-1]
+    (directory / victim).unlink()
+    logs = []
+    prepare_data(cfg, tmp_path / "out", only=["web"], log=logs.append, verify="sizes")
+    assert any(f"{victim}: missing" in line for line in logs)
+    assert any("the whole dataset" in line for line in logs)
+    assert {f.name: f.read_bytes() for f in directory.glob("*.bin")} == original
+
+
+def test_damaged_prepared_shards_source_is_named(tmp_path, raw, capsys):
+    _, result = prepare_data(data_cfg(raw), tmp_path / "out", only=["web"], log=lambda s: None)
+    directory = result["web"][1]
+    victim = sorted(directory.glob("train-*.bin"))[0]
+    _damage(victim, "truncate")
+    run = {
+        "data": {
+            "tokenizer": {"name": "saved", "path": str(directory)},
+            "sources": {"web": {"name": "shards", "path": str(directory)}},
+        }
+    }
+    assert main(["data", "prepare", str(write_config(tmp_path / "d.yaml", run))]) == 2
+    err = capsys.readouterr().err
+    assert f"data.sources.web: 1 damaged shard(s) in {directory} ({victim.name}: truncated" in err
+    assert "--out` that made it" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_train_on_a_damaged_shard_says_prepare_rebuilds_it_and_prepare_does(
+    tmp_path, corpus, capsys, how
+):
+    """The whole loop a user meets: train fails naming `littlelm data prepare`, which rebuilds
+    the shard with the same tokens, and train then works."""
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    cfg = str(write_config(tmp_path / "t.yaml", tiny_tree(corpus, tmp_path / "runs")))
+    assert main(["data", "prepare", cfg, cache]) == 0
+    (directory,) = (tmp_path / "cache" / "datasets").iterdir()
+    shard = sorted(directory.glob("train-*.bin"))[0]
+    original = shard.read_bytes()
+    _damage(shard, how)
+    capsys.readouterr()
+    assert main(["train", cfg, cache]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {shard}" in err and "run `littlelm data prepare` with the config" in err
+    assert "Traceback" not in err
+    assert main(["data", "prepare", cfg, cache]) == 0
+    assert f"rebuilt {shard.name} in {directory}" in capsys.readouterr().out
+    assert shard.read_bytes() == original
+    assert main(["train", cfg, cache]) == 0

@@ -124,6 +124,24 @@ def test_repeated_signal_during_teardown_is_ignored(tmp_path):
     assert r.returncode == 0 and "survived" in r.stdout, r.stderr
 
 
+def test_signal_during_teardown_of_a_rank_stopped_by_another_is_ignored():
+    """Under torchrun a rank stopped by another rank's SIGTERM had its default handlers back for
+    the teardown, so a SIGTERM there killed it (143) and torchrun exited 1 (faults.py --nproc 2)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal\n"
+        "from littlelm.train.signals import StopSignals\n"
+        "with StopSignals() as stop:\n"
+        "    stop.agreed = 'SIGTERM'\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('survived')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "survived" in r.stdout, (r.returncode, r.stderr)
+
+
 def test_disk_full_at_start_is_a_clear_error(tmp_path, monkeypatch):
     """Issue 24.6: ENOSPC while writing the run lock's pid is a RunDirError (exit 2, which the
     documented restart loop does not retry), not a raw OSError traceback with exit 1."""
@@ -214,8 +232,8 @@ def test_warnings_print_without_a_source_line(tiny_config, monkeypatch, capsys):
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_corrupt_shard_names_the_directory_to_delete(tmp_path, damage):
-    """Issue 24.3: `prepare` trusts a directory with a manifest, so "re-run littlelm data
-    prepare" fixed nothing; the error names the dataset directory to delete."""
+    """Issue 24.3: the error names the dataset directory (and `littlelm data prepare`, which
+    rebuilds its damaged shards: tests/test_prepare.py)."""
     import json
 
     import numpy as np
@@ -248,3 +266,92 @@ def test_plan_refuses_or_answers_huge_depths_quickly(tiny_config, capsys, recwar
     assert "model.n_layer 1,000,000 is beyond" in capsys.readouterr().err
     assert main(["plan", str(tiny_config), "model.n_layer=1000"]) == 0
     assert any("analytic estimate only" in str(w.message) for w in recwarn)
+
+
+def test_empty_validation_split_is_explained_at_start_not_logged_as_nan(tmp_path, corpus, capsys):
+    """Issue 24.10: with nothing held out, every evaluation printed `val loss nan` and no hint;
+    now the start says why and what to set, and no evaluation is logged."""
+    import json
+
+    tree = tiny_tree(corpus, tmp_path / "runs", data={"val_fraction": 0.0})
+    assert main(["train", str(write_config(tmp_path / "t.yaml", tree))]) == 0
+    out = capsys.readouterr().out
+    assert "warning: data.sources.text holds out 0 of its 120 documents" in out
+    assert "data.val_fraction 0.0" in out and "Raise data.val_fraction" in out
+    assert "eval.every=0" in out and "nan" not in out
+    assert out.index("warning: data.sources.text") < out.index("step 1")
+    lines = (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines]
+    assert not [r for r in records if r.get("kind") == "eval"]
+    assert not any("val_loss" in r for r in records)
+
+
+def test_a_source_too_small_to_evaluate_is_named_and_left_out():
+    from types import SimpleNamespace
+
+    from littlelm.data.build import PreparedSource, RunData
+
+    class S(SimpleNamespace):  # a shard: its header and its number of documents
+        def __len__(self):
+            return 1
+
+    def source(label, val_tokens):
+        val = [S(header=SimpleNamespace(n_tokens=val_tokens))]
+        m = {"documents": 40, "split": {"fraction": 0.01}}
+        return PreparedSource(label, 1.0, None, [], val, manifest=m)
+
+    data = RunData(None, {"big": source("big", 500), "small": source("small", 20)})
+    assert data.can_evaluate(32)
+    text = data.val_warning(32)
+    assert text.startswith("data.sources.small holds out 1 of its 40 documents")
+    assert "20 tokens: fewer than one window of train.seq_len + 1 = 33" in text
+    assert "The validation loss leaves it out" in text and "eval.every=0" not in text
+    assert data.val_warning(16) is None
+
+
+def test_report_on_garbage_metrics_is_an_error_naming_the_line(tmp_path, capsys):
+    """Issue 24.10: junk lines and no train record made a report of "step None of ?" and exit 0."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('garbage\n{"x": 1}\n[1, 2]\n{"loss": "abc"}\n')
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run / 'metrics.jsonl'}:1: not JSON ('garbage')")
+    assert "and 3 more bad line(s)" in err and "Traceback" not in err
+    assert not (run / "report").exists()
+
+
+def test_report_with_a_few_bad_lines_among_good_ones_names_them(tmp_path, recwarn):
+    import json
+
+    run = tmp_path / "r"
+    run.mkdir()
+    good = [{"kind": "train", "step": s, "tokens": 64 * s, "loss": 5.0 - s / 10} for s in (1, 2, 3)]
+    lines = [json.dumps(good[0]), "junk", json.dumps(good[1]), '{"loss": 1}', json.dumps(good[2])]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["report", str(run)]) == 0
+    (warning,) = [str(w.message) for w in recwarn if "littlelm records skipped" in str(w.message)]
+    assert "2 line(s) that are not JSON objects or littlelm" in warning
+    assert warning.endswith("(line 2, 4)")
+    text = (run / "report" / "report.md").read_text()
+    assert "(line 2, 4)" in text and "step None" not in text and "at step 3" in text
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["model.d_model=48"], "model.d_model: 32 -> 48"),
+        (["--resume", "never"], "--resume never would mix"),
+    ],
+    ids=["non-resumable-change", "resume-never"],
+)
+def test_a_refused_resume_prepares_no_data(tmp_path, corpus, capsys, args, expected):
+    """Issue 24.10: a resume that is refused prepared the data (and trained a tokenizer) first."""
+    cfg = str(write_config(tmp_path / "t.yaml", tiny_tree(corpus, tmp_path / "runs")))
+    assert main(["train", cfg, "train.max_steps=3"]) == 0
+    capsys.readouterr()
+    cache = tmp_path / "fresh-cache"  # data.cache_dir may change on resume: where prep would go
+    assert main(["train", cfg, f"data.cache_dir={cache}", *args]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and expected in err and "Traceback" not in err
+    assert not cache.exists() and "preparing" not in out

@@ -20,6 +20,7 @@ from littlelm.config import RESUMABLE, SAME_DATA, Cfg, Registered
 from littlelm.data.cache import cache_root
 from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
 from littlelm.data.prepare import (
+    damaged_shards,
     dataset_dir,
     make_split,
     prepare_source,
@@ -115,10 +116,29 @@ class PreparedSource:
     train: list[Shard]
     val: list[Shard]
     long_docs: str = "crop"
+    manifest: dict | None = None
 
     @property
     def train_tokens(self) -> int:
         return sum(s.header.n_tokens for s in self.train)
+
+    def val_shortage(self, seq_len: int) -> str | None:
+        """Why this source adds nothing to the validation loss (its held-out tokens do not
+        fill one window of seq_len + 1), or None when it does."""
+        tokens = sum(s.header.n_tokens for s in self.val)
+        if tokens > seq_len:
+            return None
+        m = self.manifest or {}
+        docs = m.get("documents")
+        held = f"{sum(len(s) for s in self.val):,}" + (
+            f" of its {docs:,} documents" if isinstance(docs, int) else " documents"
+        )
+        fraction = (m.get("split") or {}).get("fraction", "?")
+        return (
+            f"data.sources.{self.label} holds out {held} for validation (data.val_fraction "
+            f"{fraction}), {tokens:,} tokens: fewer than one window of train.seq_len + 1 = "
+            f"{seq_len + 1}"
+        )
 
 
 @dataclass
@@ -137,6 +157,32 @@ class RunData:
             packers[label] = BestFitPacker(stream, seq_len + 1, cfg.buffer_docs, src.long_docs)
         weights = {k: s.weight for k, s in self.sources.items()}
         return MixtureLoader(packers, weights, batch, seq_len)
+
+    def can_evaluate(self, seq_len: int) -> bool:
+        return any(s.val_shortage(seq_len) is None for s in self.sources.values())
+
+    def val_warning(self, seq_len: int) -> str | None:
+        """At start, instead of a `val loss nan` later: which sources have too little held out
+        to evaluate, why, and what to set (documents are held out whole: `max_chars` cuts them
+        after the split, so it does not help)."""
+        short = [w for s in self.sources.values() if (w := s.val_shortage(seq_len))]
+        if not short:
+            return None
+        none = len(short) == len(self.sources)
+        return (
+            "; ".join(short)
+            + (
+                ". There is no validation loss: evaluation is skipped. "
+                if none
+                else ". The validation loss leaves "
+                + ("it" if len(short) == 1 else "them")
+                + " out. "
+            )
+            + "Raise data.val_fraction, give the source more documents (a text source: "
+            "split: paragraph or line; max_chars cuts documents after the split and does not "
+            "help) or lower train.seq_len"
+            + ("; or set eval.every=0 and eval.at_end=false to train without one" if none else "")
+        )
 
     @property
     def val_shards(self) -> list[Shard]:
@@ -180,9 +226,11 @@ def prepare_data(
     only: list[str] | None = None,
     log=print,
     progress=None,
+    verify: str = "none",
 ) -> tuple[Tokenizer, dict[str, tuple[Source, Path, dict]]]:
     """The tokenizer, and for each source its (source, dataset directory, manifest): raw
-    sources are prepared into `out/LABEL` (or the cache), prepared ones are read."""
+    sources are prepared into `out/LABEL` (or the cache), prepared ones are read. With `verify`
+    ("sizes" or "checksums") existing shards are checked first and damaged ones rebuilt."""
     sources = build_sources(cfg)
     unknown = sorted(set(only or []) - set(sources))
     if unknown:
@@ -198,14 +246,29 @@ def prepare_data(
         if only and label not in only:
             continue
         if src.prepared:
-            result[label] = (src, src.directory(), read_manifest(src.directory()))
+            manifest = read_manifest(src.directory())
+            if verify != "none":
+                _refuse_damaged(label, src.directory(), manifest, verify)
+            result[label] = (src, src.directory(), manifest)
             continue
         directory = out / label if out else dataset_dir(src, tok, splits[label], root)
         manifest = prepare_source(
-            src, tok, splits[label], directory, cfg.shard_tokens, cfg.workers, log, progress
+            src, tok, splits[label], directory, cfg.shard_tokens, cfg.workers, log, progress, verify
         )
         result[label] = (src, directory, manifest)
     return tok, result
+
+
+def _refuse_damaged(label: str, directory: Path, manifest: dict, level: str) -> None:
+    """A `shards` source has no raw input here to rebuild from: name what is damaged."""
+    damaged = damaged_shards(directory, manifest, level)
+    if damaged:
+        what = "; ".join(f"{name}: {problem}" for name, problem in damaged.items())
+        raise DataError(
+            f"data.sources.{label}: {len(damaged)} damaged shard(s) in {directory} ({what}); "
+            f"it is prepared shards, so rebuild it with the `littlelm data prepare ... --out` "
+            f"that made it (its source: {manifest.get('source')})"
+        )
 
 
 def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
@@ -239,4 +302,6 @@ def open_dataset(
             s.check_tokenizer(tok.fingerprint, f"this run's tokenizer, {tok.describe()}")
         return shards
 
-    return PreparedSource(label, weight, directory, open_split("train"), open_split("val"))
+    return PreparedSource(
+        label, weight, directory, open_split("train"), open_split("val"), manifest=manifest
+    )

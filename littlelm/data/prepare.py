@@ -8,11 +8,15 @@ A prepared dataset is a directory:
     train-00000-000.bin ...      shards of unit 0 (see shards.py), then unit 1, ...
     val-00000-000.bin ...
 
+    plan.json, units/            how the input was cut into units, and each unit's shards
+
 It is built in `NAME.partial/` and renamed into place. The source's input is cut into units of
 about one shard (sources.py); units are tokenized in parallel (workers.py), each one's shards
 renamed into place when complete and the unit then recorded in `units/`, so an interrupted
 prepare starts again where it stopped: finished units are kept, a half-done unit is redone.
-`resolve_tokenizer` trains (or finds in the cache) the tokenizer a run asks for.
+A complete dataset keeps its plan and unit records, so that `verify` can find a damaged shard's
+unit and `littlelm data prepare` rebuild that unit alone (a dataset from before they were kept is
+rebuilt whole). `resolve_tokenizer` trains (or finds in the cache) the tokenizer a run asks for.
 """
 
 from __future__ import annotations
@@ -34,11 +38,11 @@ import numpy as np
 from littlelm.config import ComponentConfig
 from littlelm.data.cache import digest
 from littlelm.data.meter import Meter
-from littlelm.data.shards import read_header
+from littlelm.data.shards import Shard, read_header
 from littlelm.data.sources import Source, Unit
 from littlelm.data.split import ValSplit
 from littlelm.data.tokenizer import META, Tokenizer, load_tokenizer
-from littlelm.data.workers import UnitJob, pool_size, run_units, unit_record_path
+from littlelm.data.workers import UNITS, UnitJob, pool_size, run_units, unit_record_path
 from littlelm.errors import DataError
 from littlelm.registry import TOKENIZERS
 
@@ -152,12 +156,18 @@ def prepare_source(
     workers: int | None = None,
     log=print,
     progress=None,
+    verify: str = "none",
 ) -> dict:
     """Tokenize `source` into shards under `out`; a complete copy is reused, a partial one
-    (`out.partial`, left by an interrupted prepare) is resumed."""
+    (`out.partial`, left by an interrupted prepare) is resumed. `verify` ("none", "sizes" or
+    "checksums", see `damaged_shards`) checks a complete copy first and rebuilds what is damaged."""
     key = dataset_key(source, tok, split)
     if (out / MANIFEST).is_file():
-        return _existing(out, key)
+        manifest = _existing(out, key)
+        damaged = damaged_shards(out, manifest, verify) if verify != "none" else {}
+        if not damaged:
+            return manifest
+        return _rebuild(source, tok, split, out, manifest, damaged, workers, log, progress)
     if out.exists() and any(out.iterdir()):
         raise DataError(
             f"{out} exists and is not a prepared dataset ({MANIFEST} missing); "
@@ -233,11 +243,109 @@ def _prepare_locked(
     manifest = _manifest(source, tok, split, key, shard_tokens, units, records, time.time() - t0)
     _check_not_empty(source, manifest)
     (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    shutil.rmtree(partial / "units", ignore_errors=True)
-    (partial / PLAN).unlink(missing_ok=True)
-    _rename_into_place(partial, out)
+    _rename_into_place(partial, out)  # plan.json and units/ stay: a damaged unit can be rebuilt
     _log_summary(manifest, log)
     return manifest
+
+
+# -- verifying and rebuilding a complete dataset ----------------------------------------------------
+
+
+def damaged_shards(directory: Path, manifest: dict, level: str = "checksums") -> dict[str, str]:
+    """{file: what is wrong} for every shard of the manifest that is missing, is not a shard,
+    has another size than its header promises or a header that is not the one the manifest
+    recorded (level "sizes": one header read per shard), or, at level "checksums", whose
+    contents do not match its sha256 (reads every shard)."""
+    damaged = {}
+    for split in ("train", "val"):
+        for rec in manifest["splits"][split]["shards"]:
+            problem = _shard_problem(Path(directory) / rec["file"], rec, level == "checksums")
+            if problem:
+                damaged[rec["file"]] = problem
+    return damaged
+
+
+def _shard_problem(path: Path, rec: dict, full: bool) -> str | None:
+    if not path.is_file():
+        return "missing"
+    try:
+        h = read_header(path)
+    except DataError:
+        return "not a shard (bad header)"
+    size = path.stat().st_size
+    if size != h.file_size:
+        return f"truncated or damaged ({size:,} bytes, its header promises {h.file_size:,})"
+    if h.checksum != rec.get("sha256") or h.n_tokens != rec.get("tokens"):
+        return "its header differs from the manifest's record"
+    try:
+        Shard(path, verify=full)
+    except DataError as e:
+        return "checksum mismatch" if "checksum" in str(e) else "inconsistent document offsets"
+    return None
+
+
+def _rebuild(source, tok, split, out, manifest, damaged, workers, log, progress) -> dict:
+    """Rebuild the units that hold damaged shards (every unit of a dataset prepared before
+    plans were kept) through the resumable path: the dataset moves back to `out.partial`, the
+    damaged units' records are dropped, and preparing it again redoes exactly those."""
+    partial = out.with_name(out.name + ".partial")
+    key, shard_tokens = manifest["key"], manifest["shard_tokens"]  # as made, to rebuild the same
+    for name, problem in damaged.items():
+        log(f"{out / name}: {problem}")
+    with _locked(partial, log):
+        if not (out / MANIFEST).is_file():  # deleted while we waited: prepare it afresh
+            return _prepare_locked(
+                source, tok, split, out, partial, key, shard_tokens, workers, log, progress
+            )
+        recs = {r["file"]: r for sp in manifest["splits"].values() for r in sp["shards"]}
+        damaged = {n: p for n in damaged if (p := _shard_problem(out / n, recs[n], True))}
+        if not damaged:  # another process rebuilt them while we waited
+            return _existing(out, key)
+        if not (out / PLAN).is_file():  # made before plans were kept: any plan here is stale
+            shutil.rmtree(partial / UNITS, ignore_errors=True)
+            (partial / PLAN).unlink(missing_ok=True)
+        _move_back(out, partial)
+        units = _drop_damaged_units(partial, damaged)
+        log(
+            f"rebuilding {len(damaged)} damaged shard(s) of {out}: "
+            + (f"unit(s) {', '.join(map(str, units))}" if units else "the whole dataset")
+        )
+        rebuilt = _prepare_locked(
+            source, tok, split, out, partial, key, shard_tokens, workers, log, progress
+        )
+    log(f"rebuilt {', '.join(sorted(damaged))} in {out}")
+    return rebuilt
+
+
+def _move_back(out: Path, partial: Path) -> None:
+    """Move a complete dataset's files into `partial`, the manifest last (until then `out` is
+    still a dataset, so a prepare killed midway finds the missing files and finishes the move)."""
+    for entry in out.iterdir():
+        if entry.name not in (MANIFEST, ".lock"):
+            target = partial / entry.name
+            if target.is_dir():
+                shutil.rmtree(target)
+            os.replace(entry, target)
+    (out / MANIFEST).unlink()
+    shutil.rmtree(out)
+
+
+def _drop_damaged_units(partial: Path, damaged: dict[str, str]) -> list[int]:
+    """Forget the units holding a damaged shard (their shards are then deleted and redone);
+    without a plan every unit is redone. Returns the units dropped, [] for all."""
+    if not (partial / PLAN).is_file():
+        return []
+    dropped = []
+    for path in sorted((partial / UNITS).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            files = {s["file"] for shards in record["shards"].values() for s in shards}
+        except (OSError, json.JSONDecodeError, KeyError):
+            files = set(damaged)  # an unreadable record: redo that unit too
+        if files & set(damaged):
+            path.unlink()
+            dropped.append(int(path.stem))
+    return dropped
 
 
 def _make_plan(

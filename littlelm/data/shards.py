@@ -139,13 +139,15 @@ def write_shard(
 
 
 def rebuild_hint(path: Path) -> str:
-    """How to fix a damaged shard: delete its dataset directory (the one holding manifest.json,
-    so that `prepare`, which trusts a complete directory, rebuilds it)."""
+    """How to fix a damaged shard: `littlelm data prepare` checks every shard of a complete
+    dataset (the directory holding manifest.json) and rebuilds the damaged ones."""
     for parent in list(Path(path).parents)[:3]:
         if (parent / "manifest.json").is_file():
             return (
-                f"delete {parent} (the prepared dataset that holds it); `littlelm data prepare` "
-                "or `littlelm train` then rebuilds it"
+                f"run `littlelm data prepare` with the config that prepared {parent} (the run's "
+                "own config if `littlelm train` did): it checks every shard and rebuilds the "
+                f"damaged ones; or delete {parent} (the prepared dataset that holds it) and "
+                "prepare again"
             )
     return "delete it and re-run `littlelm data prepare`"
 

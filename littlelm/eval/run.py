@@ -52,10 +52,10 @@ def run_eval(
     out: str | Path | None = None,
 ) -> SuiteResult:
     opts = opts or EvalOptions()
+    path = find_checkpoint(checkpoint)  # a wrong checkpoint path first, then the bundle
     tasks, data_dir = tasks_and_data(bundle, task_file, labels)
     loaded = load_suite(tasks, data_dir)
     dev = pick_device(device)
-    path = find_checkpoint(checkpoint)
     model, tok, cfg = load_model(path, dev)
     precision = inference_precision(precision, cfg.train.precision, dev)
     print(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,9 +139,20 @@ def load_run_dir(path: str | Path) -> RunData:
             "has logged at least one step?"
         )
     notes: list[str] = []
-    records = read_metrics(metrics, notes)
+    bad: list[tuple[int, str]] = []
+    records = read_metrics(metrics, notes, bad)
     if not any(records.get(k) for k in ("train", "eval")):
+        if bad:  # garbage, not a run that has not logged yet
+            (lineno, what), more = bad[0], len(bad) - 1
+            raise ReportError(
+                f"{metrics}:{lineno}: {what}"
+                + (f" (and {more} more bad line(s))" if more else "")
+                + "; the file holds no train or eval records, so it is not a littlelm "
+                "metrics.jsonl or is damaged: pass a run directory (runs/NAME)"
+            )
         raise ReportError(f"{metrics} has no train or eval records yet; nothing to report")
+    if bad:  # the note read_metrics just added, said on the terminal as well
+        warnings.warn(notes[-1], stacklevel=2)
     config, config_text = read_config(path / "config.yaml", notes)
     name = (config.get("run") or {}).get("name") or path.name
     return RunData(
@@ -160,22 +172,29 @@ def load_run_dir(path: str | Path) -> RunData:
 EVENT_FIELD = {"rollback": "failed_at"}
 
 
-def read_metrics(path: Path, notes: list[str]) -> dict[str, list[dict]]:
-    """Records by kind, in file order, the last one kept where a (kind, step) repeats."""
+def read_metrics(
+    path: Path, notes: list[str], bad: list[tuple[int, str]] | None = None
+) -> dict[str, list[dict]]:
+    """Records by kind, in file order, the last one kept where a (kind, step) repeats. Lines
+    that are not JSON objects, and train or eval records without a numeric step, are skipped
+    (noted, and listed in `bad` as (line number, what is wrong))."""
     by_key: dict[tuple, dict] = {}
-    bad = []
+    bad = [] if bad is None else bad
     for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            bad.append(lineno)
+            bad.append((lineno, f"not JSON ({_excerpt(line)})"))
             continue
         if not isinstance(rec, dict):
-            bad.append(lineno)
+            bad.append((lineno, f"not a JSON object ({_excerpt(line)})"))
             continue
         kind = str(rec.get("kind", "train"))
+        if kind in ("train", "eval") and not is_number(rec.get("step")):
+            bad.append((lineno, f"a {kind} record without a step ({_excerpt(line)})"))
+            continue
         if "step" in rec and kind != "start":
             key = (kind, rec["step"], rec.get(EVENT_FIELD.get(kind, "")))
         else:
@@ -183,14 +202,22 @@ def read_metrics(path: Path, notes: list[str]) -> dict[str, list[dict]]:
         by_key.pop(key, None)  # a repeat moves to the end, where it was written
         by_key[key] = rec
     if bad:
-        shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
-        notes.append(f"{path.name}: {len(bad)} line(s) that are not JSON objects skipped ({shown})")
+        shown = ", ".join(str(n) for n, _ in bad[:5]) + (" ..." if len(bad) > 5 else "")
+        notes.append(
+            f"{path}: {len(bad)} line(s) that are not JSON objects or littlelm records skipped "
+            f"(line {shown})"
+        )
     records: dict[str, list[dict]] = {}
     for (kind, *_), rec in by_key.items():
         records.setdefault(kind, []).append(rec)
     for recs in records.values():
         recs.sort(key=lambda r: r.get("step", math.inf) if is_number(r.get("step")) else math.inf)
     return records
+
+
+def _excerpt(line: str, n: int = 40) -> str:
+    line = line.strip()
+    return repr(line if len(line) <= n else line[:n] + "...")
 
 
 def read_config(path: Path, notes: list[str]) -> tuple[dict, str]:

@@ -103,6 +103,11 @@ class Checkpointer:
     # ------------------------------------------------------------------------------------------
     # Resuming and rolling back
 
+    @staticmethod
+    def refuse_early(cfg, run_dir: Path, resume: str) -> None:
+        """Before any data work: a resume `load` would refuse (resume.refuse_early)."""
+        resuming.refuse_early(run_dir / "checkpoints", resume, to_tree(cfg))
+
     def load(self, resume: str, model) -> Resumed | None:
         """Read the checkpoint to resume from (None: start fresh), check this run may continue
         it, and load its weights and origin tags into `model`: before the model is sharded

@@ -19,6 +19,7 @@ value.
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -108,6 +109,24 @@ def choose(ckpt_dir: Path, resume: str) -> list[Path]:
             "under another run.name"
         )
     return [path]
+
+
+def refuse_early(ckpt_dir: Path, resume: str, config: dict) -> None:
+    """Refuse now, before any data preparation or tokenizer training, a resume that `load`
+    would refuse later: `never` or PATH over newer checkpoints (`choose`), or a config that
+    differs from the checkpoint's in a key that cannot change. Reads state.json only; the
+    tokenizer's fingerprint is checked once the tokenizer exists, and an unreadable checkpoint
+    is left to `load_first` (which falls back to the one before)."""
+    for path in choose(ckpt_dir, resume):
+        try:
+            state = json.loads((path / "state.json").read_text())
+            ckpt.check_state_types(state, path)
+        except (OSError, ValueError, ckpt.UnreadableCheckpoint):
+            continue
+        _, refused = config_changes(with_defaults(state.get("config", {})), config)
+        other_tokenizer = any(c.startswith("data.tokenizer.") for c in refused)
+        check_compatible(state, config, None if other_tokenizer else state.get("tokenizer"), path)
+        return
 
 
 def load_first(candidates: list[Path]) -> ckpt.Loaded | None:

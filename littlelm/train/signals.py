@@ -30,10 +30,12 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class StopSignals:
     def __init__(self) -> None:
         self.requested: str | None = None  # the name of the first signal received
+        # a stop decided elsewhere: under torchrun, another rank's signal (trainer._judge)
+        self.agreed: str | None = None
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
-        self.requested = None
+        self.requested = self.agreed = None
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -42,8 +44,9 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             # after a stop the process is on its way out (teardown, interpreter exit): a repeated
-            # signal there is ignored, so the exit stays 0 as promised instead of 143 or -2
-            signal.signal(sig, signal.SIG_IGN if self.requested else handler)
+            # signal there is ignored, so the exit stays 0 as promised instead of 143 or -2; on a
+            # rank stopped by another rank's signal too (torchrun would then exit 1)
+            signal.signal(sig, signal.SIG_IGN if self.requested or self.agreed else handler)
         self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:

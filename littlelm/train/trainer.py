@@ -109,6 +109,9 @@ class Trainer:
         # 1. process: every rank has this config and the device can run the model, checked
         #    before any work; then seeded, before anything draws from the RNG (model init)
         self._setup_process()
+        # 1b. resume: a resume that will be refused (config, --resume never or PATH over newer
+        #     checkpoints) is refused before any data preparation or tokenizer training
+        Checkpointer.refuse_early(cfg, self.run_dir, resume)
         # 2. callbacks: a missing optional package (wandb, tensorboard) fails before data prep
         self.callbacks: list[Callback] = [JSONLLogger(), *map(build_callback, cfg.callbacks)]
         # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
@@ -170,6 +173,9 @@ class Trainer:
                     f"{data.tokenizer.vocab_size}; leave model.vocab_size null"
                 ]
             )
+        warning = data.val_warning(cfg.train.seq_len) if cfg.eval.every or cfg.eval.at_end else None
+        if warning:  # said at start, instead of `val loss nan` at each evaluation
+            self.log(f"warning: {warning}")
         return data
 
     def _build_model(self) -> torch.nn.Module:
@@ -413,6 +419,7 @@ class Trainer:
             value, norm_value, agreed = self.parallel.agree_step(loss, norm, signum)
             if agreed and self._agreed_stop is None:
                 self._agreed_stop = signal.Signals(agreed).name
+                self.stop.agreed = self._agreed_stop  # its teardown ignores signals too
         elif not guard.cfg.enabled:
             return Verdict.OK
         else:
@@ -521,6 +528,8 @@ class Trainer:
 
     def evaluate(self) -> dict:
         c, s = self.cfg, self.state
+        if not self.data.can_evaluate(c.train.seq_len):  # no held-out window: said at start
+            return {}
         batches = self.data.val_batches(
             c.eval.batch_size or c.train.micro_batch_size,
             c.train.seq_len,
