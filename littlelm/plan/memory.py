@@ -497,8 +497,8 @@ def resume_host_bytes(e: Estimate, d: Dims, ranks_per_node: int = 1) -> tuple[in
     the page cache once per node whatever the number of ranks (they map the same files), and
     the kernel can drop them under pressure; each rank owns only the tensor it is copying to
     its GPU (the largest: the embedding or lm_head in fp32). Measured on the CPU at 100M
-    parameters: peak RSS per rank 0.55x of reading the whole checkpoint into each rank
-    (benchmarks/resume_memory.py --phase resume)."""
+    parameters: peak RSS per rank 0.49x at 2 ranks (0.56x at 1) of reading the whole
+    checkpoint into each rank (benchmarks/resume_memory.py --phase resume)."""
     largest = max((p.numel for p in d.params), default=0) * 4
     return e.categories[PARAMS] + e.categories[STATE], largest * ranks_per_node
 
