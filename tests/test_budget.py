@@ -220,3 +220,18 @@ def test_plan_shows_what_a_budget_buys_on_each_gpu(tiny_config):
     )
     p = dollars.gpus[0]
     assert p.dollars == pytest.approx(10) and p.hours == pytest.approx(10 / p.gpu.price_per_hour)
+
+
+def test_speed_follows_a_machine_that_speeds_up():
+    """A contended start (7.4 s/step) then a quiet machine (4 s/step): the projection uses the
+    recent speed. A mean over 32 steps still said 5.6 s/step here, and a 2-minute demo budget
+    ended at 87% of its time."""
+    b = make_budget(120)
+    t = 0.0
+    b.start(t)
+    for dt in [7.4] * 10 + [4.0] * 8:
+        t += dt
+        b.stepped(t)
+    assert b.step_s == 4.0
+    b.stepped(t + 30.0)  # one stall does not move the median
+    assert b.step_s == 4.0

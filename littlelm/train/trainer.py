@@ -98,9 +98,9 @@ class Trainer:
         self.device = self.parallel.device(pick_device(cfg.run.device))
         # `precision: auto` becomes bf16 or fp32 for this device before anything reads it, so
         # the checkpoints record what the run computed in (littlelm/hardware.py)
-        self.auto_fp32 = cfg.train.precision == "auto"
+        requested = cfg.train.precision
         self.cfg = cfg = with_precision(cfg, self.device)
-        self.auto_fp32 &= cfg.train.precision == "fp32"
+        self.auto_fp32 = requested == "auto" and cfg.train.precision == "fp32"  # said at start
         # inf: a time or money budget decides the end from measured speed (train/budget.py)
         self.max_steps: float = cfg.train.max_steps or math.inf
         self.stop = StopSignals()
