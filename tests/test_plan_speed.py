@@ -122,6 +122,48 @@ def test_plan_on_this_cpu_probes_and_uses_a_bench_calibration(
     assert plan.local.tok_s > 0 and plan.local.process_peak > plan.local.tensor_peak
 
 
+def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
+    tiny_config, tmp_path, monkeypatch
+):
+    # the bench's ratio is re-taken against rates probed now at the bench's shapes (a shared
+    # CPU's probe drifts between processes), and its measured RSS growth per tensor byte
+    # replaces the default heap margin
+    from littlelm.config import to_tree
+    from littlelm.plan import planner
+
+    monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))
+    fixed = speed.Rates(matmul=1e10, attention=5e9, bandwidth=1e10, launch=1e-5)
+    monkeypatch.setattr(planner, "measure_rates", lambda d: fixed)  # the probe, made exact
+    bench_cfg = load_run(tiny_config, ["train.micro_batch_size=2"])  # another shape than the plan's
+    bd = Dims.of(bench_cfg)
+    modelled = speed.step_time(bd, fixed).raw
+    gib = 2**30
+    record = {
+        "device": "cpu",
+        "device_key": device_key(torch.device("cpu")),
+        "run": "b",
+        "speed_ratio": 9.9,  # its own probe's ratio: not used when the shapes are known
+        "step_s": 1.5 * modelled,
+        "config": to_tree(bench_cfg),
+        "peak_tensor": gib,
+        "rss_at_start": gib,
+        "peak_rss": gib + 2 * gib,  # the heap grew twice the tensors
+        "rss_peak_is_window": True,
+    }
+    save_measurement(record)
+    cfg = load_run(tiny_config)
+    plan = make_plan(cfg, load_catalog(), ["H100-SXM"], trace=False, local=True)
+    local = plan.local
+    assert local.rates.calibration == pytest.approx(1.5)
+    here = Dims.of(cfg.with_precision(native_bf16("cpu")))  # what this CPU computes in
+    step = 1.5 * speed.step_time(here, fixed).raw
+    assert local.tok_s == pytest.approx(here.tokens * here.grad_accum / step)
+    assert local.heap_margin == pytest.approx(2.0)
+    assert local.process_peak >= 2 * local.tensor_peak  # resident set at start + 2 x tensors
+    # without a bench: the documented default margin
+    assert planner.local_calibration([], "no such machine").heap == planner.CPU_HEAP_MARGIN
+
+
 def test_muon_step_costs_bytes_per_parameter_and_newton_schulz_flops(tiny_config):
     d = Dims.of(load_run("demo"))
     assert d.optimizer == "muon"

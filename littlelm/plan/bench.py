@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from littlelm.config import to_tree
 from littlelm.data.build import build_data
 from littlelm.errors import RunDirError
 from littlelm.model.backend import compile_on, run_backend
@@ -177,6 +178,7 @@ def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: i
         "mfu": tok_s * fpt / peak if peak == peak and peak > 0 else None,
         "peak_flops": peak,
         **probe.results(),
+        "config": to_tree(c),  # its shapes: plan re-models them to calibrate (planner.py)
     }
     out.update(predictions(c, device, probe, out))
     return out

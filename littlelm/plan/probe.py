@@ -1,7 +1,8 @@
 """Measure this machine's rates for the step model (plan/speed.py) at a run's own shapes.
 
-Every distinct GEMM of the model is timed at its real (m, k, n), causal attention forward +
-backward at the run's (batch, heads, seq, head_dim) with the kernel the run uses, memory
+Every distinct GEMM of the model is timed at its real (m, k, n) and operand layouts (forward,
+input gradient, weight gradient), causal attention forward + backward at the run's (batch,
+heads, seq, head_dim) with the kernel and the layout the run uses, memory
 bandwidth with a large add, and the host time per kernel with a loop of tiny ops. A few
 seconds in all; `littlelm plan --device cpu` and `littlelm bench` call it.
 """
@@ -40,29 +41,38 @@ def best_seconds(fn, seconds: float = PROBE_SECONDS) -> float:
     return best
 
 
-def gemm_rates(d: Dims, dtype: torch.dtype) -> dict[tuple[int, int, int], float]:
-    """FLOP/s of each distinct GEMM shape of one micro-batch's forward."""
+def gemm_rates(d: Dims, dtype: torch.dtype) -> dict[tuple[int, int, int, str], float]:
+    """FLOP/s of each distinct GEMM shape of one micro-batch, per product (speed.PRODUCTS), with
+    the operands laid out as the model's linear layers have them: x (m, k) times the weight
+    W (n, k) transposed; the input gradient dy (m, n) times W; the weight gradient dy^T x."""
     out = {}
     for g in speed.gemms(d):
-        key = (g.m, g.k, g.n)
-        if key in out:
+        if (g.m, g.k, g.n, "forward") in out:
             continue
-        a = torch.randn(g.m, g.k, dtype=dtype)
-        b = torch.randn(g.k, g.n, dtype=dtype)
-        out[key] = 2 * g.m * g.k * g.n / best_seconds(lambda a=a, b=b: a @ b)
+        x = torch.randn(g.m, g.k, dtype=dtype)
+        w = torch.randn(g.n, g.k, dtype=dtype)
+        dy = torch.randn(g.m, g.n, dtype=dtype)
+        calls = {  # the operands bound now: each shape times its own tensors
+            "forward": lambda x=x, w=w: torch.nn.functional.linear(x, w),
+            "input_grad": lambda dy=dy, w=w: dy @ w,
+            "weight_grad": lambda dy=dy, x=x: dy.t() @ x,
+        }
+        for product, call in calls.items():
+            out[(g.m, g.k, g.n, product)] = 2 * g.m * g.k * g.n / best_seconds(call)
     return out
 
 
 def attention_rate(d: Dims, dtype: torch.dtype) -> float:
-    """FLOP/s of the run's causal attention (forward + backward) on one layer."""
+    """FLOP/s of the run's causal attention (forward + backward) on one layer, on q, k and v
+    laid out as the model passes them: (B, H, T, D) views of (B, T, H, D) storage."""
     m = d.model
-    shape = (d.micro_batch, m.n_head, d.seq_len, m.head_dim)
-    q = torch.randn(shape, dtype=dtype, requires_grad=True)
-    k = torch.randn(d.micro_batch, m.kv_heads, d.seq_len, m.head_dim, dtype=dtype)
-    v = torch.randn_like(k)
-    k.requires_grad_(True)
-    v.requires_grad_(True)
-    grad = torch.randn(shape, dtype=dtype)
+    B, T, D = d.micro_batch, d.seq_len, m.head_dim
+
+    def heads(n: int) -> torch.Tensor:
+        return torch.randn(B, T, n, D, dtype=dtype).transpose(1, 2).requires_grad_(True)
+
+    q, k, v = heads(m.n_head), heads(m.kv_heads), heads(m.kv_heads)
+    grad = torch.randn(B, m.n_head, T, D, dtype=dtype)
 
     def step():
         causal_attention(q, k, v).backward(grad)
@@ -94,6 +104,6 @@ def measure_rates(d: Dims, device: torch.device | None = None) -> speed.Rates:
         attention=attention_rate(d, dtype),
         bandwidth=bandwidth(),
         launch=launch_seconds(),
-        gemm_rate=lambda g: gemm[(g.m, g.k, g.n)],
+        gemm_rate=lambda g, product: gemm[(g.m, g.k, g.n, product)],
         source=f"measured here ({device_key(device or torch.device('cpu'))})",
     )

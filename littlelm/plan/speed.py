@@ -1,7 +1,8 @@
 """How long one optimizer step takes: the step's work, kind by kind, over the device's rates.
 
     step  = grad_accum x micro-batch + optimizer + exposed communication
-    micro = sum over GEMMs of max(FLOPs / matmul rate, bytes / bandwidth, launch)
+    micro = sum over GEMMs and their three products (forward, input gradient, weight gradient)
+                of max(FLOPs / matmul rate, bytes / bandwidth, launch)
             + causal attention FLOPs / attention rate
             + max(elementwise bytes / bandwidth, elementwise kernels x launch)
 
@@ -32,6 +33,11 @@ BACKWARD_FACTOR = 2.0
 KERNELS_PER_BLOCK = 60  # forward + backward kernels of one block outside its GEMMs (eager)
 
 
+# The three products of a linear layer y = x W^T, x (m, k), W (n, k): each has its own operand
+# layout (a CPU's BLAS runs them at different speeds: the probe times each)
+PRODUCTS = ("forward", "input_grad", "weight_grad")  # x W^T; dy W; dy^T x
+
+
 @dataclass(frozen=True)
 class Gemm:
     """`count` products of (m, k) x (k, n) per micro-batch, forward; the backward runs two of
@@ -59,15 +65,16 @@ class Rates:
     launch: float  # seconds of host time per kernel (dispatch + launch)
     fp8_matmul: float | None = None
     interconnect: float | None = None  # bytes/s of ring bus bandwidth between GPUs
-    gemm_rate: Callable[[Gemm], float] | None = None  # measured per shape, where probed
+    # FLOP/s measured per GEMM and product (PRODUCTS), where probed
+    gemm_rate: Callable[[Gemm, str], float] | None = None
     source: str = "assumed"
     calibration: float = 1.0  # measured / predicted step time of a bench on this device
     calibration_source: str = ""
 
-    def gemm(self, g: Gemm) -> float:
+    def gemm(self, g: Gemm, product: str = "forward") -> float:
         if g.fp8 and self.fp8_matmul:
             return self.fp8_matmul
-        return self.gemm_rate(g) if self.gemm_rate else self.matmul
+        return self.gemm_rate(g, product) if self.gemm_rate else self.matmul
 
 
 @dataclass
@@ -193,9 +200,11 @@ def step_time(d: Dims, rates: Rates, devices: int = 1, recompute: float | None =
     for g in gemms(d):
         es = 1 if g.fp8 else act_bytes(d)
         bytes_ = es * (g.m * g.k + g.k * g.n + g.m * g.n)
-        one = max(g.flops / g.count / rates.gemm(g), bytes_ / bw, rates.launch)
-        passes = 3 + (redo if g.name != "lm_head" else 0)  # forward, two backward, recompute
-        gemm_s += passes * one * g.count
+        for product in PRODUCTS:
+            one = max(g.flops / g.count / rates.gemm(g, product), bytes_ / bw, rates.launch)
+            # the recompute of checkpointed blocks runs the forward again (not the lm_head's)
+            times = 1 + (redo if product == "forward" and g.name != "lm_head" else 0)
+            gemm_s += times * one * g.count
     attn_s = attention_flops(d) * (1 + redo / 3.5) / rates.attention
     elem_s = max(elementwise_bytes(d) / bw, elementwise_kernels(d) * rates.launch)
     elem_s *= 1 + redo / (1 + BACKWARD_FACTOR)
