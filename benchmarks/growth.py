@@ -11,14 +11,17 @@ beside a model of the grown size trained from scratch with the same total comput
                                                      #   checks growth and its logit check there
 
 Stages: `parent` trains a 4-layer model to the end of its schedule (cooled down, as a finished
-model is); each grown variant (VARIANTS below) grows it to 6 layers (new blocks interleaved,
-identity at step 0) and continues on the data the parent had not seen yet; `scratch` trains the
+model is), keeping its last checkpoint before the cooldown too; each grown variant (VARIANTS
+below) grows it to 6 layers (new blocks interleaved, identity at step 0) and continues on the
+data the parent had not seen yet (`from_stable` grows the checkpoint before the cooldown
+instead, so nothing cooled is re-warmed, and continues the data from there); `scratch` trains the
 6-layer model from random weights for as many FLOPs as parent + grown together; `report` prints
 the table. `--seed` sets run.seed (model init, data order) for every stage; each seed has its
 own directory under --out.
 
 Corpus: the Python standard library of this interpreter (no download), byte-level tokens.
-Loss jump, measured against the parent's final validation loss:
+Loss jump, measured against the validation loss of the parent checkpoint grown (its final one,
+or for `from_stable` the one before its cooldown):
 - val jump: the largest validation loss in the first 200 steps after growth (every 10 steps, on
   the same 16k validation tokens the parent was last evaluated on) minus the parent's;
 - max jump: the same over the whole continuation (a recipe may only postpone the rise);
@@ -53,7 +56,8 @@ from littlelm.train.trainer import Trainer
 register_all()  # an entry point: fill the registries before reading a config
 
 SEQ, MICRO = 128, 16
-PARENT = {"n_layer": 4, "d_model": 128, "n_head": 4, "max_seq_len": SEQ}
+WIDTH, PARENT_STEPS = 128, 600  # the default regime (--d-model, --parent-steps)
+PARENT = {"n_layer": 4, "d_model": WIDTH, "n_head": WIDTH // 32, "max_seq_len": SEQ}
 GROWN = {**PARENT, "n_layer": 6}
 DIFFERENTIAL = {"old": 0.033, "new": 1.0, "embedding": 0.17}  # the issue's recipe, as multipliers
 
@@ -78,8 +82,11 @@ VARIANTS: dict[str, tuple[str, dict, dict | None]] = {
     "ramp_200_lin": ("ramp 200 steps, linear", {}, ramp(200, shape="linear")),
     "ramp_400": ("ramp 400 steps", {}, ramp(400)),
     "ramp_200_to_0.3": ("ramp 200 steps to old 0.3", {}, ramp(200, old_end=0.3)),
+    "from_stable": ("one lr, parent before cooldown", {}, {}),
     "default": ("littlelm's default", {}, None),
 }
+COOLDOWN_FRAC = 0.4  # of every stage's schedule
+PARENT_EVAL_EVERY = 60  # a divisor of the parent's cooldown start, so it is evaluated there
 WINDOW = 200  # steps after growth in which the jump is measured
 EVAL_TOKENS = 16_384
 DEVICE = "cpu"  # --device
@@ -99,7 +106,7 @@ def tree(out: Path, name: str, model: dict, steps: int, eval_every: int) -> dict
         # AdamW lrs not scaled by sqrt(768 / d_model) (x2.45 at this width): with that scaling
         # the 6-layer model trained from scratch spiked twice (loss 1.58 -> 2.96 and 1.89 -> 5.96)
         "optimizer": {"name": "muon", "scale_lr_by_width": False},
-        "schedule": {"name": "trapezoidal", "warmup_steps": 10, "cooldown_frac": 0.4},
+        "schedule": {"name": "trapezoidal", "warmup_steps": 10, "cooldown_frac": COOLDOWN_FRAC},
         "train": {
             "micro_batch_size": MICRO,
             "seq_len": SEQ,
@@ -122,10 +129,30 @@ def train(out: Path, t: dict) -> None:
     Trainer(config(out, t), resume="never").fit()
 
 
+def stable_step(parent_steps: int) -> int:
+    """The parent's last step at full lr: its cooldown starts after it."""
+    return parent_steps - round(COOLDOWN_FRAC * parent_steps)
+
+
+def parent_tree(out: Path, steps: int) -> dict:
+    t = tree(out, "parent", PARENT, steps, PARENT_EVAL_EVERY)
+    keep = stable_step(steps)  # the checkpoint before the cooldown, kept beside the final one
+    t["checkpoint"] = {"every": keep, "at_end": True, "keep_last": 1, "keep_every": keep}
+    return t
+
+
+def grown_from(out: Path, name: str) -> Path:
+    """The parent checkpoint a variant grows: the final one, or the one before the cooldown."""
+    if name != "from_stable":
+        return find_checkpoint(out / "parent")
+    steps = max(r["step"] for r in records(out / "parent") if r["kind"] == "train")
+    return out / "parent" / "checkpoints" / f"step_{stable_step(steps):06d}"
+
+
 def grown_tree(out: Path, name: str, steps: int) -> dict:
     _, constant, by_origin = VARIANTS[name]
     t = tree(out, name, GROWN, steps, eval_every=10)
-    t["grow"] = {"parent": str(out / "parent"), "placement": "interleave"}
+    t["grow"] = {"parent": str(grown_from(out, name)), "placement": "interleave"}
     if by_origin is not None:
         t["grow"]["lr_multipliers"] = by_origin
     t["optimizer"]["lr_multipliers"] = constant
@@ -146,19 +173,18 @@ def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-def parent_on_grown_batches(out: Path) -> list[float]:
-    """The parent's loss on each of the first WINDOW batches a grown run trains on (cached)."""
-    cache = out / "parent_on_grown_batches.json"
+def parent_on_grown_batches(out: Path, checkpoint: Path) -> list[float]:
+    """The loss of the parent `checkpoint` on each of the first WINDOW batches a run grown from
+    it trains on (cached)."""
+    cache = out / f"parent_on_grown_batches_{checkpoint.name}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
     cfg = config(out, tree(out, "reference", PARENT, WINDOW, 0))  # the parent's data and seed
     device = torch.device(DEVICE)
-    model, _, _ = load_model(out / "parent", device)
+    model, _, _ = load_model(checkpoint, device)
     data = build_data(cfg.data, log=lambda _: None)
     loader = data.loader(cfg.data, MICRO, SEQ, cfg.run.seed)
-    loader.load_state_dict(
-        json.loads((find_checkpoint(out / "parent") / "state.json").read_text())["loader"]
-    )
+    loader.load_state_dict(json.loads((checkpoint / "state.json").read_text())["loader"])
     losses = []
     with torch.no_grad(), autocast(device, cfg.train.precision):
         for _ in range(WINDOW):
@@ -171,13 +197,18 @@ def parent_on_grown_batches(out: Path) -> list[float]:
 def jumps(out: Path, name: str) -> tuple[float, float, float, float]:
     """(val jump in the first WINDOW steps, max val jump over the whole run, paired train jump,
     final val loss) of a grown run."""
-    parent = records(out / "parent")
-    ref_val = [r["val_loss"] for r in parent if r["kind"] == "eval"][-1]
+    grown = grown_from(out, name)
+    at = int(grown.name.removeprefix("step_"))
+    ref_val = [
+        r["val_loss"] for r in records(out / "parent") if r["kind"] == "eval" and r["step"] == at
+    ]
+    assert ref_val, f"the parent was not evaluated at step {at} (eval.every {PARENT_EVAL_EVERY})"
+    ref_val = ref_val[-1]
     rec = records(out / name)
     vals = [r for r in rec if r["kind"] == "eval"]
     early = [r["val_loss"] for r in vals if r["step"] <= WINDOW]
     losses = [r["loss"] for r in rec if r["kind"] == "train" and r["step"] <= WINDOW]
-    excess = [a - b for a, b in zip(losses, parent_on_grown_batches(out))]
+    excess = [a - b for a, b in zip(losses, parent_on_grown_batches(out, grown))]
     smooth = [sum(excess[i : i + 5]) / 5 for i in range(len(excess) - 4)]
     whole = max(r["val_loss"] for r in vals)
     train_jump = max(smooth, default=float("nan"))  # nan: fewer than 5 steps
@@ -232,18 +263,30 @@ def main() -> None:
     )
     ap.add_argument("--out", default="/tmp/littlelm-growth-bench", help="run directories")
     ap.add_argument("--seed", type=int, default=0, help="run.seed of every stage")
-    ap.add_argument("--parent-steps", type=int, default=600)
+    ap.add_argument("--parent-steps", type=int, default=PARENT_STEPS)
+    ap.add_argument(
+        "--d-model",
+        type=int,
+        default=WIDTH,
+        help="width of parent and grown model (heads of 32); 64 with --parent-steps 2400 trains "
+        "the parent on ~20 tokens per parameter instead of ~1.4",
+    )
     ap.add_argument("--grown-steps", type=int, default=400)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
     ap.add_argument("--precision", default="auto", help="train.precision of every stage")
     args = ap.parse_args()
-    global DEVICE, SEED, PRECISION
+    global DEVICE, SEED, PRECISION, PARENT, GROWN
     DEVICE, SEED, PRECISION = args.device, args.seed, args.precision
-    out = (Path(args.out) / f"seed{SEED}").resolve()
+    out = Path(args.out)
+    if (args.d_model, args.parent_steps) != (WIDTH, PARENT_STEPS):  # another regime
+        out = out / f"d{args.d_model}-p{args.parent_steps}"
+    out = (out / f"seed{SEED}").resolve()
+    PARENT = {**PARENT, "d_model": args.d_model, "n_head": args.d_model // 32}
+    GROWN = {**PARENT, "n_layer": GROWN["n_layer"]}
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("LITTLELM_CACHE", str(Path(args.out).resolve() / "cache"))
     stages = {
-        "parent": lambda: train(out, tree(out, "parent", PARENT, args.parent_steps, 100)),
+        "parent": lambda: train(out, parent_tree(out, args.parent_steps)),
         **{
             name: (lambda name=name: train(out, grown_tree(out, name, args.grown_steps)))
             for name in VARIANTS
