@@ -34,7 +34,7 @@ def one(name: str, steps: int, out_dir: str, calibration: str | None) -> dict:
     """Plan (uncalibrated, calibrated), then bench, one shape in this process."""
     from littlelm.components import register_all
     from littlelm.hardware import native_bf16
-    from littlelm.plan.bench import run_bench
+    from littlelm.plan.bench import current_rss, run_bench
     from littlelm.plan.planner import local_plan
     from littlelm.plan.shapes import Dims
     from littlelm.schema import load_run
@@ -44,12 +44,13 @@ def one(name: str, steps: int, out_dir: str, calibration: str | None) -> dict:
     cfg = load_run("demo", over)
     d = Dims.of(cfg.with_precision(native_bf16("cpu")))  # what bench (the Trainer) computes in
     tokens = cfg.train.max_tokens
-    uncal = local_plan(d, tokens, [], 0.0)
+    base = current_rss()  # the process before training (the in-sample plan comes after it)
+    uncal = local_plan(d, tokens, [], 0.0, base)
     earlier = [json.loads(Path(calibration).read_text())] if calibration else []
-    cal = local_plan(d, tokens, earlier, 0.0) if earlier else None
+    cal = local_plan(d, tokens, earlier, 0.0, base) if earlier else None
     bench = run_bench(cfg, steps=steps)
     if cal is None:  # the first shape: calibrated by its own bench
-        cal = local_plan(d, tokens, [bench], 0.0)
+        cal = local_plan(d, tokens, [bench], 0.0, base)
     grown = (bench["peak_rss"] or 0) - (bench["rss_at_start"] or 0)
     return {
         "name": name,

@@ -129,6 +129,7 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
     # CPU's probe drifts between processes), and its measured RSS growth per tensor byte
     # replaces the default heap margin
     from littlelm.config import to_tree
+    from littlelm.plan import memory as mem
     from littlelm.plan import planner
 
     monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))
@@ -161,7 +162,7 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
     assert local.heap_margin == pytest.approx(2.0)
     assert local.process_peak >= 2 * local.tensor_peak  # resident set at start + 2 x tensors
     # without a bench: the documented default margin
-    assert planner.local_calibration([], "no such machine").heap == planner.CPU_HEAP_MARGIN
+    assert planner.local_calibration([], "no such machine").heap == mem.CPU_HEAP_MARGIN
 
 
 def test_muon_step_costs_bytes_per_parameter_and_newton_schulz_flops(tiny_config):

@@ -226,7 +226,8 @@ def predictions(c, device, probe, measured: dict) -> dict:
         "predicted_tensor_peak": traced.peak.total,
         "predicted_tensor_peak_analytic": e.peak,
         "predicted_host_resume": resume,
-        "predicted_rss": (measured.get("rss_at_start") or 0) + max(traced.peak.total, 2 * resume),
+        "predicted_rss": (measured.get("rss_at_start") or 0)
+        + max(round(traced.peak.total * mem.CPU_HEAP_MARGIN), 2 * resume),
         "predicted_tok_s": d.tokens * d.grad_accum / modelled,
         "speed_ratio": measured["step_s"] / modelled,
     }

@@ -176,15 +176,7 @@ class LocalPlan:
     dollars: float
     rates: speed.Rates  # as probed, with the bench calibration if one applied
     precision: str = "bf16"  # what `precision: auto` computes in on this machine
-    heap_margin: float = 1.0  # RSS growth per byte of tensor peak (CPU_HEAP_MARGIN or a bench)
-
-
-# What glibc's heap adds to a CPU run's tensors: freed blocks are kept for reuse
-# (train/device.tune_cpu_allocator) and the heap fragments, so the resident set grows past the
-# live tensors. Measured by `littlelm bench` as (peak RSS - RSS at start) / peak tensor memory:
-# 1.28-1.37 for three shapes of the demo on a 2-core EPYC, fp32 (benchmarks/plan_check.py,
-# 2026-12-01). A bench on this machine replaces it with its own measurement.
-CPU_HEAP_MARGIN = 1.3
+    heap_margin: float = 1.0  # RSS growth per byte of tensor peak (mem.CPU_HEAP_MARGIN or a bench)
 
 
 @dataclass
@@ -192,7 +184,7 @@ class LocalCalibration:
     """What a bench on this machine says about the step model and the heap."""
 
     speed: float = 1.0  # measured / modelled step time
-    heap: float = CPU_HEAP_MARGIN
+    heap: float = mem.CPU_HEAP_MARGIN
     source: str = ""
 
 
@@ -207,7 +199,7 @@ def local_calibration(records: list[dict], key: str) -> LocalCalibration:
     if bench.get("config") and bench.get("step_s"):
         d = Dims.of(validate(RunConfig, bench["config"]))
         ratio = bench["step_s"] / speed.step_time(d, measure_rates(d)).raw
-    heap = CPU_HEAP_MARGIN
+    heap = mem.CPU_HEAP_MARGIN
     grown = (bench.get("peak_rss") or 0) - (bench.get("rss_at_start") or 0)
     if grown > 0 and bench.get("peak_tensor") and bench.get("rss_peak_is_window"):
         heap = grown / bench["peak_tensor"]
@@ -215,8 +207,12 @@ def local_calibration(records: list[dict], key: str) -> LocalCalibration:
     return LocalCalibration(ratio, heap, f"calibrated by bench of {bench.get('run')} {when}")
 
 
-def local_plan(d: Dims, tokens: int, records: list[dict], price_per_hour: float) -> LocalPlan:
-    base = current_rss() or 0  # before the probes leave their garbage in the heap
+def local_plan(
+    d: Dims, tokens: int, records: list[dict], price_per_hour: float, base_rss: int | None = None
+) -> LocalPlan:
+    """`base_rss`: the process's resident set before training (default: now, before the probes
+    leave their garbage in the heap)."""
+    base = base_rss if base_rss is not None else current_rss() or 0
     key = device_key(torch.device("cpu"))
     cal = local_calibration(records, key)
     rates = replace(measure_rates(d), calibration=cal.speed)
