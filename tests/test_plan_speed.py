@@ -16,6 +16,7 @@ from littlelm.plan.calibration import cuda_calibration, load_points, point_ratio
 from littlelm.plan.catalog import load_catalog
 from littlelm.plan.cost import plan_gpu
 from littlelm.plan.measurements import save_measurement
+from littlelm.plan.memory import CPU_HEAP_MARGIN
 from littlelm.plan.planner import make_plan
 from littlelm.plan.probe import device_key, measure_rates
 from littlelm.plan.report import print_plan
@@ -112,6 +113,8 @@ def test_plan_on_this_cpu_probes_and_uses_a_bench_calibration(
     assert main(["plan", str(tiny_config), "--device", "cpu", "--no-trace"]) == 0
     out = capsys.readouterr().out
     assert "this machine" in out and "uncalibrated" in out
+    margin = f"heap margin {CPU_HEAP_MARGIN:.2f}"  # where the memory figure comes from
+    assert margin in " ".join(out.split())
     key = device_key(torch.device("cpu"))
     save_measurement({"device": "cpu", "device_key": key, "run": "x", "speed_ratio": 2.0})
     plan = make_plan(cfg, load_catalog(), ["H100-SXM"], trace=False, local=True)
@@ -129,7 +132,6 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
     # CPU's probe drifts between processes), and its measured RSS growth per tensor byte
     # replaces the default heap margin
     from littlelm.config import to_tree
-    from littlelm.plan import memory as mem
     from littlelm.plan import planner
 
     monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))
@@ -162,7 +164,7 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
     assert local.heap_margin == pytest.approx(2.0)
     assert local.process_peak >= 2 * local.tensor_peak  # resident set at start + 2 x tensors
     # without a bench: the documented default margin
-    assert planner.local_calibration([], "no such machine").heap == mem.CPU_HEAP_MARGIN
+    assert planner.local_calibration([], "no such machine").heap == CPU_HEAP_MARGIN
 
 
 def test_muon_step_costs_bytes_per_parameter_and_newton_schulz_flops(tiny_config):

@@ -177,6 +177,7 @@ class LocalPlan:
     rates: speed.Rates  # as probed, with the bench calibration if one applied
     precision: str = "bf16"  # what `precision: auto` computes in on this machine
     heap_margin: float = 1.0  # RSS growth per byte of tensor peak (mem.CPU_HEAP_MARGIN or a bench)
+    memory_source: str = ""
 
 
 @dataclass
@@ -237,6 +238,10 @@ def local_plan(
         rates=rates,
         precision="bf16" if d.bf16 else "fp32",
         heap_margin=cal.heap,
+        memory_source=(
+            f"resident set at start + tensor peak x heap margin {cal.heap:.2f} "
+            + ("(measured by that bench)" if cal.source else "(glibc's, measured on the demo)")
+        ),
     )
 
 

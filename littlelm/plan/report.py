@@ -122,7 +122,7 @@ def local_table(plan: Plan) -> Table:
         f"{gib(lp.process_peak / GIB)} GiB",
         duration(lp.hours),
     )
-    t.caption = f"speed: {lp.source}"
+    t.caption = f"speed: {lp.source}\nprocess memory: {lp.memory_source}"
     return t
 
 
