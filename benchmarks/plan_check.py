@@ -6,7 +6,8 @@
 Each shape runs in a fresh process, one after another: the local plan before any training,
 uncalibrated (rates probed here) and calibrated by the demo's bench (as `plan` is once a bench
 has run here; the benches of the user's cache are not read), then `littlelm bench` on the shape
-(real steps, a save and a resume).
+(real steps, a save and a resume; stored in the bench cache like any bench, so a later `plan
+--device cpu` here is calibrated by the last of them).
 The demo's calibrated figure is taken after its own bench (in-sample, marked *). Columns:
 predicted tokens/s, measured tokens/s, and predicted and measured peak process memory (resident
 set; the calibrated prediction uses the heap margin the demo's bench measured).
