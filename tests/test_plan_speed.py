@@ -176,3 +176,26 @@ def test_muon_step_costs_bytes_per_parameter_and_newton_schulz_flops(tiny_config
     assert flops > 0  # five Newton-Schulz iterations per matrix
     adamw = replace(d, optimizer="adamw")
     assert speed.optimizer_work(adamw)[1] == 0.0
+
+
+def test_probe_takes_the_best_of_several_calls_unless_one_call_is_long(monkeypatch):
+    from littlelm.plan import probe
+
+    class Clock:  # each call of the probed function takes `dt` seconds of this clock
+        now, dt = 0.0, 0.0
+
+        @classmethod
+        def perf_counter(cls):
+            return cls.now
+
+    def call():
+        Clock.now += Clock.dt
+        calls.append(1)
+
+    monkeypatch.setattr(probe, "time", Clock)
+    calls, Clock.dt = [], 0.001
+    probe.best_seconds(call, seconds=0.002)  # two calls would fill the window
+    assert len(calls) == 1 + probe.MIN_REPEATS  # a warm-up, then the minimum of timed calls
+    calls, Clock.dt = [], 0.02
+    probe.best_seconds(call, seconds=0.01)
+    assert len(calls) == 2  # a warm-up and one call longer than the window: enough
