@@ -51,7 +51,7 @@ Kernels = Literal["cuda", "cpu"]
 # What glibc's heap adds to a CPU run's tensors: freed blocks are kept for reuse
 # (train/device.tune_cpu_allocator) and the heap fragments, so the resident set grows past the
 # live tensors. Measured by `littlelm bench` as (peak RSS - RSS at start) / peak tensor memory:
-# 1.21, 1.32 and 1.24 for three shapes of the demo on a 2-core EPYC, fp32
+# 1.21-1.35 for three shapes of the demo over three runs on a 2-core EPYC, fp32
 # (benchmarks/plan_check.py, 2026-12-01). A bench on this machine replaces it with its own.
 CPU_HEAP_MARGIN = 1.25
 
