@@ -163,6 +163,11 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
     assert local.tok_s == pytest.approx(here.tokens * here.grad_accum / step)
     assert local.heap_margin == pytest.approx(2.0)
     assert local.process_peak >= 2 * local.tensor_peak  # resident set at start + 2 x tensors
+    # a record from a littlelm whose config no longer validates: its own ratio, said so
+    stale = {**record, "config": {"model": {"no_such_field": 1}}, "speed_ratio": 3.0}
+    save_measurement({**stale, "time": "2999-01-01T00:00:00"})  # the newest
+    stale = planner.local_calibration(planner.load_measurements(), record["device_key"])
+    assert stale.speed == 3.0 and "its own probe's ratio" in stale.source
     # without a bench: the documented default margin
     assert planner.local_calibration([], "no such machine").heap == CPU_HEAP_MARGIN
 

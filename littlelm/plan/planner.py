@@ -196,16 +196,20 @@ def local_calibration(records: list[dict], key: str) -> LocalCalibration:
     bench = speed_calibration(records, device_key=key)
     if bench is None:
         return LocalCalibration()
-    ratio = bench["speed_ratio"]
+    ratio, how = bench["speed_ratio"], ""
     if bench.get("config") and bench.get("step_s"):
-        d = Dims.of(validate(RunConfig, bench["config"]))
-        ratio = bench["step_s"] / speed.step_time(d, measure_rates(d)).raw
+        try:
+            d = Dims.of(validate(RunConfig, bench["config"]))
+        except ConfigError:  # written by another littlelm whose config no longer validates
+            how = " (its own probe's ratio: its config is not this littlelm's)"
+        else:
+            ratio = bench["step_s"] / speed.step_time(d, measure_rates(d)).raw
     heap = mem.CPU_HEAP_MARGIN
     grown = (bench.get("peak_rss") or 0) - (bench.get("rss_at_start") or 0)
     if grown > 0 and bench.get("peak_tensor") and bench.get("rss_peak_is_window"):
         heap = grown / bench["peak_tensor"]
     when = str(bench.get("time", ""))[:10]
-    return LocalCalibration(ratio, heap, f"calibrated by bench of {bench.get('run')} {when}")
+    return LocalCalibration(ratio, heap, f"calibrated by bench of {bench.get('run')} {when}{how}")
 
 
 def local_plan(
