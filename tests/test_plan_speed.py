@@ -136,7 +136,7 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
 
     monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))
     fixed = speed.Rates(matmul=1e10, attention=5e9, bandwidth=1e10, launch=1e-5)
-    monkeypatch.setattr(planner, "measure_rates", lambda d: fixed)  # the probe, made exact
+    monkeypatch.setattr(planner, "measure_rates_many", lambda ds: [fixed] * len(ds))  # exact
     bench_cfg = load_run(tiny_config, ["train.micro_batch_size=2"])  # another shape than the plan's
     bd = Dims.of(bench_cfg)
     modelled = speed.step_time(bd, fixed).raw
@@ -166,10 +166,52 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
     # a record from a littlelm whose config no longer validates: its own ratio, said so
     stale = {**record, "config": {"model": {"no_such_field": 1}}, "speed_ratio": 3.0}
     save_measurement({**stale, "time": "2999-01-01T00:00:00"})  # the newest
-    stale = planner.local_calibration(planner.load_measurements(), record["device_key"])
+    stale = planner.local_calibration(planner.load_measurements()[-1:], record["device_key"], bd)
     assert stale.speed == 3.0 and "its own probe's ratio" in stale.source
     # without a bench: the documented default margin
-    assert planner.local_calibration([], "no such machine").heap == CPU_HEAP_MARGIN
+    assert planner.local_calibration([], "no such machine", bd).heap == CPU_HEAP_MARGIN
+
+
+def test_local_calibration_is_the_median_of_the_newest_benches(tiny_config, monkeypatch):
+    # one bench that read slow (a busy moment on a shared CPU) does not move the plan; benches
+    # older than the newest LOCAL_BENCHES do not count; a shape is probed once
+    from littlelm.config import to_tree
+    from littlelm.plan import planner
+
+    fixed = speed.Rates(matmul=1e10, attention=5e9, bandwidth=1e10, launch=1e-5)
+    probes = []
+    monkeypatch.setattr(
+        planner, "measure_rates_many", lambda ds: probes.append(ds) or [fixed] * len(ds)
+    )
+    cfg = load_run(tiny_config)
+    modelled = speed.step_time(Dims.of(cfg), fixed).raw
+    gib = 2**30
+    key = device_key(torch.device("cpu"))
+
+    def bench(run, ratio, heap):
+        return {
+            "device_key": key,
+            "run": run,
+            "speed_ratio": 1.0,
+            "step_s": ratio * modelled,
+            "config": to_tree(cfg),
+            "peak_tensor": gib,
+            "rss_at_start": gib,
+            "peak_rss": gib + round(heap * gib),
+            "rss_peak_is_window": True,
+        }
+
+    records = [bench("old", 9.0, 9.0), bench("a", 1.5, 1.2), bench("slow", 1.8, 1.3)]
+    records.append(bench("b", 1.45, 1.25))
+    assert planner.LOCAL_BENCHES == 3
+    target = Dims.of(load_run(tiny_config, ["train.micro_batch_size=2"]))
+    cal = planner.local_calibration(records, key, target)
+    assert cal.speed == pytest.approx(1.5) and cal.heap == pytest.approx(1.25)
+    assert cal.rates.calibration == pytest.approx(1.5)
+    assert "median of 3 benches (a, b, slow" in cal.source
+    # one round of probes: the planned shape with the one shape the three benches ran
+    assert [len(ds) for ds in probes] == [2] and probes[0][0] is target
+    assert planner.local_calibration(records, "another machine", target).speed == 1.0
 
 
 def test_muon_step_costs_bytes_per_parameter_and_newton_schulz_flops(tiny_config):
@@ -204,3 +246,35 @@ def test_probe_takes_the_best_of_several_calls_unless_one_call_is_long(monkeypat
     calls, Clock.dt = [], 0.02
     probe.best_seconds(call, seconds=0.01)
     assert len(calls) == 2  # a warm-up and one call longer than the window: enough
+
+
+def test_probes_are_timed_in_rounds_and_a_shared_shape_once(tiny_config, monkeypatch):
+    # a busy spell of a shared machine slows one round of every measurement, not all the
+    # repeats of a few; a plan's shapes and a bench's are timed in the same rounds
+    from littlelm.plan import probe
+
+    class Clock:  # each call takes a millisecond of this clock
+        now = 0.0
+
+        @classmethod
+        def perf_counter(cls):
+            return cls.now
+
+    def call(name):
+        Clock.now += 0.001
+        order.append(name)
+
+    order = []
+    monkeypatch.setattr(probe, "time", Clock)
+    probe.best_of_rounds([lambda: call("a"), lambda: call("b")], seconds=0.002)
+    assert order == ["a", "b"] * (1 + probe.MIN_REPEATS)  # warm-ups, then whole rounds
+    monkeypatch.undo()
+    monkeypatch.setattr(probe, "PROBE_SECONDS", 0.001)  # a quick probe: the plumbing is checked
+    d = Dims.of(load_run(tiny_config))
+    longer = replace(d, micro_batch=d.micro_batch // 2, seq_len=2 * d.seq_len)  # same tokens
+    assert longer.tokens == d.tokens
+    a, b = probe.measure_rates_many([d, longer])
+    for g in speed.gemms(d):  # the same GEMM shapes: one measurement serves both
+        for product in speed.PRODUCTS:
+            assert a.gemm(g, product) == b.gemm(g, product) > 0
+    assert a.attention > 0 and b.attention > 0 and a.bandwidth == b.bandwidth

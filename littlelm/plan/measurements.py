@@ -70,13 +70,20 @@ def speed_calibration(
     """The newest measurement on this GPU (catalog key) or this machine (`probe.device_key`)
     whose measured step time was compared with the step model's (`speed_ratio`): it calibrates
     the step model for every workload on that device, not only the one measured."""
-    hits = [
+    hits = speed_calibrations(records, gpu, device_key)
+    return hits[-1] if hits else None
+
+
+def speed_calibrations(
+    records: list[dict], gpu: str | None = None, device_key: str | None = None
+) -> list[dict]:
+    """Every such measurement on that device, oldest first."""
+    return [
         r
         for r in records
         if (r.get("speed_ratio") or 0) > 0
         and ((gpu and r.get("gpu") == gpu) or (device_key and r.get("device_key") == device_key))
     ]
-    return hits[-1] if hits else None
 
 
 def measured_memory(records: list[dict], gpu: str, workload: str, micro_batch: int) -> dict | None:

@@ -6,6 +6,9 @@ print_plan(plan)        # littlelm.plan.report
 
 from __future__ import annotations
 
+import contextlib
+import json
+import statistics
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -26,10 +29,11 @@ from littlelm.plan.measurements import (
     load_measurements,
     measured_memory,
     speed_calibration,
+    speed_calibrations,
     workload_key,
 )
 from littlelm.plan.parallel import fsdp_categories, fsdp_peak
-from littlelm.plan.probe import device_key, measure_rates
+from littlelm.plan.probe import device_key, measure_rates_many
 from littlelm.plan.shapes import Dims
 from littlelm.plan.trace import TraceResult, trace_step, traced_dims
 from littlelm.schema import RunConfig
@@ -182,34 +186,62 @@ class LocalPlan:
 
 @dataclass
 class LocalCalibration:
-    """What a bench on this machine says about the step model and the heap."""
+    """What the benches on this machine say about the step model and the heap, with the rates of
+    the shapes planned, probed in the same rounds as the benches' shapes."""
 
+    rates: speed.Rates
     speed: float = 1.0  # measured / modelled step time
     heap: float = mem.CPU_HEAP_MARGIN
     source: str = ""
+    benches: int = 0  # how many calibrated it
 
 
-def local_calibration(records: list[dict], key: str) -> LocalCalibration:
-    """The newest bench on this machine, compared with the step model at the bench's own
-    shapes probed now: the probe's level on a shared machine drifts by 20% between processes,
-    so the ratio is taken between two probes of one moment, not with the bench's own probe."""
-    bench = speed_calibration(records, device_key=key)
-    if bench is None:
-        return LocalCalibration()
-    ratio, how = bench["speed_ratio"], ""
-    if bench.get("config") and bench.get("step_s"):
-        try:
-            d = Dims.of(validate(RunConfig, bench["config"]))
-        except ConfigError:  # written by another littlelm whose config no longer validates
-            how = " (its own probe's ratio: its config is not this littlelm's)"
-        else:
-            ratio = bench["step_s"] / speed.step_time(d, measure_rates(d)).raw
-    heap = mem.CPU_HEAP_MARGIN
-    grown = (bench.get("peak_rss") or 0) - (bench.get("rss_at_start") or 0)
-    if grown > 0 and bench.get("peak_tensor") and bench.get("rss_peak_is_window"):
-        heap = grown / bench["peak_tensor"]
-    when = str(bench.get("time", ""))[:10]
-    return LocalCalibration(ratio, heap, f"calibrated by bench of {bench.get('run')} {when}{how}")
+# benches on this machine whose median calibrates it: one 4-step bench on a shared CPU reads up
+# to 15% slow now and then, and the newest alone then moved every calibrated plan by as much
+LOCAL_BENCHES = 3
+
+
+def local_calibration(records: list[dict], key: str, d: Dims) -> LocalCalibration:
+    """The median over the newest LOCAL_BENCHES benches on this machine of their step time
+    against the step model at each bench's own shapes, with rates probed now, in the same
+    rounds as the rates of `d` (the shapes planned): the probe's level on a shared machine
+    drifts from minute to minute, so each ratio is taken between probes of one moment, not with
+    the bench's own probe. The heap margin is their median too."""
+    benches = speed_calibrations(records, device_key=key)[-LOCAL_BENCHES:]
+    shapes: dict[str, Dims] = {}  # one probe per distinct shape a bench ran
+    for bench in benches:
+        if bench.get("config") and bench.get("step_s"):
+            shape = json.dumps(bench["config"], sort_keys=True)
+            with contextlib.suppress(ConfigError):  # another littlelm's config: its own ratio
+                shapes.setdefault(shape, Dims.of(validate(RunConfig, bench["config"])))
+    rates, *probed = measure_rates_many([d, *shapes.values()])
+    modelled = {s: speed.step_time(bd, r).raw for (s, bd), r in zip(shapes.items(), probed)}
+    if not benches:
+        return LocalCalibration(rates)
+    ratios, heaps, stale = [], [], 0
+    for bench in benches:
+        shape = json.dumps(bench.get("config"), sort_keys=True)
+        if shape in modelled:
+            ratios.append(bench["step_s"] / modelled[shape])
+        else:  # older benches recorded no config; another littlelm's may not validate here
+            ratios.append(bench["speed_ratio"])
+            stale += 1
+        grown = (bench.get("peak_rss") or 0) - (bench.get("rss_at_start") or 0)
+        if grown > 0 and bench.get("peak_tensor") and bench.get("rss_peak_is_window"):
+            heaps.append(grown / bench["peak_tensor"])
+    heap = statistics.median(heaps) if heaps else mem.CPU_HEAP_MARGIN
+    newest = benches[-1]
+    when = str(newest.get("time", ""))[:10]
+    if len(benches) == 1:
+        source = f"calibrated by bench of {newest.get('run')} {when}"
+    else:
+        runs = ", ".join(sorted({str(b.get("run")) for b in benches}))
+        source = f"calibrated by the median of {len(benches)} benches ({runs}; newest {when})"
+    if stale:
+        what = "its" if len(benches) == 1 else f"{stale} by their"
+        source += f" ({what} own probe's ratio: no config this littlelm reads)"
+    ratio = statistics.median(ratios)
+    return LocalCalibration(replace(rates, calibration=ratio), ratio, heap, source, len(benches))
 
 
 def local_plan(
@@ -219,8 +251,8 @@ def local_plan(
     leave their garbage in the heap)."""
     base = base_rss if base_rss is not None else current_rss() or 0
     key = device_key(torch.device("cpu"))
-    cal = local_calibration(records, key)
-    rates = replace(measure_rates(d), calibration=cal.speed)
+    cal = local_calibration(records, key, d)
+    rates = cal.rates
     if cal.source:
         source = f"{rates.source}, {cal.source}"
     else:
@@ -244,7 +276,13 @@ def local_plan(
         heap_margin=cal.heap,
         memory_source=(
             f"resident set at start + tensor peak x heap margin {cal.heap:.2f} "
-            + ("(measured by that bench)" if cal.source else "(glibc's, measured on the demo)")
+            + (
+                "(glibc's, measured on the demo)"
+                if not cal.benches
+                else "(measured by that bench)"
+                if cal.benches == 1
+                else "(the median those benches measured)"
+            )
         ),
     )
 

@@ -3,8 +3,12 @@
 Every distinct GEMM of the model is timed at its real (m, k, n) and operand layouts (forward,
 input gradient, weight gradient), causal attention forward + backward at the run's (batch,
 heads, seq, head_dim) with the kernel and the layout the run uses, memory
-bandwidth with a large add, and the host time per kernel with a loop of tiny ops. A few
-seconds in all; `littlelm plan --device cpu` and `littlelm bench` call it.
+bandwidth with a large add, and the host time per kernel with a loop of tiny ops. Each is the
+best of calls made in rounds over all of them (`best_of_rounds`), so that the shapes of a plan and
+of the benches that calibrate it are timed through the same busy spells of a shared machine. A
+few seconds per shape; `littlelm plan --device cpu` and `littlelm bench` call it. Every operand
+is held until the rounds end: the probe's memory is the sum of the run's GEMM operands (the
+lm_head's gradient the largest), not one GEMM's.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 from littlelm.model.attention import causal_attention
 from littlelm.plan import speed
 from littlelm.plan.shapes import Dims
+from littlelm.train.device import tune_cpu_allocator
 
 PROBE_SECONDS = 0.25  # per measurement: the best of repeats within it
 # a best of one or two calls (the attention probe's at seq 1024) read 10-15% slow too often on a
@@ -33,43 +38,75 @@ def device_key(device: torch.device) -> str:
     return f"cpu {cpu}, {torch.get_num_threads()} threads"
 
 
-def best_seconds(fn, seconds: float = PROBE_SECONDS) -> float:
+def best_seconds(fn, seconds: float | None = None) -> float:
     """The fastest of repeated calls of `fn` over about `seconds` (after one warm-up), and of at
     least MIN_REPEATS calls unless one call alone outlasts `seconds` (such a call averages the
     machine's hiccups over its own length)."""
-    fn()
-    best, start, n = float("inf"), time.perf_counter(), 0
-    while n == 0 or time.perf_counter() - start < seconds or (n < MIN_REPEATS and best < seconds):
-        t = time.perf_counter()
-        fn()
-        best, n = min(best, time.perf_counter() - t), n + 1
+    return best_of_rounds([fn], seconds)[0]
+
+
+def best_of_rounds(fns: list, seconds: float | None = None) -> list[float]:
+    """`best_seconds` of each of `fns`, timed in rounds (each function once per round) over
+    about `seconds` apiece: a busy spell of a shared machine, which lasts seconds, then slows
+    one round of every measurement rather than all the repeats of a few, and the best of each
+    skips it. Rates compared with each other (a bench's shapes and a plan's) come from the
+    same rounds for the same reason."""
+    for fn in fns:
+        fn()  # warm-up: first-call allocations and kernel selection
+    best = [float("inf")] * len(fns)
+    budget = (PROBE_SECONDS if seconds is None else seconds) * len(fns)
+    start, rounds = time.perf_counter(), 0
+
+    def more() -> bool:
+        if rounds == 0 or time.perf_counter() - start < budget:
+            return True
+        return rounds < MIN_REPEATS and sum(best) < budget  # unless one round outlasts it
+
+    while more():
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t)
+        rounds += 1
     return best
 
 
-def gemm_rates(d: Dims, dtype: torch.dtype) -> dict[tuple[int, int, int, str], float]:
-    """FLOP/s of each distinct GEMM shape of one micro-batch, per product (speed.PRODUCTS), with
-    the operands laid out as the model's linear layers have them: x (m, k) times the weight
-    W (n, k) transposed; the input gradient dy (m, n) times W; the weight gradient dy^T x."""
-    out = {}
-    for g in speed.gemms(d):
-        if (g.m, g.k, g.n, "forward") in out:
-            continue
-        x = torch.randn(g.m, g.k, dtype=dtype)
-        w = torch.randn(g.n, g.k, dtype=dtype)
-        dy = torch.randn(g.m, g.n, dtype=dtype)
-        calls = {  # the operands bound now: each shape times its own tensors
-            "forward": lambda x=x, w=w: torch.nn.functional.linear(x, w),
-            "input_grad": lambda dy=dy, w=w: dy @ w,
-            "weight_grad": lambda dy=dy, x=x: dy.t() @ x,
-        }
-        for product, call in calls.items():
-            out[(g.m, g.k, g.n, product)] = 2 * g.m * g.k * g.n / best_seconds(call)
-    return out
+class _Measurements:
+    """Keyed timed calls, each made once however many shapes need it, then timed together."""
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple, object] = {}
+        self.seconds: dict[tuple, float] = {}
+
+    def add(self, key: tuple, make) -> tuple:
+        if key not in self.calls:
+            self.calls[key] = make()
+        return key
+
+    def run(self) -> None:
+        keys = list(self.calls)
+        with torch.no_grad():  # attention's step enables grad itself
+            self.seconds = dict(zip(keys, best_of_rounds([self.calls[k] for k in keys])))
+        self.calls.clear()  # the operands go now
 
 
-def attention_rate(d: Dims, dtype: torch.dtype) -> float:
-    """FLOP/s of the run's causal attention (forward + backward) on one layer, on q, k and v
-    laid out as the model passes them: (B, H, T, D) views of (B, T, H, D) storage."""
+def _gemm_calls(m: int, k: int, n: int, dtype: torch.dtype) -> dict[str, object]:
+    """The three products of a linear layer, with its operand layouts: x (m, k) times the
+    weight W (n, k) transposed; the input gradient dy (m, n) times W; the weight gradient
+    dy^T x."""
+    x = torch.randn(m, k, dtype=dtype)
+    w = torch.randn(n, k, dtype=dtype)
+    dy = torch.randn(m, n, dtype=dtype)
+    return {
+        "forward": lambda: torch.nn.functional.linear(x, w),
+        "input_grad": lambda: dy @ w,
+        "weight_grad": lambda: dy.t() @ x,
+    }
+
+
+def _attention_call(d: Dims, dtype: torch.dtype):
+    """Causal attention forward + backward of one layer on q, k and v laid out as the model
+    passes them: (B, H, T, D) views of (B, T, H, D) storage."""
     m = d.model
     B, T, D = d.micro_batch, d.seq_len, m.head_dim
 
@@ -80,35 +117,72 @@ def attention_rate(d: Dims, dtype: torch.dtype) -> float:
     grad = torch.randn(B, m.n_head, T, D, dtype=dtype)
 
     def step():
-        causal_attention(q, k, v).backward(grad)
+        with torch.enable_grad():
+            causal_attention(q, k, v).backward(grad)
 
-    return speed.attention_flops(d) / m.n_layer / best_seconds(step)
+    return step
 
 
-def bandwidth() -> float:
-    """Bytes/s of a large out-of-place add (two reads and one write of 32 MiB each)."""
+def _bandwidth_call():
+    """A large out-of-place add: two reads and one write of 32 MiB each."""
     a, b = torch.randn(8 << 20), torch.randn(8 << 20)
     out = torch.empty_like(a)
-    return 3 * a.nbytes / best_seconds(lambda: torch.add(a, b, out=out))
+    return lambda: torch.add(a, b, out=out)
 
 
-def launch_seconds(n: int = 200) -> float:
-    """Host time per kernel: tiny adds, so the dispatch is all there is."""
+LAUNCH_OPS = 200  # tiny adds per launch measurement: the dispatch is all there is
+
+
+def _launch_call():
     x = torch.zeros(4)
-    return best_seconds(lambda: [x.add(1.0) for _ in range(n)]) / n
+    return lambda: [x.add(1.0) for _ in range(LAUNCH_OPS)]
 
 
 def measure_rates(d: Dims, device: torch.device | None = None) -> speed.Rates:
     """This CPU's rates at the shapes of `d` (the CUDA path is `catalog_rates` + a bench)."""
-    dtype = torch.bfloat16 if d.bf16 else torch.float32
-    with torch.no_grad():
-        gemm = gemm_rates(d, dtype)
-    best = max(gemm.values())
-    return speed.Rates(
-        matmul=best,
-        attention=attention_rate(d, dtype),
-        bandwidth=bandwidth(),
-        launch=launch_seconds(),
-        gemm_rate=lambda g, product: gemm[(g.m, g.k, g.n, product)],
-        source=f"measured here ({device_key(device or torch.device('cpu'))})",
-    )
+    return measure_rates_many([d], device)[0]
+
+
+def measure_rates_many(ds: list[Dims], device: torch.device | None = None) -> list[speed.Rates]:
+    """This CPU's rates at the shapes of each of `ds`, timed in the same rounds (a shape two of
+    them share is timed once)."""
+    # malloc as the Trainer sets it: with glibc's default the first probes of a process map
+    # fresh, zeroed pages for every large tensor and read 10-100% slow (4x on attention)
+    tune_cpu_allocator()
+    probe = _Measurements()
+    plans = []
+    for d in ds:
+        dtype = torch.bfloat16 if d.bf16 else torch.float32
+        gemms = {}
+        for g in speed.gemms(d):
+            shape = ("gemm", g.m, g.k, g.n, dtype)
+            if (*shape, "forward") not in probe.calls:
+                for product, call in _gemm_calls(g.m, g.k, g.n, dtype).items():
+                    probe.calls[(*shape, product)] = call
+            for product in speed.PRODUCTS:
+                gemms[(g.m, g.k, g.n, product)] = (*shape, product)
+        m = d.model
+        attention = probe.add(
+            ("attention", d.micro_batch, d.seq_len, m.n_head, m.kv_heads, m.head_dim, dtype),
+            lambda d=d, dtype=dtype: _attention_call(d, dtype),
+        )
+        plans.append((d, gemms, attention))
+    bandwidth = probe.add(("bandwidth",), _bandwidth_call)
+    launch = probe.add(("launch",), _launch_call)
+    probe.run()
+    t = probe.seconds
+    source = f"measured here ({device_key(device or torch.device('cpu'))})"
+    out = []
+    for d, gemms, attention in plans:
+        rate = {k: 2 * k[0] * k[1] * k[2] / t[key] for k, key in gemms.items()}
+        out.append(
+            speed.Rates(
+                matmul=max(rate.values()),
+                attention=speed.attention_flops(d) / d.model.n_layer / t[attention],
+                bandwidth=3 * (8 << 20) * 4 / t[bandwidth],
+                launch=t[launch] / LAUNCH_OPS,
+                gemm_rate=lambda g, product, rate=rate: rate[(g.m, g.k, g.n, product)],
+                source=source,
+            )
+        )
+    return out
