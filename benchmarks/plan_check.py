@@ -5,10 +5,10 @@
 
 First the demo is benched LOCAL_BENCHES times (each in a fresh process): the calibration, as
 `plan` takes it from the newest benches on a machine (the benches of the user's cache are not
-read). Then each shape runs in a fresh process, one after another: the local plan before any
-training, uncalibrated (rates probed here) and calibrated by those benches' median, then
-`littlelm bench` on the shape (real steps, a save and a resume; stored in the bench cache like any
-bench, so a later `plan --device cpu` here is calibrated by the newest of them). The demo's row
+read). Then each shape, one after another: the local plan in a fresh process, uncalibrated
+(rates probed here) and calibrated by those benches' median, then `littlelm bench` on the shape
+in another (real steps, a save and a resume; stored in the bench cache like any bench, so a
+later `plan --device cpu` here is calibrated by the newest of them). The demo's row
 is checked against a bench that did not calibrate it. Columns: predicted tokens/s, measured
 tokens/s, and predicted and measured peak process memory (resident set; the calibrated
 prediction uses the heap margin the calibrating benches measured).
@@ -33,8 +33,10 @@ SHAPES = {
 
 
 def one(name: str, steps: int, out_dir: str, calibration: list[str]) -> dict:
-    """Plan (uncalibrated, calibrated), then bench, one shape in this process; without
-    `calibration`, only the bench."""
+    """With `calibration`: the plan of one shape (uncalibrated, then calibrated), as `littlelm
+    plan --device cpu` makes it in its own process. Without: `bench` of that shape, in a process
+    that ran nothing before it (a bench after the plan's probes reuses the heap they left and
+    reads a low heap margin, which would then calibrate later plans)."""
     from littlelm.components import register_all
     from littlelm.hardware import native_bf16
     from littlelm.plan.bench import current_rss, run_bench
@@ -45,24 +47,22 @@ def one(name: str, steps: int, out_dir: str, calibration: list[str]) -> dict:
     register_all()  # an entry point: fill the registries before reading a config
     over = [*SHAPES[name], f"run.name=plan_check_{name}", f"run.out_dir={out_dir}"]
     cfg = load_run("demo", over)
-    d = Dims.of(cfg.with_precision(native_bf16("cpu")))  # what bench (the Trainer) computes in
-    tokens = cfg.train.max_tokens
-    base = current_rss()  # the process before training
-    out: dict = {"name": name}
     if calibration:
+        d = Dims.of(cfg.with_precision(native_bf16("cpu")))  # what bench (the Trainer) computes in
+        tokens = cfg.train.max_tokens
+        base = current_rss()  # the process before any probe
         earlier = [json.loads(Path(f).read_text()) for f in calibration]
         uncal = local_plan(d, tokens, [], 0.0, base)
         cal = local_plan(d, tokens, earlier, 0.0, base)
-        out |= {
+        return {
             "uncal_tok_s": uncal.tok_s,
             "cal_tok_s": cal.tok_s,
             "uncal_rss": uncal.process_peak,
             "cal_rss": cal.process_peak,
-            "heap_margin_used": cal.heap_margin,
         }
     bench = run_bench(cfg, steps=steps)
     grown = (bench["peak_rss"] or 0) - (bench["rss_at_start"] or 0)
-    return out | {
+    return {
         "measured_tok_s": bench["tok_s"],
         "measured_rss": bench["peak_rss"],
         "heap_margin": grown / bench["peak_tensor"] if bench.get("peak_tensor") else None,
@@ -106,8 +106,9 @@ def main() -> None:
                 f"peak RSS {r['measured_rss'] / g:.2f} GiB, heap margin {r['heap_margin']:.2f}",
                 flush=True,
             )
-        for name in SHAPES:
-            rows.append(run_one(name, args.steps, tmp, calibration))
+        for name in SHAPES:  # the plan, then the bench, each in a fresh process
+            plan = run_one(name, args.steps, tmp, calibration)
+            rows.append({"name": name, **plan, **run_one(name, args.steps, tmp, [])})
     print(
         "| shape | tok/s predicted, uncal. / calibrated | measured | calibrated / measured "
         "| RSS GiB predicted, uncal. / calibrated | measured | calibrated / measured "

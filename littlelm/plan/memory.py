@@ -51,10 +51,10 @@ Kernels = Literal["cuda", "cpu"]
 # What glibc's heap adds to a CPU run's tensors: freed blocks are kept for reuse
 # (train/device.tune_cpu_allocator) and the heap fragments, so the resident set grows past the
 # live tensors. Measured by `littlelm bench` as (peak RSS - RSS at start) / peak tensor memory,
-# in a process that ran nothing big before (as a training run): 1.40-1.47 over 20 benches of the
-# demo and its seq-1024 shape on a 2-core EPYC, fp32 (benchmarks/plan_check.py and by hand,
-# 2026-12-01). A bench that runs after plan's probes in one process reads 0.95-1.35: it reuses
-# the heap the probes left. Benches on this machine replace it with their median.
+# in a process that ran nothing big before (as a training run): 1.40-1.51 over 26 benches of the
+# demo and its d-512 and seq-1024 shapes on a 2-core EPYC, fp32 (benchmarks/plan_check.py and
+# by hand, 2026-12-01). A bench that runs after plan's probes in one process reads 0.95-1.35: it
+# reuses the heap the probes left. Benches on this machine replace it with their median.
 CPU_HEAP_MARGIN = 1.42
 
 
