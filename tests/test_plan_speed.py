@@ -241,10 +241,10 @@ def test_probe_takes_the_best_of_several_calls_unless_one_call_is_long(monkeypat
 
     monkeypatch.setattr(probe, "time", Clock)
     calls, Clock.dt = [], 0.001
-    probe.best_seconds(call, seconds=0.002)  # two calls would fill the window
+    probe.best_of_rounds([call], seconds=0.002)  # two calls would fill the window
     assert len(calls) == 1 + probe.MIN_REPEATS  # a warm-up, then the minimum of timed calls
     calls, Clock.dt = [], 0.02
-    probe.best_seconds(call, seconds=0.01)
+    probe.best_of_rounds([call], seconds=0.01)
     assert len(calls) == 2  # a warm-up and one call longer than the window: enough
 
 

@@ -38,19 +38,14 @@ def device_key(device: torch.device) -> str:
     return f"cpu {cpu}, {torch.get_num_threads()} threads"
 
 
-def best_seconds(fn, seconds: float | None = None) -> float:
-    """The fastest of repeated calls of `fn` over about `seconds` (after one warm-up), and of at
-    least MIN_REPEATS calls unless one call alone outlasts `seconds` (such a call averages the
-    machine's hiccups over its own length)."""
-    return best_of_rounds([fn], seconds)[0]
-
-
 def best_of_rounds(fns: list, seconds: float | None = None) -> list[float]:
-    """`best_seconds` of each of `fns`, timed in rounds (each function once per round) over
-    about `seconds` apiece: a busy spell of a shared machine, which lasts seconds, then slows
-    one round of every measurement rather than all the repeats of a few, and the best of each
-    skips it. Rates compared with each other (a bench's shapes and a plan's) come from the
-    same rounds for the same reason."""
+    """The fastest call of each of `fns` (after one warm-up each), timed in rounds (each function
+    once per round) for about `seconds` apiece and at least MIN_REPEATS rounds, unless one round
+    alone outlasts the whole window (such calls average the machine's hiccups over their own
+    length). A busy spell of a shared machine, which lasts seconds, then slows one round of
+    every measurement rather than all the repeats of a few, and the best of each skips it.
+    Rates compared with each other (a bench's shapes and a plan's) share rounds for the same
+    reason."""
     for fn in fns:
         fn()  # warm-up: first-call allocations and kernel selection
     best = [float("inf")] * len(fns)
@@ -69,25 +64,6 @@ def best_of_rounds(fns: list, seconds: float | None = None) -> list[float]:
             best[i] = min(best[i], time.perf_counter() - t)
         rounds += 1
     return best
-
-
-class _Measurements:
-    """Keyed timed calls, each made once however many shapes need it, then timed together."""
-
-    def __init__(self) -> None:
-        self.calls: dict[tuple, object] = {}
-        self.seconds: dict[tuple, float] = {}
-
-    def add(self, key: tuple, make) -> tuple:
-        if key not in self.calls:
-            self.calls[key] = make()
-        return key
-
-    def run(self) -> None:
-        keys = list(self.calls)
-        with torch.no_grad():  # attention's step enables grad itself
-            self.seconds = dict(zip(keys, best_of_rounds([self.calls[k] for k in keys])))
-        self.calls.clear()  # the operands go now
 
 
 def _gemm_calls(m: int, k: int, n: int, dtype: torch.dtype) -> dict[str, object]:
@@ -123,9 +99,12 @@ def _attention_call(d: Dims, dtype: torch.dtype):
     return step
 
 
+BANDWIDTH_ELEMENTS = 8 << 20  # fp32: 32 MiB per operand, far past the caches
+
+
 def _bandwidth_call():
     """A large out-of-place add: two reads and one write of 32 MiB each."""
-    a, b = torch.randn(8 << 20), torch.randn(8 << 20)
+    a, b = torch.randn(BANDWIDTH_ELEMENTS), torch.randn(BANDWIDTH_ELEMENTS)
     out = torch.empty_like(a)
     return lambda: torch.add(a, b, out=out)
 
@@ -149,28 +128,28 @@ def measure_rates_many(ds: list[Dims], device: torch.device | None = None) -> li
     # malloc as the Trainer sets it: with glibc's default the first probes of a process map
     # fresh, zeroed pages for every large tensor and read 10-100% slow (4x on attention)
     tune_cpu_allocator()
-    probe = _Measurements()
+    calls: dict[tuple, object] = {}  # each measurement once, however many shapes need it
     plans = []
     for d in ds:
         dtype = torch.bfloat16 if d.bf16 else torch.float32
         gemms = {}
         for g in speed.gemms(d):
             shape = ("gemm", g.m, g.k, g.n, dtype)
-            if (*shape, "forward") not in probe.calls:
+            if (*shape, "forward") not in calls:
                 for product, call in _gemm_calls(g.m, g.k, g.n, dtype).items():
-                    probe.calls[(*shape, product)] = call
+                    calls[(*shape, product)] = call
             for product in speed.PRODUCTS:
                 gemms[(g.m, g.k, g.n, product)] = (*shape, product)
         m = d.model
-        attention = probe.add(
-            ("attention", d.micro_batch, d.seq_len, m.n_head, m.kv_heads, m.head_dim, dtype),
-            lambda d=d, dtype=dtype: _attention_call(d, dtype),
-        )
+        attention = ("attention", d.micro_batch, d.seq_len, m.n_head, m.kv_heads, m.head_dim, dtype)
+        if attention not in calls:
+            calls[attention] = _attention_call(d, dtype)
         plans.append((d, gemms, attention))
-    bandwidth = probe.add(("bandwidth",), _bandwidth_call)
-    launch = probe.add(("launch",), _launch_call)
-    probe.run()
-    t = probe.seconds
+    calls[("bandwidth",)] = _bandwidth_call()
+    calls[("launch",)] = _launch_call()
+    with torch.no_grad():  # the attention call enables grad itself
+        t = dict(zip(calls, best_of_rounds(list(calls.values()))))
+    del calls  # the operands go now
     source = f"measured here ({device_key(device or torch.device('cpu'))})"
     out = []
     for d, gemms, attention in plans:
@@ -179,8 +158,8 @@ def measure_rates_many(ds: list[Dims], device: torch.device | None = None) -> li
             speed.Rates(
                 matmul=max(rate.values()),
                 attention=speed.attention_flops(d) / d.model.n_layer / t[attention],
-                bandwidth=3 * (8 << 20) * 4 / t[bandwidth],
-                launch=t[launch] / LAUNCH_OPS,
+                bandwidth=3 * BANDWIDTH_ELEMENTS * 4 / t[("bandwidth",)],
+                launch=t[("launch",)] / LAUNCH_OPS,
                 gemm_rate=lambda g, product, rate=rate: rate[(g.m, g.k, g.n, product)],
                 source=source,
             )
