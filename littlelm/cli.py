@@ -97,22 +97,37 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
 def prepared_snippet(result: dict) -> str:
     """The data section that trains on what was just prepared."""
-    first = next(iter(result.values()))[1]
+    import json
+
+    ours = [d for src, d, _ in result.values() if not getattr(src, "foreign", False)]
     lines = [
         "train on it with this data section in a run file:",
         "data:",
-        f"  tokenizer: {{name: saved, path: {first}}}",
+        f"  tokenizer: {{name: saved, path: {ours[0]}}}"
+        if ours
+        else "  tokenizer: (this config's: the one that made the token files)",
         "  sources:",
     ]
     for label, (src, directory, _) in result.items():
+        if getattr(src, "foreign", False):  # other tools' token files are used where they are
+            lines.append(f"    {label}: {json.dumps(src.cfg.model_dump(exclude_defaults=True))}")
+            continue
         lines.append(f"    {label}: {{name: shards, path: {directory}, weight: {src.cfg.weight}}}")
     return "\n".join(lines)
 
 
 def cmd_data_inspect(args: argparse.Namespace) -> int:
-    from littlelm.data.inspect import inspect_dataset
+    from pathlib import Path
 
-    inspect_dataset(args.directory, args.samples, args.chars, not args.no_verify)
+    from littlelm.data.inspect import inspect_dataset, inspect_tokens
+    from littlelm.data.prepare import MANIFEST
+
+    path = Path(args.directory)
+    ours = (path if path.is_dir() else path.parent) / MANIFEST
+    if args.format or not ours.is_file():  # token files another tool wrote
+        inspect_tokens(path, args.format, args.dtype, args.separator, args.column)
+        return 0
+    inspect_dataset(path, args.samples, args.chars, not args.no_verify)
     return 0
 
 
@@ -448,9 +463,26 @@ def _add_data(sub) -> None:
         dsub,
         "inspect",
         "summarise and check a prepared dataset",
-        "  littlelm data inspect shards/web --samples 3",
+        "  littlelm data inspect shards/web --samples 3\n"
+        "  littlelm data inspect fineweb10B/   # nanoGPT/llm.c .bin, Megatron, .npy, parquet",
     )
-    insp.add_argument("directory", help="a dataset directory written by `littlelm data prepare`")
+    insp.add_argument(
+        "directory",
+        help="a dataset directory written by `littlelm data prepare`, or token files another "
+        "tool wrote (nanoGPT/llm.c .bin, .npy, Megatron PREFIX, parquet; docs/data.md)",
+    )
+    insp.add_argument(
+        "--format",
+        choices=["nanogpt", "array", "megatron", "parquet"],
+        help="token files' format (default: from the files; a headerless .bin needs array)",
+    )
+    insp.add_argument("--dtype", choices=["uint16", "uint32"], help="a headerless .bin's tokens")
+    insp.add_argument(
+        "--separator",
+        type=int,
+        help="id between documents (nanogpt, array); default 50256 for GPT-2 nanogpt files",
+    )
+    insp.add_argument("--column", default="input_ids", help="parquet: the token-id column")
     insp.add_argument("--samples", type=int, default=1, help="decoded sample documents to print")
     insp.add_argument("--chars", type=int, default=400, help="characters of each sample")
     insp.add_argument(

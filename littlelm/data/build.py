@@ -113,19 +113,20 @@ class PreparedSource:
     label: str
     weight: float
     directory: Path
-    train: list[Shard]
-    val: list[Shard]
-    long_docs: str = "crop"
+    train: list  # Shard, or TokenDocs (data/foreign.py): what the loader reads
+    val: list
+    long_docs: str = "split"
     manifest: dict | None = None
+    explicit: bool = True  # long_docs named in the config (else a checkpoint's packing wins)
 
     @property
     def train_tokens(self) -> int:
-        return sum(s.header.n_tokens for s in self.train)
+        return sum(s.n_tokens for s in self.train)
 
     def val_shortage(self, seq_len: int) -> str | None:
         """Why this source adds nothing to the validation loss (its held-out tokens do not
         fill one window of seq_len + 1), or None when it does."""
-        tokens = sum(s.header.n_tokens for s in self.val)
+        tokens = sum(s.n_tokens for s in self.val)
         if tokens > seq_len:
             return None
         m = self.manifest or {}
@@ -154,7 +155,9 @@ class RunData:
             stream = DocStream(
                 src.train, seed + 7919 * i, rank, world, cfg.on_exhausted == "repeat", label
             )
-            packers[label] = BestFitPacker(stream, seq_len + 1, cfg.buffer_docs, src.long_docs)
+            packers[label] = BestFitPacker(
+                stream, seq_len + 1, cfg.buffer_docs, src.long_docs, src.explicit
+            )
         weights = {k: s.weight for k, s in self.sources.items()}
         return MixtureLoader(packers, weights, batch, seq_len)
 
@@ -240,10 +243,22 @@ def prepare_data(
         k: make_split(s, cfg.val_fraction, cfg.val_split, cfg.split_seed) for k, s in raw.items()
     }
     root = cache_root(cfg.cache_dir)
+    foreign = [k for k, s in sources.items() if getattr(s, "foreign", False)]
+    if foreign and TOKENIZERS.get(cfg.tokenizer.name).trainable:
+        raise DataError(
+            f"data.sources.{foreign[0]} holds token ids another tool made, which mean something "
+            f"only under the tokenizer that made them, but data.tokenizer {cfg.tokenizer.name!r} "
+            "is trained here; declare that tokenizer: data.tokenizer={name: tiktoken, encoding: "
+            "gpt2}, {name: huggingface, path: tokenizer.json} or {name: saved, path: DIR}"
+        )
     tok = resolve_tokenizer(cfg.tokenizer, sources, splits, root, log)
     result = {}
     for label, src in sources.items():
         if only and label not in only:
+            continue
+        if getattr(src, "foreign", False):  # other tools' token files: indexed, checked, opened
+            src.opened = src.open(tok, cfg.val_fraction, root, log)
+            result[label] = (src, src.directory(), src.opened[2])
             continue
         if src.prepared:
             manifest = read_manifest(src.directory())
@@ -274,12 +289,19 @@ def _refuse_damaged(label: str, directory: Path, manifest: dict, level: str) -> 
 def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
     """Prepare (or find) every source's shards and the tokenizer, then open them."""
     tok, prepared = prepare_data(cfg, log=log, progress=progress)
-    opened = {
-        label: open_dataset(label, src.cfg.weight, directory, manifest, tok, cfg.verify_checksums)
-        for label, (src, directory, manifest) in prepared.items()
-    }
-    for label, (src, _, _) in prepared.items():
+    opened = {}
+    for label, (src, directory, manifest) in prepared.items():
+        if getattr(src, "foreign", False):  # token files of another tool (data/foreign.py)
+            train, val, summary = src.opened
+            opened[label] = PreparedSource(
+                label, src.cfg.weight, directory, train, val, manifest=summary
+            )
+        else:
+            opened[label] = open_dataset(
+                label, src.cfg.weight, directory, manifest, tok, cfg.verify_checksums
+            )
         opened[label].long_docs = src.cfg.long_docs
+        opened[label].explicit = "long_docs" in src.cfg.model_fields_set
     return RunData(tok, opened)
 
 

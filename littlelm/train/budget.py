@@ -309,7 +309,7 @@ class RunBudget:
     def for_trainer(cls, tr, loaded_state: dict | None) -> RunBudget | None:
         """Build (None without a time or money budget), check it holds one step at the device's
         peak (a ConfigError before anything trains) and restore the time already spent."""
-        val = sum(len(sh.tokens) for sh in tr.data.val_shards)
+        val = sum(sh.n_tokens for sh in tr.data.val_shards)
         val = min(val, tr.cfg.eval.max_tokens or val)
         budget = build_budget(tr.cfg, tr.run_dir, tr.parallel.broadcast_object, val)
         if budget is None:
