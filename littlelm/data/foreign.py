@@ -315,7 +315,7 @@ class TokenFile:
             meta = json.loads(meta_file.read_text())
             if cfg.format == "parquet":
                 self.data_path = Path(meta["data"])
-            index = np.load(cache / f"{key}.npy", mmap_mode="r")
+            index = np.load(cache / f"{key}.npy")  # in memory: a mapping holds a descriptor
             self.starts, self.ends = index[0], index[1]
             layout = layout or Layout(meta["offset"], meta["tokens"], np.dtype(meta["dtype"]).type)
         else:
