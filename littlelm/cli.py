@@ -112,7 +112,9 @@ def prepared_snippet(result: dict) -> str:
 def cmd_data_inspect(args: argparse.Namespace) -> int:
     from littlelm.data.inspect import inspect_dataset
 
-    inspect_dataset(args.directory, args.samples, args.chars, not args.no_verify)
+    inspect_dataset(
+        args.directory, args.samples, args.chars, not args.no_verify, seq_len=args.seq_len
+    )
     return 0
 
 
@@ -471,6 +473,9 @@ def _add_data(sub) -> None:
     insp.add_argument("--chars", type=int, default=400, help="characters of each sample")
     insp.add_argument(
         "--no-verify", action="store_true", help="skip reading every shard's checksum"
+    )
+    insp.add_argument(
+        "--seq-len", type=_positive, help="conversations: count those too long for this seq_len"
     )
     insp.set_defaults(fn=cmd_data_inspect)
 

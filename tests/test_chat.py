@@ -123,6 +123,11 @@ def test_bad_rows_are_counted_by_data_inspect(tmp_path, capsys):
     out = capsys.readouterr().out
     for _, kind in BAD:
         assert f"1 conversation: {kind}" in out
+    assert main(["data", "inspect", str(tmp_path / "ds" / "chat"), "--seq-len", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "too long for train.seq_len 8" in out and " 0 too long" not in out
+    assert main(["data", "inspect", str(tmp_path / "ds" / "chat"), "--seq-len", "500"]) == 0
+    assert " 0 too long for train.seq_len 500" in capsys.readouterr().out
 
 
 def test_bad_row_with_on_error_fail_names_file_and_line(tmp_path, capsys):

@@ -186,9 +186,8 @@ def run(
             interactive(chat)
         else:
             for _, messages in conversations(sys.stdin):
-                chat.reset()
-                chat.messages = [*chat.messages[: 1 if system else 0], *messages]
-                if system and messages[0]["role"] == "system":
-                    chat.messages = list(messages)
+                chat.reset()  # --system comes first unless the conversation has its own
+                own = messages[0]["role"] == "system"
+                chat.messages = messages if own else [*chat.messages, *messages]
                 print(json.dumps({"reply": chat.respond()}, ensure_ascii=False), flush=True)
     return 0
