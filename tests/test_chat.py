@@ -244,6 +244,14 @@ def test_rows_hold_whole_conversations_and_mask_all_but_replies(chat_data):
             # each whole reply in the row ends at its <|end|>, which is trained
             assert trained.count(fmt.end) == sum(1 for d in docs if len(d) > 1)
         assert rows.shape[1] == 41
+    # held out: packed whole the same way, so each reply is scored after its question
+    val = list(chat_data.val_batches(3, 40))
+    assert val and all(bool((x[:, 0] == tok.bos_id).all()) for x, _ in val)
+    for x, y in val:
+        for row, tgt in zip(x.tolist(), y.tolist()):
+            trained = [t for t in tgt if t >= 0]
+            assert trained and "Reverse" not in tok.decode(trained)
+            assert trained.count(fmt.end) == row.count(fmt.header[0])  # every reply whole
 
 
 def test_sft_loss_is_the_mean_over_assistant_tokens_and_user_tokens_get_no_gradient(chat_data):

@@ -236,7 +236,7 @@ class RunData:
         total = sum(s.weight for s in self.sources.values())
         for src in self.sources.values():
             cap = None if max_tokens is None else max(seq_len, int(max_tokens * src.weight / total))
-            yield from val_batches(src.val, batch, seq_len, cap, src.mask)
+            yield from val_batches(src.val, batch, seq_len, cap, src.mask, self.tokenizer.bos_id)
 
     def mixture_plan(self, run_tokens: int) -> list[str]:
         """One line per source: weight, training tokens, and the epochs this run will take."""
@@ -320,10 +320,11 @@ def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
     }
     for label, (src, _, manifest) in prepared.items():
         opened[label].long_docs = src.cfg.long_docs
-        if getattr(src, "conversations", False) or manifest.get("conversations"):
+        if src.conversations or manifest.get("conversations"):
             opened[label].mask = chat_format(tok).mask  # the loss counts the assistant's tokens
             opened[label].long_docs = "pad"  # prepared shards of conversations too
-            opened[label].on_error = getattr(src.cfg, "on_error", "skip")
+            # too long for a row: the chat source's on_error; prepared shards: left out
+            opened[label].on_error = src.cfg.on_error if src.conversations else "skip"
     return RunData(tok, opened)
 
 

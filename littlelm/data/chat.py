@@ -201,8 +201,8 @@ def _compile(template: str):
 def chat_format(tok) -> ChatFormat:
     """The chat format of tokenizer `tok`: its own chat_template when it has one (imported
     models), else littlelm's, whose special tokens it must have."""
-    template = getattr(tok, "chat_template", None)
-    special = {"bos_token": getattr(tok, "bos_token", None) or "<|bos|>", **tok.template_tokens()}
+    template = tok.chat_template
+    special = {"bos_token": tok.bos_token, **tok.template_tokens()}
     if template is None:
         ids = [tok.special_id(t) for t in CHAT_TOKENS]
         if None in ids:

@@ -69,6 +69,7 @@ class ChatSource(HubDataset):
     def __init__(self, cfg: ChatConfig, label: str):
         super().__init__(cfg, label)
         self.columns = list(ALPACA) if cfg.rows == "alpaca" else [cfg.field]
+        self._rows_seen = 0  # rows of the file before the batch being read (FILE:ROW)
 
     def local(self) -> Path | None:
         p = Path(self.cfg.dataset).expanduser()
@@ -82,7 +83,7 @@ class ChatSource(HubDataset):
 
     def _batch_texts(self, batch, path: Path) -> Iterator[str]:
         columns = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
-        start = getattr(self, "_rows_seen", 0)
+        start = self._rows_seen
         for n, values in enumerate(zip(*columns), start + 1):
             text = self._fill(dict(zip(self.columns, values)), f"{path}:{n}")
             if text is not None:

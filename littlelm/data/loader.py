@@ -513,26 +513,60 @@ class Prefetcher:
 
 
 def val_batches(
-    shards: list[Shard], batch: int, seq_len: int, max_tokens: int | None = None, mask=None
+    shards: list[Shard],
+    batch: int,
+    seq_len: int,
+    max_tokens: int | None = None,
+    mask=None,
+    pad_id: int = 0,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """A validation split in order, as consecutive windows of seq_len + 1 tokens (stride
     seq_len, so every token after the first is predicted exactly once), reading only the
     shards it needs. The last batch may have fewer rows; the final partial window is dropped.
-    With `mask` (a chat mask, computed over the whole split) untrained targets are IGNORE."""
+    With `mask` (conversations) see `_conversation_rows`."""
+    if mask is not None:
+        yield from _conversation_rows(shards, batch, seq_len, max_tokens, mask, pad_id)
+        return
     tokens = _first_tokens(shards, None if max_tokens is None else max_tokens + 1)
-    keep = None if mask is None else mask(tokens)
     n_rows = (len(tokens) - 1) // seq_len
     for start in range(0, n_rows, batch):
-        span = range(start, min(start + batch, n_rows))
-        rows = [tokens[r * seq_len : r * seq_len + seq_len + 1] for r in span]
+        rows = [
+            tokens[r * seq_len : r * seq_len + seq_len + 1]
+            for r in range(start, min(start + batch, n_rows))
+        ]
         t = torch.from_numpy(np.stack(rows).astype(np.int64))
-        if keep is None:
-            yield t[:, :-1], t[:, 1:]
+        yield t[:, :-1], t[:, 1:]
+
+
+def _conversation_rows(shards, batch, seq_len, max_tokens, mask, pad_id):
+    """Held-out conversations packed whole, in order, as training packs them (the next one
+    that does not fit starts a new row; the rest is padding), so every reply is scored after
+    its own question; targets outside the replies are IGNORE. Conversations longer than a row
+    are left out, as in training; `max_tokens` caps the row tokens."""
+    row_len, rows, row, used, total = seq_len + 1, [], [], 0, 0
+    docs = (s.doc(i) for s in shards for i in range(len(s)))
+    for d in docs:
+        if len(d) > row_len:
             continue
-        y = t[:, 1:].clone()
-        k = np.stack([keep[r * seq_len + 1 : r * seq_len + seq_len + 1] for r in span])
-        y[torch.from_numpy(~k)] = IGNORE
-        yield t[:, :-1], y
+        if used + len(d) > row_len:
+            rows.append(row)
+            row, used, total = [], 0, total + row_len
+            if max_tokens is not None and total >= max_tokens:
+                break
+        row.append(d)
+        used += len(d)
+    else:
+        if row:
+            rows.append(row)
+    for start in range(0, len(rows), batch):
+        t = np.full((min(batch, len(rows) - start), row_len), pad_id, dtype=np.int64)
+        for r, parts in enumerate(rows[start : start + batch]):
+            if parts:
+                flat = np.concatenate(parts)
+                t[r, : len(flat)] = flat
+        keep = np.stack([mask(r)[1:] for r in t])
+        y = torch.from_numpy(np.where(keep, t[:, 1:], IGNORE))
+        yield torch.from_numpy(t[:, :-1]), y
 
 
 def _first_tokens(shards: list[Shard], limit: int | None) -> np.ndarray:

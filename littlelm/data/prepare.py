@@ -140,7 +140,7 @@ def dataset_key(source: Source, tok: Tokenizer, split: ValSplit) -> str:
         "split": split.key(),
         "format": FORMAT,
     }
-    if getattr(source, "conversations", False):  # rendered with the tokenizer's chat format
+    if source.conversations:  # rendered with the tokenizer's chat format
         key["chat"] = chat_format(tok).identity()
     return digest(key)
 
@@ -493,7 +493,7 @@ def _manifest(source, tok, split, key, shard_tokens, units, records, seconds) ->
         "splits": splits,
         "seconds": round(seconds, 3),
         # conversations: a run on these shards trains on the assistant's tokens only
-        **({"conversations": True} if getattr(source, "conversations", False) else {}),
+        **({"conversations": True} if source.conversations else {}),
     }
 
 

@@ -40,7 +40,9 @@ class Tokenizer:
     kind: str
     vocab_size: int
     bos_id: int
+    bos_token: str = BOS  # its text (the chat template's bos_token)
     chat_template: str | None = None  # a Jinja chat template of its own (imported models)
+    _template_tokens: dict[str, str] = {}  # noqa: RUF012  (replaced, never mutated)
 
     def special_id(self, token: str) -> int | None:
         """The id of special token `token`, or None when the tokenizer has no such token."""
@@ -193,7 +195,7 @@ class HFTokenizer(Tokenizer):
         return self.special_tokens().get(token)
 
     def template_tokens(self) -> dict[str, str]:
-        return dict(getattr(self, "_template_tokens", {}))
+        return dict(self._template_tokens)
 
     def with_chat_template(self, template: str | None, tokens: dict[str, str]) -> HFTokenizer:
         """Carry `template` (tokenizer_config.json's chat_template) and its special strings."""

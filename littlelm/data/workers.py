@@ -67,7 +67,7 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
     size = {"train": 0, "val": 0}
     docs = chars = nbytes = 0
     # a conversation (canonical JSON) is rendered with the tokenizer's chat format (data/chat.py)
-    render = chat_format(tok).render_json if getattr(source, "conversations", False) else None
+    render = chat_format(tok).render_json if source.conversations else None
     try:
         for i, raw in enumerate(source.unit_documents(job.unit)):
             if i in job.duplicates:
