@@ -667,3 +667,12 @@ def test_harness_apply_chat_template_asks_in_the_chat_format(sft_run, tmp_path):
     assert main([*argv, "--apply-chat-template", "--out", str(out)]) == 0
     got = json.loads(out.read_text())["results"]["littlelm_chat_rev"]
     assert got["exact_match,none"] == 0.5  # the chat replies, as `littlelm chat` gives them
+
+
+def test_chat_with_a_model_without_a_chat_format_names_the_fix(tiny_config, capsys):
+    cfg = load_run(tiny_config)
+    Trainer(cfg, resume="never").fit(stop_after=1)
+    assert main(["chat", str(cfg.run_dir()), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "has no chat tokens" in err and "docs/post-training.md" in err
+    assert "Traceback" not in err
