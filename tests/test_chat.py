@@ -685,14 +685,31 @@ def test_a_model_from_before_the_chat_tokens_gets_them_and_fine_tunes(tmp_path, 
 
     corpus = make_corpus(tmp_path / "corpus.txt")
     base = tiny_tree(corpus, tmp_path / "runs", run={"name": "old"})
-    base["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 300, "train_chars": 5000, "chat_tokens": False}
+    base["data"]["tokenizer"] = {
+        "name": "bpe",
+        "vocab_size": 300,
+        "train_chars": 5000,
+        "chat_tokens": False,
+    }
     base["model"].update(max_seq_len=96, vocab_pad_multiple=pad)
     base["train"]["max_steps"] = 2
     Trainer(load_run(write_config(tmp_path / "old.yaml", base)), resume="never").fit()
     old, old_tok, _ = load_model(tmp_path / "runs" / "old")
-    assert main(["chat-tokens", str(tmp_path / "runs" / "old"), "--out", str(tmp_path / "runs" / "chat")]) == 0
+    assert (
+        main(
+            [
+                "chat-tokens",
+                str(tmp_path / "runs" / "old"),
+                "--out",
+                str(tmp_path / "runs" / "chat"),
+            ]
+        )
+        == 0
+    )
     said = capsys.readouterr().out
-    assert ("spare padded rows 300-303 of 320" if pad == 64 else "padding grown from 300 to 304") in said
+    assert (
+        "spare padded rows 300-303 of 320" if pad == 64 else "padding grown from 300 to 304"
+    ) in said
     new, tok, _ = load_model(tmp_path / "runs" / "chat")
     assert [tok.special_id(t) for t in CHAT_TOKENS] == [300, 301, 302, 303]
     assert tok.encode("def main") == old_tok.encode("def main")
@@ -700,7 +717,9 @@ def test_a_model_from_before_the_chat_tokens_gets_them_and_fine_tunes(tmp_path, 
     torch.testing.assert_close(new(x)[..., :300], old(x))
     mean = old.wte.weight[:300].mean(0)
     torch.testing.assert_close(new.wte.weight[300:304], mean.expand(4, -1))
-    torch.testing.assert_close(new.lm_head.weight[300:304], old.lm_head.weight[:300].mean(0).expand(4, -1))
+    torch.testing.assert_close(
+        new.lm_head.weight[300:304], old.lm_head.weight[:300].mean(0).expand(4, -1)
+    )
     # fine-tuning from it is an ordinary SFT run
     src = write_conversations(tmp_path / "c.jsonl", 200)
     sft = tiny_tree(corpus, tmp_path / "runs", run={"name": "sft"})
@@ -712,7 +731,9 @@ def test_a_model_from_before_the_chat_tokens_gets_them_and_fine_tunes(tmp_path, 
     }
     sft["grow"] = {"parent": str(tmp_path / "runs" / "chat"), "continue_data": False}
     sft["train"]["max_steps"] = 2
-    assert Trainer(load_run(write_config(tmp_path / "sft.yaml", sft)), resume="never").fit()["finished"]
+    assert Trainer(load_run(write_config(tmp_path / "sft.yaml", sft)), resume="never").fit()[
+        "finished"
+    ]
     # a second time: it has them already
     assert main(["chat-tokens", str(tmp_path / "runs" / "chat"), "--out", str(tmp_path / "x")]) != 0
     assert "has the chat tokens already" in capsys.readouterr().err
