@@ -52,7 +52,7 @@ from littlelm.schema import RunConfig
 from littlelm.train import budget as budgeting
 from littlelm.train import checkpoint as ckpt
 from littlelm.train.build import build_model, build_optimizer
-from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
+from littlelm.train.callbacks import Callback, JSONLLogger, build_callback, complete_end_record
 from littlelm.train.checkpointer import Checkpointer, Resumed
 from littlelm.train.device import (
     autocast,
@@ -587,7 +587,7 @@ class Trainer:
 
     def _already_finished(self) -> dict:
         """A run resumed at or past max_steps: nothing to train, so nothing is written (no
-        second evaluation, end record or checkpoint)."""
+        second evaluation or checkpoint), except the end record when a kill left it out."""
         s, b = self.state, self.cfg.train.budget
         if b is not None and b.kind is not None:  # the budget set max_steps: raise the budget
             kind = b.kind
@@ -600,14 +600,19 @@ class Trainer:
             f"{s.step} and {why}; nothing to do. To train further, raise it (e.g. add {more} "
             "to the command); to start over, pick another run.name"
         )
-        return {
+        summary = {
             "step": s.step,
             "tokens": s.tokens,
             "train_time": s.train_time,
             "finished": True,
-            "already_finished": True,
             **self._fault_summary(),
         }
+        if self.is_main and complete_end_record(self.run_dir / "metrics.jsonl", summary):
+            self.log(
+                "metrics.jsonl had no end record (the run stopped between its final checkpoint "
+                "and that write): appended it from the checkpoint"
+            )
+        return {**summary, "already_finished": True}
 
     def _fault_summary(self) -> dict:
         s = self.state
