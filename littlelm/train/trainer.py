@@ -176,6 +176,8 @@ class Trainer:
         warning = data.val_warning(cfg.train.seq_len) if cfg.eval.every or cfg.eval.at_end else None
         if warning:  # said at start, instead of `val loss nan` at each evaluation
             self.log(f"warning: {warning}")
+        for note in data.chat_notes(cfg.train.seq_len):  # conversations too long for a row
+            self.log(f"warning: {note}")
         return data
 
     def _build_model(self) -> torch.nn.Module:
@@ -386,8 +388,10 @@ class Trainer:
         s, t = self.state, self.cfg.train
         # forward and backward, micro-batch by micro-batch: gradients accumulate in .grad
         total = torch.zeros((), device=self.device)
+        trained = 0  # targets the loss counted (conversations: the assistant's tokens only)
         for i in range(t.grad_accum):
             batch: Batch = next(batches)
+            trained += t.micro_batch_size * t.seq_len if batch.trained is None else batch.trained
             x = batch.x.to(self.device, non_blocking=True)
             y = batch.y.to(self.device, non_blocking=True)
             with self.parallel.no_sync(skip=i < t.grad_accum - 1):  # DDP: all-reduce on the last
@@ -403,7 +407,7 @@ class Trainer:
         # update, unless the guard left it out; the gradients are freed either way
         update(self.optimizer, apply=verdict is Verdict.OK)
         s.step += 1
-        s.tokens += t.batch_tokens
+        s.tokens += t.batch_tokens if not self.data.masked else self._all_ranks(trained)
         synchronize(self.device)
         s.train_time += time.perf_counter() - t0
         return Step(loss, norm, verdict, lr_mult)
@@ -425,6 +429,13 @@ class Trainer:
         else:
             value, norm_value = torch.stack([loss.float(), norm.float().to(loss.device)]).tolist()
         return guard.verdict(value, norm_value) if guard.cfg.enabled else Verdict.OK
+
+    def _all_ranks(self, n: int) -> int:
+        """The sum of `n` over every rank (one all-reduce under torchrun)."""
+        if self.parallel.world == 1:
+            return n
+        total = self.parallel.mean(torch.tensor(float(n), device=self.device))
+        return round(total.item() * self.parallel.world)
 
     def _set_lr(self) -> float:
         """Set this step's learning rates (and Muon momentum); returns the multiplier."""
@@ -488,7 +499,7 @@ class Trainer:
         skipped = s.guard.take_window()
         loss_sum = self.parallel.mean(window.loss_sum)  # over every rank's micro-batches
         loss = loss_sum.item() / (steps - skipped) if steps > skipped else math.nan
-        left = (self.max_steps - s.step) * self.cfg.train.batch_tokens / max(tok_s, 1e-9)
+        left = (self.max_steps - s.step) * busy / steps  # seconds per step so far
         mfu = tok_s * self.flops_per_token / self.peak if math.isfinite(self.peak) else None
         grad_norm = window.norm_sum.item() / (steps - skipped) if steps > skipped else math.nan
         m = {
