@@ -52,7 +52,11 @@ def equal_docs(path: Path, n: int = 48, chars: int = 31) -> Path:
 def run_procs(cmd: list[str], cwd: Path, timeout: float = 120, ok: bool = True) -> str:
     """Run a command that starts torchrun; on timeout torchrun is told to stop its workers
     (SIGTERM), then killed. Returns the output; the exit status must be zero (ok) or not."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+        "OMP_NUM_THREADS": "1",
+    }
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,

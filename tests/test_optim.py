@@ -1,14 +1,17 @@
 from __future__ import annotations
 
+import hashlib
 import io
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.optim.groups import AdamWConfig, MuonConfig, build_optimizer, group_table, plan_groups
-from littlelm.optim.muon import Muon, orthogonalize
+from littlelm.optim.muon import orthogonalize
+from littlelm.optim.optimizer import MuonAdamW
 from littlelm.optim.schedule import constant, cosine, momentum_warmup, trapezoidal
 
 
@@ -58,9 +61,14 @@ def test_muon_update_is_nearly_orthogonal(shape):
     assert abs(s.mean().item() - 1) < 0.2
 
 
+def muon_group(p: torch.nn.Parameter, **options) -> dict:
+    return {"params": [p], "kind": "muon", "lr": 0.1, "weight_decay": 0.0, "ns_steps": 5, **options}
+
+
 def test_muon_step_moves_by_orthogonal_update():
     p = torch.nn.Parameter(torch.zeros(32, 16))
-    opt = Muon([p], lr=0.1, momentum=0.0, nesterov=False)
+    opt = MuonAdamW([muon_group(p, momentum=0.0, nesterov=False)])
+    assert isinstance(opt, torch.optim.Optimizer)
     p.grad = torch.randn(32, 16)
     opt.step()
     update = -p.detach() / (0.1 * math.sqrt(32 / 16))
@@ -69,7 +77,7 @@ def test_muon_step_moves_by_orthogonal_update():
 
 def test_muon_rejects_non_matrices():
     with pytest.raises(ValueError, match="2-D"):
-        Muon([torch.nn.Parameter(torch.zeros(3))])
+        MuonAdamW([muon_group(torch.nn.Parameter(torch.zeros(3)), momentum=0.9, nesterov=True)])
 
 
 def test_groups_route_roles_and_apply_multipliers():
@@ -79,23 +87,25 @@ def test_groups_route_roles_and_apply_multipliers():
     cfg = MuonConfig(
         name="muon", lr=0.03, lr_multipliers={"old": 0.1, "embedding": 0.5}, scale_lr_by_width=False
     )
-    specs = {s.name: s for s in plan_groups(m, cfg, use_muon=True)}
-    assert specs["matrix/old"].optimizer == "muon" and specs["matrix/old"].lr == pytest.approx(
-        0.003
-    )
-    assert specs["matrix/new"].lr == pytest.approx(0.03) and len(specs["matrix/new"].params) == 1
-    assert specs["embedding/embedding"].optimizer == "adamw"
-    assert specs["embedding/embedding"].lr == pytest.approx(0.2 * 0.5)
-    assert specs["lm_head/embedding"].lr == pytest.approx(0.004 * 0.5)
-    rows = group_table(list(specs.values()))
+    groups = {g["name"]: g for g in plan_groups(m, cfg, use_muon=True)}
+    assert groups["matrix/old"]["kind"] == "muon"
+    assert groups["matrix/old"]["lr"] == pytest.approx(0.003)
+    assert groups["matrix/new"]["lr"] == pytest.approx(0.03)
+    assert len(groups["matrix/new"]["params"]) == 1
+    assert groups["embedding/embedding"]["kind"] == "adamw"
+    assert groups["embedding/embedding"]["lr"] == pytest.approx(0.2 * 0.5)
+    assert groups["lm_head/embedding"]["lr"] == pytest.approx(0.004 * 0.5)
+    assert groups["lm_head/embedding"]["role"] == "lm_head"
+    assert groups["matrix/old"]["origin"] == "old"
+    rows = group_table(list(groups.values()))
     assert sum(r[2] for r in rows) == sum(p.numel() for p in m.parameters())
 
 
 def test_adamw_lr_scales_with_width():
     m = model()
-    specs = {s.name: s for s in plan_groups(m, MuonConfig(name="muon"), use_muon=True)}
-    assert specs["embedding/embedding"].lr == pytest.approx(0.2 * math.sqrt(768 / 32))
-    assert specs["matrix/new"].lr == pytest.approx(0.02)
+    groups = {g["name"]: g for g in plan_groups(m, MuonConfig(name="muon"), use_muon=True)}
+    assert groups["embedding/embedding"]["lr"] == pytest.approx(0.2 * math.sqrt(768 / 32))
+    assert groups["matrix/new"]["lr"] == pytest.approx(0.02)
 
 
 def test_unknown_lr_multiplier_tag():
@@ -103,7 +113,7 @@ def test_unknown_lr_multiplier_tag():
         MuonConfig(name="muon", lr_multipliers={"older": 0.1})
 
 
-def test_hybrid_state_round_trip():
+def test_state_round_trip():
     m = model()
     opt = build_optimizer(m, MuonConfig(name="muon"))
     loss_step(m, opt, 0)
@@ -140,3 +150,56 @@ def test_momentum_warmup():
     assert momentum_warmup(0, 0.85, 0.95, 300) == 0.85
     assert momentum_warmup(150, 0.85, 0.95, 300) == pytest.approx(0.9)
     assert momentum_warmup(1000, 0.85, 0.95, 300) == 0.95
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "optimizer_22771fd.pt"
+
+
+def fixture_step(m: GPT, opt, s: int) -> None:
+    """As tests/fixtures/old_optimizer.py steps (lr, batch and RNG of step `s`)."""
+    idx = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(s))
+    torch.manual_seed(100 + s)
+    for g in opt.param_groups:
+        g["lr"] = g["base_lr"] * (s + 1) / 3
+    m(idx, idx).float().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("case", ["muon", "muon_bf16_rounding"])
+def test_state_written_by_the_old_optimizer_resumes_bitwise(case):
+    """Optimizer state written by the code of 22771fd (one part per inner optimizer) loads, through
+    the trainer's resume path, and the next step gives the weights that code gave, bit for bit."""
+    from littlelm.train.resume import load_optimizer_state
+
+    saved = torch.load(FIXTURE, weights_only=True)[case]
+    assert "optimizers" in saved["optimizer"]  # the old layout
+    torch.manual_seed(0)
+    m = GPT(
+        GPTConfig(
+            name="gpt", vocab_size=16, n_layer=1, d_model=32, n_head=2, max_seq_len=8, mlp_hidden=32
+        )
+    )
+    rounding = case.endswith("rounding")
+    m = m.to(torch.bfloat16) if rounding else m
+    m.load_state_dict(saved["weights"])
+    opt = build_optimizer(
+        m, MuonConfig(name="muon", weight_decay=0.0 if rounding else 0.1), rounding
+    )
+    load_optimizer_state(opt, saved["optimizer"])
+    assert {g["kind"] for g in opt.param_groups} == {"muon", "adamw"}
+    fixture_step(m, opt, 2)
+    for name, t in m.state_dict().items():
+        got = hashlib.sha256(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+        assert got.hexdigest() == saved["after"][name], name
+    assert "optimizers" not in opt.state_dict()  # and it saves torch's layout from now on
+
+
+def test_old_state_that_does_not_fit_is_refused():
+    saved = torch.load(FIXTURE, weights_only=True)["muon"]["optimizer"]
+    m = model()  # 2 layers: other group sizes
+    with pytest.raises(ValueError, match="doesn't match the size|parameter groups"):
+        build_optimizer(m, MuonConfig(name="muon")).load_state_dict(saved)
+    only_adamw = build_optimizer(model(), AdamWConfig(name="adamw"))
+    with pytest.raises(ValueError, match="where this run has|parameter groups"):
+        only_adamw.load_state_dict(saved)

@@ -1,5 +1,5 @@
 """Per-rank memory of data-parallel training, as littlelm runs it (train/model_parallel.py,
-optim/sharded.py; docs/distributed.md has the formulas).
+optim/optimizer.py; docs/distributed.md has the formulas).
 
 DDP wraps with `gradient_as_bucket_view=True`: the gradients live in the all-reduce buckets, so
 DDP adds no copy; sharded Muon and ZeRO-1 shrink the optimizer state (plan/memory.py, through

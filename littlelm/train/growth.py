@@ -161,7 +161,7 @@ def preview_growth(cfg: Any) -> list[str]:
     torch.manual_seed(cfg.run.seed)
     model = GPT(cfg.model)
     grown = grow_from_parent(model, cfg.grow, None, None)
-    groups = OPTIMIZERS.get(cfg.optimizer.name)(model, cfg.optimizer).specs
+    groups = OPTIMIZERS.get(cfg.optimizer.name)(model, cfg.optimizer).param_groups
     m = model.cfg
     where = " ".join("new" if p is None else str(p) for p in grown.layers)
     lines = [
@@ -185,13 +185,13 @@ def preview_growth(cfg: Any) -> list[str]:
     return lines
 
 
-def group_rows(specs: list, grow: GrowConfig | None) -> list[tuple[str, int, int, str, str]]:
+def group_rows(groups: list[dict], grow: GrowConfig | None) -> list[tuple[str, int, int, str, str]]:
     """The start-up table's rows (group, tensors, parameters, optimizer, lr): the lr as a
     number, or how it moves in a grown run whose grow.lr_multipliers ramp that group's origin."""
     ramps = grow.lr_multipliers if grow is not None else None
     rows = []
-    for spec, (name, n, numel, opt, lr) in zip(specs, group_table(specs)):
-        rows.append((name, n, numel, opt, lr_text(lr, (ramps or {}).get(spec.origin))))
+    for group, (name, n, numel, opt, lr) in zip(groups, group_table(groups)):
+        rows.append((name, n, numel, opt, lr_text(lr, (ramps or {}).get(group["origin"]))))
     return rows
 
 

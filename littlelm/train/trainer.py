@@ -435,11 +435,10 @@ class Trainer:
             mult = self.schedule(s.step, self.max_steps)
         # a grown run's multiplier per origin tag at this step (grow.lr_multipliers; else 1)
         by_origin = origin_multipliers(self.cfg.grow and self.cfg.grow.lr_multipliers, s.step)
+        m = self.cfg.optimizer.momentum_at(s.step)  # None: the Muon momentum is not scheduled
         for g in self.optimizer.param_groups:
-            g["lr"] = g["base_lr"] * mult * by_origin.get(g.get("origin"), 1.0)
-        m = self.cfg.optimizer.momentum_at(s.step)
-        if m is not None:  # the optimizer schedules its Muon groups' momentum
-            for g in self.optimizer.muon_groups():
+            g["lr"] = g["base_lr"] * mult * by_origin.get(g["origin"], 1.0)
+            if m is not None and g["kind"] == "muon":
                 g["momentum"] = m
         return mult
 
@@ -660,7 +659,7 @@ class Trainer:
             table.add_column(
                 col, justify="right" if col in ("tensors", "parameters", "lr") else "left"
             )
-        for name, n, numel, opt, lr in group_rows(self.optimizer.specs, c.grow):
+        for name, n, numel, opt, lr in group_rows(self.optimizer.param_groups, c.grow):
             table.add_row(name, str(n), f"{numel:,}", opt, lr)
         if self.progress._open:
             self.progress.message("")
