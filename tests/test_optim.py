@@ -12,7 +12,7 @@ from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.optim.groups import AdamWConfig, MuonConfig, build_optimizer, group_table, plan_groups
 from littlelm.optim.muon import orthogonalize
 from littlelm.optim.optimizer import MuonAdamW
-from littlelm.optim.schedule import constant, cosine, momentum_warmup, trapezoidal
+from littlelm.optim.schedule import constant, cosine, momentum_warmup, step_progress, trapezoidal
 
 
 def model(**kw) -> GPT:
@@ -131,8 +131,13 @@ def test_state_round_trip():
         assert torch.equal(a, b)
 
 
+def at(fn, total: int, **options):
+    """`fn` over a run of `total` steps, as the trainer calls it."""
+    return lambda s: fn(s, step_progress(s, total), **options)
+
+
 def test_trapezoidal():
-    f = lambda s: trapezoidal(s, 100, warmup_steps=10, cooldown_frac=0.2, floor=0.1)  # noqa: E731
+    f = at(trapezoidal, 100, warmup_steps=10, cooldown_frac=0.2, floor=0.1)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
     assert f(50) == 1.0 and f(79) == 1.0
     assert f(80) < 1.0 and f(99) == pytest.approx(0.1)
@@ -140,10 +145,45 @@ def test_trapezoidal():
 
 
 def test_cosine_and_constant():
-    assert cosine(0, 100) == pytest.approx(1.0, abs=1e-3)
-    assert cosine(99, 100, floor=0.1) == pytest.approx(0.1)
-    assert cosine(49, 100) == pytest.approx(0.5, abs=1e-6)
-    assert constant(3, 100, warmup_steps=4) == 1.0 and constant(0, 100, warmup_steps=4) == 0.25
+    assert at(cosine, 100)(0) == pytest.approx(1.0, abs=1e-3)
+    assert at(cosine, 100, floor=0.1)(99) == pytest.approx(0.1)
+    assert at(cosine, 100)(49) == pytest.approx(0.5, abs=1e-6)
+    assert at(constant, 100, warmup_steps=4)(3) == 1.0
+    assert at(constant, 100, warmup_steps=4)(0) == 0.25
+    # the warmup's steps are inside the cosine's span (as a budget run, which cannot know
+    # where the warmup ends in progress): 10 of 100 warmup steps, step 50 at progress 0.51
+    assert at(cosine, 100, warmup_steps=10)(50) == pytest.approx(
+        0.5 * (1 + math.cos(0.51 * math.pi))
+    )
+
+
+def old_trapezoidal(step, total, warmup_steps=0, cooldown_frac=0.4, floor=0.0):
+    """The step form of 22771fd's optim/schedule.py, for the test below."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    cooldown = max(1, round(cooldown_frac * total)) if cooldown_frac > 0 else 0
+    start = total - cooldown
+    if step < start or cooldown == 0:
+        return 1.0
+    return 1.0 + (floor - 1.0) * min(1.0, (step - start + 1) / cooldown)
+
+
+@pytest.mark.parametrize(
+    "total, options",
+    [
+        (160, dict(warmup_steps=10, cooldown_frac=0.4)),  # the demo as shipped
+        (20, dict(warmup_steps=10, cooldown_frac=0.4)),
+        (100, dict(warmup_steps=10, cooldown_frac=0.2, floor=0.1)),
+        (1000, dict(warmup_steps=100, cooldown_frac=0.3, floor=0.05)),
+    ],
+)
+def test_trapezoidal_keeps_every_multiplier_of_a_cooldown_of_whole_steps(total, options):
+    """Progress is exact for a step-bounded run: where cooldown_frac x max_steps is a whole
+    number of steps, every multiplier is bit for bit the one of the old step form."""
+    new = at(trapezoidal, total, **options)
+    assert [new(s) for s in range(total)] == [
+        old_trapezoidal(s, total, **options) for s in range(total)
+    ]
 
 
 def test_momentum_warmup():

@@ -46,7 +46,7 @@ from littlelm.errors import CheckpointError, ConfigError, TrainingError
 from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.bpb import evaluate_loss
 from littlelm.model.grow_lr import origin_multipliers
-from littlelm.optim.schedule import build_schedule
+from littlelm.optim.schedule import build_schedule, step_progress
 from littlelm.optim.schedule_check import schedule_warnings
 from littlelm.progress import FirstSteps, Progress, progress_line
 from littlelm.schema import RunConfig
@@ -432,7 +432,7 @@ class Trainer:
         if s.budget is not None:  # the budget says how far through the run this step is
             mult = s.budget.multiplier(s.step)
         else:
-            mult = self.schedule(s.step, self.max_steps)
+            mult = self.schedule(s.step, step_progress(s.step, self.max_steps))
         # a grown run's multiplier per origin tag at this step (grow.lr_multipliers; else 1)
         by_origin = origin_multipliers(self.cfg.grow and self.cfg.grow.lr_multipliers, s.step)
         m = self.cfg.optimizer.momentum_at(s.step)  # None: the Muon momentum is not scheduled
