@@ -53,7 +53,7 @@ from littlelm.schema import RunConfig
 from littlelm.train import budget as budgeting
 from littlelm.train import checkpoint as ckpt
 from littlelm.train.build import build_model, build_optimizer
-from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
+from littlelm.train.callbacks import Callback, JSONLLogger, build_callback, complete_end_record
 from littlelm.train.checkpointer import Checkpointer, Resumed
 from littlelm.train.device import (
     autocast,
@@ -176,6 +176,8 @@ class Trainer:
         warning = data.val_warning(cfg.train.seq_len) if cfg.eval.every or cfg.eval.at_end else None
         if warning:  # said at start, instead of `val loss nan` at each evaluation
             self.log(f"warning: {warning}")
+        for note in data.chat_notes(cfg.train.seq_len):  # conversations too long for a row
+            self.log(f"warning: {note}")
         return data
 
     def _build_model(self) -> torch.nn.Module:
@@ -386,8 +388,10 @@ class Trainer:
         s, t = self.state, self.cfg.train
         # forward and backward, micro-batch by micro-batch: gradients accumulate in .grad
         total = torch.zeros((), device=self.device)
+        trained = 0  # targets the loss counted (conversations: the assistant's tokens only)
         for i in range(t.grad_accum):
             batch: Batch = next(batches)
+            trained += t.micro_batch_size * t.seq_len if batch.trained is None else batch.trained
             x = batch.x.to(self.device, non_blocking=True)
             y = batch.y.to(self.device, non_blocking=True)
             with self.parallel.no_sync(skip=i < t.grad_accum - 1):  # DDP: all-reduce on the last
@@ -403,7 +407,7 @@ class Trainer:
         # update, unless the guard left it out; the gradients are freed either way
         update(self.optimizer, apply=verdict is Verdict.OK)
         s.step += 1
-        s.tokens += t.batch_tokens
+        s.tokens += t.batch_tokens if not self.data.masked else self._all_ranks(trained)
         synchronize(self.device)
         s.train_time += time.perf_counter() - t0
         return Step(loss, norm, verdict, lr_mult)
@@ -425,6 +429,13 @@ class Trainer:
         else:
             value, norm_value = torch.stack([loss.float(), norm.float().to(loss.device)]).tolist()
         return guard.verdict(value, norm_value) if guard.cfg.enabled else Verdict.OK
+
+    def _all_ranks(self, n: int) -> int:
+        """The sum of `n` over every rank (one all-reduce under torchrun)."""
+        if self.parallel.world == 1:
+            return n
+        total = self.parallel.mean(torch.tensor(float(n), device=self.device))
+        return round(total.item() * self.parallel.world)
 
     def _set_lr(self) -> float:
         """Set this step's learning rates (and Muon momentum); returns the multiplier."""
@@ -487,7 +498,7 @@ class Trainer:
         skipped = s.guard.take_window()
         loss_sum = self.parallel.mean(window.loss_sum)  # over every rank's micro-batches
         loss = loss_sum.item() / (steps - skipped) if steps > skipped else math.nan
-        left = (self.max_steps - s.step) * self.cfg.train.batch_tokens / max(tok_s, 1e-9)
+        left = (self.max_steps - s.step) * busy / steps  # seconds per step so far
         mfu = tok_s * self.flops_per_token / self.peak if math.isfinite(self.peak) else None
         grad_norm = window.norm_sum.item() / (steps - skipped) if steps > skipped else math.nan
         m = {
@@ -592,7 +603,7 @@ class Trainer:
 
     def _already_finished(self) -> dict:
         """A run resumed at or past max_steps: nothing to train, so nothing is written (no
-        second evaluation, end record or checkpoint)."""
+        second evaluation or checkpoint), except the end record when a kill left it out."""
         s, b = self.state, self.cfg.train.budget
         if b is not None and b.kind is not None:  # the budget set max_steps: raise the budget
             kind = b.kind
@@ -605,14 +616,19 @@ class Trainer:
             f"{s.step} and {why}; nothing to do. To train further, raise it (e.g. add {more} "
             "to the command); to start over, pick another run.name"
         )
-        return {
+        summary = {
             "step": s.step,
             "tokens": s.tokens,
             "train_time": s.train_time,
             "finished": True,
-            "already_finished": True,
             **self._fault_summary(),
         }
+        if self.is_main and complete_end_record(self.run_dir / "metrics.jsonl", summary):
+            self.log(
+                "metrics.jsonl had no end record (the run stopped between its final checkpoint "
+                "and that write): appended it from the checkpoint"
+            )
+        return {**summary, "already_finished": True}
 
     def _fault_summary(self) -> dict:
         s = self.state
