@@ -24,6 +24,7 @@ from littlelm.model.grow import (
 )
 from littlelm.model.grow_lr import DEFAULT_LR_MULTIPLIERS, OriginRamp, origin_multipliers
 from littlelm.optim.groups import MuonConfig, plan_groups
+from littlelm.optim.schedule import step_progress
 from littlelm.schema import load_run, resumable
 from littlelm.train.callbacks import Callback
 from littlelm.train.trainer import Trainer
@@ -391,7 +392,7 @@ def test_ramp_sets_each_steps_lrs_and_resumes_bitwise(parent_run, tmp_path):
     base = {g["name"]: g["base_lr"] for g in t.optimizer.param_groups}
     old = OriginRamp(start=0.05, ramp_steps=4)
     for step, lrs in straight.lrs.items():  # 6 steps: inside the ramp, then after it
-        sched = t.schedule(step, t.max_steps)
+        sched = t.schedule(step, step_progress(step, t.max_steps))
         assert lrs["matrix/new"] == base["matrix/new"] * sched
         assert lrs["matrix/old"] == pytest.approx(base["matrix/old"] * sched * old.at(step))
         assert lrs["embedding/embedding"] == pytest.approx(base["embedding/embedding"] * sched / 2)
