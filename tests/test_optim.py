@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from littlelm.model.gpt import GPT, GPTConfig
-from littlelm.optim.groups import AdamWConfig, MuonConfig, build_optimizer, group_table, plan_groups
+from littlelm.optim.groups import (
+    AdamWConfig,
+    MuonConfig,
+    build_optimizer,
+    default_origin,
+    group_table,
+    plan_groups,
+)
 from littlelm.optim.muon import orthogonalize
 from littlelm.optim.optimizer import MuonAdamW
 from littlelm.optim.schedule import constant, cosine, momentum_warmup, step_progress, trapezoidal
@@ -82,12 +89,13 @@ def test_muon_rejects_non_matrices():
 
 def test_groups_route_roles_and_apply_multipliers():
     m = model()
-    m.origin = {n: ("old" if o == "new" else o) for n, o in m.origin.items()}
-    m.origin["blocks.1.attn.c_q.weight"] = "new"
+    # as a grown run's tags: every weight old but one matrix; the embeddings keep their tag
+    origin = {n: "old" for n, _ in m.named_parameters() if default_origin(m.role(n)) == "new"}
+    origin["blocks.1.attn.c_q.weight"] = "new"
     cfg = MuonConfig(
         name="muon", lr=0.03, lr_multipliers={"old": 0.1, "embedding": 0.5}, scale_lr_by_width=False
     )
-    groups = {g["name"]: g for g in plan_groups(m, cfg, use_muon=True)}
+    groups = {g["name"]: g for g in plan_groups(m, cfg, True, origin)}
     assert groups["matrix/old"]["kind"] == "muon"
     assert groups["matrix/old"]["lr"] == pytest.approx(0.003)
     assert groups["matrix/new"]["lr"] == pytest.approx(0.03)

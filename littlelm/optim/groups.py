@@ -1,8 +1,10 @@
 """Which parameter goes to which optimizer, with which learning rate.
 
 Each parameter has a role (embedding, value_embedding, lm_head, matrix, scalar; decided by the
-model) and an origin tag (embedding, old, new; `grow` marks copied weights old). A group is one
-(role, origin) pair. Its base lr is the role's lr from the optimizer config times
+model) and an origin tag (embedding, old, new): growth's, handed to the optimizer build (a grown
+run's from model/grow.py, a resumed run's from its checkpoint, which takes them from the groups:
+`origin_tags`); a run that was never grown has the default tags. A group is one (role, origin)
+pair. Its base lr is the role's lr from the optimizer config times
 `lr_multipliers[origin]`; the schedule multiplies every base lr by the same factor each step,
 and in a grown run `grow.lr_multipliers` (model/grow_lr.py) by its origin's factor at that step.
 
@@ -154,15 +156,31 @@ def role_lr(cfg: AdamWConfig, role: str) -> float:
     return lr
 
 
-def plan_groups(model: nn.Module, cfg: AdamWConfig, use_muon: bool) -> list[dict]:
-    """The parameter groups for `model` under `cfg` (MuonAdamW's, see optim/optimizer.py), in a
-    stable order: the AdamW groups, then the Muon groups, each by role and origin."""
+def default_origin(role: str) -> str:
+    """The origin tag of a parameter no growth has tagged."""
+    return "embedding" if role in ("embedding", "value_embedding", "lm_head") else "new"
+
+
+def origin_tags(model: nn.Module, optimizer: MuonAdamW) -> dict[str, str]:
+    """Parameter name -> origin tag, as `optimizer`'s groups hold them (for the checkpoint)."""
+    tag = {id(p): g["origin"] for g in optimizer.param_groups for p in g["params"]}
+    return {name: tag[id(p)] for name, p in model.named_parameters() if id(p) in tag}
+
+
+def plan_groups(
+    model: nn.Module, cfg: AdamWConfig, use_muon: bool, origin: dict[str, str] | None = None
+) -> list[dict]:
+    """The parameter groups for `model` under `cfg` (MuonAdamW's, see optim/optimizer.py), with
+    `origin`'s tags (a parameter it lacks: `default_origin`), in a stable order: the AdamW
+    groups, then the Muon groups, each by role and origin."""
     width_scale = math.sqrt(768 / model.cfg.d_model) if cfg.scale_lr_by_width else 1.0
     fused = next(model.parameters()).device.type in ("cpu", "cuda")  # else foreach
     buckets: dict[tuple[str, str], list[nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            buckets.setdefault((model.role(name), model.origin[name]), []).append(p)
+            role = model.role(name)
+            tag = (origin or {}).get(name) or default_origin(role)
+            buckets.setdefault((role, tag), []).append(p)
     groups = []
     for role, origin in sorted(buckets, key=lambda key: _order(key, use_muon)):
         kind = "muon" if use_muon and role == "matrix" else "adamw"
@@ -194,15 +212,19 @@ def _order(key: tuple[str, str], use_muon: bool) -> tuple[bool, int, int]:
 
 
 def build_optimizer(
-    model: nn.Module, cfg: AdamWConfig, stochastic_rounding: bool = False
+    model: nn.Module,
+    cfg: AdamWConfig,
+    stochastic_rounding: bool = False,
+    origin: dict[str, str] | None = None,
 ) -> MuonAdamW:
-    """The optimizer for `model`; `stochastic_rounding` (from train.stochastic_rounding) makes
-    every parameter update round stochastically into bf16 parameters."""
+    """The optimizer for `model` with `origin`'s tags (see plan_groups); `stochastic_rounding`
+    (from train.stochastic_rounding) makes every parameter update round stochastically into
+    bf16 parameters."""
     device = next(model.parameters()).device
     if cfg.adamw_8bit:
         _check_8bit(device, stochastic_rounding)
     return MuonAdamW(
-        plan_groups(model, cfg, cfg.traits().kind == "muon"),
+        plan_groups(model, cfg, cfg.traits().kind == "muon", origin),
         stochastic_rounding=stochastic_rounding,
         ns_dtype=NS_DTYPES[auto_precision(cfg.traits().ns_dtype, device.type)],
         adamw_8bit=cfg.adamw_8bit,

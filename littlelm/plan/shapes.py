@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass, replace
 
 from littlelm.errors import ConfigError
-from littlelm.model.gpt import GPT, GPTConfig, default_origin
+from littlelm.model.gpt import GPT, GPTConfig
+from littlelm.optim.groups import default_origin
 
 
 @dataclass(frozen=True)

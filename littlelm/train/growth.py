@@ -68,6 +68,7 @@ class GrownFrom:
     layers: list[int | None]
     loader_state: dict | None  # the parent's data position, when continue_data
     gap: float | None  # max |Δlogit| on the probe, None when not checked
+    origin: dict[str, str]  # parameter name -> origin tag (old, new, embedding): lrs per tag
 
     def summary(self) -> str:
         p = self.parent
@@ -101,14 +102,15 @@ def grow_from_parent(
     problems = check_growable(parent, model.cfg, layers)
     if problems:
         raise ConfigError(problems)
-    grow_into(model, loaded.model, parent, layers, g.widened)
+    origin = grow_into(model, loaded.model, parent, layers, g.widened)
     gap = _verify(model, parent, loaded.model, path, g.verify_tokens) if g.verify_tokens else None
     loader = None
     if g.continue_data and run_tree is not None:
         _check_same_data(loaded.state.get("config", {}), run_tree, path)
         loader = loaded.state.get("loader")
     state = loaded.state
-    return GrownFrom(path, state["step"], state.get("tokens", 0), parent, layers, loader, gap)
+    steps, tokens = state["step"], state.get("tokens", 0)
+    return GrownFrom(path, steps, tokens, parent, layers, loader, gap, origin)
 
 
 def _verify(model: GPT, parent_cfg: GPTConfig, tensors: dict, path: Path, n_tokens: int) -> float:
@@ -161,7 +163,8 @@ def preview_growth(cfg: Any) -> list[str]:
     torch.manual_seed(cfg.run.seed)
     model = GPT(cfg.model)
     grown = grow_from_parent(model, cfg.grow, None, None)
-    groups = OPTIMIZERS.get(cfg.optimizer.name)(model, cfg.optimizer).param_groups
+    groups = OPTIMIZERS.get(cfg.optimizer.name)(model, cfg.optimizer, origin=grown.origin)
+    groups = groups.param_groups
     m = model.cfg
     where = " ".join("new" if p is None else str(p) for p in grown.layers)
     lines = [

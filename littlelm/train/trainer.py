@@ -119,16 +119,18 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg, self.parallel, self.data.tokenizer, self.run_dir)
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
         self.model = self._build_model()
-        # 5. load: a resumed run's weights go in whole, before sharding splits the tensors, and
-        #    its parameters' origin tags before the optimizer's groups are made from them
+        # 5. load: a resumed run's weights go in whole, before sharding splits the tensors
         resumed = self.checkpointer.load(resume, self.model)
-        # 6. grow: a fresh grown run copies its parent's weights and tags, for the same reasons
+        # 6. grow: a fresh grown run copies its parent's weights, for the same reason, and tags
+        #    their origins
         grown = self._grow(resumed)
         # 7. shard: FSDP replaces the parameters by DTensors, which the optimizer must hold
         self.parallel.shard_model(self.model, cfg.train.precision)
-        # 8. optimizer: parameter groups from the sharded parameters and their origin tags
-        #    (the schedule sets their learning rates at each step)
-        self.optimizer = self.parallel.shard_optimizer(self._build_optimizer())
+        # 8. optimizer: parameter groups from the sharded parameters and their origin tags, a
+        #    grown run's from 6, a resumed one's from its checkpoint (the schedule sets their
+        #    learning rates at each step)
+        origin = grown.origin if grown is not None else resumed and resumed.loaded.origin
+        self.optimizer = self.parallel.shard_optimizer(self._build_optimizer(origin))
         self.schedule = build_schedule(cfg.schedule)
         # 9. loader and state: this rank's slice of the data, and the run at step 0
         self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
@@ -193,8 +195,8 @@ class Trainer:
         self.log(grown.summary())
         return grown
 
-    def _build_optimizer(self):
-        return build_optimizer(self.cfg, self.model)
+    def _build_optimizer(self, origin: dict[str, str] | None):
+        return build_optimizer(self.cfg, self.model, origin=origin)
 
     def _make_loader(self, rank: int, world: int):
         t = self.cfg.train
