@@ -90,7 +90,7 @@ class MuonAdamW(torch.optim.Optimizer):
         before the first step. Under fsdp Muon is always sharded and AdamW never ZeRO-split."""
         assert not self.state, "shard the optimizer before its first step"
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.fsdp, self.shard_muon, self.shard_adamw = fsdp, fsdp or shard_muon, shard_adamw
+        self.fsdp, self.shard_muon = fsdp, fsdp or shard_muon
         self.shard_adamw = shard_adamw and not fsdp
         if self.shard_adamw:
             for p in self._params("adamw"):
