@@ -44,7 +44,6 @@ from littlelm.data.build import build_data
 from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetcher
 from littlelm.errors import CheckpointError, ConfigError, TrainingError
 from littlelm.model.backend import compile_on, run_backend
-from littlelm.model.bpb import evaluate_loss
 from littlelm.model.grow_lr import origin_multipliers
 from littlelm.optim.schedule import build_schedule, step_progress
 from littlelm.optim.schedule_check import schedule_warnings
@@ -71,6 +70,7 @@ from littlelm.train.runlock import RunLock
 from littlelm.train.signals import StopSignals
 from littlelm.train.state import TrainState, Window
 from littlelm.train.step import grad_norm, micro_step, seed_everything, update
+from littlelm.train.validation import validation_line, validation_metrics
 
 
 class Step(NamedTuple):
@@ -542,23 +542,17 @@ class Trainer:
         c, s = self.cfg, self.state
         if not self.data.can_evaluate(c.train.seq_len):  # no held-out window: said at start
             return {}
-        batches = self.data.val_batches(
-            c.eval.batch_size or c.train.micro_batch_size,
-            c.train.seq_len,
-            c.eval.max_tokens,
-        )
         t0 = time.perf_counter()
-        m = evaluate_loss(self.model, batches, self.token_bytes, self.device, self.autocast())
+        m = validation_metrics(  # the whole held-out data, and each of eval.sets
+            self.model, self.data, c, self.token_bytes, self.device, self.autocast()
+        )
         m.update(
             step=s.step,
             tokens=s.tokens,
             train_time=s.train_time,
             eval_time=time.perf_counter() - t0,
         )
-        self.log(
-            f"eval step {s.step}: val loss {m['val_loss']:.4f} | val bpb {m['val_bpb']:.4f} "
-            f"| {m['val_tokens']:,} tokens | train time {s.train_time:.1f}s"
-        )
+        self.log(f"eval step {s.step}: {validation_line(m)} | train time {s.train_time:.1f}s")
         if s.budget is not None:
             m["budget_spent"] = s.budget.spent()
         self.last_eval = m
