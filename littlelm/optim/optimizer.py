@@ -97,6 +97,11 @@ class MuonAdamW(torch.optim.Optimizer):
                 self._bounds[id(p)] = chunk_bounds(p.numel(), self.rank, self.world)
         return self
 
+    @property
+    def sharded(self) -> bool:
+        """Whether any state is split across the ranks (`shard`), or held as DTensors."""
+        return self.fsdp or self.shard_muon or self.shard_adamw
+
     def _params(self, kind: str) -> list[torch.Tensor]:
         return [p for g in self.param_groups if g["kind"] == kind for p in g["params"]]
 
@@ -329,7 +334,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         sd = super().state_dict()
-        if self.world == 1:
+        if not self.sharded:
             return sd
         index = {id(p): i for i, p in param_index(self.param_groups)}
         state = {index[id(p)]: sd["state"].get(index[id(p)], {}) for p in self._params("muon")}
@@ -360,7 +365,7 @@ class MuonAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         if "optimizers" in state_dict:  # written before this class: one part per optimizer
             state_dict = from_parts(state_dict, self.param_groups)
-        if self.world > 1:
+        if self.sharded:
             state_dict = {**state_dict, "state": self._this_ranks(state_dict["state"])}
         super().load_state_dict(state_dict)
 
