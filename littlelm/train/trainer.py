@@ -44,7 +44,6 @@ from littlelm.data.build import build_data
 from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetcher
 from littlelm.errors import CheckpointError, ConfigError, TrainingError
 from littlelm.model.backend import compile_on, run_backend
-from littlelm.model.bpb import evaluate_loss
 from littlelm.model.grow_lr import origin_multipliers
 from littlelm.optim.schedule import build_schedule
 from littlelm.optim.schedule_check import schedule_warnings
@@ -71,6 +70,7 @@ from littlelm.train.runlock import RunLock
 from littlelm.train.signals import StopSignals
 from littlelm.train.state import TrainState, Window
 from littlelm.train.step import grad_norm, micro_step, seed_everything, update
+from littlelm.train.validation import validation_line, validation_metrics
 
 
 class Step(NamedTuple):
@@ -176,6 +176,8 @@ class Trainer:
         warning = data.val_warning(cfg.train.seq_len) if cfg.eval.every or cfg.eval.at_end else None
         if warning:  # said at start, instead of `val loss nan` at each evaluation
             self.log(f"warning: {warning}")
+        for note in data.chat_notes(cfg.train.seq_len):  # conversations too long for a row
+            self.log(f"warning: {note}")
         return data
 
     def _build_model(self) -> torch.nn.Module:
@@ -386,8 +388,10 @@ class Trainer:
         s, t = self.state, self.cfg.train
         # forward and backward, micro-batch by micro-batch: gradients accumulate in .grad
         total = torch.zeros((), device=self.device)
+        trained = 0  # targets the loss counted (conversations: the assistant's tokens only)
         for i in range(t.grad_accum):
             batch: Batch = next(batches)
+            trained += t.micro_batch_size * t.seq_len if batch.trained is None else batch.trained
             x = batch.x.to(self.device, non_blocking=True)
             y = batch.y.to(self.device, non_blocking=True)
             with self.parallel.no_sync(skip=i < t.grad_accum - 1):  # DDP: all-reduce on the last
@@ -403,7 +407,7 @@ class Trainer:
         # update, unless the guard left it out; the gradients are freed either way
         update(self.optimizer, apply=verdict is Verdict.OK)
         s.step += 1
-        s.tokens += t.batch_tokens
+        s.tokens += t.batch_tokens if not self.data.masked else self._all_ranks(trained)
         synchronize(self.device)
         s.train_time += time.perf_counter() - t0
         return Step(loss, norm, verdict, lr_mult)
@@ -425,6 +429,13 @@ class Trainer:
         else:
             value, norm_value = torch.stack([loss.float(), norm.float().to(loss.device)]).tolist()
         return guard.verdict(value, norm_value) if guard.cfg.enabled else Verdict.OK
+
+    def _all_ranks(self, n: int) -> int:
+        """The sum of `n` over every rank (one all-reduce under torchrun)."""
+        if self.parallel.world == 1:
+            return n
+        total = self.parallel.mean(torch.tensor(float(n), device=self.device))
+        return round(total.item() * self.parallel.world)
 
     def _set_lr(self) -> float:
         """Set this step's learning rates (and Muon momentum); returns the multiplier."""
@@ -488,7 +499,7 @@ class Trainer:
         skipped = s.guard.take_window()
         loss_sum = self.parallel.mean(window.loss_sum)  # over every rank's micro-batches
         loss = loss_sum.item() / (steps - skipped) if steps > skipped else math.nan
-        left = (self.max_steps - s.step) * self.cfg.train.batch_tokens / max(tok_s, 1e-9)
+        left = (self.max_steps - s.step) * busy / steps  # seconds per step so far
         mfu = tok_s * self.flops_per_token / self.peak if math.isfinite(self.peak) else None
         grad_norm = window.norm_sum.item() / (steps - skipped) if steps > skipped else math.nan
         m = {
@@ -530,23 +541,17 @@ class Trainer:
         c, s = self.cfg, self.state
         if not self.data.can_evaluate(c.train.seq_len):  # no held-out window: said at start
             return {}
-        batches = self.data.val_batches(
-            c.eval.batch_size or c.train.micro_batch_size,
-            c.train.seq_len,
-            c.eval.max_tokens,
-        )
         t0 = time.perf_counter()
-        m = evaluate_loss(self.model, batches, self.token_bytes, self.device, self.autocast())
+        m = validation_metrics(  # the whole held-out data, and each of eval.sets
+            self.model, self.data, c, self.token_bytes, self.device, self.autocast()
+        )
         m.update(
             step=s.step,
             tokens=s.tokens,
             train_time=s.train_time,
             eval_time=time.perf_counter() - t0,
         )
-        self.log(
-            f"eval step {s.step}: val loss {m['val_loss']:.4f} | val bpb {m['val_bpb']:.4f} "
-            f"| {m['val_tokens']:,} tokens | train time {s.train_time:.1f}s"
-        )
+        self.log(f"eval step {s.step}: {validation_line(m)} | train time {s.train_time:.1f}s")
         if s.budget is not None:
             m["budget_spent"] = s.budget.spent()
         self.last_eval = m
