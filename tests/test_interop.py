@@ -39,12 +39,24 @@ FEATURES = {
         n_kv_head=2,
         tie_embeddings=True,
     ),
+    "qwen2": dict(
+        mlp="swiglu",
+        qk_norm=False,
+        qkv_bias=True,
+        softcap=None,
+        residual_scalars=False,
+        value_embeds=False,
+        n_kv_head=2,
+    ),
+    "bias_qk_norm": dict(qkv_bias=True),
     "demo_defaults": dict(),
     "gqa_ve_softcap": dict(n_kv_head=2, mlp="swiglu", qk_norm=False),
 }
 CLASSES = {
     "llama": "LlamaForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "bias_qk_norm": "LittleLMForCausalLM",
     "demo_defaults": "LittleLMForCausalLM",
     "gqa_ve_softcap": "LittleLMForCausalLM",
 }
@@ -103,9 +115,8 @@ def test_export_computes_littlelm_logits_and_greedy_tokens(tmp_path, name):
     prompt = [256, *b"def f(x):"]
     with torch.no_grad():
         want = generate(model, prompt, 32, 0.0, None, 0, None)
-        got = hf.generate(
-            torch.tensor([prompt]), max_new_tokens=32, min_new_tokens=32, do_sample=False
-        )
+        got = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
+    want = want[: want.index(256) + 1] if 256 in want else want  # transformers stops at BOS = EOS
     assert got[0, len(prompt) :].tolist() == want
 
 
@@ -137,9 +148,11 @@ def _same_tensors(a: dict, b: dict, rows: int | None = None) -> None:
     [
         dict(FEATURES["llama"], norm_affine=True, embed_norm=False, n_kv_head=2),
         dict(FEATURES["qwen3"], norm_affine=True, embed_norm=False, qk_norm_affine=True),
+        dict(FEATURES["qwen2"], norm_affine=True, embed_norm=False),
         FEATURES["demo_defaults"],
+        FEATURES["bias_qk_norm"],
     ],
-    ids=["llama", "qwen3", "remote"],
+    ids=["llama", "qwen3", "qwen2", "remote", "remote_biases"],
 )
 def test_round_trip_gives_bitwise_equal_weights(tmp_path, features):
     path, model = make_checkpoint(tmp_path / "run", **features)
@@ -176,7 +189,8 @@ def _randomize(model, seed: int) -> None:
 
 
 def save_hf(kind: str, out: Path, **extra) -> torch.nn.Module:
-    """A tiny random Llama, Mistral or Qwen3 saved with save_pretrained and a byte-level tokenizer.json."""
+    """A tiny random Llama, Mistral, Qwen2 or Qwen3 saved with save_pretrained and a byte-level
+    tokenizer.json."""
     common = dict(
         vocab_size=300,  # more rows than the tokenizer has tokens, as real checkpoints do
         hidden_size=48,
@@ -195,6 +209,9 @@ def save_hf(kind: str, out: Path, **extra) -> torch.nn.Module:
     elif kind == "mistral":
         cfg = transformers.MistralConfig(**{"sliding_window": None, **common})
         model = transformers.MistralForCausalLM(cfg)
+    elif kind == "qwen2":  # Qwen2 / Qwen2.5: q/k/v biases, tied like Qwen2.5-0.5B
+        cfg = transformers.Qwen2Config(tie_word_embeddings=True, **common)
+        model = transformers.Qwen2ForCausalLM(cfg)
     else:
         cfg = transformers.Qwen3Config(head_dim=16, tie_word_embeddings=True, **common)
         model = transformers.Qwen3ForCausalLM(cfg)
@@ -204,7 +221,7 @@ def save_hf(kind: str, out: Path, **extra) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
 def test_import_reproduces_transformers_logits(tmp_path, kind):
     hf = save_hf(kind, tmp_path / "hf")
     info = import_model(tmp_path / "hf", tmp_path / "run")
@@ -214,6 +231,17 @@ def test_import_reproduces_transformers_logits(tmp_path, kind):
     assert tok.bos_id == 256 and model.cfg.vocab_size == VOCAB and model.cfg.padded_vocab == 300
     ids = torch.randint(0, VOCAB, (2, 60))
     with torch.no_grad():
+        assert (model(ids) - hf(ids).logits[..., :VOCAB]).abs().max() < TOL
+
+
+def test_a_sliding_window_is_imported_as_the_context(tmp_path, capsys):
+    hf = save_hf("mistral", tmp_path / "hf", sliding_window=64)
+    assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
+    assert "context: 64 tokens, its sliding window" in capsys.readouterr().out
+    model, _, _ = load_model(tmp_path / "run")
+    assert model.cfg.max_seq_len == 64
+    ids = torch.randint(0, VOCAB, (2, 64))
+    with torch.no_grad():  # 64 tokens: the window covers them all, full attention is exact
         assert (model(ids) - hf(ids).logits[..., :VOCAB]).abs().max() < TOL
 
 
@@ -289,7 +317,7 @@ def test_import_refusals(tmp_path, capsys):
     cfg = json.loads((scaled / "config.json").read_text())
     cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}
     (scaled / "config.json").write_text(json.dumps(cfg))
-    _refused(tmp_path, scaled, capsys, "RoPE scaling 'llama3'")
+    _refused(tmp_path, scaled, capsys, "RoPE scaling 'llama3'", "without rope scaling")
 
     wrong = tmp_path / "wrong"
     save_hf("llama", wrong)
@@ -298,9 +326,9 @@ def test_import_refusals(tmp_path, capsys):
     (wrong / "config.json").write_text(json.dumps(cfg))
     _refused(tmp_path, wrong, capsys, "mlp.up_proj.weight is (96, 48)", "save_pretrained")
 
-    windowed = tmp_path / "windowed"
-    save_hf("mistral", windowed, sliding_window=64)
-    _refused(tmp_path, windowed, capsys, "sliding-window attention (64 tokens)")
+    biased = tmp_path / "biased"
+    save_hf("llama", biased, attention_bias=True)  # Llama's attention_bias: o_proj's too
+    _refused(tmp_path, biased, capsys, "output projection", "model.qkv_bias")
 
     notok = tmp_path / "notok"
     save_hf("llama", notok)
@@ -319,6 +347,19 @@ def test_export_refusals(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
     assert "no complete checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+    export(path, tmp_path / "hf")  # a Hugging Face directory: pointed at `littlelm import`
+    assert main(["export", str(tmp_path / "hf"), "--out", str(tmp_path / "y")]) == 2
+    err = capsys.readouterr().err
+    assert "Hugging Face model directory" in err and "littlelm import" in err
+    assert not (tmp_path / "y").exists()
+
+
+def test_export_help_shows_defaults_and_whole_sentences(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "split into shards with an index (default: 5GB)" in text
+    assert "littlelm import" in text and "examples:" in text
 
 
 def test_export_cli_says_which_class_and_why(tmp_path, capsys):
@@ -377,8 +418,9 @@ metric_list: [{metrics}]
 """
 
 
-def test_lm_eval_scores_equal_littlelm_harness(tmp_path, capsys):
+def test_lm_eval_scores_equal_littlelm_harness(tmp_path, capfd, monkeypatch):
     pytest.importorskip("lm_eval")
+    monkeypatch.chdir(tmp_path)  # outside any git repository: lm_eval asks git for a hash
     from littlelm.eval.core import EvalOptions, evaluate_suite, load_suite
     from littlelm.eval.tasks import load_task_list
 
@@ -431,7 +473,9 @@ def test_lm_eval_scores_equal_littlelm_harness(tmp_path, capsys):
     assert got["littlelm_test_lm"]["acc,none"] == pytest.approx(want["lm"], abs=1e-9)
     # littlelm picks the lowest mean loss per token; with one byte per character that is acc_norm
     assert got["littlelm_test_mc"]["acc_norm,none"] == pytest.approx(want["mc"], abs=1e-9)
-    assert "littlelm_test_mc" in capsys.readouterr().out
+    out, err = capfd.readouterr()  # file descriptors: what git itself would print too
+    assert "littlelm_test_mc" in out
+    assert "fatal" not in err  # git's "fatal: not a git repository" is not shown
 
 
 def test_harness_errors_name_the_fix(tmp_path, capsys, monkeypatch):
@@ -442,6 +486,26 @@ def test_harness_errors_name_the_fix(tmp_path, capsys, monkeypatch):
     assert main(["eval", str(path), "--harness", "hellaswag"]) == 2
     err = capsys.readouterr().err
     assert "pip install 'littlelm[harness]'" in err and "Traceback" not in err
+
+
+def test_harness_offline_fails_fast_naming_include(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("lm_eval")
+    import lm_eval.tasks
+
+    path, _ = make_checkpoint(tmp_path / "run")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the hub unreachable: refused
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    indexed = []
+    real = lm_eval.tasks.TaskManager
+    monkeypatch.setattr(
+        lm_eval.tasks, "TaskManager", lambda *a, **k: indexed.append(k) or real(*a, **k)
+    )
+    assert main(["eval", str(path), "--harness", "hellaswag"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be reached" in err and "--include DIR" in err and "Traceback" not in err
+    assert indexed == []  # before indexing lm_eval's 14,000 built-in tasks: fast
+    # a local task in --include needs no hub and is not refused (test above scores one)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -474,3 +538,41 @@ def test_tiktoken_tokenizer_is_converted_with_the_same_ids(tmp_path):
         pytest.skip("shared gpt2.tiktoken not present")
     cfg = TiktokenConfig(name="tiktoken", encoding="gpt2", file=str(ranks))
     _same_ids_in_transformers(TiktokenTokenizer.from_config(cfg), tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Exports load as the docs show: no remote-code prompt, one BOS, a pad token (issue 33 items 2, 5)
+
+
+@pytest.mark.parametrize("name", ["llama", "demo_defaults"])
+def test_documented_loading_asks_nothing_and_batches(tmp_path, name):
+    import subprocess
+
+    path, model = make_checkpoint(tmp_path / "run", **FEATURES[name])
+    info = export(path, tmp_path / "hf")
+    remote = ", trust_remote_code=True" if info["arch"] == "littlelm" else ""
+    code = (  # the README's lines, in a fresh interpreter with no terminal to answer a prompt
+        "from transformers import AutoTokenizer\n"
+        f"tok = AutoTokenizer.from_pretrained({str(tmp_path / 'hf')!r}{remote})\n"
+        "print(tok('def ')['input_ids'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "custom code" not in done.stdout + done.stderr
+    assert done.stdout.split("\n")[-2] == str([256, *b"def "])
+
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=True)
+    assert tok("a", "b")["input_ids"] == [256, *b"ab"]  # a pair is one document: one BOS
+    hf = hf_load(tmp_path / "hf")
+    prompts = ["def f(x):", "x = 1"]
+    batch = tok(prompts, padding=True, return_tensors="pt")  # no pad_token set by hand
+    assert tok.pad_token_id == 256 and batch["input_ids"][1, 0] == 256  # padded on the left
+    with torch.no_grad():
+        together = hf.generate(**batch, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    for row, prompt in zip(together, prompts):
+        ids = [256, *prompt.encode()]
+        with torch.no_grad():
+            alone = generate(model, ids, 12, 0.0, None, 0, None)
+        assert row[-12:].tolist() == alone  # littlelm's own greedy tokens

@@ -68,6 +68,12 @@ def staged(out: Path):
 
 def export(source: str | Path, out: str | Path, max_shard_size: str = "5GB") -> dict:
     """Export a checkpoint (or a run's newest) to `out`; returns a summary for the CLI."""
+    if (Path(source) / "config.json").is_file() and not (Path(source) / "state.json").is_file():
+        raise CheckpointError(
+            f"{source} is a Hugging Face model directory, not a littlelm checkpoint: it is "
+            f"exported already; to train or evaluate it with littlelm, bring it in with "
+            f"`littlelm import {source} --out runs/NAME`"
+        )
     path = find_checkpoint(source)
     model, tok, _ = load_model(path, "cpu")
     m = model.cfg
@@ -163,6 +169,7 @@ def import_model(source: str | Path, out: str | Path) -> dict:
         "checkpoint": Path(out) / "checkpoints" / path.name,
         "params": model.param_counts()["total"],
         "config": m,
+        "window": A.sliding_window(hf, arch),
     }
 
 

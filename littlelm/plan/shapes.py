@@ -46,6 +46,8 @@ def param_shapes(m: GPTConfig) -> list[Param]:
             Param(f"{b}.attn.c_v.weight", (kv, C)),
             Param(f"{b}.attn.c_proj.weight", (C, q)),
         ]
+        if m.qkv_bias:  # Qwen2's q/k/v biases
+            out += [Param(f"{b}.attn.c_{n}.bias", (n_out,)) for n, n_out in zip("qkv", (q, kv, kv))]
         if m.qk_norm and m.qk_norm_affine:
             out += [Param(f"{b}.attn.{n}.weight", (m.head_dim,)) for n in ("q_norm", "k_norm")]
         if m.has_value_embed(i):
