@@ -11,7 +11,7 @@
     littlelm report RUN_DIR [RUN_DIR ...] [--out DIR] [--price-per-hour DOLLARS]
     littlelm eval CHECKPOINT [--bundle DIR] [--tasks a,b] [--max-per-task N] [--truncation MODE]
     littlelm eval CHECKPOINT --harness TASKS [--include DIR] [--num-fewshot N]   (lm_eval)
-    littlelm export CHECKPOINT --out DIR [--max-shard-size 5GB]
+    littlelm export CHECKPOINT [--out DIR] [--max-shard-size 5GB] [--gguf FILE] [--gguf-type f16]
     littlelm import HF_DIR --out RUN_DIR
     littlelm eval-bundle [--dest DIR] [--url URL] [--sha256 HEX] [--force]
     littlelm plan CONFIG [key=value ...] [--gpu NAME ...] [--tokens N] [--devices N] [--json]
@@ -37,6 +37,7 @@ import warnings
 from littlelm.errors import LittleLMError
 
 DEFAULT_CONFIG = "demo"
+TYPES_GGUF = ("f32", "f16")  # littlelm/interop/gguf_export.py's TYPES (not imported: kept cheap)
 
 
 def _split_config(items: list[str]) -> tuple[str, list[str]]:
@@ -221,7 +222,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from littlelm.interop.hf import export
 
-    r = export(args.checkpoint, args.out, args.max_shard_size)
+    r = export(args.checkpoint, args.out, args.max_shard_size, args.gguf, args.gguf_type)
+    if r["gguf"] is not None:
+        print(f"wrote {r['gguf']} ({r['arch']}, {args.gguf_type}): llama-cli -m {r['gguf']}")
+    if r["out"] is None:
+        return 0
     print(f"exported {r['checkpoint']} to {r['out']} as {r['arch']}: {r['reason']}")
     remote = ", trust_remote_code=True" if r["arch"] == "littlelm" else ""
     print(f"load it: AutoModelForCausalLM.from_pretrained({str(r['out'])!r}{remote})")
@@ -243,7 +248,11 @@ def cmd_import(args: argparse.Namespace) -> int:
             f"context: {m.max_seq_len} tokens, its sliding window (full attention over at most "
             "the window is the windowed attention exactly)"
         )
-    print(f"train it: add data sources to {r['out'] / 'train.yaml'} and run littlelm train on it")
+    print(
+        f"train it (continued-pretraining lrs and warmup): littlelm train {r['out'] / 'train.yaml'} "
+        "data.sources.main.name=text data.sources.main.path=corpus.txt "
+        "data.sources.main.split=paragraph"
+    )
     print(f"grow it: grow.parent={r['checkpoint']} in a run with a larger model (docs/growth.md)")
     return 0
 
@@ -653,13 +662,23 @@ def _add_interop(sub) -> None:
         "export",
         "write a Hugging Face model directory (transformers, vLLM, llama.cpp)",
         "  littlelm export runs/demo --out hf/demo\n"
-        "  littlelm export runs/demo/checkpoints/step_000160 --out hf/demo --max-shard-size 2GB",
+        "  littlelm export runs/demo/checkpoints/step_000160 --out hf/demo --max-shard-size 2GB\n"
+        "  littlelm export runs/llama_like --gguf llama_like.gguf   # for llama.cpp",
         description="Export a checkpoint as stock LlamaForCausalLM / Qwen3ForCausalLM when its\n"
         "features allow, else with littlelm's modeling file (trust_remote_code=True); see\n"
         "docs/interop.md. A Hugging Face model directory comes in the other way: littlelm import.",
     )
     ex.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
-    ex.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
+    ex.add_argument("--out", help="Hugging Face directory to create (must not exist or be empty)")
+    ex.add_argument(
+        "--gguf", metavar="FILE", help="also (or instead) write a GGUF file for llama.cpp"
+    )
+    ex.add_argument(
+        "--gguf-type",
+        choices=TYPES_GGUF,
+        default="f16",
+        help="storage of the GGUF's weight matrices",
+    )
     ex.add_argument(
         "--max-shard-size",
         default="5GB",

@@ -67,12 +67,14 @@ class _NoOpt:
         return {}
 
 
-def make_checkpoint(root: Path, seed: int = 0, **model) -> tuple[Path, GPT]:
-    """A littlelm checkpoint of a tiny GPT whose every weight is random (no identity blocks)."""
+def make_checkpoint(root: Path, seed: int = 0, tok=None, **model) -> tuple[Path, GPT]:
+    """A littlelm checkpoint of a tiny GPT whose every weight is random (no identity blocks),
+    with the byte tokenizer or `tok`."""
+    tok = tok or ByteTokenizer()
     tree = {
         "model": {
             "name": "gpt",
-            "vocab_size": VOCAB,
+            "vocab_size": tok.vocab_size,
             "n_layer": 3,
             "d_model": 32,
             "n_head": 4,
@@ -87,7 +89,6 @@ def make_checkpoint(root: Path, seed: int = 0, **model) -> tuple[Path, GPT]:
     with torch.no_grad():
         for p in m.parameters():
             p.add_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 0.2))
-    tok = ByteTokenizer()
     state = {"tokens": 0, "tokenizer": tok.fingerprint, "config": to_tree(cfg)}
     path = ckpt.save_checkpoint(root / "checkpoints", 7, m, _NoOpt(), state, m.origin, tok)
     return path, m.eval()
@@ -284,6 +285,79 @@ def test_imported_model_trains_and_grows(tmp_path, corpus, capsys, monkeypatch):
     grow = ["--to", str(run_file), "model.n_layer=4", *over]
     assert main(["grow", str(info["checkpoint"]), *grow]) == 0
     assert "max |Δlogit|" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_continuing_an_imported_model_does_not_damage_it(tmp_path, monkeypatch):
+    """A model trained here, exported, imported back and continued with the train.yaml that
+    import writes: val loss does not rise over the first 20 steps (issue 33 item 3; with the
+    from-scratch lrs it rose from 0.81 to 6.3 in 2 steps)."""
+    from conftest import make_corpus, tiny_tree, write_config
+    from littlelm.schema import load_run
+    from littlelm.train.trainer import Trainer
+
+    monkeypatch.setattr("littlelm.train.device.probe_matmul", lambda *a, **k: 1e12)
+    corpus = make_corpus(tmp_path / "corpus.txt", docs=400)
+    tree = tiny_tree(
+        corpus,
+        tmp_path / "runs",
+        model={**FEATURES["llama"], "d_model": 64, "n_head": 4},  # exports as stock Llama
+        train={"max_steps": 150, "log_every": 50},
+        eval={"every": 0},
+        checkpoint={"every": 0},
+        schedule={"warmup_steps": 10},
+    )
+    tree["optimizer"] = {"name": "muon"}  # the from-scratch defaults, width-scaled
+    parent = Trainer(load_run(write_config(tmp_path / "parent.yaml", tree)), resume="never")
+    parent.fit()
+    export(parent.run_dir, tmp_path / "hf")
+    import_model(tmp_path / "hf", tmp_path / "imp")
+    over = [
+        "data.sources.main.name=text",
+        f"data.sources.main.path={corpus}",
+        "data.sources.main.split=paragraph",
+        "run.device=cpu",
+        "train.max_steps=20",
+        "train.micro_batch_size=4",
+        "train.seq_len=32",
+        "eval.every=2",
+        "checkpoint.every=0",
+    ]
+    cont = Trainer(load_run(tmp_path / "imp" / "train.yaml", over), resume="never")
+    start = cont.evaluate()["val_loss"]  # the imported weights, before any step
+    cont.fit()
+    rows = [json.loads(x) for x in (cont.run_dir / "metrics.jsonl").read_text().splitlines()]
+    val = [r["val_loss"] for r in rows if "val_loss" in r]
+    assert len(val) >= 10
+    assert max(val) <= start, (start, val)
+
+
+def test_the_import_recipe_trains_on_the_whole_text_and_says_when_crop_drops_most(
+    tmp_path, corpus, capsys, monkeypatch
+):
+    """The documented `import -> train` recipe splits a .txt file into paragraphs: a validation
+    set and every token trained; a file read as one document under crop packing is warned
+    about at start, naming the fix (issue 33 item 4)."""
+    monkeypatch.setattr("littlelm.train.device.probe_matmul", lambda *a, **k: 1e12)
+    save_hf("llama", tmp_path / "hf")
+    import_model(tmp_path / "hf", tmp_path / "imp")
+    run_file = tmp_path / "imp" / "train.yaml"
+    recipe = next(x for x in run_file.read_text().splitlines() if "littlelm train" in x)
+    assert "data.sources.main.split=paragraph" in recipe
+    common = ["run.device=cpu", "train.max_steps=1", "train.micro_batch_size=2"]
+    common += ["train.seq_len=32", "eval.max_tokens=128", "checkpoint.every=0"]
+    words = recipe.split("littlelm train", 1)[1].split()[1:]  # the recipe's overrides
+    words = [w.replace("corpus.txt", str(corpus)) for w in words]
+    assert main(["train", str(run_file), *words, *common]) == 0
+    out = capsys.readouterr().out
+    assert "crop packing" not in out and "no validation loss" not in out
+    assert "eval step 1: val loss" in out
+    one_doc = [f"data.sources.main.path={corpus}", "data.sources.main.name=text"]
+    one_doc += ["data.sources.main.long_docs=crop", "run.name=one-doc", "eval.every=0"]
+    assert main(["train", str(run_file), *one_doc, *common, "eval.at_end=false"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: crop packing (long_docs: crop) trains on a small part" in out
+    assert "data.sources.main.long_docs=split" in out and "split=paragraph" in out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -576,3 +650,67 @@ def test_documented_loading_asks_nothing_and_batches(tmp_path, name):
         with torch.no_grad():
             alone = generate(model, ids, 12, 0.0, None, 0, None)
         assert row[-12:].tolist() == alone  # littlelm's own greedy tokens
+
+
+# ------------------------------------------------------------------------------------------------
+# GGUF (llama.cpp's format), written with the gguf package; read back by the gguf reader and by
+# transformers' GGUF loader, which undoes llama.cpp's conventions (issue 33 item 1)
+
+
+def _small_bpe():
+    from littlelm.data.tokenizer import BPEConfig, BPETokenizer
+
+    texts = [TOK_TEXT * 3, "the quick brown fox jumps over the lazy dog " * 20] * 20
+    return BPETokenizer.train(
+        BPEConfig(name="bpe", vocab_size=320, train_chars=20_000), iter(texts)
+    )
+
+
+GGUF_FEATURES = {
+    "llama": FEATURES["llama"],
+    "qwen2": FEATURES["qwen2"],
+    # transformers' GGUF reader takes Qwen3's default head_dim (128), not attention.key_length
+    "qwen3": dict(FEATURES["qwen3"], d_model=64, n_head=2, n_kv_head=1, head_size=128),
+}
+
+
+@pytest.mark.parametrize("name", list(GGUF_FEATURES))
+def test_gguf_export_reads_back_with_littlelm_logits_and_ids(tmp_path, name, capsys):
+    gguf = pytest.importorskip("gguf")
+    tok = _small_bpe()
+    path, model = make_checkpoint(tmp_path / "run", tok=tok, **GGUF_FEATURES[name])
+    out = tmp_path / "gguf" / "model.gguf"
+    out.parent.mkdir()
+    assert main(["export", str(path), "--gguf", str(out), "--gguf-type", "f32"]) == 0
+    assert f"wrote {out} ({name}, f32)" in capsys.readouterr().out
+
+    fields = gguf.GGUFReader(str(out)).fields
+    value = lambda key: fields[key].contents()  # noqa: E731
+    assert value("general.architecture") == name
+    assert value("tokenizer.ggml.model") == "gpt2"
+    assert value("tokenizer.ggml.pre") == "gpt2"  # a name llama.cpp knows: littlelm's regex
+    assert value("tokenizer.ggml.add_bos_token") is True
+    assert value("tokenizer.ggml.add_sep_token") is False  # no BOS appended after a prompt
+    assert value("tokenizer.ggml.bos_token_id") == tok.bos_id
+    assert len(value("tokenizer.ggml.tokens")) == tok.vocab_size
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out.parent, gguf_file=out.name)
+    ids = torch.randint(0, tok.vocab_size, (2, 60), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (model(ids) - hf.eval()(ids).logits).abs().max() < TOL
+    theirs = transformers.AutoTokenizer.from_pretrained(out.parent, gguf_file=out.name)
+    assert theirs(TOK_TEXT)["input_ids"] == [tok.bos_id, *tok.encode(TOK_TEXT)]  # one BOS
+
+
+def test_gguf_refusals_name_the_way_out(tmp_path, capsys):
+    pytest.importorskip("gguf")
+    path, _ = make_checkpoint(tmp_path / "run")  # the demo's features: no llama.cpp architecture
+    assert main(["export", str(path), "--gguf", str(tmp_path / "a.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert "no GGUF form" in err and "model.mlp=swiglu" in err
+    path, _ = make_checkpoint(tmp_path / "run2", **FEATURES["llama"])  # the byte tokenizer
+    assert main(["export", str(path), "--gguf", str(tmp_path / "b.gguf")]) == 2
+    assert "no BPE merges" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".*.tmp-*"))
+    assert main(["export", str(path)]) == 2
+    assert "give --out DIR" in capsys.readouterr().err

@@ -3,7 +3,7 @@ architecture, and the config.json <-> GPTConfig translations.
 
 littlelm -> transformers (export):
     llama     SwiGLU, no QK-norm, no softcap, no residual scalars, no value embeddings
-              -> LlamaForCausalLM (stock: vLLM, TGI and llama.cpp's converter take it as is)
+              -> LlamaForCausalLM (stock; llama.cpp: `export --gguf`, gguf_export.py)
     qwen3     the same with QK-norm -> Qwen3ForCausalLM (q_norm / k_norm gains)
     qwen2     the llama features with q/k/v biases (qkv_bias) -> Qwen2ForCausalLM
     littlelm  anything else (relu², value embeddings, residual scalars, softcap, biases with

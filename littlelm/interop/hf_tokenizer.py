@@ -49,6 +49,14 @@ def export_tokenizer(tok: Tokenizer, out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
 
 
+def raw_tokenizer(tok: Tokenizer):
+    """(the tokenizers.Tokenizer with littlelm's ids, the BOS token's text), checked to encode
+    as littlelm does; without the BOS post-processor (the GGUF export reads its vocabulary)."""
+    raw, bos = _raw(tok)
+    _check_same_ids(raw, tok)
+    return raw, bos
+
+
 def _raw(tok: Tokenizer):
     """(a tokenizers.Tokenizer with littlelm's ids, the BOS token's text)."""
     from tokenizers import Tokenizer as Raw
