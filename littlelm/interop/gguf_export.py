@@ -29,7 +29,7 @@ from littlelm.data.tokenizer import Tokenizer
 from littlelm.errors import CheckpointError
 from littlelm.extras import require
 from littlelm.interop import arch as A
-from littlelm.interop.hf_tokenizer import raw_tokenizer
+from littlelm.interop.hf_tokenizer import chat_config, raw_tokenizer
 from littlelm.model.gpt import GPTConfig
 
 TYPES = ("f32", "f16")  # what each 2-D weight is stored as; norms and biases stay f32
@@ -127,8 +127,9 @@ def _tokenizer_keys(w, tok: Tokenizer) -> None:
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
-    w.add_bos_token_id(tok.bos_id)
-    w.add_eos_token_id(tok.bos_id)  # a document ends where the next one's BOS would come
+    eos = chat_config(tok).get("eos_token")  # a chat model's end of turn (<|end|>), else BOS:
+    w.add_bos_token_id(tok.bos_id)  # a document ends where the next one's BOS would come
+    w.add_eos_token_id(vocab.get(eos, tok.bos_id))
     w.add_pad_token_id(tok.bos_id)
     w.add_add_bos_token(True)  # every littlelm document starts with BOS
     w.add_add_eos_token(False)

@@ -44,7 +44,6 @@ from littlelm.data.build import build_data
 from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetcher
 from littlelm.errors import CheckpointError, ConfigError, TrainingError
 from littlelm.model.backend import compile_on, run_backend
-from littlelm.model.bpb import evaluate_loss
 from littlelm.model.grow_lr import origin_multipliers
 from littlelm.optim.schedule import build_schedule
 from littlelm.optim.schedule_check import schedule_warnings
@@ -53,7 +52,7 @@ from littlelm.schema import RunConfig
 from littlelm.train import budget as budgeting
 from littlelm.train import checkpoint as ckpt
 from littlelm.train.build import build_model, build_optimizer
-from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
+from littlelm.train.callbacks import Callback, JSONLLogger, build_callback, complete_end_record
 from littlelm.train.checkpointer import Checkpointer, Resumed
 from littlelm.train.device import (
     autocast,
@@ -71,6 +70,7 @@ from littlelm.train.runlock import RunLock
 from littlelm.train.signals import StopSignals
 from littlelm.train.state import TrainState, Window
 from littlelm.train.step import grad_norm, micro_step, seed_everything, update
+from littlelm.train.validation import validation_line, validation_metrics
 
 
 class Step(NamedTuple):
@@ -179,6 +179,8 @@ class Trainer:
         cropped = data.crop_warning(cfg.train.seq_len)
         if cropped:  # said at start, not only as the crop rate at the end
             self.log(f"warning: {cropped}")
+        for note in data.chat_notes(cfg.train.seq_len):  # conversations too long for a row
+            self.log(f"warning: {note}")
         return data
 
     def _build_model(self) -> torch.nn.Module:
@@ -389,8 +391,10 @@ class Trainer:
         s, t = self.state, self.cfg.train
         # forward and backward, micro-batch by micro-batch: gradients accumulate in .grad
         total = torch.zeros((), device=self.device)
+        trained = 0  # targets the loss counted (conversations: the assistant's tokens only)
         for i in range(t.grad_accum):
             batch: Batch = next(batches)
+            trained += t.micro_batch_size * t.seq_len if batch.trained is None else batch.trained
             x = batch.x.to(self.device, non_blocking=True)
             y = batch.y.to(self.device, non_blocking=True)
             with self.parallel.no_sync(skip=i < t.grad_accum - 1):  # DDP: all-reduce on the last
@@ -406,7 +410,7 @@ class Trainer:
         # update, unless the guard left it out; the gradients are freed either way
         update(self.optimizer, apply=verdict is Verdict.OK)
         s.step += 1
-        s.tokens += t.batch_tokens
+        s.tokens += t.batch_tokens if not self.data.masked else self._all_ranks(trained)
         synchronize(self.device)
         s.train_time += time.perf_counter() - t0
         return Step(loss, norm, verdict, lr_mult)
@@ -428,6 +432,13 @@ class Trainer:
         else:
             value, norm_value = torch.stack([loss.float(), norm.float().to(loss.device)]).tolist()
         return guard.verdict(value, norm_value) if guard.cfg.enabled else Verdict.OK
+
+    def _all_ranks(self, n: int) -> int:
+        """The sum of `n` over every rank (one all-reduce under torchrun)."""
+        if self.parallel.world == 1:
+            return n
+        total = self.parallel.mean(torch.tensor(float(n), device=self.device))
+        return round(total.item() * self.parallel.world)
 
     def _set_lr(self) -> float:
         """Set this step's learning rates (and Muon momentum); returns the multiplier."""
@@ -491,7 +502,7 @@ class Trainer:
         skipped = s.guard.take_window()
         loss_sum = self.parallel.mean(window.loss_sum)  # over every rank's micro-batches
         loss = loss_sum.item() / (steps - skipped) if steps > skipped else math.nan
-        left = (self.max_steps - s.step) * self.cfg.train.batch_tokens / max(tok_s, 1e-9)
+        left = (self.max_steps - s.step) * busy / steps  # seconds per step so far
         mfu = tok_s * self.flops_per_token / self.peak if math.isfinite(self.peak) else None
         grad_norm = window.norm_sum.item() / (steps - skipped) if steps > skipped else math.nan
         m = {
@@ -533,23 +544,17 @@ class Trainer:
         c, s = self.cfg, self.state
         if not self.data.can_evaluate(c.train.seq_len):  # no held-out window: said at start
             return {}
-        batches = self.data.val_batches(
-            c.eval.batch_size or c.train.micro_batch_size,
-            c.train.seq_len,
-            c.eval.max_tokens,
-        )
         t0 = time.perf_counter()
-        m = evaluate_loss(self.model, batches, self.token_bytes, self.device, self.autocast())
+        m = validation_metrics(  # the whole held-out data, and each of eval.sets
+            self.model, self.data, c, self.token_bytes, self.device, self.autocast()
+        )
         m.update(
             step=s.step,
             tokens=s.tokens,
             train_time=s.train_time,
             eval_time=time.perf_counter() - t0,
         )
-        self.log(
-            f"eval step {s.step}: val loss {m['val_loss']:.4f} | val bpb {m['val_bpb']:.4f} "
-            f"| {m['val_tokens']:,} tokens | train time {s.train_time:.1f}s"
-        )
+        self.log(f"eval step {s.step}: {validation_line(m)} | train time {s.train_time:.1f}s")
         if s.budget is not None:
             m["budget_spent"] = s.budget.spent()
         self.last_eval = m
@@ -596,7 +601,7 @@ class Trainer:
 
     def _already_finished(self) -> dict:
         """A run resumed at or past max_steps: nothing to train, so nothing is written (no
-        second evaluation, end record or checkpoint)."""
+        second evaluation or checkpoint), except the end record when a kill left it out."""
         s, b = self.state, self.cfg.train.budget
         if b is not None and b.kind is not None:  # the budget set max_steps: raise the budget
             kind = b.kind
@@ -609,14 +614,19 @@ class Trainer:
             f"{s.step} and {why}; nothing to do. To train further, raise it (e.g. add {more} "
             "to the command); to start over, pick another run.name"
         )
-        return {
+        summary = {
             "step": s.step,
             "tokens": s.tokens,
             "train_time": s.train_time,
             "finished": True,
-            "already_finished": True,
             **self._fault_summary(),
         }
+        if self.is_main and complete_end_record(self.run_dir / "metrics.jsonl", summary):
+            self.log(
+                "metrics.jsonl had no end record (the run stopped between its final checkpoint "
+                "and that write): appended it from the checkpoint"
+            )
+        return {**summary, "already_finished": True}
 
     def _fault_summary(self) -> dict:
         s = self.state
