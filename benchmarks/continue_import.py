@@ -84,7 +84,9 @@ def main() -> None:
             *extra,
         ]
         t = Trainer(load_run(root / "imp" / "train.yaml", over), resume="never")
-        start = t.evaluate()["val_loss"]
+        callbacks, t.callbacks = t.callbacks, []  # no metrics file before the start
+        start = t.evaluate()["val_loss"]  # the imported weights, before any step
+        t.callbacks = callbacks
         t.fit()
         lines = (t.run_dir / "metrics.jsonl").read_text().splitlines()
         val = {r["step"]: r["val_loss"] for r in map(json.loads, lines) if "val_loss" in r}

@@ -324,7 +324,9 @@ def test_continuing_an_imported_model_does_not_damage_it(tmp_path, monkeypatch):
         "checkpoint.every=0",
     ]
     cont = Trainer(load_run(tmp_path / "imp" / "train.yaml", over), resume="never")
+    callbacks, cont.callbacks = cont.callbacks, []  # no metrics file before the start
     start = cont.evaluate()["val_loss"]  # the imported weights, before any step
+    cont.callbacks = callbacks
     cont.fit()
     rows = [json.loads(x) for x in (cont.run_dir / "metrics.jsonl").read_text().splitlines()]
     val = [r["val_loss"] for r in rows if "val_loss" in r]
@@ -333,19 +335,25 @@ def test_continuing_an_imported_model_does_not_damage_it(tmp_path, monkeypatch):
 
 
 def test_the_import_recipe_trains_on_the_whole_text_and_says_when_crop_drops_most(
-    tmp_path, corpus, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch
 ):
     """The documented `import -> train` recipe splits a .txt file into paragraphs: a validation
     set and every token trained; a file read as one document under crop packing is warned
     about at start, naming the fix (issue 33 item 4)."""
     monkeypatch.setattr("littlelm.train.device.probe_matmul", lambda *a, **k: 1e12)
+    corpus = tmp_path / "corpus.txt"  # 300 paragraphs of 40-90 characters: one file
+    corpus.write_text(
+        "\n\n".join(
+            f"paragraph {i}: " + "the model reads a token " * (1 + i % 3) for i in range(300)
+        )
+    )
     save_hf("llama", tmp_path / "hf")
     import_model(tmp_path / "hf", tmp_path / "imp")
     run_file = tmp_path / "imp" / "train.yaml"
     recipe = next(x for x in run_file.read_text().splitlines() if "littlelm train" in x)
     assert "data.sources.main.split=paragraph" in recipe
     common = ["run.device=cpu", "train.max_steps=1", "train.micro_batch_size=2"]
-    common += ["train.seq_len=32", "eval.max_tokens=128", "checkpoint.every=0"]
+    common += ["train.seq_len=127", "eval.max_tokens=256", "checkpoint.every=0"]
     words = recipe.split("littlelm train", 1)[1].split()[1:]  # the recipe's overrides
     words = [w.replace("corpus.txt", str(corpus)) for w in words]
     assert main(["train", str(run_file), *words, *common]) == 0
@@ -714,3 +722,27 @@ def test_gguf_refusals_name_the_way_out(tmp_path, capsys):
     assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".*.tmp-*"))
     assert main(["export", str(path)]) == 2
     assert "give --out DIR" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_gguf_runs_in_llama_cpp_with_littlelm_ids_and_greedy_tokens(tmp_path, name):
+    """llama.cpp itself, through llama-cpp-python (built from its sdist: the dev extra does not
+    install it, it takes ~15 min to compile)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    tok = _small_bpe()
+    path, model = make_checkpoint(tmp_path / "run", tok=tok, **GGUF_FEATURES[name])
+    out = tmp_path / "model.gguf"
+    export(path, None, gguf=out, gguf_type="f32")
+    llm = llama_cpp.Llama(str(out), n_ctx=96, verbose=False, logits_all=False)
+    prompt = "def f(x): naïve"
+    ids = llm.tokenize(prompt.encode())  # add_bos from the file
+    assert ids == [tok.bos_id, *tok.encode(prompt)]  # one BOS, no separator after the prompt
+    with torch.no_grad():
+        want = generate(model, ids, 24, 0.0, None, 0, None)
+    got = []
+    for t in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+        got.append(t)
+        if len(got) == 24 or t == tok.bos_id:
+            break
+    want = want[: want.index(tok.bos_id) + 1] if tok.bos_id in want else want
+    assert got == want
