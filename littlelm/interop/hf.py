@@ -373,9 +373,9 @@ def run_config(m: GPTConfig, out: Path) -> RunConfig:
 # Continued pretraining of a trained model: a thirtieth of the from-scratch lrs (Muon 0.02,
 # embedding 0.2, lm_head 0.004, norm gains 0.5), not scaled by width, after a 20-step warmup.
 # Measured on a tiny model trained 150 steps, exported, imported and continued on its own data
-# (docs/interop.md): the from-scratch lrs took val loss from 0.81 to 6.3 in 2 steps, a tenth of
-# them (width-scaled) to 0.90 by step 20; these keep it at or below its start (0.8115 -> 0.8100
-# at step 20, 0.808 at 60). tests/test_interop.py checks the first 20 steps.
+# (benchmarks/continue_import.py, docs/interop.md): the from-scratch lrs took val loss from 0.81
+# to 6.3 in 2 steps, a tenth of them (width-scaled) to 0.90 by step 20; these keep it at or below
+# its start (0.8125 -> 0.8097 at step 20, 0.8082 at 60). tests/test_interop.py checks 20 steps.
 CONTINUE_OPTIMIZER = {
     "name": "muon",
     "lr": 0.0007,
