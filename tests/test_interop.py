@@ -341,10 +341,10 @@ def test_the_import_recipe_trains_on_the_whole_text_and_says_when_crop_drops_mos
     set and every token trained; a file read as one document under crop packing is warned
     about at start, naming the fix (issue 33 item 4)."""
     monkeypatch.setattr("littlelm.train.device.probe_matmul", lambda *a, **k: 1e12)
-    corpus = tmp_path / "corpus.txt"  # 300 paragraphs of 40-90 characters: one file
+    corpus = tmp_path / "corpus.txt"  # 2,000 paragraphs of 40-90 characters: one file
     corpus.write_text(
         "\n\n".join(
-            f"paragraph {i}: " + "the model reads a token " * (1 + i % 3) for i in range(300)
+            f"paragraph {i}: " + "the model reads a token " * (1 + i % 3) for i in range(2000)
         )
     )
     save_hf("llama", tmp_path / "hf")
