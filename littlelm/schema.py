@@ -43,6 +43,7 @@ from littlelm.config import (
     Cfg,
     Registered,
     apply_overrides,
+    component_paths,
     load_tree,
     marked,
     validate,
@@ -326,19 +327,25 @@ def find_config(path: str | Path) -> Path:
 
 def load_run(path: str | Path, overrides: list[str] = (), world_size: int = 1) -> RunConfig:
     """Read, merge, override, validate and resolve a run file."""
-    path = find_config(path)
-    tree, origin = load_tree(path)
-    apply_overrides(tree, origin, overrides)
+    tree, origin, path = read_run(path, overrides)
     cfg = validate(RunConfig, tree, origin, str(path))
     return resolve(cfg, world_size, str(path))
 
 
 def load_data_config(path: str | Path, overrides: list[str] = ()) -> DataConfig:
     """The validated data section of a run file (or of a file holding only `data:`)."""
-    path = find_config(path)
-    tree, origin = load_tree(path)
-    apply_overrides(tree, origin, overrides)
+    tree, origin, path = read_run(path, overrides)
     return validate(RunConfig, tree, origin, str(path)).data
+
+
+def read_run(path: str | Path, overrides: list[str] = ()) -> tuple[dict, dict[str, str], Path]:
+    """(the merged tree, the file or override that set each key, the file): includes of paths
+    or packaged names, then the overrides; a component renamed on the way starts afresh."""
+    path = find_config(path)
+    components = component_paths(RunConfig)
+    tree, origin = load_tree(path, components, PACKAGED_CONFIGS)
+    apply_overrides(tree, origin, overrides, components)
+    return tree, origin, path
 
 
 def resumable(key: str, tree: dict | None = None) -> bool:

@@ -427,7 +427,9 @@ def test_start_table_and_cli_show_the_ramp(parent_run, tmp_path, capsys):
     assert "0.00066 → 0.02 in 200 steps" in row  # Muon's 0.02 × 0.033, ramped to 0.02
     one_lr = ["optimizer.lr_multipliers={}", "grow.lr_multipliers={}"]
     assert main(["grow", parent, "--to", str(run), *one_lr]) == 0
-    assert "one lr for old and new weights" in capsys.readouterr().out
+    advice = capsys.readouterr().out
+    assert "one lr for old and new weights" in advice
+    assert "To learn new data and keep the old, set grow.lr_multipliers: {old: 0.2" in advice
 
 
 # ----------------------------------------------------------------------------------------------

@@ -181,9 +181,10 @@ def preview_growth(cfg: Any) -> list[str]:
     ]
     if not cfg.grow.lr_multipliers and not cfg.optimizer.origin_multipliers():
         lines.append(
-            "one lr for old and new weights: the loss jumps after growth before it improves; "
-            "grow.lr_multipliers trade that jump against the final loss, e.g. {old: 0.033, "
-            "embedding: 0.17} (no jump, a worse end) or a ramp (docs/growth.md)"
+            "one lr for old and new weights: on the parent's own data the loss jumps after "
+            "growth, then ends lowest; on new data it forgets the most of the old. To learn new "
+            "data and keep the old, set grow.lr_multipliers: {old: 0.2, embedding: 0.5} "
+            "(docs/growth.md, what to choose)"
         )
     return lines
 

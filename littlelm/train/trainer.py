@@ -178,6 +178,9 @@ class Trainer:
         warning = data.val_warning(cfg.train.seq_len) if cfg.eval.every or cfg.eval.at_end else None
         if warning:  # said at start, instead of `val loss nan` at each evaluation
             self.log(f"warning: {warning}")
+        cropped = data.crop_warning(cfg.train.seq_len)
+        if cropped:  # said at start, not only as the crop rate at the end
+            self.log(f"warning: {cropped}")
         for note in data.chat_notes(cfg.train.seq_len):  # conversations too long for a row
             self.log(f"warning: {note}")
         return data
