@@ -11,7 +11,7 @@
     littlelm report RUN_DIR [RUN_DIR ...] [--out DIR] [--price-per-hour DOLLARS]
     littlelm eval CHECKPOINT [--bundle DIR] [--tasks a,b] [--max-per-task N] [--truncation MODE]
     littlelm eval CHECKPOINT --harness TASKS [--include DIR] [--num-fewshot N]   (lm_eval)
-    littlelm export CHECKPOINT --out DIR [--max-shard-size 5GB]
+    littlelm export CHECKPOINT [--out DIR] [--max-shard-size 5GB] [--gguf FILE] [--gguf-type f16]
     littlelm import HF_DIR --out RUN_DIR
     littlelm eval-bundle [--dest DIR] [--url URL] [--sha256 HEX] [--force]
     littlelm plan CONFIG [key=value ...] [--gpu NAME ...] [--tokens N] [--devices N] [--json]
@@ -29,6 +29,7 @@ examples; shell completion comes from argcomplete. User errors print one message
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import warnings
@@ -36,6 +37,7 @@ import warnings
 from littlelm.errors import LittleLMError
 
 DEFAULT_CONFIG = "demo"
+TYPES_GGUF = ("f32", "f16")  # littlelm/interop/gguf_export.py's TYPES (not imported: kept cheap)
 
 
 def _split_config(items: list[str]) -> tuple[str, list[str]]:
@@ -259,10 +261,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from littlelm.interop.hf import export
 
-    r = export(args.checkpoint, args.out, args.max_shard_size)
+    r = export(args.checkpoint, args.out, args.max_shard_size, args.gguf, args.gguf_type)
+    if r["gguf"] is not None:
+        print(f"wrote {r['gguf']} ({r['arch']}, {args.gguf_type}): llama-cli -m {r['gguf']}")
+    if r["out"] is None:
+        return 0
     print(f"exported {r['checkpoint']} to {r['out']} as {r['arch']}: {r['reason']}")
     remote = ", trust_remote_code=True" if r["arch"] == "littlelm" else ""
     print(f"load it: AutoModelForCausalLM.from_pretrained({str(r['out'])!r}{remote})")
+    print(f"and its tokenizer: AutoTokenizer.from_pretrained({str(r['out'])!r}{remote})")
     return 0
 
 
@@ -275,7 +282,16 @@ def cmd_import(args: argparse.Namespace) -> int:
         f"imported {args.hf_dir} ({r['arch']}: {m.n_layer} layers x {m.d_model}, "
         f"{m.n_head} heads ({m.kv_heads} kv), {r['params']:,} parameters) into {r['checkpoint']}"
     )
-    print(f"train it: add data sources to {r['out'] / 'train.yaml'} and run littlelm train on it")
+    if r["window"]:
+        print(
+            f"context: {m.max_seq_len} tokens, its sliding window (full attention over at most "
+            "the window is the windowed attention exactly)"
+        )
+    print(
+        f"train it (continued-pretraining lrs and warmup): littlelm train {r['out'] / 'train.yaml'} "
+        "data.sources.main.name=text data.sources.main.path=corpus.txt "
+        "data.sources.main.split=paragraph"
+    )
     print(f"grow it: grow.parent={r['checkpoint']} in a run with a larger model (docs/growth.md)")
     return 0
 
@@ -304,28 +320,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from littlelm.schema import load_run
 
     config, overrides = _split_config(args.items)
-    cfg = load_run(config, overrides, world_size=args.devices)
-    catalog = load_catalog(args.gpus or [])
-    plan = make_plan(
-        cfg,
-        catalog,
-        args.gpu,
-        args.tokens,
-        args.devices,
-        not args.no_trace,
-        local=args.device == "cpu",
-        price_per_hour=args.price_per_hour or 0.0,
-    )
+    with _stdout_to_stderr(args.json):
+        cfg = load_run(config, overrides, world_size=args.devices)
+        catalog = load_catalog(args.gpus or [])
+        plan = make_plan(
+            cfg,
+            catalog,
+            args.gpu,
+            args.tokens,
+            args.devices,
+            not args.no_trace,
+            local=args.device == "cpu",
+            price_per_hour=args.price_per_hour or 0.0,
+        )
+        if args.chart:
+            from littlelm.plan.chart import plan_chart
+
+            plan_chart(plan, args.chart)
+            print(f"chart written to {args.chart}")  # on stderr with --json
     if args.json:
         print(json.dumps(plan_json(plan), indent=1))
     else:
         print_plan(plan, detail=args.detail)
-    if args.chart:
-        from littlelm.plan.chart import plan_chart
-
-        plan_chart(plan, args.chart)
-        if not args.json:
-            print(f"chart written to {args.chart}")
     return 0
 
 
@@ -336,13 +352,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from littlelm.schema import load_run
 
     config, overrides = _split_config(args.items)
-    cfg = load_run(config, overrides)
-    result = run_bench(cfg, args.steps)
+    with _stdout_to_stderr(args.json):
+        result = run_bench(load_run(config, overrides), args.steps)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
         print_bench(result)
     return 0
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool):
+    """With `--json`, stdout carries the one JSON document only: whatever the verb prints on the
+    way (data preparation's progress line, a calibration note, a subprocess's or a C library's
+    output) goes to stderr, both Python's `sys.stdout` and file descriptor 1."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -720,24 +756,44 @@ def _add_eval(sub) -> None:
 
 
 def _add_interop(sub) -> None:
-    ex = sub.add_parser(
+    ex = _verb(
+        sub,
         "export",
-        help="write a Hugging Face model directory (transformers, vLLM, llama.cpp)",
-        description="Export a checkpoint as stock LlamaForCausalLM / Qwen3ForCausalLM when its "
-        "features allow, else with littlelm's modeling file (trust_remote_code=True); see "
-        "docs/interop.md.",
+        "write a Hugging Face model directory (transformers, vLLM, llama.cpp)",
+        "  littlelm export runs/demo --out hf/demo\n"
+        "  littlelm export runs/demo/checkpoints/step_000160 --out hf/demo --max-shard-size 2GB\n"
+        "  littlelm export runs/llama_like --gguf llama_like.gguf   # for llama.cpp",
+        description="Export a checkpoint as stock LlamaForCausalLM / Qwen3ForCausalLM when its\n"
+        "features allow, else with littlelm's modeling file (trust_remote_code=True); see\n"
+        "docs/interop.md. A Hugging Face model directory comes in the other way: littlelm import.",
     )
     ex.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
-    ex.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
+    ex.add_argument("--out", help="Hugging Face directory to create (must not exist or be empty)")
     ex.add_argument(
-        "--max-shard-size", default="5GB", help="split the weights into files of at most this"
+        "--gguf", metavar="FILE", help="also (or instead) write a GGUF file for llama.cpp"
+    )
+    ex.add_argument(
+        "--gguf-type",
+        choices=TYPES_GGUF,
+        default="f16",
+        help="storage of the GGUF's weight matrices",
+    )
+    ex.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        metavar="SIZE",
+        help="largest safetensors file (e.g. 500MB, 2GB); bigger weights are split into shards "
+        "with an index",
     )
     ex.set_defaults(fn=cmd_export)
-    im = sub.add_parser(
+    im = _verb(
+        sub,
         "import",
-        help="read a Hugging Face Llama/Mistral/Qwen3/SmolLM directory into a littlelm run",
-        description="Convert a local model directory (config.json, *.safetensors, "
-        "tokenizer.json) into RUN_DIR/checkpoints/step_000000 and RUN_DIR/train.yaml.",
+        "read a Hugging Face Llama/Mistral/Qwen2/Qwen3/SmolLM directory into a littlelm run",
+        "  littlelm import ~/SmolLM2-135M --out runs/smol\n"
+        "  littlelm train runs/smol/train.yaml   # after adding data sources to it",
+        description="Convert a local model directory (config.json, *.safetensors, tokenizer.json)\n"
+        "into RUN_DIR/checkpoints/step_000000 and RUN_DIR/train.yaml.",
     )
     im.add_argument("hf_dir", help="a directory written by save_pretrained or `hf download`")
     im.add_argument("--out", required=True, help="run directory to create")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from dataclasses import replace
 
 import pytest
 
@@ -11,7 +13,12 @@ from littlelm.cli import main
 from littlelm.errors import ConfigError
 from littlelm.plan import memory as mem
 from littlelm.plan import speed
-from littlelm.plan.calibration import cuda_calibration
+from littlelm.plan.calibration import (
+    cuda_calibration,
+    save_measurement,
+    speed_calibrations,
+    workload_key,
+)
 from littlelm.plan.catalog import load_catalog
 from littlelm.plan.cost import (
     largest_fitting,
@@ -20,7 +27,6 @@ from littlelm.plan.cost import (
     plan_gpu,
     remedies,
 )
-from littlelm.plan.measurements import save_measurement, speed_calibration, workload_key
 from littlelm.plan.planner import make_plan
 from littlelm.plan.shapes import Dims
 from littlelm.schema import load_run
@@ -239,7 +245,7 @@ def test_a_bench_on_a_gpu_calibrates_every_workload_there(tiny_config, tmp_path)
     assert "bench on this GPU" in by["H100-SXM"].mfu_source
     assert "torchtitan" in by["A100-80GB"].mfu_source and by["A100-80GB"].measured is None
     assert by["H100-SXM"].measured["peak_reserved"] == 3 * 2**30
-    assert speed_calibration([], gpu="H100-SXM") is None
+    assert speed_calibrations([], gpu="H100-SXM") == []
 
 
 def test_cli_plan_json(tiny_config, capsys):
@@ -247,7 +253,8 @@ def test_cli_plan_json(tiny_config, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == 10**9 and out["gpus"][0]["gpu"] == "H100-SXM"
     mem = out["memory_bytes"]
-    assert set(mem["trace_cpu_kernels"]) == set(mem["analytic_cpu_kernels"])
+    assert set(mem["trace"]) == set(mem["analytic"]) == set(mem["plan"])
+    assert mem["plan"] == mem["trace"] and out["memory_source"].startswith("trace")
     assert all(r is None or abs(r - 1) < 0.1 for r in out["trace_over_analytic"].values())
     assert out["gpus"][0]["fits"] is True and out["gpus"][0]["headroom_gib"] > 70
 
@@ -284,3 +291,19 @@ def test_resume_host_ram_counts_the_mapped_checkpoint_once_per_node():
     assert eight["host_private_gib"] == pytest.approx(8 * one["host_private_gib"])
     assert one["host_private_gib"] < 0.05 * ckpt_gib  # one tensor, not the checkpoint
     assert eight["host_gib"] < 1.2 * ckpt_gib  # was 8 x the checkpoint
+
+
+def test_plan_answers_huge_batches_and_sequences_in_seconds(tiny_config):
+    """A micro-batch too long to trace (its loss chunks are traced one by one) is planned by
+    the analytic model, said so; a billion sequences per step are searched by their divisors
+    up to the square root, not one by one."""
+    long = load_run(tiny_config, ["train.seq_len=100000", "model.max_seq_len=100000"])
+    with pytest.warns(UserWarning, match="analytic estimate only"):
+        plan = make_plan(long, load_catalog(), ["H100-SXM"])
+    assert plan.trace is None and plan.memory.source == "analytic model"
+    d = Dims.of(load_run(tiny_config))
+    huge = replace(d, micro_batch=1, grad_accum=10**9)
+    t0 = time.perf_counter()
+    options = micro_batch_options(huge)
+    assert time.perf_counter() - t0 < 1.0
+    assert len(options) == 100 and options[:4] == [1, 2, 4, 5] and options[-1] == 10**9

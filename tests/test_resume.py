@@ -59,7 +59,9 @@ def test_other_tokenizer_is_refused_by_name(tmp_path, trained):
     with pytest.raises(CheckpointError) as e:
         Trainer(load_run(trained, ["data.tokenizer={name: bpe, vocab_size: 300}"]))
     msg = str(e.value)
-    assert "the tokenizer (data.tokenizer.name: 'byte' -> 'bpe'" in msg
+    # the tokenizer's changed keys, in key order (bpe's chat_tokens sorts before name)
+    assert msg.count("the tokenizer (data.tokenizer.") == 1
+    assert "data.tokenizer.name: 'byte' -> 'bpe'" in msg
     assert "model.vocab_size: 257 -> 300" in msg
 
 
@@ -115,12 +117,10 @@ def test_changed_optimizer_settings_take_effect(trained):
         a["base_lr"] == pytest.approx(2 * b["base_lr"]) and a["weight_decay"] == 0.1
         for a, b in zip(muon_after, muon_before)
     )
-    state_a = after.optimizer.state_dict()["optimizers"]
-    state_b = before.optimizer.state_dict()["optimizers"]
-    for a, b in zip(state_a, state_b):  # the moments still come from the checkpoint
-        for k in a["state"]:
-            for name, t in a["state"][k].items():
-                assert torch.equal(t, b["state"][k][name])
+    a, b = after.optimizer.state_dict(), before.optimizer.state_dict()
+    for k in a["state"]:  # the moments still come from the checkpoint
+        for name, t in a["state"][k].items():
+            assert torch.equal(t, b["state"][k][name])
 
 
 def test_resume_never_refuses_to_mix_runs(trained):

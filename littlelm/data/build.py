@@ -135,6 +135,17 @@ class PreparedSource:
     def train_tokens(self) -> int:
         return sum(s.n_tokens for s in self.train)
 
+    def cropped_share(self, seq_len: int) -> float:
+        """The share of training tokens crop packing drops for certain: what each document
+        holds beyond one row of seq_len + 1 (a lower bound: best-fit also crops row tails)."""
+        if self.long_docs != "crop" or not self.train_tokens:
+            return 0.0
+        row = seq_len + 1
+        beyond = sum(
+            int(np.maximum(np.diff(s.offsets.astype(np.int64)) - row, 0).sum()) for s in self.train
+        )
+        return beyond / self.train_tokens
+
     def val_shortage(self, seq_len: int) -> str | None:
         """Why this source adds nothing to the validation loss (its held-out tokens do not
         fill one window of seq_len + 1), or None when it does."""
@@ -228,6 +239,23 @@ class RunData:
             "split: paragraph or line; max_chars cuts documents after the split and does not "
             "help) or lower train.seq_len"
             + ("; or set eval.every=0 and eval.at_end=false to train without one" if none else "")
+        )
+
+    def crop_warning(self, seq_len: int) -> str | None:
+        """At start: the sources whose crop packing drops most of their tokens (a long text
+        file read as one document, say), and what to set."""
+        heavy = {
+            k: share for k, s in self.sources.items() if (share := s.cropped_share(seq_len)) > 0.5
+        }
+        if not heavy:
+            return None
+        parts = ", ".join(f"data.sources.{k} drops {share:.1%}" for k, share in heavy.items())
+        first = next(iter(heavy))
+        return (
+            f"crop packing (long_docs: crop) trains on a small part of the data: {parts} of its "
+            f"tokens (documents longer than a row of train.seq_len + 1 = {seq_len + 1} are cut). "
+            f"Set data.sources.{first}.long_docs=split to train on every token, or cut the text "
+            f"into documents (a text source: data.sources.{first}.split=paragraph or line)"
         )
 
     @property

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from littlelm.errors import ConfigError
-from littlelm.optim.schedule import ProgressSchedule, build_progress_schedule
+from littlelm.optim.schedule import Schedule, build_schedule
 from littlelm.progress import duration
 from littlelm.sections import BudgetConfig
 
@@ -81,7 +81,7 @@ class Budget:
     def __init__(
         self,
         seconds: float,
-        schedule: ProgressSchedule,
+        schedule: Schedule,
         max_steps: float = math.inf,
         eval_every: int = 0,
         save_every: int = 0,
@@ -225,6 +225,7 @@ class Budget:
 
     def state_dict(self, now: float | None = None) -> dict:
         return {
+            "seconds": self.seconds,  # the budget this state was spent under (a resume compares)
             "spent": self.elapsed(now) if now is not None else self.spent,
             "progress": self.progress,
             "finished": self.finished,
@@ -268,14 +269,52 @@ class Ledger:
             pass  # a full disk must not stop training; checkpoints still carry the figure
 
 
-def restore(budget: Budget, ckpt_state: dict | None, ledger: dict) -> None:
+def restore(budget: Budget, ckpt_state: dict | None, ledger: dict) -> list[str]:
     """The checkpoint's budget state, with the time spent raised to the ledger's when the ledger
-    saw more (the run went on after its last checkpoint before it was killed)."""
-    budget.load_state_dict((ckpt_state or {}).get("budget", {}))
-    if ledger.get("spent", 0.0) > budget.spent:
-        budget.spent = float(ledger["spent"])
-    if budget.prior_step is None:
-        budget.prior_step = ledger.get("step_s")
+    saw more (the run went on after its last checkpoint before it was killed). The ledger belongs
+    to the checkpoints it counts: without a checkpoint (they were deleted, or none was written)
+    it is stale and ignored, as is one older than the checkpoint. A budget that differs from the
+    one the checkpoint ran under refits the schedule to it: a raised budget trains on (a finished
+    run too), its progress recomputed from the time spent. Returns notes for the log."""
+    saved = (ckpt_state or {}).get("budget", {})
+    budget.load_state_dict(saved)
+    notes = []
+    step = (ckpt_state or {}).get("step", 0)
+    if ckpt_state is None and ledger:
+        notes.append(
+            f"budget.json (spent {ledger.get('spent', 0):.0f}s to step {ledger.get('step', '?')}) "
+            "belongs to checkpoints that are gone: not counted, this run starts its budget afresh"
+        )
+    elif ledger.get("step", step) >= step:
+        if ledger.get("spent", 0.0) > budget.spent:
+            budget.spent = float(ledger["spent"])
+        if budget.prior_step is None:
+            budget.prior_step = ledger.get("step_s")
+    old = saved.get("seconds")
+    changed = old is not None and abs(old - budget.seconds) > 1e-9
+    left = budget.steps_left(0.0)  # `mark` is unset: the time spent so far
+    room = left >= LAST_BELOW if left is not None else budget.spent < budget.seconds
+    if budget.finished and old is None and room:
+        changed = True  # a checkpoint from before the budget was recorded: raised, it seems
+    if changed:
+        was = budget.progress
+        budget.finished = not room
+        if room:  # from here progress is the share of the new budget's time, never going back
+            budget.progress = 0.0
+            now_p = min(1.0, budget.spent / max(1e-9, budget.seconds - budget.end_reserve()))
+            notes.append(
+                f"train.budget changed ({f'{old:.0f}s' if old is not None else 'spent'} -> "
+                f"{budget.seconds:.0f}s, {budget.spent:.0f}s spent): the schedule is refitted to "
+                f"the new budget, progress {was:.2f} -> {now_p:.2f} (lr x"
+                f"{budget.schedule(step, was):.3f} -> x{budget.schedule(step, now_p):.3f}); it "
+                "cools down again before the new end"
+            )
+        else:
+            notes.append(
+                f"train.budget changed to {budget.seconds:.0f}s, but {budget.spent:.0f}s are "
+                "already spent: nothing is left to train"
+            )
+    return notes
 
 
 def build_budget(cfg, run_dir: Path | None, agree: Callable, eval_tokens: int) -> Budget | None:
@@ -286,7 +325,7 @@ def build_budget(cfg, run_dir: Path | None, agree: Callable, eval_tokens: int) -
         return None
     return Budget(
         seconds,
-        build_progress_schedule(cfg.schedule),
+        build_schedule(cfg.schedule),
         max_steps=cfg.train.max_steps or math.inf,
         eval_every=cfg.eval.every,
         save_every=cfg.checkpoint.every,
@@ -321,7 +360,8 @@ class RunBudget:
         if problem:
             raise ConfigError([problem])
         ledger = Ledger(tr.run_dir / "budget.json" if tr.is_main else None)
-        restore(budget, loaded_state, ledger.read())
+        for note in restore(budget, loaded_state, ledger.read()):
+            tr.log(note)
         cap = f"; train.max_steps={t.max_steps} stays a cap" if t.max_steps else ""
         tr.log(f"budget: {budget.seconds:.0f}s, {budget.spent:.0f}s spent before{cap}")
         return cls(budget, ledger, t.budget, tr.parallel.world)
@@ -361,7 +401,10 @@ class RunBudget:
         line's budget text and its projected step count."""
         t = now()
         b = self.budget
-        m.update(eta_s=b.seconds - b.elapsed(t), budget_spent=b.elapsed(t))
+        eta = b.seconds - b.elapsed(t)
+        if math.isfinite(b.max_steps) and b.per_step() is not None:  # a step cap may come first
+            eta = min(eta, (b.max_steps - step) * b.per_step() + b.end_reserve())
+        m.update(eta_s=max(0.0, eta), budget_spent=b.elapsed(t))
         m["budget_progress"] = b.progress
         return b.summary(t, self.world, self.cfg), b.projected_total(step, t) or "?"
 
