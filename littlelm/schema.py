@@ -56,7 +56,6 @@ from littlelm.model.grow_lr import resolve_lr_multipliers
 from littlelm.model.protocol import ModelConfig
 from littlelm.optim.base import OptimizerConfig
 from littlelm.optim.groups import ORIGINS
-from littlelm.optim.schedule import PROGRESS_FORMS
 from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
 from littlelm.sections import BudgetConfig, DistributedConfig, GuardConfig
 
@@ -361,7 +360,7 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
     m = cfg.model
     if m.vocab_size is None:
         m = m.model_copy(update={"vocab_size": vocab_size_of(cfg.data.tokenizer)})
-    train, problems = _resolve_train(cfg.train, m.max_seq_len, world_size, cfg.schedule.name)
+    train, problems = _resolve_train(cfg.train, m.max_seq_len, world_size)
     dist, more = _resolve_world(cfg, world_size)
     problems += more
     if not cfg.data.sources:
@@ -397,7 +396,7 @@ def _resolve_grow_lr(
 
 
 def _resolve_train(
-    t: TrainConfig, max_seq_len: int, world_size: int, schedule: str
+    t: TrainConfig, max_seq_len: int, world_size: int
 ) -> tuple[TrainConfig, list[str]]:
     """The train section with sequence length, batch and step count derived; its problems."""
     problems: list[str] = []
@@ -423,7 +422,7 @@ def _resolve_train(
     accum = accum or 1
     batch_tokens = per_micro * accum
     max_steps, max_tokens = t.max_steps, t.max_tokens
-    budget_steps, budget_problems = _budget(t, batch_tokens, schedule)
+    budget_steps, budget_problems = _budget(t, batch_tokens)
     problems += budget_problems
     max_steps = budget_steps or max_steps
     timed = t.budget is not None and t.budget.kind in ("hours", "dollars")
@@ -444,7 +443,7 @@ def _resolve_train(
     return t.model_copy(update=derived), problems
 
 
-def _budget(t: TrainConfig, batch_tokens: int, schedule: str) -> tuple[int | None, list[str]]:
+def _budget(t: TrainConfig, batch_tokens: int) -> tuple[int | None, list[str]]:
     """Check train.budget; a tokens budget gives the step count (train.max_steps or
     max_tokens, when also set, stay a cap: the run ends at whichever comes first)."""
     b = t.budget
@@ -468,11 +467,6 @@ def _budget(t: TrainConfig, batch_tokens: int, schedule: str) -> tuple[int | Non
             ]
         cap = t.max_steps or (t.max_tokens // batch_tokens if t.max_tokens else None)
         return min(b.tokens // batch_tokens, cap or b.tokens // batch_tokens), []
-    if schedule not in PROGRESS_FORMS:
-        return None, [
-            f"schedule {schedule!r} cannot follow a time or money budget (no progress form); "
-            f"use one of {', '.join(PROGRESS_FORMS)} or a tokens budget"
-        ]
     return None, []
 
 

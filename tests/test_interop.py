@@ -90,7 +90,7 @@ def make_checkpoint(root: Path, seed: int = 0, tok=None, **model) -> tuple[Path,
         for p in m.parameters():
             p.add_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 0.2))
     state = {"tokens": 0, "tokenizer": tok.fingerprint, "config": to_tree(cfg)}
-    path = ckpt.save_checkpoint(root / "checkpoints", 7, m, _NoOpt(), state, m.origin, tok)
+    path = ckpt.save_checkpoint(root / "checkpoints", 7, m, _NoOpt(), state, {}, tok)
     return path, m.eval()
 
 

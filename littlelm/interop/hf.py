@@ -213,9 +213,7 @@ def import_model(source: str | Path, out: str | Path) -> dict:
     with staged(Path(out)) as tmp:
         state = {"tokens": 0, "tokenizer": tok.fingerprint, "config": to_tree(cfg)}
         state["imported_from"] = str(src.resolve())
-        path = ckpt.save_checkpoint(
-            tmp / "checkpoints", 0, model, _NoOptimizer(), state, model.origin, tok
-        )
+        path = ckpt.save_checkpoint(tmp / "checkpoints", 0, model, _NoOptimizer(), state, {}, tok)
         (tmp / "train.yaml").write_text(train_yaml(cfg, Path(out), path.name, src))
     return {
         "arch": arch,

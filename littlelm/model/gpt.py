@@ -369,8 +369,6 @@ class GPT(nn.Module):
         self.reset_parameters()
         # train.activation_checkpointing: recompute each layer in the backward pass
         self.activation_checkpointing = False
-        # origin tag per parameter, for lr multipliers; `grow` marks copied weights "old"
-        self.origin = {n: default_origin(self.role(n)) for n, _ in self.named_parameters()}
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -518,10 +516,6 @@ class GPT(nn.Module):
         n = max_len or self.cfg.max_seq_len
         c = self.cfg
         return [KVCache(batch, c.kv_heads, n, c.head_dim, dt, w.device) for _ in range(c.n_layer)]
-
-
-def default_origin(role: str) -> str:
-    return "embedding" if role in ("embedding", "value_embedding", "lm_head") else "new"
 
 
 def flops_per_token(cfg: GPTConfig, seq_len: int) -> int:

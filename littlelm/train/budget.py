@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from littlelm.errors import ConfigError
-from littlelm.optim.schedule import ProgressSchedule, build_progress_schedule
+from littlelm.optim.schedule import Schedule, build_schedule
 from littlelm.progress import duration
 from littlelm.sections import BudgetConfig
 
@@ -81,7 +81,7 @@ class Budget:
     def __init__(
         self,
         seconds: float,
-        schedule: ProgressSchedule,
+        schedule: Schedule,
         max_steps: float = math.inf,
         eval_every: int = 0,
         save_every: int = 0,
@@ -325,7 +325,7 @@ def build_budget(cfg, run_dir: Path | None, agree: Callable, eval_tokens: int) -
         return None
     return Budget(
         seconds,
-        build_progress_schedule(cfg.schedule),
+        build_schedule(cfg.schedule),
         max_steps=cfg.train.max_steps or math.inf,
         eval_every=cfg.eval.every,
         save_every=cfg.checkpoint.every,

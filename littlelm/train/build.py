@@ -43,13 +43,16 @@ def build_model(cfg: RunConfig, device: torch.device, traced: bool = False) -> L
     return model
 
 
-def build_optimizer(cfg: RunConfig, model: LanguageModel, traced: bool = False):
+def build_optimizer(
+    cfg: RunConfig, model: LanguageModel, traced: bool = False, origin: dict | None = None
+):
     """The registered optimizer of `cfg.optimizer` over `model`'s parameters (its groups and
-    lrs: optim/groups.py), rounding stochastically when train.stochastic_rounding is on."""
+    lrs: optim/groups.py) with growth's `origin` tags (None: a run never grown), rounding
+    stochastically when train.stochastic_rounding is on."""
     oc, rounding = cfg.optimizer, cfg.train.stochastic_rounding
     if traced:
         oc, rounding = oc.traceable(rounding)
-    return OPTIMIZERS.get(oc.name)(model, oc, rounding)
+    return OPTIMIZERS.get(oc.name)(model, oc, rounding, origin)
 
 
 def _cast(model: torch.nn.Module, dtype: torch.dtype) -> None:

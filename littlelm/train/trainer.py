@@ -45,7 +45,7 @@ from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetche
 from littlelm.errors import CheckpointError, ConfigError, TrainingError
 from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.grow_lr import origin_multipliers
-from littlelm.optim.schedule import build_schedule
+from littlelm.optim.schedule import build_schedule, step_progress
 from littlelm.optim.schedule_check import schedule_warnings
 from littlelm.progress import FirstSteps, Progress, progress_line
 from littlelm.schema import RunConfig
@@ -119,16 +119,18 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg, self.parallel, self.data.tokenizer, self.run_dir)
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
         self.model = self._build_model()
-        # 5. load: a resumed run's weights go in whole, before sharding splits the tensors, and
-        #    its parameters' origin tags before the optimizer's groups are made from them
+        # 5. load: a resumed run's weights go in whole, before sharding splits the tensors
         resumed = self.checkpointer.load(resume, self.model)
-        # 6. grow: a fresh grown run copies its parent's weights and tags, for the same reasons
+        # 6. grow: a fresh grown run copies its parent's weights, for the same reason, and tags
+        #    their origins
         grown = self._grow(resumed)
         # 7. shard: FSDP replaces the parameters by DTensors, which the optimizer must hold
         self.parallel.shard_model(self.model, cfg.train.precision)
-        # 8. optimizer: parameter groups from the sharded parameters and their origin tags
-        #    (the schedule sets their learning rates at each step)
-        self.optimizer = self.parallel.shard_optimizer(self._build_optimizer())
+        # 8. optimizer: parameter groups from the sharded parameters and their origin tags, a
+        #    grown run's from 6, a resumed one's from its checkpoint (the schedule sets their
+        #    learning rates at each step)
+        origin = grown.origin if grown is not None else resumed and resumed.loaded.origin
+        self.optimizer = self.parallel.shard_optimizer(self._build_optimizer(origin))
         self.schedule = build_schedule(cfg.schedule)
         # 9. loader and state: this rank's slice of the data, and the run at step 0
         self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
@@ -196,8 +198,8 @@ class Trainer:
         self.log(grown.summary())
         return grown
 
-    def _build_optimizer(self):
-        return build_optimizer(self.cfg, self.model)
+    def _build_optimizer(self, origin: dict[str, str] | None):
+        return build_optimizer(self.cfg, self.model, origin=origin)
 
     def _make_loader(self, rank: int, world: int):
         t = self.cfg.train
@@ -446,14 +448,13 @@ class Trainer:
         if s.budget is not None:  # the budget says how far through the run this step is
             mult = s.budget.multiplier(s.step)
         else:
-            mult = self.schedule(s.step, self.max_steps)
+            mult = self.schedule(s.step, step_progress(s.step, self.max_steps))
         # a grown run's multiplier per origin tag at this step (grow.lr_multipliers; else 1)
         by_origin = origin_multipliers(self.cfg.grow and self.cfg.grow.lr_multipliers, s.step)
+        m = self.cfg.optimizer.momentum_at(s.step)  # None: the Muon momentum is not scheduled
         for g in self.optimizer.param_groups:
-            g["lr"] = g["base_lr"] * mult * by_origin.get(g.get("origin"), 1.0)
-        m = self.cfg.optimizer.momentum_at(s.step)
-        if m is not None:  # the optimizer schedules its Muon groups' momentum
-            for g in self.optimizer.muon_groups():
+            g["lr"] = g["base_lr"] * mult * by_origin.get(g["origin"], 1.0)
+            if m is not None and g["kind"] == "muon":
                 g["momentum"] = m
         return mult
 
@@ -673,7 +674,7 @@ class Trainer:
             table.add_column(
                 col, justify="right" if col in ("tensors", "parameters", "lr") else "left"
             )
-        for name, n, numel, opt, lr in group_rows(self.optimizer.specs, c.grow):
+        for name, n, numel, opt, lr in group_rows(self.optimizer.param_groups, c.grow):
             table.add_row(name, str(n), f"{numel:,}", opt, lr)
         if self.progress._open:
             self.progress.message("")
