@@ -303,12 +303,12 @@ def test_a_source_too_small_to_evaluate_is_named_and_left_out():
 
     from littlelm.data.build import PreparedSource, RunData
 
-    class S(SimpleNamespace):  # a shard: its header and its number of documents
+    class S(SimpleNamespace):  # a shard: its header, its tokens and its number of documents
         def __len__(self):
             return 1
 
     def source(label, val_tokens):
-        val = [S(header=SimpleNamespace(n_tokens=val_tokens))]
+        val = [S(header=SimpleNamespace(n_tokens=val_tokens), n_tokens=val_tokens)]
         m = {"documents": 40, "split": {"fraction": 0.01}}
         return PreparedSource(label, 1.0, None, [], val, manifest=m)
 
