@@ -46,6 +46,7 @@ def _split_config(items: list[str]) -> tuple[str, list[str]]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from littlelm.console import Console
     from littlelm.schema import load_run
     from littlelm.train import distributed
     from littlelm.train.device import pick_device
@@ -60,7 +61,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     cfg = load_run(config, overrides, world_size=env.world_size)
     with distributed.session(cfg.distributed, pick_device(cfg.run.device), env) as parallel:
-        result = Trainer(cfg, resume=args.resume, parallel=parallel).fit()
+        console = Console()  # what the run prints (littlelm/console.py)
+        trainer = Trainer(cfg, resume=args.resume, parallel=parallel, callbacks=(console,))
+        result = trainer.fit()
+        console.report(trainer, result)
     return 0 if result["finished"] or result.get("stopped_by") else 1
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from littlelm.console import speed_summary
 from littlelm.errors import ConfigError
 from littlelm.model import backend as be
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.schema import load_run
-from littlelm.train.trainer import speed_summary
 
 SMALL = dict(n_layer=2, d_model=64, n_head=2, vocab_size=256, max_seq_len=64)
 

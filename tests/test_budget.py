@@ -9,6 +9,7 @@ import json
 import pytest
 
 from conftest import tiny_tree, write_config
+from littlelm.console import Console
 from littlelm.errors import ConfigError
 from littlelm.optim import schedule as sch
 from littlelm.schema import load_run
@@ -21,7 +22,7 @@ TRAP = dict(warmup_steps=3, cooldown_frac=0.4, floor=0.05)
 def make_budget(seconds, **kw) -> bg.Budget:
     opts = dict(eval_every=10, save_every=25, eval_tokens=0, batch_tokens=1)
     opts.update(kw)
-    return bg.Budget(seconds, lambda s, p: sch.trapezoidal_at(s, p, **TRAP), **opts)
+    return bg.Budget(seconds, **opts)
 
 
 def simulate(b: bg.Budget, step_s=1.0, eval_s=2.0, save_s=0.5, now=0.0, step=0, stop_at=None):
@@ -29,7 +30,7 @@ def simulate(b: bg.Budget, step_s=1.0, eval_s=2.0, save_s=0.5, now=0.0, step=0, 
     mults, times = [], []
     b.start(now)
     while stop_at is None or now < stop_at:
-        mults.append(b.multiplier(step, now))
+        mults.append(sch.trapezoidal_at(step, b.advance(step, now), **TRAP))
         now += step_s * (3 if step == 0 else 1)  # the first step warms up
         step += 1
         last = b.stepped(now)
@@ -191,8 +192,11 @@ def test_trainer_follows_a_time_budget_and_resumes_it(tmp_path, corpus, monkeypa
     assert all("budget_spent" in r for r in train)
     assert json.loads((run / "budget.json").read_text())["finished"]
     capsys.readouterr()
-    again = Trainer(load_run(path)).fit()  # a finished budget run does nothing more
+    console = Console()
+    trainer = Trainer(load_run(path), callbacks=(console,))
+    again = trainer.fit()  # a finished budget run does nothing more
     assert again.get("already_finished") and again["step"] == result["step"]
+    console.report(trainer, again)
     out = capsys.readouterr().out  # and names the budget to raise, not train.max_steps
     assert "its budget (train.budget.hours=0.0111111) is spent" in out
     assert "add train.budget.hours=0.0222222 to the command" in out and "max_steps=" not in out

@@ -37,6 +37,19 @@ class Resumed:
     loaded: ckpt.Loaded
     changes: list[str]  # the config differences this run may make ('key: old -> new')
 
+    def describe(self, state: TrainState, world: int) -> list[str]:
+        """The resume, for the log: where from, what changed, whether the data was re-dealt."""
+        lines = [f"resumed from {self.loaded.path} (step {state.step}, {state.tokens:,} tokens)"]
+        if self.changes:
+            lines.append(f"resuming with changed settings: {'; '.join(self.changes)}")
+        saved_world = self.loaded.state.get("loader_world_size", 1)
+        if saved_world != world:
+            lines.append(
+                f"the checkpoint was written by {saved_world} process(es), this run has "
+                f"{world}: the data order was re-dealt (docs/distributed.md)"
+            )
+        return lines
+
 
 class Checkpointer:
     # cfg: the run's RunConfig (littlelm/schema.py)
@@ -93,8 +106,9 @@ class Checkpointer:
             "config": to_tree(self.cfg),
             "guard": state.guard.state_dict(),
         }
-        if state.budget is not None:  # time spent counts after a resume
-            saved["budget"] = state.budget.state_dict()
+        budget = state.budget.state_dict() if state.budget is not None else None
+        if budget is not None:  # a time budget: the time spent counts after a resume
+            saved["budget"] = budget
         if self.parallel.world > 1:  # a checkpoint resumes each rank exactly where it was
             saved["loader_world_size"] = self.parallel.world
             saved["loader_ranks"] = self.parallel.gather_objects(state.loader.state_dict())

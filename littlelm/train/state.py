@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from littlelm.data.loader import LoaderSnapshot
-from littlelm.train.budget import RunBudget
+from littlelm.train.budget import Steps
 from littlelm.train.guard import LossGuard
 
 
@@ -42,7 +42,7 @@ class TrainState:
     last_checkpoint: Path | None = None
     saved_step: int | None = None
     save_failures: int = 0
-    budget: RunBudget | None = None  # a time or money budget: time spent, measured speed
+    budget: Steps | None = None  # how far the run is (train/budget.py); set at start-up
 
     def restore_counters(self, saved: dict, keep_time: bool = False) -> None:
         """step, tokens and (unless `keep_time`: a rollback, where time spent is spent)

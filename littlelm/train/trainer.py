@@ -46,12 +46,10 @@ from littlelm.errors import CheckpointError, ConfigError, TrainingError
 from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.bpb import evaluate_loss
 from littlelm.model.grow_lr import origin_multipliers
-from littlelm.optim.schedule import build_schedule
-from littlelm.optim.schedule_check import schedule_warnings
-from littlelm.progress import FirstSteps, Progress, progress_line
+from littlelm.progress import Progress
 from littlelm.schema import RunConfig
-from littlelm.train import budget as budgeting
 from littlelm.train import checkpoint as ckpt
+from littlelm.train.budget import Steps, build_budget, lr_schedule
 from littlelm.train.build import build_model, build_optimizer
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
 from littlelm.train.checkpointer import Checkpointer, Resumed
@@ -64,7 +62,7 @@ from littlelm.train.device import (
     with_precision,
 )
 from littlelm.train.distributed import Parallel
-from littlelm.train.growth import GrownFrom, group_rows, grow_from_parent
+from littlelm.train.growth import GrownFrom, grow_from_parent
 from littlelm.train.guard import Collapse, LossGuard, Verdict
 from littlelm.train.rundir import check_run_dir
 from littlelm.train.runlock import RunLock
@@ -89,7 +87,10 @@ class Trainer:
         resume: str = "auto",
         progress: Progress | None = None,
         parallel: Parallel | None = None,
+        callbacks: tuple[Callback, ...] = (),
     ):
+        """`progress` receives the trainer's notes (resumed, skipped, rolled back, ...);
+        `callbacks` come before those of the config (the CLI's console: littlelm/console.py)."""
         self.cfg = cfg
         self.parallel = parallel or Parallel.single(cfg.distributed)
         self.progress = progress or Progress()
@@ -101,11 +102,10 @@ class Trainer:
         requested = cfg.train.precision
         self.cfg = cfg = with_precision(cfg, self.device)
         self.auto_fp32 = requested == "auto" and cfg.train.precision == "fp32"  # said at start
-        # inf: a time or money budget decides the end from measured speed (train/budget.py)
-        self.max_steps: float = cfg.train.max_steps or math.inf
         self.stop = StopSignals()
         self._agreed_stop: str | None = None  # see `stopping`
         self.last_eval: dict = {}
+        self.last_loss: torch.Tensor | None = None  # the last step's loss (on the device)
         # 1. process: every rank has this config and the device can run the model, checked
         #    before any work; then seeded, before anything draws from the RNG (model init)
         self._setup_process()
@@ -113,7 +113,7 @@ class Trainer:
         #     checkpoints) is refused before any data preparation or tokenizer training
         Checkpointer.refuse_early(cfg, self.run_dir, resume)
         # 2. callbacks: a missing optional package (wandb, tensorboard) fails before data prep
-        self.callbacks: list[Callback] = [JSONLLogger(), *map(build_callback, cfg.callbacks)]
+        self.callbacks = [*callbacks, JSONLLogger(), *map(build_callback, cfg.callbacks)]
         # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
         self.data = self._build_data()
         self.checkpointer = Checkpointer(cfg, self.parallel, self.data.tokenizer, self.run_dir)
@@ -129,7 +129,6 @@ class Trainer:
         # 8. optimizer: parameter groups from the sharded parameters and their origin tags
         #    (the schedule sets their learning rates at each step)
         self.optimizer = self.parallel.shard_optimizer(self._build_optimizer())
-        self.schedule = build_schedule(cfg.schedule)
         # 9. loader and state: this rank's slice of the data, and the run at step 0
         self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
         self.state = TrainState(self.loader.snapshot(), LossGuard(cfg.guard))
@@ -140,9 +139,11 @@ class Trainer:
         # 11. resume: optimizer moments, RNG, counters, guard and data position, into the
         #     optimizer and loader of 8-9 (or a grown run's parent's data position)
         self._resume(resumed, grown)
-        # 12. budget: a time or money budget checks it holds one step at the peak of 10 and
-        #     takes the time already spent from the checkpoint of 11 (or the run's ledger)
-        self._start_budget(resumed)
+        # 12. budget: how far the run is and whether it is done (train/budget.py); a time or
+        #     money budget checks it holds one step at the peak of 10 and takes the time already
+        #     spent from the checkpoint of 11 (or the run's ledger); the schedule reads it
+        self.state.budget = self._build_budget(resumed)
+        self.schedule = lr_schedule(cfg.schedule, self.state.budget)
         # 13. wrap: DDP and torch.compile around the finished model; checkpoints, evaluation
         #     and sampling use the bare `self.model`
         self.forward = self._wrap()
@@ -211,27 +212,23 @@ class Trainer:
         loader, make = self.loader, self._make_loader
         if resumed is not None:
             self.checkpointer.restore(self.state, resumed.loaded, self.optimizer, loader, make)
-            self._log_resumed(resumed)
+            for line in resumed.describe(self.state, self.parallel.world):
+                self.log(line)
         if grown is not None and grown.loader_state is not None:  # grow.continue_data
             self.checkpointer.restore_parent_data(self.state, grown.path, loader, make)
 
-    def _log_resumed(self, resumed: Resumed) -> None:
-        s, path = self.state, resumed.loaded.path
-        self.log(f"resumed from {path} (step {s.step}, {s.tokens:,} tokens)")
-        if resumed.changes:
-            self.log(f"resuming with changed settings: {'; '.join(resumed.changes)}")
-        saved_world = resumed.loaded.state.get("loader_world_size", 1)
-        if saved_world != self.parallel.world:
-            self.log(
-                f"the checkpoint was written by {saved_world} process(es), this run has "
-                f"{self.parallel.world}: the data order was re-dealt (docs/distributed.md)"
-            )
-
-    def _start_budget(self, resumed: Resumed | None) -> None:
-        loaded = resumed.loaded.state if resumed is not None else None
-        self.state.budget = budgeting.RunBudget.for_trainer(self, loaded)
-        if self.state.budget is not None and self.state.budget.finished:
-            self.max_steps = self.state.step
+    def _build_budget(self, resumed: Resumed | None) -> Steps:
+        val = sum(len(sh.tokens) for sh in self.data.val_shards)
+        return build_budget(
+            self.cfg,
+            resumed.loaded.state if resumed is not None else None,
+            ledger=self.run_dir / "budget.json" if self.is_main else None,
+            agree=self.parallel.broadcast_object,
+            val_tokens=min(val, self.cfg.eval.max_tokens or val),
+            flops_per_token=self.flops_per_token,
+            peak=self.peak,
+            device=self.device.type,
+        )
 
     def _wrap(self):
         forward = self.parallel.wrap(self.model)
@@ -258,6 +255,11 @@ class Trainer:
     @property
     def train_time(self) -> float:
         return self.state.train_time
+
+    @property
+    def max_steps(self) -> float:
+        """The run's steps: train.max_steps, inf under a time budget until its last step."""
+        return self.state.budget.max_steps
 
     @property
     def loader_state(self) -> LoaderSnapshot:
@@ -314,21 +316,21 @@ class Trainer:
         return self.stop.requested if self.parallel.world == 1 else self._agreed_stop
 
     def _fit(self, stop_after: int | None) -> dict:
-        s, c = self.state, self.cfg
-        if s.step >= self.max_steps:
-            return self._already_finished()
-        self._start()
-        end = self.max_steps if stop_after is None else min(self.max_steps, s.step + stop_after)
+        s, c, budget = self.state, self.cfg, self.state.budget
+        if budget.done(s.step):  # resumed at its end: nothing to train, so nothing is written
+            return {**self._counters(), "finished": True, "already_finished": True}
+        self.checkpointer.write_config()
+        for cb in self._my_callbacks():
+            cb.on_train_start(self)
+        stop_at = math.inf if stop_after is None else s.step + stop_after
         batches = Prefetcher(self.loader, c.data.prefetch)
         window = Window.starting_at(s, self.device)
-        first = FirstSteps(s.step, c.train.log_every)  # shown before the log cadence
-        if s.budget is not None:
-            s.budget.start()
+        budget.start()
         try:
-            while s.step < end and not self.stopping:
+            while not budget.done(s.step) and s.step < stop_at and not self.stopping:
                 step = self.train_step(batches)
-                if s.budget is not None and s.budget.stepped(s.step):
-                    end = self.max_steps = s.step  # the budget's last step, cooldown done
+                budget.stepped(s.step)
+                last = budget.done(s.step) or s.step >= stop_at
                 if step.verdict is Verdict.OK:
                     window.add(step.loss, step.grad_norm)
                 else:  # no update: say why (a STOP verdict raises here)
@@ -337,43 +339,22 @@ class Trainer:
                     self._rollback()  # to the last checkpoint; the data moves on
                     window.restart(s)  # the steps since the checkpoint are abandoned
                     continue
-                if self.is_main and first.wants(s.step):
-                    first.show(self.progress, s.step, self.max_steps, step.loss.item())
+                self.last_loss = step.loss
                 metrics = {"step": s.step, "tokens": s.tokens, "lr_mult": step.lr_mult}
-                if s.step % c.train.log_every == 0 or s.step == end:
-                    metrics.update(self._log_metrics(window, step.lr_mult))
+                if s.step % c.train.log_every == 0 or last:
+                    metrics.update(self._log_metrics(window))
                 for cb in self._my_callbacks():
                     cb.on_step_end(self, metrics)
-                if self._due(c.eval.every) and s.step < self.max_steps and not self.stopping:
+                if self._due(c.eval.every) and not budget.done(s.step) and not self.stopping:
                     self.evaluate()
-                if self._due(c.checkpoint.every) and s.step < end:
-                    t0 = time.perf_counter()
-                    self.save()
-                    if s.budget is not None:  # saves count against a time budget
-                        s.budget.note_save(time.perf_counter() - t0)
+                if self._due(c.checkpoint.every) and not last:
+                    with budget.aside("save"):  # saves count against a time budget
+                        self.save()
         except DataExhausted as e:
             self.log(f"stopping: {e}")
         finally:
             batches.close()
-        return self._finish(end)
-
-    def _start(self) -> None:
-        """The run directory's config, the start-up summary and the on_train_start hooks."""
-        self.checkpointer.write_config()
-        self._print_summary()
-        max_tokens = self.cfg.train.max_tokens
-        if max_tokens:  # a time budget does not know its tokens in advance
-            self.log(
-                f"data mixture ({max_tokens:,} training tokens):\n"
-                + "\n".join(self.data.mixture_plan(max_tokens))
-            )
-        if self.state.step:
-            self.log(f"data realised so far: {self.state.loader.report()}")
-        for cb in self._my_callbacks():
-            cb.on_train_start(self)
-        if math.isfinite(self.max_steps):  # a time budget sets the steps as it goes
-            for problem in schedule_warnings(self.cfg.schedule, self.max_steps):
-                self.log(f"warning: {problem}")
+        return self._finish()
 
     def _due(self, every: int) -> bool:
         """True at the steps that are multiples of `every` (0: never)."""
@@ -429,10 +410,8 @@ class Trainer:
     def _set_lr(self) -> float:
         """Set this step's learning rates (and Muon momentum); returns the multiplier."""
         s = self.state
-        if s.budget is not None:  # the budget says how far through the run this step is
-            mult = s.budget.multiplier(s.step)
-        else:
-            mult = self.schedule(s.step, self.max_steps)
+        # the schedule at how far through the run this step is (the budget says)
+        mult = self.schedule(s.step, s.budget.progress(s.step))
         # a grown run's multiplier per origin tag at this step (grow.lr_multipliers; else 1)
         by_origin = origin_multipliers(self.cfg.grow and self.cfg.grow.lr_multipliers, s.step)
         for g in self.optimizer.param_groups:
@@ -478,9 +457,8 @@ class Trainer:
         for cb in self._my_callbacks():
             cb.on_rollback(self, info)
 
-    def _log_metrics(self, window: Window, lr_mult: float) -> dict:
-        """The record of the steps since the last one (one host sync), shown on the progress
-        line; starts a new window."""
+    def _log_metrics(self, window: Window) -> dict:
+        """The record of the steps since the last one (one host sync); starts a new window."""
         s = self.state
         steps = max(1, s.step - window.step)
         busy = max(1e-9, s.train_time - window.train_time)
@@ -488,7 +466,6 @@ class Trainer:
         skipped = s.guard.take_window()
         loss_sum = self.parallel.mean(window.loss_sum)  # over every rank's micro-batches
         loss = loss_sum.item() / (steps - skipped) if steps > skipped else math.nan
-        left = (self.max_steps - s.step) * self.cfg.train.batch_tokens / max(tok_s, 1e-9)
         mfu = tok_s * self.flops_per_token / self.peak if math.isfinite(self.peak) else None
         grad_norm = window.norm_sum.item() / (steps - skipped) if steps > skipped else math.nan
         m = {
@@ -497,17 +474,12 @@ class Trainer:
             "tok_per_s": tok_s,
             "mfu": mfu,
             "train_time": s.train_time,
-            "eta_s": left,
+            **s.budget.record(s.step, tok_s, self.cfg.train.batch_tokens),  # eta_s, time spent
             "mix": s.loader.proportions(),
             "crop_rate": s.loader.crop_rate(),
             "split_rate": s.loader.split_rate(),
             **({"skipped": skipped} if skipped else {}),  # present only when there were skips
         }
-        total, line = self.max_steps, {"step": s.step, "lr_mult": lr_mult}
-        if s.budget is not None:  # budget (train/budget.py): time spent, projected end
-            line["budget"], total = s.budget.log_metrics(s.step, m)
-        if self.is_main:
-            self.progress.update(progress_line({**line, **m}, total))
         window.restart(s)
         return m
 
@@ -530,94 +502,52 @@ class Trainer:
         c, s = self.cfg, self.state
         if not self.data.can_evaluate(c.train.seq_len):  # no held-out window: said at start
             return {}
-        batches = self.data.val_batches(
-            c.eval.batch_size or c.train.micro_batch_size,
-            c.train.seq_len,
-            c.eval.max_tokens,
-        )
-        t0 = time.perf_counter()
-        m = evaluate_loss(self.model, batches, self.token_bytes, self.device, self.autocast())
-        m.update(
-            step=s.step,
-            tokens=s.tokens,
-            train_time=s.train_time,
-            eval_time=time.perf_counter() - t0,
-        )
-        self.log(
-            f"eval step {s.step}: val loss {m['val_loss']:.4f} | val bpb {m['val_bpb']:.4f} "
-            f"| {m['val_tokens']:,} tokens | train time {s.train_time:.1f}s"
-        )
-        if s.budget is not None:
-            m["budget_spent"] = s.budget.spent()
-        self.last_eval = m
-        for cb in self._my_callbacks():
-            cb.on_eval(self, m)
-        if s.budget is not None:  # the evaluation and its callbacks (samples) took this long
-            s.budget.note_eval(time.perf_counter() - t0)
+        with s.budget.aside("eval"):  # the evaluation and its callbacks (samples) take this long
+            batches = self.data.val_batches(
+                c.eval.batch_size or c.train.micro_batch_size, c.train.seq_len, c.eval.max_tokens
+            )
+            t0 = time.perf_counter()
+            m = evaluate_loss(self.model, batches, self.token_bytes, self.device, self.autocast())
+            m.update(
+                step=s.step,
+                tokens=s.tokens,
+                train_time=s.train_time,
+                eval_time=time.perf_counter() - t0,
+                **s.budget.figures(),
+            )
+            self.last_eval = m
+            for cb in self._my_callbacks():
+                cb.on_eval(self, m)
         return m
 
-    def _finish(self, end: int) -> dict:
+    def _finish(self) -> dict:
         s = self.state
-        done = s.step >= self.max_steps
+        done = s.budget.done(s.step)
         if done and self.cfg.eval.at_end:
             self.evaluate()
         if (self.cfg.checkpoint.at_end or not done) and s.saved_step != s.step:
             self.save(final=True)
         final = {
-            "step": s.step,
-            "tokens": s.tokens,
-            "train_time": s.train_time,
+            **self._counters(),
             "finished": done,
             **{k: v for k, v in self.last_eval.items() if k.startswith("val_")},
             "mix": s.loader.proportions(),
             "crop_rate": s.loader.crop_rate(),
             "split_rate": s.loader.split_rate(),
-            **self._fault_summary(),
         }
-        if s.budget is not None:  # the final evaluation and save count too
-            self.log(s.budget.close(s.step, final))
-        self.log(f"data realised: {s.loader.report()}")
-        if self.stopping:
-            self.log(
-                f"stopped by {self.stopping} at step {s.step}; newest checkpoint: "
-                f"{s.last_checkpoint}. Run the same command to resume"
-            )
+        final.update(s.budget.close(s.step))  # the final evaluation and save count too
         if done:
             for cb in self._my_callbacks():
                 cb.on_train_end(self, final)
-            self.log(
-                f"done: {s.step} steps, {s.tokens:,} tokens, {s.train_time:.1f}s training"
-                + (f", final val bpb {final['val_bpb']:.4f}" if "val_bpb" in final else "")
-            )
         return final
 
-    def _already_finished(self) -> dict:
-        """A run resumed at or past max_steps: nothing to train, so nothing is written (no
-        second evaluation, end record or checkpoint)."""
-        s, b = self.state, self.cfg.train.budget
-        if b is not None and b.kind is not None:  # the budget set max_steps: raise the budget
-            kind = b.kind
-            more = f"train.budget.{kind}={2 * getattr(b, kind):g}"
-            why = f"its budget (train.budget.{kind}={getattr(b, kind):g}) is spent"
-        else:
-            more, why = f"train.max_steps={2 * s.step}", f"train.max_steps is {self.max_steps}"
-        self.log(
-            f"run {self.cfg.run.name!r} has already finished: {s.last_checkpoint} is at step "
-            f"{s.step} and {why}; nothing to do. To train further, raise it (e.g. add {more} "
-            "to the command); to start over, pick another run.name"
-        )
-        return {
+    def _counters(self) -> dict:
+        """The end record's counters: where the run is and what went wrong on the way."""
+        s = self.state
+        out = {
             "step": s.step,
             "tokens": s.tokens,
             "train_time": s.train_time,
-            "finished": True,
-            "already_finished": True,
-            **self._fault_summary(),
-        }
-
-    def _fault_summary(self) -> dict:
-        s = self.state
-        out = {
             "skipped_steps": s.guard.skipped_total,
             "rollbacks": s.guard.rollbacks,
             "save_failures": s.save_failures,
@@ -625,61 +555,3 @@ class Trainer:
         if self.stopping:
             out["stopped_by"] = self.stopping
         return out
-
-    def _print_summary(self) -> None:
-        if not self.is_main:
-            return
-        from rich.console import Console
-        from rich.table import Table
-
-        counts = self.model.param_counts()
-        c = self.cfg
-        self.log(
-            f"model: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
-            f"{self.flops_per_token / 1e6:.1f} MFLOPs/token at seq {c.train.seq_len}; "
-            f"device {self.device}, {c.train.precision}; batch {c.train.batch_tokens:,} tokens "
-            f"= {c.train.micro_batch_size} × {c.train.seq_len} × {c.train.grad_accum} accum"
-            f"{f' × {self.parallel.world} ranks ({self.parallel.strategy})' if self.parallel.world > 1 else ''}; "
-            + (
-                f"{self.max_steps} steps"
-                if math.isfinite(self.max_steps)
-                else "steps set by the budget"
-            )
-        )
-        self.log(
-            f"speed: {speed_summary(c, self.device)}; MFU against {self.peak / 1e12:.3g} TFLOP/s"
-        )
-        if self.auto_fp32:
-            self.log(
-                f"precision auto -> fp32: this device ({self.device.type}) has no native bf16 "
-                "arithmetic, so bf16 would be emulated and slower than fp32 (train.precision=bf16 "
-                "forces it)"
-            )
-        table = Table(title="parameter groups", title_justify="left")
-        for col in ("group", "tensors", "parameters", "optimizer", "lr"):
-            table.add_column(
-                col, justify="right" if col in ("tensors", "parameters", "lr") else "left"
-            )
-        for name, n, numel, opt, lr in group_rows(self.optimizer.specs, c.grow):
-            table.add_row(name, str(n), f"{numel:,}", opt, lr)
-        if self.progress._open:
-            self.progress.message("")
-        Console(**self.progress.console_options()).print(table)
-
-
-def speed_summary(cfg: RunConfig, device: torch.device | str = "cpu") -> str:
-    """The speed and memory settings in force on `device`, in one line."""
-    t, m = cfg.train, cfg.model
-    backend = run_backend(m, device)
-    parts = [f"{backend.name} backend ({backend.kernels})"]
-    parts += [f"{t.precision} compute", f"{t.master_weights} weights"]
-    if t.stochastic_rounding:
-        parts.append("stochastic rounding")
-    parts += m.speed_settings(device)
-    if cfg.optimizer.traits().adamw_8bit:
-        parts.append("8-bit AdamW")
-    if t.activation_checkpointing:
-        parts.append("activation checkpointing")
-    if compile_on(t.compile, backend):
-        parts.append("torch.compile")
-    return ", ".join(parts)
