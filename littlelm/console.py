@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from littlelm.model.backend import compile_on, run_backend
+from littlelm.model.backend import run_backend
 from littlelm.optim.schedule_check import schedule_warnings
 from littlelm.progress import Progress, duration, human
 from littlelm.schema import RunConfig
@@ -162,7 +162,7 @@ def speed_summary(cfg: RunConfig, device: torch.device | str = "cpu") -> str:
         parts.append("8-bit AdamW")
     if t.activation_checkpointing:
         parts.append("activation checkpointing")
-    if compile_on(t.compile, backend):
+    if t.compiles(device):
         parts.append("torch.compile")
     return ", ".join(parts)
 

@@ -35,6 +35,7 @@ import copy
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import Field, field_validator
 
 from littlelm.config import (
@@ -154,8 +155,8 @@ class TrainConfig(Cfg):
     )
     compile: bool | None = Field(
         None,
-        description="torch.compile the model (minutes of warm-up); null = the kernel backend's "
-        "choice (model.backend: on with cuda, off with cpu).",
+        description="torch.compile the model (minutes of warm-up); null = on when training on "
+        "CUDA, off elsewhere.",
         json_schema_extra=RESUMABLE,
     )
     grad_clip: float | None = Field(
@@ -170,6 +171,12 @@ class TrainConfig(Cfg):
         ge=1,
         json_schema_extra=RESUMABLE,
     )
+
+    def compiles(self, device: torch.device | str) -> bool:
+        """Whether the run torch.compiles its model on `device` (`compile`, null: on CUDA)."""
+        if self.compile is not None:
+            return self.compile
+        return torch.device(device).type == "cuda"
 
 
 class EvalConfig(Cfg):

@@ -235,7 +235,7 @@ def test_grown_run_records_parent_trains_and_resumes(parent_run, tmp_path):
     t = Trainer(cfg, resume="never")
     assert {g.name for g in t.optimizer.specs} >= {"matrix/old", "matrix/new"}
     parent_loader = json.loads((parent_ckpt / "state.json").read_text())["loader"]
-    assert t.loader_state.state_dict() == parent_loader  # continues the parent's data
+    assert t.state.loader.state_dict() == parent_loader  # continues the parent's data
     t.fit()
     recorded = yaml.safe_load((cfg.run_dir() / "config.yaml").read_text())
     assert recorded["grow"]["parent"] == str(parent_ckpt)

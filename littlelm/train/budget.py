@@ -410,7 +410,7 @@ def build_budget(
     *,
     ledger: Path | None,
     agree: Callable,
-    val_tokens: int,
+    val_shards: list,
     flops_per_token: int,
     peak: float,
     device: str,
@@ -418,7 +418,8 @@ def build_budget(
     """The run's budget (cfg: the RunConfig): its steps, or a time or money budget restored from
     `saved` (the resumed checkpoint's state.json) and the `ledger` file (rank 0; None on the
     others), checked to hold one step at the device's `peak` FLOP/s (a ConfigError before
-    anything trains). `agree` makes every rank take rank 0's decisions (Parallel.broadcast_object)."""
+    anything trains). `agree` makes every rank take rank 0's decisions (Parallel.broadcast_object);
+    `val_shards` are what an evaluation reads (up to eval.max_tokens)."""
     t, b = cfg.train, cfg.train.budget
     seconds = b.seconds(cfg.distributed.world_size or 1) if b is not None else None
     if seconds is None:
@@ -426,6 +427,7 @@ def build_budget(
     problem = check_budget_fits(seconds, t.batch_tokens, flops_per_token, peak, device)
     if problem:
         raise ConfigError([problem])
+    val = sum(len(sh.tokens) for sh in val_shards)
     budget = Budget(
         seconds,
         max_steps=t.max_steps or math.inf,
@@ -433,7 +435,7 @@ def build_budget(
         save_every=cfg.checkpoint.every,
         end_eval=cfg.eval.at_end,
         end_save=cfg.checkpoint.at_end,
-        eval_tokens=val_tokens,
+        eval_tokens=min(val, cfg.eval.max_tokens or val),
         batch_tokens=t.batch_tokens,
         agree=agree,
     )

@@ -17,16 +17,19 @@ docs/reliability.md and docs/distributed.md describe the behaviour.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from littlelm.config import dump_yaml, to_tree
 from littlelm.data.reshard import MakeLoader, loader_state_for
-from littlelm.errors import RunDirError
+from littlelm.errors import RunDirError, TrainingError
 from littlelm.train import checkpoint as ckpt
 from littlelm.train import resume as resuming
 from littlelm.train.distributed import Parallel
+from littlelm.train.runlock import RunLock
+from littlelm.train.signals import StopSignals
 from littlelm.train.state import TrainState
 
 
@@ -75,6 +78,26 @@ class Checkpointer:
                 f"cannot write to the run directory {self.run_dir}: {e.strerror}; free disk "
                 "space, fix its permissions, or point run.out_dir elsewhere"
             ) from None
+
+    @contextlib.contextmanager
+    def session(self, state: TrainState, stop: StopSignals, log):
+        """A training session in the run directory: rank 0 holds its lock and tidies what
+        interrupted saves left (the other ranks learn whether it could: a directory in use stops
+        every rank with the same error); SIGTERM/SIGINT ask for a clean stop (train/signals.py)."""
+        with contextlib.ExitStack() as stack:
+            self.parallel.on_main(lambda: self._lock(stack, log))
+            stack.enter_context(stop)
+            try:
+                yield
+            except KeyboardInterrupt:
+                newest = ckpt.latest_checkpoint(self.dir, warn=False)
+                log(f"aborted at step {state.step} without saving; newest checkpoint: {newest}")
+                raise
+
+    def _lock(self, stack: contextlib.ExitStack, log) -> None:
+        stack.enter_context(RunLock(self.run_dir))
+        for note in ckpt.clean_incomplete(self.dir):
+            log(note)
 
     # ------------------------------------------------------------------------------------------
     # Saving
@@ -142,6 +165,14 @@ class Checkpointer:
             model.origin.update(loaded.origin)
         return Resumed(loaded, changes)
 
+    def resume(self, state: TrainState, resumed, grown, optimizer, loader, make_loader) -> None:
+        """After the optimizer and loader exist: a resumed run's state (`restore`), or a fresh
+        grown run's parent's data position (grow.continue_data; `grown`: train/growth.py's)."""
+        if resumed is not None:
+            self.restore(state, resumed.loaded, optimizer, loader, make_loader)
+        if grown is not None and grown.loader_state is not None:
+            self.restore_parent_data(state, grown.path, loader, make_loader)
+
     def restore(self, state: TrainState, loaded: ckpt.Loaded, optimizer, loader, make_loader):
         """Everything but the weights (`load` put them in): optimizer state, RNG, counters,
         this rank's data position (re-dealt if the world size changed) and the guard."""
@@ -166,10 +197,13 @@ class Checkpointer:
         saved = json.loads((parent / "state.json").read_text())
         self.restore_data(state, saved, loader, make_loader)
 
-    def rollback(self, state: TrainState, model, optimizer) -> ckpt.Loaded:
+    def rollback(self, state: TrainState, model, optimizer) -> dict:
         """Reload state.last_checkpoint's weights, optimizer state, RNG, counters and loss
-        window; the data position and the time spent stay (train/guard.py explains why)."""
-        assert state.last_checkpoint is not None
+        window; the data position and the time spent stay (train/guard.py explains why).
+        Returns the on_rollback record; raises TrainingError when there is no checkpoint."""
+        if state.last_checkpoint is None:
+            raise TrainingError(state.guard.stop_message(state.step, None))
+        failed_at, reason = state.step, state.guard.reason
         loaded = ckpt.load_checkpoint(state.last_checkpoint)
         # every rank reads the same checkpoint (whole tensors; FSDP keeps its slice)
         self.parallel.load_model_state(model, loaded.model, loaded.path)
@@ -178,7 +212,14 @@ class Checkpointer:
         ckpt.set_rng_state(loaded.rng)
         state.restore_counters(loaded.state, keep_time=True)
         state.guard.rolled_back(loaded.state.get("guard", {}))
-        return loaded
+        return {
+            "step": state.step,
+            "tokens": state.tokens,
+            "failed_at": failed_at,
+            "reason": reason,
+            "rollbacks": state.guard.rollbacks,
+            "checkpoint": str(loaded.path),
+        }
 
 
 class Frozen:

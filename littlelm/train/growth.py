@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from littlelm.config import flatten, marked
+from littlelm.config import flatten, marked, to_tree
 from littlelm.errors import CheckpointError, ConfigError, TrainingError
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.grow import (
@@ -78,6 +78,14 @@ class GrownFrom:
             f"{p.n_layer} layers × {p.d_model} wide, {p.n_head} heads, MLP {p.hidden}); "
             f"new blocks at layers {new or 'none'}; function {check}"
         )
+
+
+def grow_at_start(model: GPT, cfg: RunConfig, resumed_step: int | None, data) -> GrownFrom | None:
+    """A fresh grown run (or one resumed at step 0): the parent's weights and origin tags go
+    into `model` (None: not a grown run, or one resumed past its start)."""
+    if cfg.grow is None or resumed_step:
+        return None
+    return grow_from_parent(model, cfg.grow, data.tokenizer.fingerprint, to_tree(cfg))
 
 
 def grow_from_parent(

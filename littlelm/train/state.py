@@ -22,6 +22,7 @@ A checkpoint's state.json holds `format_version` and `step` (train/checkpoint.py
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,26 @@ class TrainState:
     saved_step: int | None = None
     save_failures: int = 0
     budget: Steps | None = None  # how far the run is (train/budget.py); set at start-up
+
+    def counters(self) -> dict:
+        """The counters of the end record: where the run is and what went wrong on the way."""
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "train_time": self.train_time,
+            "skipped_steps": self.guard.skipped_total,
+            "rollbacks": self.guard.rollbacks,
+            "save_failures": self.save_failures,
+        }
+
+    def data_figures(self) -> dict:
+        """The data realised so far, for metrics records: mixture, crop and split rates."""
+        loader = self.loader
+        return {
+            "mix": loader.proportions(),
+            "crop_rate": loader.crop_rate(),
+            "split_rate": loader.split_rate(),
+        }
 
     def restore_counters(self, saved: dict, keep_time: bool = False) -> None:
         """step, tokens and (unless `keep_time`: a rollback, where time spent is spent)
@@ -74,6 +95,25 @@ class Window:
     def add(self, loss: torch.Tensor, norm: torch.Tensor) -> None:
         self.loss_sum += loss
         self.norm_sum += norm
+
+    def record(self, state: TrainState, mean, flops_per_token: int, peak: float) -> dict:
+        """The metrics of the window's steps (one host sync; `mean` averages over the ranks),
+        then a new window from `state`."""
+        steps = max(1, state.step - self.step)
+        tok_s = (state.tokens - self.tokens) / max(1e-9, state.train_time - self.train_time)
+        skipped = state.guard.take_window()
+        kept = steps - skipped  # the updates the guard accepted
+        loss = mean(self.loss_sum).item() / kept if kept else math.nan  # every rank's batches
+        m = {
+            "loss": loss,
+            "grad_norm": self.norm_sum.item() / kept if kept else math.nan,
+            "tok_per_s": tok_s,
+            "mfu": tok_s * flops_per_token / peak if math.isfinite(peak) else None,
+            "train_time": state.train_time,
+            **({"skipped": skipped} if skipped else {}),  # present only when there were skips
+        }
+        self.restart(state)
+        return m
 
     def restart(self, state: TrainState) -> None:
         """A new window from `state` (after a record, or a rollback abandoned the steps)."""

@@ -5,34 +5,25 @@
 
 One optimizer step (`train_step`, read top to bottom): `grad_accum` micro-batches of forward +
 backward under autocast, gradient clipping, the loss guard's verdict, the schedule's learning
-rates, then the update (left out when the guard says so). The loop (`_fit`) acts on the verdict
-(a skip is reported, a rollback reloads the last checkpoint, a stop ends the run), then logs
-progress and metrics every `log_every` steps, validates (loss and bits per byte) every
-`eval.every`, checkpoints every `checkpoint.every` and calls the callbacks at each hook. A run
-directory holds the resolved config, the metrics, samples and checkpoints; a new Trainer on the
-same directory resumes from the newest complete checkpoint unless told otherwise.
+rates at the budget's progress, then the update (left out when the guard says so). The loop
+(`_fit`) acts on the verdict (report a skip, roll back to the last checkpoint, stop), then
+records metrics every `log_every` steps, validates every `eval.every`, checkpoints every
+`checkpoint.every` and calls the callbacks at each hook, until the budget (train/budget.py)
+says the run is done. `__init__` builds everything in one numbered sequence whose order
+matters; each step says why.
 
-The Trainer owns one explicit state object, `self.state` (train/state.py: step, tokens, time,
-data position, loss guard, newest checkpoint); `self.checkpointer` (train/checkpointer.py) saves
-it with the weights and the optimizer's state and restores it on resume and rollback. `__init__`
-builds everything in one numbered sequence whose order matters; each step says why.
-
-Reliability lives in helpers (docs/reliability.md): train/resume.py picks and checks the
-checkpoint to resume from, train/guard.py judges each step's loss, train/signals.py turns
-SIGTERM/SIGINT into a clean stop, and train/runlock.py keeps one trainer per run directory.
-
-Under torchrun every rank runs this same loop on its own slice of the data; `self.parallel`
-(train/distributed.py) does the rest: DDP or FSDP2 wrapping, no gradient sync during
-accumulation, sharded optimizers, rank-0-only output, and checkpoints that are whole (one file
-set, readable at any world size).
+What a run carries from step to step is one object, `self.state` (train/state.py);
+`self.checkpointer` (train/checkpointer.py) saves it with the weights and optimizer state and
+restores it on resume and rollback. The trainer prints only what happened (resumed, skipped,
+rolled back); what `littlelm train` shows around it is the CLI's console (littlelm/console.py),
+a callback. Under torchrun every rank runs this same loop on its own slice of the data;
+`self.parallel` (train/distributed.py) does the rest (docs/distributed.md).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import math
-import signal
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -40,32 +31,21 @@ from typing import NamedTuple
 import torch
 
 from littlelm.config import flatten, to_tree
-from littlelm.data.build import build_data
-from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetcher
-from littlelm.errors import CheckpointError, ConfigError, TrainingError
-from littlelm.model.backend import compile_on, run_backend
+from littlelm.data.loader import Batch, DataExhausted, Prefetcher
+from littlelm.errors import CheckpointError, TrainingError
 from littlelm.model.bpb import evaluate_loss
 from littlelm.model.grow_lr import origin_multipliers
 from littlelm.progress import Progress
 from littlelm.schema import RunConfig
-from littlelm.train import checkpoint as ckpt
+from littlelm.train import device as dev
 from littlelm.train.budget import Steps, build_budget, lr_schedule
-from littlelm.train.build import build_model, build_optimizer
+from littlelm.train.build import build_data, build_model, build_optimizer
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
 from littlelm.train.checkpointer import Checkpointer, Resumed
-from littlelm.train.device import (
-    autocast,
-    peak_flops,
-    pick_device,
-    synchronize,
-    tune_cpu_allocator,
-    with_precision,
-)
 from littlelm.train.distributed import Parallel
-from littlelm.train.growth import GrownFrom, grow_from_parent
+from littlelm.train.growth import grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
 from littlelm.train.rundir import check_run_dir
-from littlelm.train.runlock import RunLock
 from littlelm.train.signals import StopSignals
 from littlelm.train.state import TrainState, Window
 from littlelm.train.step import grad_norm, micro_step, seed_everything, update
@@ -96,14 +76,13 @@ class Trainer:
         self.progress = progress or Progress()
         self.run_dir = cfg.run_dir()
         check_run_dir(self.run_dir)  # before any work: a non-empty directory must be a run
-        self.device = self.parallel.device(pick_device(cfg.run.device))
+        self.device = self.parallel.device(dev.pick_device(cfg.run.device))
         # `precision: auto` becomes bf16 or fp32 for this device before anything reads it, so
         # the checkpoints record what the run computed in (littlelm/hardware.py)
         requested = cfg.train.precision
-        self.cfg = cfg = with_precision(cfg, self.device)
+        self.cfg = cfg = dev.with_precision(cfg, self.device)
         self.auto_fp32 = requested == "auto" and cfg.train.precision == "fp32"  # said at start
         self.stop = StopSignals()
-        self._agreed_stop: str | None = None  # see `stopping`
         self.last_eval: dict = {}
         self.last_loss: torch.Tensor | None = None  # the last step's loss (on the device)
         # 1. process: every rank has this config and the device can run the model, checked
@@ -115,30 +94,39 @@ class Trainer:
         # 2. callbacks: a missing optional package (wandb, tensorboard) fails before data prep
         self.callbacks = [*callbacks, JSONLLogger(), *map(build_callback, cfg.callbacks)]
         # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
-        self.data = self._build_data()
+        quiet = Progress(io.StringIO())  # data preparation shows progress on rank 0 only
+        progress = self.progress if self.is_main else quiet
+        self.data = self.parallel.in_turns(lambda: build_data(cfg, self.log, progress))
         self.checkpointer = Checkpointer(cfg, self.parallel, self.data.tokenizer, self.run_dir)
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
-        self.model = self._build_model()
+        self.model = build_model(cfg, self.device)
         # 5. load: a resumed run's weights go in whole, before sharding splits the tensors, and
         #    its parameters' origin tags before the optimizer's groups are made from them
         resumed = self.checkpointer.load(resume, self.model)
         # 6. grow: a fresh grown run copies its parent's weights and tags, for the same reasons
-        grown = self._grow(resumed)
+        grown = grow_at_start(self.model, cfg, resumed and resumed.loaded.state["step"], self.data)
+        if grown is not None:
+            self.log(grown.summary())
         # 7. shard: FSDP replaces the parameters by DTensors, which the optimizer must hold
         self.parallel.shard_model(self.model, cfg.train.precision)
         # 8. optimizer: parameter groups from the sharded parameters and their origin tags
         #    (the schedule sets their learning rates at each step)
-        self.optimizer = self.parallel.shard_optimizer(self._build_optimizer())
+        self.optimizer = self.parallel.shard_optimizer(build_optimizer(cfg, self.model))
         # 9. loader and state: this rank's slice of the data, and the run at step 0
         self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
         self.state = TrainState(self.loader.snapshot(), LossGuard(cfg.guard))
         self.state.guard.collapse = Collapse(cfg.model.vocab_size, cfg.guard.collapse_steps)
         # 10. measure: FLOPs per token and peak FLOP/s (a CPU's first probe draws random
         #     matrices from torch's RNG, so it comes before 11 sets the checkpoint's RNG state)
-        self._measure()
+        self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
+        self.flops_per_token = self.model.flops_per_token(cfg.train.seq_len)
+        self.peak = dev.peak_flops(self.device, precision=cfg.train.precision) * self.parallel.world
         # 11. resume: optimizer moments, RNG, counters, guard and data position, into the
         #     optimizer and loader of 8-9 (or a grown run's parent's data position)
-        self._resume(resumed, grown)
+        loaders = (self.loader, self._make_loader)  # this rank's, and one for any rank
+        self.checkpointer.resume(self.state, resumed, grown, self.optimizer, *loaders)
+        for line in resumed.describe(self.state, self.parallel.world) if resumed else ():
+            self.log(line)
         # 12. budget: how far the run is and whether it is done (train/budget.py); a time or
         #     money budget checks it holds one step at the peak of 10 and takes the time already
         #     spent from the checkpoint of 11 (or the run's ledger); the schedule reads it
@@ -146,7 +134,8 @@ class Trainer:
         self.schedule = lr_schedule(cfg.schedule, self.state.budget)
         # 13. wrap: DDP and torch.compile around the finished model; checkpoints, evaluation
         #     and sampling use the bare `self.model`
-        self.forward = self._wrap()
+        forward = self.parallel.wrap(self.model)
+        self.forward = torch.compile(forward) if cfg.train.compiles(self.device) else forward
 
     # ------------------------------------------------------------------------------------------
     # Construction steps (in the order __init__ calls them)
@@ -159,41 +148,8 @@ class Trainer:
         self.parallel.agree_config(flatten(to_tree(cfg)))
         cfg.model.check_device(self.device)
         if self.device.type == "cpu":
-            tune_cpu_allocator()
+            dev.tune_cpu_allocator()
         seed_everything(cfg.run.seed)
-
-    def _build_data(self):
-        cfg = self.cfg
-        # data preparation shows progress on rank 0 only (the other ranks find it cached)
-        progress = self.progress if self.is_main else Progress(io.StringIO())
-        data = self.parallel.in_turns(lambda: build_data(cfg.data, self.log, progress))
-        if data.tokenizer.vocab_size != cfg.model.vocab_size:
-            raise ConfigError(
-                [
-                    f"model.vocab_size {cfg.model.vocab_size} differs from the tokenizer's "
-                    f"{data.tokenizer.vocab_size}; leave model.vocab_size null"
-                ]
-            )
-        warning = data.val_warning(cfg.train.seq_len) if cfg.eval.every or cfg.eval.at_end else None
-        if warning:  # said at start, instead of `val loss nan` at each evaluation
-            self.log(f"warning: {warning}")
-        return data
-
-    def _build_model(self) -> torch.nn.Module:
-        return build_model(self.cfg, self.device)
-
-    def _grow(self, resumed: Resumed | None) -> GrownFrom | None:
-        """A fresh grown run (or one resumed at step 0): the parent's weights and origin tags."""
-        cfg = self.cfg
-        if cfg.grow is None or (resumed is not None and resumed.loaded.state["step"] != 0):
-            return None
-        fingerprint = self.data.tokenizer.fingerprint
-        grown = grow_from_parent(self.model, cfg.grow, fingerprint, to_tree(cfg))
-        self.log(grown.summary())
-        return grown
-
-    def _build_optimizer(self):
-        return build_optimizer(self.cfg, self.model)
 
     def _make_loader(self, rank: int, world: int):
         t = self.cfg.train
@@ -201,42 +157,17 @@ class Trainer:
             self.cfg.data, t.micro_batch_size, t.seq_len, self.cfg.run.seed, rank, world
         )
 
-    def _measure(self) -> None:
-        self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
-        self.flops_per_token = self.model.flops_per_token(self.cfg.train.seq_len)
-        self.peak = (
-            peak_flops(self.device, precision=self.cfg.train.precision) * self.parallel.world
-        )
-
-    def _resume(self, resumed: Resumed | None, grown: GrownFrom | None) -> None:
-        loader, make = self.loader, self._make_loader
-        if resumed is not None:
-            self.checkpointer.restore(self.state, resumed.loaded, self.optimizer, loader, make)
-            for line in resumed.describe(self.state, self.parallel.world):
-                self.log(line)
-        if grown is not None and grown.loader_state is not None:  # grow.continue_data
-            self.checkpointer.restore_parent_data(self.state, grown.path, loader, make)
-
     def _build_budget(self, resumed: Resumed | None) -> Steps:
-        val = sum(len(sh.tokens) for sh in self.data.val_shards)
         return build_budget(
             self.cfg,
             resumed.loaded.state if resumed is not None else None,
             ledger=self.run_dir / "budget.json" if self.is_main else None,
             agree=self.parallel.broadcast_object,
-            val_tokens=min(val, self.cfg.eval.max_tokens or val),
+            val_shards=self.data.val_shards,
             flops_per_token=self.flops_per_token,
             peak=self.peak,
             device=self.device.type,
         )
-
-    def _wrap(self):
-        forward = self.parallel.wrap(self.model)
-        on = compile_on(self.cfg.train.compile, run_backend(self.cfg.model, self.device))
-        return torch.compile(forward) if on else forward
-
-    # ------------------------------------------------------------------------------------------
-    # Helpers
 
     @property
     def is_main(self) -> bool:
@@ -253,18 +184,9 @@ class Trainer:
         return self.state.tokens
 
     @property
-    def train_time(self) -> float:
-        return self.state.train_time
-
-    @property
     def max_steps(self) -> float:
         """The run's steps: train.max_steps, inf under a time budget until its last step."""
         return self.state.budget.max_steps
-
-    @property
-    def loader_state(self) -> LoaderSnapshot:
-        """The data position after the last batch trained on (a LoaderSnapshot)."""
-        return self.state.loader
 
     def log(self, text: str) -> None:
         if self.is_main:
@@ -278,7 +200,7 @@ class Trainer:
         return [cb for cb in self.callbacks if fsdp and cb.runs_model]
 
     def autocast(self):
-        return autocast(self.device, self.cfg.train.precision)
+        return dev.autocast(self.device, self.cfg.train.precision)
 
     # ------------------------------------------------------------------------------------------
     # The loop
@@ -287,33 +209,14 @@ class Trainer:
         """Train to max_steps (or `stop_after` more steps, then checkpoint: used by tests and
         benchmarks to simulate an interruption). Returns the final metrics. Holds the run
         directory's lock throughout; SIGTERM/SIGINT stop it cleanly after a save."""
-        with self._session():
+        with self.checkpointer.session(self.state, self.stop, self.log):
             return self._fit(stop_after)
-
-    @contextlib.contextmanager
-    def _session(self):
-        with contextlib.ExitStack() as stack:
-            # rank 0 holds the run lock and tidies the run directory; the others learn whether
-            # it could (a run directory in use stops every rank with the same error)
-            self.parallel.on_main(lambda: self._lock_run_dir(stack))
-            stack.enter_context(self.stop)
-            try:
-                yield
-            except KeyboardInterrupt:
-                newest = ckpt.latest_checkpoint(self.checkpointer.dir, warn=False)
-                self.log(f"aborted at step {self.step} without saving; newest checkpoint: {newest}")
-                raise
-
-    def _lock_run_dir(self, stack: contextlib.ExitStack) -> None:
-        stack.enter_context(RunLock(self.run_dir))
-        for note in ckpt.clean_incomplete(self.checkpointer.dir):
-            self.log(note)
 
     @property
     def stopping(self) -> str | None:
         """The signal that stops the run, agreed by every rank: under torchrun a signal counts
         from the step after it reached any rank (each step shares it), so all stop together."""
-        return self.stop.requested if self.parallel.world == 1 else self._agreed_stop
+        return self.stop.requested if self.parallel.world == 1 else self.stop.agreed
 
     def _fit(self, stop_after: int | None) -> dict:
         s, c, budget = self.state, self.cfg, self.state.budget
@@ -333,8 +236,10 @@ class Trainer:
                 last = budget.done(s.step) or s.step >= stop_at
                 if step.verdict is Verdict.OK:
                     window.add(step.loss, step.grad_norm)
-                else:  # no update: say why (a STOP verdict raises here)
-                    self._skipped(step.verdict)
+                else:  # no update: say why; a STOP verdict ends the run
+                    self.log(s.guard.skip_note(s.step))
+                    if step.verdict is Verdict.STOP:
+                        raise TrainingError(s.guard.stop_message(s.step, s.last_checkpoint))
                 if step.verdict is Verdict.ROLLBACK:
                     self._rollback()  # to the last checkpoint; the data moves on
                     window.restart(s)  # the steps since the checkpoint are abandoned
@@ -385,22 +290,17 @@ class Trainer:
         update(self.optimizer, apply=verdict is Verdict.OK)
         s.step += 1
         s.tokens += t.batch_tokens
-        synchronize(self.device)
+        dev.synchronize(self.device)
         s.train_time += time.perf_counter() - t0
         return Step(loss, norm, verdict, lr_mult)
 
     def _judge(self, loss: torch.Tensor, norm: torch.Tensor) -> Verdict:
         """The loss guard's verdict on this step (one host sync for both numbers). Under torchrun
-        it judges the numbers every rank shares (Parallel.agree_step: the mean loss, non-finite
-        if any rank's is), and learns whether any rank received a stop signal, so every rank
-        skips, rolls back, stops and exits at the same step."""
+        every rank judges the same numbers and learns whether any rank received a stop signal
+        (StopSignals.share), so every rank skips, rolls back, stops and exits at the same step."""
         guard = self.state.guard
         if self.parallel.world > 1:
-            signum = signal.Signals[self.stop.requested].value if self.stop.requested else 0
-            value, norm_value, agreed = self.parallel.agree_step(loss, norm, signum)
-            if agreed and self._agreed_stop is None:
-                self._agreed_stop = signal.Signals(agreed).name
-                self.stop.agreed = self._agreed_stop  # its teardown ignores signals too
+            value, norm_value = self.stop.share(self.parallel, loss, norm)
         elif not guard.cfg.enabled:
             return Verdict.OK
         else:
@@ -422,66 +322,20 @@ class Trainer:
                 g["momentum"] = m
         return mult
 
-    def _skipped(self, verdict: Verdict) -> None:
-        """Report an update the guard left out; raise when it gives up on the run."""
-        s, g = self.state, self.state.guard
-        self.log(
-            f"step {s.step}: update skipped, {g.reason} "
-            f"({g.in_a_row} in a row; {g.cfg.on_persistent} after {g.cfg.max_consecutive})"
-        )
-        if verdict is Verdict.STOP:
-            raise TrainingError(g.stop_message(s.step, s.last_checkpoint))
-
     def _rollback(self) -> None:
         """Reload the last checkpoint after persistent bad steps, keeping the data loader where
         it is so the batches since the checkpoint are skipped (train/guard.py explains)."""
-        s, g = self.state, self.state.guard
-        if s.last_checkpoint is None:
-            raise TrainingError(g.stop_message(s.step, s.last_checkpoint))
-        failed_at, reason = s.step, g.reason
-        loaded = self.checkpointer.rollback(s, self.model, self.optimizer)
-        info = {
-            "step": s.step,
-            "tokens": s.tokens,
-            "failed_at": failed_at,
-            "reason": reason,
-            "rollbacks": g.rollbacks,
-            "checkpoint": str(loaded.path),
-        }
-        self.log(
-            f"rolled back to {loaded.path} (step {s.step}) after {g.cfg.max_consecutive} "
-            f"skipped updates up to step {failed_at} ({reason}); the batches of steps "
-            f"{s.step + 1}-{failed_at} are skipped (rollback {g.rollbacks} of at most "
-            f"{g.cfg.max_rollbacks})"
-        )
+        info = self.checkpointer.rollback(self.state, self.model, self.optimizer)
+        self.log(self.state.guard.rollback_note(info))
         for cb in self._my_callbacks():
             cb.on_rollback(self, info)
 
     def _log_metrics(self, window: Window) -> dict:
-        """The record of the steps since the last one (one host sync); starts a new window."""
+        """The record of the steps since the last one; starts a new window."""
         s = self.state
-        steps = max(1, s.step - window.step)
-        busy = max(1e-9, s.train_time - window.train_time)
-        tok_s = (s.tokens - window.tokens) / busy
-        skipped = s.guard.take_window()
-        loss_sum = self.parallel.mean(window.loss_sum)  # over every rank's micro-batches
-        loss = loss_sum.item() / (steps - skipped) if steps > skipped else math.nan
-        mfu = tok_s * self.flops_per_token / self.peak if math.isfinite(self.peak) else None
-        grad_norm = window.norm_sum.item() / (steps - skipped) if steps > skipped else math.nan
-        m = {
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "tok_per_s": tok_s,
-            "mfu": mfu,
-            "train_time": s.train_time,
-            **s.budget.record(s.step, tok_s, self.cfg.train.batch_tokens),  # eta_s, time spent
-            "mix": s.loader.proportions(),
-            "crop_rate": s.loader.crop_rate(),
-            "split_rate": s.loader.split_rate(),
-            **({"skipped": skipped} if skipped else {}),  # present only when there were skips
-        }
-        window.restart(s)
-        return m
+        m = window.record(s, self.parallel.mean, self.flops_per_token, self.peak)
+        m.update(s.budget.record(s.step, m["tok_per_s"], self.cfg.train.batch_tokens))  # eta_s
+        return {**m, **s.data_figures()}
 
     def save(self, final: bool = False) -> Path | None:
         """Checkpoint now. A failed periodic save stops the run, or with
@@ -531,9 +385,7 @@ class Trainer:
             **self._counters(),
             "finished": done,
             **{k: v for k, v in self.last_eval.items() if k.startswith("val_")},
-            "mix": s.loader.proportions(),
-            "crop_rate": s.loader.crop_rate(),
-            "split_rate": s.loader.split_rate(),
+            **s.data_figures(),
         }
         final.update(s.budget.close(s.step))  # the final evaluation and save count too
         if done:
@@ -543,15 +395,5 @@ class Trainer:
 
     def _counters(self) -> dict:
         """The end record's counters: where the run is and what went wrong on the way."""
-        s = self.state
-        out = {
-            "step": s.step,
-            "tokens": s.tokens,
-            "train_time": s.train_time,
-            "skipped_steps": s.guard.skipped_total,
-            "rollbacks": s.guard.rollbacks,
-            "save_failures": s.save_failures,
-        }
-        if self.stopping:
-            out["stopped_by"] = self.stopping
-        return out
+        stopped = {"stopped_by": self.stopping} if self.stopping else {}
+        return {**self.state.counters(), **stopped}
