@@ -2,14 +2,13 @@
 tokenizers, datasets, callbacks), by name, from this one table.
 
 The entry points call it before reading a config: the CLI (`littlelm.cli.main`), the test
-suite (tests/conftest.py), the benchmarks and scripts, and a program that uses littlelm as a
-library:
+suite (tests/conftest.py), the benchmarks and scripts. A program that uses littlelm as a library
+need not: the first lookup in an empty registry calls it (littlelm/__init__.py hands it to
+`registry.fill_on_first_use`), so this works in a fresh interpreter:
 
-    from littlelm.components import register_all
     from littlelm.schema import load_run
     from littlelm.train.trainer import Trainer
 
-    register_all()
     Trainer(load_run("demo")).fit()
 
 Importing a module registers nothing, so what is registered never depends on what happened to

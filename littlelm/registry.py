@@ -7,9 +7,11 @@
     cfg_cls = MODELS.config_class("gpt")
 
 Each entry pairs a builder (class or function) with the typed config its YAML section is
-validated against. Importing a component's module registers nothing: the entry points (the
-CLI, tests, benchmarks, a script using littlelm as a library) call
-`littlelm.components.register_all()`, which registers every component from one table.
+validated against. Importing a component's module registers nothing; every component is
+registered by `littlelm.components.register_all()`, from one table. The first lookup in an
+empty registry calls it (the package's `__init__` hands it over with `fill_on_first_use`, so
+this bottom layer imports nothing above it): `load_model(RUN)` or `Trainer(load_run("demo"))`
+work in a fresh interpreter, and importing littlelm still registers nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +24,21 @@ from typing import Any, TypeVar
 from littlelm.errors import ConfigError, did_you_mean
 
 T = TypeVar("T")
+
+_filler: Callable[[], None] | None = None  # register_all, called at the first lookup
+
+
+def fill_on_first_use(fill: Callable[[], None]) -> None:
+    """Call `fill()` (once) before the first lookup in any registry that is still empty."""
+    global _filler
+    _filler = fill
+
+
+def _fill() -> None:
+    global _filler
+    fill, _filler = _filler, None  # cleared first: fill() registers, which must not recurse
+    if fill is not None:
+        fill()
 
 
 @dataclass(frozen=True)
@@ -59,8 +76,13 @@ class Registry:
 
         return decorate
 
+    def _filled(self) -> dict[str, Entry]:
+        if not self._entries:
+            _fill()
+        return self._entries
+
     def entry(self, name: str) -> Entry:
-        if name not in self._entries:
+        if name not in self._filled():
             raise ConfigError(
                 [
                     f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}; "
@@ -77,18 +99,18 @@ class Registry:
 
     def known(self) -> str:
         """The registered names, or how to fill the registry when it is empty."""
-        if not self._entries:
+        if not self._filled():
             return "none (call littlelm.components.register_all() first; the CLI does)"
         return ", ".join(self.names())
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted(self._filled())
 
     def entries(self) -> list[Entry]:
         return [self._entries[n] for n in self.names()]
 
     def __contains__(self, name: str) -> bool:
-        return name in self._entries
+        return name in self._filled()
 
 
 def first_sentence(doc: str) -> str:

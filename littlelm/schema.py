@@ -60,6 +60,8 @@ from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
 from littlelm.sections import BudgetConfig, DistributedConfig, GuardConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
+# Most filesystems allow 255 bytes per name; littlelm adds up to ~40 (`-bench`, `.log`, `.tmp`)
+MAX_NAME_BYTES = 200
 
 
 def run_name_problem(name: str) -> str | None:
@@ -68,6 +70,12 @@ def run_name_problem(name: str) -> str | None:
         return (
             "must be one directory name (not empty, '.' or '..', no '/' or '\\'): the run's "
             "directory is run.out_dir/run.name, so choose where it goes with run.out_dir"
+        )
+    size = len(name.encode("utf-8", "surrogateescape"))
+    if size > MAX_NAME_BYTES:
+        return (
+            f"is {size} bytes long; a run name is a directory name, at most {MAX_NAME_BYTES} "
+            "bytes (filesystems allow 255 per name, and littlelm adds suffixes): choose a shorter one"
         )
     return None
 

@@ -32,24 +32,50 @@ def fresh_python(code: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_importing_the_schema_fills_no_registry_and_says_how_to(tiny_config):
+def test_importing_fills_no_registry_and_the_first_lookup_fills_them(tiny_config):
     out = fresh_python(
         "import littlelm.schema as s\n"
         "from littlelm.registry import Registry\n"
-        "print(sum(len(r.names()) for r in Registry.all.values()))\n"
-        "try:\n"
-        f"    s.load_run({str(tiny_config)!r})\n"
-        "except Exception as e:\n"
-        "    print(e)\n"
-        "from littlelm.components import register_all\n"
-        "register_all()\n"
-        f"print(s.load_run({str(tiny_config)!r}).model.name)\n"
+        "print(sum(len(r._entries) for r in Registry.all.values()))\n"
+        f"print(s.load_run({str(tiny_config)!r}).model.name)\n"  # no register_all() call
+        "print(min(len(r._entries) for r in Registry.all.values()))\n"
     )
     lines = out.stdout.splitlines()
     assert out.returncode == 0, out.stderr
     assert lines[0] == "0"  # nothing registered as a side effect of importing the schema
+    assert lines[1] == "gpt"
+    assert int(lines[2]) > 0  # the first lookup filled every registry
+
+
+def test_the_python_api_stands_alone(tiny_config):
+    """load_model and Trainer in a fresh interpreter, as a library user calls them (issue 33)."""
+    out = fresh_python(
+        "from littlelm.schema import load_run\n"
+        "from littlelm.train.trainer import Trainer\n"
+        f"cfg = load_run({str(tiny_config)!r}, ['train.max_steps=2', 'checkpoint.every=2'])\n"
+        "t = Trainer(cfg, resume='never')\n"
+        "t.fit()\n"
+        "import subprocess, sys\n"  # load_model in yet another fresh interpreter
+        "code = 'from littlelm.load import load_model; m, tok, c = load_model(%r); "
+        "print(type(m).__name__, c.schedule.name)' % str(t.run_dir)\n"
+        "print(subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,"
+        " check=True).stdout)\n"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "GPT trapezoidal" in out.stdout
+
+
+def test_an_empty_registry_still_says_how_to_fill_it():
+    out = fresh_python(
+        "import littlelm.registry as r\n"
+        "r.fill_on_first_use(lambda: None)\n"  # as if nothing could be registered
+        "try:\n"
+        "    r.MODELS.get('gpt')\n"
+        "except Exception as e:\n"
+        "    print(e)\n"
+    )
+    assert out.returncode == 0, out.stderr
     assert "register_all()" in out.stdout  # the error names the fix
-    assert lines[-1] == "gpt"
 
 
 def test_resolve_returns_a_new_config_and_leaves_its_input(tiny_config, tmp_path, corpus):

@@ -31,6 +31,18 @@ def test_run_name_refused_by_train_without_writing(tmp_path, corpus, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_run_name_too_long_is_a_config_error(tmp_path, corpus, capsys):
+    """Issue 36.16: a 300-character run.name was an OSError (File name too long) at training."""
+    cfg = write_config(tmp_path / "t.yaml", tiny_tree(corpus, tmp_path / "runs"))
+    with pytest.raises(ConfigError, match=r"run\.name .*is 300 bytes long.*at most 200 bytes"):
+        load_run(cfg, ["run.name=" + "n" * 300])
+    assert main(["train", str(cfg), "run.name=" + "é" * 101]) == 2  # 202 bytes in UTF-8
+    err = capsys.readouterr().err
+    assert "error:" in err and "choose a shorter one" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+    load_run(cfg, ["run.name=" + "n" * 200])  # the longest name is accepted
+
+
 def test_non_empty_directory_that_is_not_a_run_is_refused(tmp_path, corpus, capsys):
     project = tmp_path / "project"
     project.mkdir()

@@ -186,3 +186,135 @@ def test_sweep_config_file(tmp_path, corpus):
     assert sweep_dir == tmp_path / "runs" / "sweep-t"
     assert 'train.budget={"hours": 0.5}' in jobs[0].command
     assert jobs[0].run_dir == sweep_dir / "n_layer=1"
+
+
+# Issue 36 (items 5-9): a sweep under careless input
+
+
+def in_process(monkeypatch, launched=None):
+    """Variants train in this process (`littlelm train ...` through main)."""
+
+    def fake_launch(cmd, log, device):
+        if launched is not None:
+            launched.append(cmd)
+        return Done(main(cmd[3:]))
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+
+
+def test_budget_replaces_max_steps_of_the_base(tmp_path, corpus):
+    tree = tiny_tree(corpus, tmp_path / "runs")
+    del tree["train"]["max_steps"]  # the --budget is what ends each variant
+    base = write_config(tmp_path / "t.yaml", tree)
+    _, jobs = sweep.plan_sweep(SweepOptions(str(base), sets=["model.n_layer=1,2"], budget="3s"))
+    assert [j.run_dir.name for j in jobs] == ["n_layer=1", "n_layer=2"]
+    assert jobs[0].shared == [f"train.budget={json.dumps({'hours': 3 * (1 / 3600)})}"]
+
+
+def test_changed_sweep_is_refused_not_mislabelled(tiny_config, tmp_path, monkeypatch, capsys):
+    launched = []
+    in_process(monkeypatch, launched)
+    opts = SweepOptions(
+        str(tiny_config),
+        overrides=["train.max_steps=2", "eval.every=0"],
+        sets=["model.n_layer=1"],
+        budget="256",  # tokens: 2 steps of 128
+    )
+    sweep_dir = run_sweep(opts)
+    manifest = (sweep_dir / "sweep.json").read_text()
+    assert len(launched) == 1
+    changed = [
+        SweepOptions(**{**opts.__dict__, "budget": "384"}),
+        SweepOptions(**{**opts.__dict__, "overrides": ["train.max_steps=2", "model.d_model=64"]}),
+    ]
+    for other, what in zip(changed, ["shared settings", "shared settings"], strict=True):
+        with pytest.raises(SweepError, match=f"holds another sweep; it differs in its {what}"):
+            run_sweep(other)
+        assert len(launched) == 1  # nothing trained, nothing labelled with the new settings
+        assert (sweep_dir / "sweep.json").read_text() == manifest
+    run_sweep(opts)  # the same arguments resume (here: skip) it
+    assert "already finished, skipped" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ('{"base": "x", "variants": [{"name": "n_la', "JSONDecodeError"),
+        ("[1, 2]", "expected a JSON object, found list"),
+        ('{"base": "x", "variants": ["a"]}', "a variant without a name"),
+        ('{"base": "x", "variants": [{"name": "a"}]}', "has no 'overrides' list"),
+        ('{"variants": []}', "no 'base' config path"),
+    ],
+)
+def test_edited_or_truncated_manifest_is_a_clear_error(tiny_config, tmp_path, capsys, text, why):
+    sweep_dir = tmp_path / "runs" / "sweep-tiny"
+    sweep_dir.mkdir(parents=True)
+    (sweep_dir / "sweep.json").write_text(text)
+    rc = main(["sweep", str(tiny_config), "--set", "model.n_layer=1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is not a sweep manifest" in err and why in err, err
+    assert "Traceback" not in err
+    assert (sweep_dir / "sweep.json").read_text() == text  # left as it was
+    assert sorted(p.name for p in sweep_dir.iterdir()) == ["sweep.json"]
+
+
+def test_variant_killed_before_its_end_record_completes(tiny_config, monkeypatch, capsys):
+    in_process(monkeypatch)
+    opts = SweepOptions(
+        str(tiny_config), overrides=["train.max_steps=2", "eval.every=0"], sets=["model.n_layer=1"]
+    )
+    sweep_dir = run_sweep(opts)
+    metrics = sweep_dir / "n_layer=1" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    end = json.loads(lines[-1])
+    assert end["kind"] == "end"
+    metrics.write_text("\n".join(lines[:-1]) + "\n")  # SIGKILL after the final save
+    run_sweep(opts)  # completes: train appends the end record, the sweep sees it finished
+    out = capsys.readouterr().out
+    assert "variant n_layer=1: finished" in out
+    again = json.loads(metrics.read_text().splitlines()[-1])
+    assert again["kind"] == "end" and again["completed_on_resume"]
+    assert (again["step"], again["tokens"]) == (end["step"], end["tokens"])
+    run_sweep(opts)
+    assert "already finished, skipped" in capsys.readouterr().out
+
+
+def test_long_variant_names_are_shortened_and_unique(tmp_path, corpus, monkeypatch):
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    paths = [deep / f"{c * 120}.txt" for c in "ab"]
+    for p in paths:
+        p.write_text(corpus.read_text())
+    base = write_config(tmp_path / "t.yaml", tiny_tree(corpus, tmp_path / "runs"))
+    opts = SweepOptions(
+        str(base),
+        overrides=["train.max_steps=1", "eval.every=0"],
+        sets=[f"data.sources.text.path={paths[0]},{paths[1]}"],
+        seeds=2,
+    )
+    sweep_dir, jobs = sweep.plan_sweep(opts)
+    names = [j.name for j in jobs]
+    assert len(set(names)) == 4 and all(len(n.encode()) <= 200 for n in names)
+    assert names[0].endswith(",seed=0") and "~" in names[0]
+    assert jobs[0].variant.group == jobs[1].variant.group != jobs[2].variant.group
+    in_process(monkeypatch)
+    run_sweep(SweepOptions(**{**opts.__dict__, "seeds": 1}))  # trains: no File name too long
+    assert len(list(sweep_dir.glob("*/metrics.jsonl"))) == 2
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ("--name ../escape", "--name '../escape': the sweep's directory is run.out_dir/NAME"),
+        ("--name /tmp/abs", "must be one directory name"),
+        (f"--name {'n' * 300}", "at most 200 bytes"),
+        ("--devices abc", "--devices 'abc': expected GPU indices"),
+        ("--devices 0,0", "--devices names GPU 0 twice"),
+        ("--devices 0,", "expected GPU indices"),
+    ],
+)
+def test_sweep_names_and_devices_are_checked(tiny_config, tmp_path, capsys, args, message):
+    rc = main(["sweep", str(tiny_config), "--set", "model.n_layer=1", *shlex.split(args)])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "tiny.yaml"]

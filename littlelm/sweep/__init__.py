@@ -21,10 +21,13 @@ from littlelm.sweep.spec import (
     Variant,
     budget_override,
     check_budgets,
+    check_devices,
+    check_sweep_name,
     load_variants,
     make_variants,
     parse_budget,
     parse_set,
+    read_base,
 )
 from littlelm.train.device import peak_flops, pick_device, with_precision
 
@@ -50,6 +53,7 @@ class Job:
     run_dir: Path
     log: Path
     command: list[str]
+    shared: list[str]  # the overrides every variant gets: the command's key=value and --budget
 
     @property
     def name(self) -> str:
@@ -67,23 +71,28 @@ def plan_sweep(opts: SweepOptions) -> tuple[Path, list[Job]]:
     """The sweep directory and one job per variant, every config checked; nothing runs."""
     if opts.seeds < 1:
         raise SweepError(f"--seeds must be at least 1, got {opts.seeds}")
-    base_cfg = load_run(opts.base, opts.overrides)
+    check_devices(opts.devices)
+    name = opts.name or f"sweep-{Path(opts.base).stem}"
+    check_sweep_name(name)
+    # --budget may be what ends the base run (it has no max_steps): check the base with it
     price = opts.price_per_hour
-    if price is None and base_cfg.train.budget is not None:
-        price = base_cfg.train.budget.price_per_gpu_hour
+    if price is None:
+        price = read_base(opts.base, opts.overrides).train.budget
+        price = price.price_per_gpu_hour if price is not None else None
     budget = parse_budget(opts.budget, price) if opts.budget else None
+    base_cfg = load_run(opts.base, [*opts.overrides, *budget_override(budget)])
     variants = make_variants(
         [parse_set(s) for s in opts.sets], opts.zip, opts.seeds, base_cfg.run.seed
     )
-    sweep_dir = Path(base_cfg.run.out_dir) / (opts.name or f"sweep-{Path(opts.base).stem}")
+    sweep_dir = Path(base_cfg.run.out_dir) / name
     configs = load_variants(opts.base, opts.overrides, variants, sweep_dir, budget_override(budget))
     check_budgets(configs, [v.name for v in variants], _peak)
-    jobs = []
+    jobs, shared = [], [*opts.overrides, *budget_override(budget)]
     for v, cfg in zip(variants, configs, strict=True):
-        overrides = [*opts.overrides, *budget_override(budget), *v.overrides]
+        overrides = [*shared, *v.overrides]
         overrides += [f"run.name={json.dumps(v.name)}", f"run.out_dir={json.dumps(str(sweep_dir))}"]
         log = sweep_dir / "logs" / f"{v.name}.log"
-        jobs.append(Job(v, cfg.run_dir(), log, train_command(opts.base, overrides)))
+        jobs.append(Job(v, cfg.run_dir(), log, train_command(opts.base, overrides), shared))
     return sweep_dir, jobs
 
 
@@ -103,7 +112,7 @@ def run_sweep(opts: SweepOptions, say=print) -> Path:
         "seeds": opts.seeds,
         "price_per_hour": opts.price_per_hour,
     }
-    write_manifest(sweep_dir, opts.base, args, [j.variant for j in jobs])
+    write_manifest(sweep_dir, opts.base, args, jobs[0].shared, [j.variant for j in jobs])
     todo = [j for j in jobs if not j.done()]
     for j in jobs:
         if j not in todo:

@@ -41,18 +41,72 @@ def finished(run_dir: Path) -> bool:
     return False
 
 
-def write_manifest(sweep_dir: Path, base: str, args: dict, variants: list[Variant]) -> None:
-    """sweep.json; a different sweep already in the directory is an error, not overwritten."""
+def read_manifest(path: Path) -> dict:
+    """sweep.json as written by `write_manifest`; a hand-edited or cut-short one is an error."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        why = f"{type(e).__name__}: {e}"
+    else:
+        why = _manifest_problem(data)
+        if why is None:
+            return data
+    raise SweepError(
+        f"{path} is not a sweep manifest this littlelm can read ({why}); it was cut short or "
+        "edited. Restore it, or run the sweep under another --name (a new sweep directory)"
+    )
+
+
+def _manifest_problem(data) -> str | None:
+    if not isinstance(data, dict):
+        return f"expected a JSON object, found {type(data).__name__}"
+    if not isinstance(data.get("base"), str):
+        return "no 'base' config path"
+    variants = data.get("variants")
+    if not isinstance(variants, list) or not variants:
+        return "no 'variants' list"
+    for v in variants:
+        if not isinstance(v, dict) or not isinstance(v.get("name"), str):
+            return "a variant without a name"
+        if not isinstance(v.get("overrides"), list):
+            return f"variant {v['name']!r} has no 'overrides' list"
+    if not isinstance(data.get("shared", []), list):
+        return "'shared' is not a list"
+    return None
+
+
+def write_manifest(
+    sweep_dir: Path, base: str, args: dict, shared: list[str], variants: list[Variant]
+) -> None:
+    """sweep.json; a different sweep already in the directory is an error, not overwritten.
+
+    `shared` holds the overrides every variant trains with (the command's key=value and
+    --budget): a finished variant trained with those, so a rerun that changes them (or the base,
+    or the variants) would label old results with new settings, and is refused."""
     path = sweep_dir / MANIFEST
-    data = {"base": base, **args, "variants": [asdict(v) for v in variants]}
+    data = {"base": base, **args, "shared": shared, "variants": [asdict(v) for v in variants]}
     if path.is_file():
-        old = json.loads(path.read_text())
-        if [v["name"] for v in old.get("variants", [])] != [v.name for v in variants] or [
-            v["overrides"] for v in old["variants"]
-        ] != [v.overrides for v in variants]:
+        old = read_manifest(path)
+        differ = []
+        if old["base"] != base:
+            differ.append(f"base config {old['base']} (now {base})")
+        if "shared" in old and old["shared"] != shared:
+            differ.append(f"shared settings {old['shared']} (now {shared})")
+        elif "shared" not in old and (old.get("overrides"), old.get("budget")) != (
+            args.get("overrides"),
+            args.get("budget"),
+        ):  # a manifest from before `shared` was recorded
+            differ.append(f"overrides {old.get('overrides')} and --budget {old.get('budget')}")
+        if [(v["name"], v["overrides"]) for v in old["variants"]] != [
+            (v.name, v.overrides) for v in variants
+        ]:
+            differ.append("variants (its --set/--zip/--seeds)")
+        if differ:
             raise SweepError(
-                f"{sweep_dir} holds another sweep (its variants differ); pass another --name, "
-                "or repeat that sweep's exact arguments to resume it"
+                f"{sweep_dir} holds another sweep; it differs in its {'; '.join(differ)}. Its "
+                "finished variants were trained with those settings, so they are not reused "
+                "under new ones: pass another --name for a new sweep, or repeat that sweep's "
+                "exact arguments to resume it"
             )
     sweep_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")

@@ -15,6 +15,7 @@ one clear error naming the variant.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -22,10 +23,10 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from littlelm.config import parse_yaml
+from littlelm.config import apply_overrides, load_tree, parse_yaml, validate
 from littlelm.errors import ConfigError, LittleLMError
 from littlelm.model.gpt import flops_per_token
-from littlelm.schema import RunConfig, load_run
+from littlelm.schema import MAX_NAME_BYTES, RunConfig, find_config, load_run, run_name_problem
 from littlelm.train.budget import check_budget_fits
 
 RESERVED = ("run.name", "run.out_dir")  # the sweep sets these for each variant
@@ -102,6 +103,17 @@ def value_text(value: object) -> str:
     return re.sub(r"[^A-Za-z0-9._+\-=\[\],:]", "_", str(text))  # safe in a directory name
 
 
+def fit_name(name: str, room: int = 0) -> str:
+    """`name`, or where it is too long for a directory name (with `room` bytes to spare) its
+    start and a hash of the whole: `n_layer=2,window=[...]~3f2a9c1d` (sweep.json keeps the values)."""
+    limit = MAX_NAME_BYTES - room
+    if len(name.encode()) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    head = name.encode()[: limit - 9].decode(errors="ignore")
+    return f"{head}~{digest}"
+
+
 def make_variants(
     sets: list[tuple[str, list]], zip_: bool, seeds: int = 1, base_seed: int = 0
 ) -> list[Variant]:
@@ -110,6 +122,7 @@ def make_variants(
     out = []
     for combo in combos:
         name = ",".join(f"{short[k]}={value_text(v)}" for k, v in combo.items())
+        name = fit_name(name, room=0 if seeds == 1 else len(f",seed={base_seed + seeds}"))
         overrides = [f"{k}={json.dumps(v)}" for k, v in combo.items()]
         if seeds == 1:
             out.append(Variant(name, overrides, combo))
@@ -146,6 +159,43 @@ def parse_budget(text: str, price: float | None) -> dict:
     raise SweepError(
         f"--budget {text!r}: expected a time (90s, 30m, 2h), dollars ($5) or tokens (500M, 2B)"
     )
+
+
+def check_sweep_name(name: str) -> None:
+    """The sweep directory is run.out_dir/NAME: one directory name, like a run's."""
+    if run_name_problem(name):
+        raise SweepError(
+            f"--name {name[:60]!r}: the sweep's directory is run.out_dir/NAME, so NAME must be "
+            f"one directory name (not empty, '.' or '..', no '/' or '\\', at most "
+            f"{MAX_NAME_BYTES} bytes); choose where it goes with run.out_dir=DIR"
+        )
+
+
+def check_devices(devices: list[str] | None) -> None:
+    """--devices: distinct GPU indices (each runs one variant at a time)."""
+    if devices is None:
+        return
+    bad = [d for d in devices if not d.strip().isdigit()]
+    if bad or not devices:
+        raise SweepError(
+            f"--devices {','.join(devices)!r}: expected GPU indices separated by commas, e.g. 0,1,2"
+        )
+    numbers = [int(d) for d in devices]
+    dupes = sorted({d for d in numbers if numbers.count(d) > 1})
+    if dupes:
+        raise SweepError(
+            f"--devices names GPU {dupes[0]} twice: two variants would share it and each "
+            "would run slower; list each GPU once"
+        )
+
+
+def read_base(base: str, overrides: list[str]) -> RunConfig:
+    """The base config validated but not resolved: its price and seed, before --budget (which
+    may be what ends its runs) is applied; the full check comes with the budget."""
+    path = find_config(base)
+    tree, origin = load_tree(path)
+    apply_overrides(tree, origin, overrides)
+    return validate(RunConfig, tree, origin, str(path))
 
 
 def budget_override(budget: dict | None) -> list[str]:

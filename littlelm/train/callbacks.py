@@ -183,6 +183,30 @@ def grown_from(trainer: TrainerView) -> dict:
     return {"grown_from": start} if start is not None else {}
 
 
+def complete_end_record(path: Path, summary: dict) -> bool:
+    """A finished run whose metrics lack their end record (it was killed between its final save
+    and that write): append one from `summary` (the checkpoint's step, tokens and time) and the
+    last evaluation of that step. Returns whether it wrote one."""
+    if not path.is_file():
+        return False
+    last_eval: dict = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by the kill
+        if not isinstance(rec, dict):
+            continue
+        if rec.get("kind") == "end":
+            return False
+        if rec.get("kind") == "eval" and rec.get("step") == summary.get("step"):
+            last_eval = {k: v for k, v in rec.items() if k.startswith("val_")}
+    logger = JSONLLogger()
+    logger.path = path
+    logger._write({"kind": "end", **summary, **last_eval, "completed_on_resume": True})
+    return not logger.failed
+
+
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop records of steps after `step` (left by a run that died after its last checkpoint)."""
     if not path.is_file():

@@ -4,7 +4,8 @@ A run's directory is `run.out_dir/run.name`. littlelm writes into it, prunes che
 and (in `bench`) deletes scratch files, so it must never be a directory that belongs to someone
 else:
 
-- `run.name` is one non-empty path component: no `/` or `\\`, not `.` or `..`, no NUL;
+- `run.name` is one non-empty path component: no `/` or `\\`, not `.` or `..`, no NUL, at most
+  200 bytes;
 - the directory is absent, empty, or a run (it holds `.lock`, which every `littlelm train`
   creates before writing anything, or `checkpoints/`); any other non-empty directory is refused;
 - `littlelm bench` works only inside a directory it made itself, marked by `BENCH_MARKER`, and a

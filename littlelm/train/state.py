@@ -45,9 +45,10 @@ class TrainState:
     save_failures: int = 0
     budget: Steps | None = None  # how far the run is (train/budget.py); set at start-up
 
-    def counters(self) -> dict:
-        """The counters of the end record: where the run is and what went wrong on the way."""
-        return {
+    def counters(self, stopped_by: str | None = None) -> dict:
+        """The counters of the end record: where the run is, what went wrong on the way, and
+        the signal that stopped it (if one did)."""
+        out = {
             "step": self.step,
             "tokens": self.tokens,
             "train_time": self.train_time,
@@ -55,6 +56,7 @@ class TrainState:
             "rollbacks": self.guard.rollbacks,
             "save_failures": self.save_failures,
         }
+        return {**out, "stopped_by": stopped_by} if stopped_by else out
 
     def data_figures(self) -> dict:
         """The data realised so far, for metrics records: mixture, crop and split rates."""

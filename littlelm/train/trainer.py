@@ -40,7 +40,7 @@ from littlelm.schema import RunConfig
 from littlelm.train import device as dev
 from littlelm.train.budget import Steps, build_budget, lr_schedule
 from littlelm.train.build import build_data, build_model, build_optimizer
-from littlelm.train.callbacks import Callback, JSONLLogger, build_callback
+from littlelm.train.callbacks import Callback, JSONLLogger, build_callback, complete_end_record
 from littlelm.train.checkpointer import Checkpointer, Resumed
 from littlelm.train.distributed import Parallel
 from littlelm.train.growth import grow_at_start
@@ -220,8 +220,8 @@ class Trainer:
 
     def _fit(self, stop_after: int | None) -> dict:
         s, c, budget = self.state, self.cfg, self.state.budget
-        if budget.done(s.step):  # resumed at its end: nothing to train, so nothing is written
-            return {**self._counters(), "finished": True, "already_finished": True}
+        if budget.done(s.step):  # resumed at its end
+            return self._already_finished()
         self.checkpointer.write_config()
         for cb in self._my_callbacks():
             cb.on_train_start(self)
@@ -362,13 +362,8 @@ class Trainer:
             )
             t0 = time.perf_counter()
             m = evaluate_loss(self.model, batches, self.token_bytes, self.device, self.autocast())
-            m.update(
-                step=s.step,
-                tokens=s.tokens,
-                train_time=s.train_time,
-                eval_time=time.perf_counter() - t0,
-                **s.budget.figures(),
-            )
+            m.update(step=s.step, tokens=s.tokens, train_time=s.train_time)
+            m.update(eval_time=time.perf_counter() - t0, **s.budget.figures())
             self.last_eval = m
             for cb in self._my_callbacks():
                 cb.on_eval(self, m)
@@ -382,7 +377,7 @@ class Trainer:
         if (self.cfg.checkpoint.at_end or not done) and s.saved_step != s.step:
             self.save(final=True)
         final = {
-            **self._counters(),
+            **self.state.counters(self.stopping),
             "finished": done,
             **{k: v for k, v in self.last_eval.items() if k.startswith("val_")},
             **s.data_figures(),
@@ -393,7 +388,13 @@ class Trainer:
                 cb.on_train_end(self, final)
         return final
 
-    def _counters(self) -> dict:
-        """The end record's counters: where the run is and what went wrong on the way."""
-        stopped = {"stopped_by": self.stopping} if self.stopping else {}
-        return {**self.state.counters(), **stopped}
+    def _already_finished(self) -> dict:
+        """A run resumed at its end: nothing to train, so nothing is written (no second
+        evaluation or checkpoint), except the end record when a kill left it out."""
+        summary = {**self.state.counters(self.stopping), "finished": True}
+        if self.is_main and complete_end_record(self.run_dir / "metrics.jsonl", summary):
+            self.log(
+                "metrics.jsonl had no end record (the run stopped between its final checkpoint "
+                "and that write): appended it from the checkpoint"
+            )
+        return {**summary, "already_finished": True}
