@@ -2,6 +2,7 @@
 
     python benchmarks/faults.py [--kills 10] [--seed 0] [--steps 300] [--every 25]
     python benchmarks/faults.py --nproc 2      # torchrun, gloo, DDP with ZeRO-1 AdamW
+    python benchmarks/faults.py --sft          # the runs are SFT (docs/post-training.md)
 
 1. Trains a small config (2 layers, d_model 64, byte tokenizer, synthetic text) without
    interruption: the reference. With `--nproc N` (N > 1) both runs are `littlelm train ...
@@ -40,6 +41,11 @@
    - a second SIGTERM during teardown: the live run is then sent SIGTERM (rank 0 with
      `--nproc`), and once the stop's checkpoint is written, SIGTERM again every 10 ms until it
      exits: exit 0, as documented, with that checkpoint complete and every step logged once.
+
+With `--sft` the two runs are supervised fine-tuning instead: a base run (BPE tokenizer with the
+chat tokens) is trained first, and both runs start from it (`grow.parent`) on synthetic
+conversations (the `chat` source), with the loss on the assistant's tokens only and
+conversations packed whole with padding; everything above is checked the same way.
 
 Exit status 0 only when every check passes. On 2 CPU cores the default run takes about one
 minute, `--nproc 2` (10 kills, 200 steps) about two. `--device cuda` trains on GPUs instead
@@ -124,6 +130,29 @@ WORDS = [
 ]
 
 
+def sft_data(work: Path) -> tuple[dict, dict]:
+    """(the base's tokenizer, the SFT runs' data section and grow section), for --sft."""
+    chats = work / "chats.jsonl"
+    if not chats.exists():
+        rng = random.Random(1)
+        rows = []
+        for _ in range(4000):
+            letters = [rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))]
+            q, a = f"Reverse: {' '.join(letters)}", " ".join(reversed(letters))
+            rows.append(
+                {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+            )
+        chats.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = work / "runs" / "base"
+    data = {
+        "tokenizer": {"name": "saved", "path": str(base)},
+        "sources": {"chat": {"name": "chat", "dataset": str(chats)}},
+        "val_fraction": 0.05,
+        "buffer_docs": 64,
+    }
+    return data, {"parent": str(base), "continue_data": False}
+
+
 def make_run(work: Path, name: str, args: argparse.Namespace, steps: int | None = None) -> Path:
     rng = random.Random(0)
     corpus = work / "corpus.txt"
@@ -153,6 +182,12 @@ def make_run(work: Path, name: str, args: argparse.Namespace, steps: int | None 
         "eval": {"every": 0, "at_end": False},
         "checkpoint": {"every": args.every, "keep_last": 2},
     }
+    if args.sft and name == "base":  # the base model: a BPE tokenizer with the chat tokens
+        tree["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 512, "train_chars": 200_000}
+        tree["train"]["max_steps"] = 30
+        tree["checkpoint"] = {"every": 30}
+    elif args.sft:
+        tree["data"], tree["grow"] = sft_data(work)
     if args.nproc > 1:
         tree["distributed"] = {"shard_adamw": args.zero1}
     for item in args.set or []:  # --set train.precision=fp32 ...
@@ -424,6 +459,7 @@ def parse_args() -> argparse.Namespace:
         help="runs, data cache and configs go here (kept afterwards)",
     )
     ap.add_argument("--device", default="cpu", help="cpu (bitwise check) or cuda")
+    ap.add_argument("--sft", action="store_true", help="SFT runs from a base run (conversations)")
     ap.add_argument(
         "--set",
         action="append",
@@ -601,6 +637,11 @@ def main() -> int:
     env = {**os.environ, "LITTLELM_CACHE": str(work / "cache")}
     t0 = time.monotonic()
 
+    if args.sft:  # the base model both SFT runs start from
+        base = Child(make_run(work, "base", args), env, 1)
+        if base.drain() != 0:
+            print("".join(base.out + base.err))
+            return 1
     ref_cfg = make_run(work, "reference", args)
     ref = Child(ref_cfg, env, args.nproc)
     if ref.drain() != 0:

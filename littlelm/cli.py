@@ -116,7 +116,9 @@ def prepared_snippet(result: dict) -> str:
 def cmd_data_inspect(args: argparse.Namespace) -> int:
     from littlelm.data.inspect import inspect_dataset
 
-    inspect_dataset(args.directory, args.samples, args.chars, not args.no_verify)
+    inspect_dataset(
+        args.directory, args.samples, args.chars, not args.no_verify, seq_len=args.seq_len
+    )
     return 0
 
 
@@ -155,6 +157,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    from littlelm.eval import chat
+
+    return chat.run(
+        args.checkpoint, args.prompt, args.system, args.temperature, args.top_k or None,
+        args.top_p, args.max_tokens, args.seed, args.device,
+    )  # fmt: skip
+
+
 def cmd_grow(args: argparse.Namespace) -> int:
     from littlelm.schema import load_run
     from littlelm.train.growth import preview_growth
@@ -185,6 +196,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from littlelm.eval.core import EvalOptions
     from littlelm.eval.run import parse_labels
 
+    if args.chat is not None:
+        from littlelm.eval.chat_eval import run_chat_eval
+
+        labels, n, dev = parse_labels(args.tasks), args.max_per_task, args.device
+        run_chat_eval(args.checkpoint, args.chat, labels, n, 64, dev, args.precision, args.out)
+        return 0
     if args.harness is not None:
         from littlelm.interop.harness import run_harness
 
@@ -198,6 +215,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             args.device,
             args.precision,
             args.out,
+            chat=args.apply_chat_template,
         )
         return 0
     from littlelm.eval.run import run_eval
@@ -460,6 +478,9 @@ def _add_data(sub) -> None:
     insp.add_argument(
         "--no-verify", action="store_true", help="skip reading every shard's checksum"
     )
+    insp.add_argument(
+        "--seq-len", type=_positive, help="conversations: count those too long for this seq_len"
+    )
     insp.set_defaults(fn=cmd_data_inspect)
 
 
@@ -482,6 +503,26 @@ def _add_sample(sub) -> None:
     s.add_argument("--seed", type=int, default=0, help="sampling seed")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
     s.set_defaults(fn=cmd_sample)
+
+
+def _add_chat(sub) -> None:
+    c = _verb(
+        sub,
+        "chat",
+        "talk to a fine-tuned model (docs/post-training.md)",
+        '  littlelm chat runs/demo-sft\n  littlelm chat runs/demo-sft --prompt "What is 12+30?"\n'
+        "  littlelm chat runs/demo-sft < conversations.jsonl   (one JSON reply per line)",
+    )
+    c.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
+    c.add_argument("--prompt", help="answer this one user turn and exit")
+    c.add_argument("--system", help="system message starting the conversation")
+    c.add_argument("--max-tokens", type=int, default=256, help="most tokens per reply")
+    c.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    c.add_argument("--top-k", type=int, default=0, help="0 = no top-k filter")
+    c.add_argument("--top-p", type=float, help="nucleus sampling: keep this share of the mass")
+    c.add_argument("--seed", type=int, default=0, help="sampling seed")
+    c.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
+    c.set_defaults(fn=cmd_chat)
 
 
 def _add_grow(sub) -> None:
@@ -619,6 +660,17 @@ def _add_eval(sub) -> None:
     )
     e.add_argument("--include", metavar="DIR", help="with --harness: your own lm_eval task YAMLs")
     e.add_argument(
+        "--apply-chat-template",
+        action="store_true",
+        help="with --harness: ask in the model's chat format (a fine-tuned model)",
+    )
+    e.add_argument(
+        "--chat",
+        metavar="DIR",
+        help="chat tasks instead: a directory with tasks.yaml (docs/post-training.md), asked in "
+        "the model's chat format; --tasks and --max-per-task apply",
+    )
+    e.add_argument(
         "--num-fewshot", type=int, help="with --harness: examples per prompt (default: the task's)"
     )
     e.set_defaults(fn=cmd_eval)
@@ -704,6 +756,7 @@ VERBS = (
     _add_data,
     _add_list,
     _add_sample,
+    _add_chat,
     _add_grow,
     _add_report,
     _add_eval,

@@ -8,16 +8,18 @@ any made by a different tokenizer.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import torch
 from pydantic import Field
 
 from littlelm.config import RESUMABLE, SAME_DATA, Cfg, Registered
 from littlelm.data.cache import cache_root
+from littlelm.data.chat import chat_format
 from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
 from littlelm.data.prepare import (
     damaged_shards,
@@ -117,6 +119,16 @@ class PreparedSource:
     val: list[Shard]
     long_docs: str = "crop"
     manifest: dict | None = None
+    # conversations (data/chat.py): f(tokens) -> which are the assistant's, the only ones the
+    # loss counts; and the source's on_error, which decides about conversations too long to fit
+    mask: Callable[[np.ndarray], np.ndarray] | None = None
+    on_error: str = "skip"
+
+    def too_long(self, row_len: int) -> tuple[int, int]:
+        """(conversations longer than a row of `row_len` tokens, the longest's length)."""
+        lengths = [np.diff(s.offsets) for s in self.train]
+        lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        return int((lengths > row_len).sum()), int(lengths.max(initial=0))
 
     @property
     def train_tokens(self) -> int:
@@ -154,9 +166,37 @@ class RunData:
             stream = DocStream(
                 src.train, seed + 7919 * i, rank, world, cfg.on_exhausted == "repeat", label
             )
-            packers[label] = BestFitPacker(stream, seq_len + 1, cfg.buffer_docs, src.long_docs)
+            packers[label] = BestFitPacker(
+                stream, seq_len + 1, cfg.buffer_docs, src.long_docs, self.tokenizer.bos_id
+            )
         weights = {k: s.weight for k, s in self.sources.items()}
-        return MixtureLoader(packers, weights, batch, seq_len)
+        masks = {k: s.mask for k, s in self.sources.items()}
+        return MixtureLoader(packers, weights, batch, seq_len, masks)
+
+    def chat_notes(self, seq_len: int) -> list[str]:
+        """At start: the conversation sources whose conversations do not fit a row, left out
+        (on_error skip) or refused (fail); empty when there are none."""
+        notes = []
+        for label, src in self.sources.items():
+            n, longest = src.too_long(seq_len + 1) if src.mask is not None else (0, 0)
+            if not n:
+                continue
+            what = (
+                f"data.sources.{label}: {n:,} conversation(s) longer than a training row "
+                f"(train.seq_len + 1 = {seq_len + 1} tokens; the longest has {longest:,})"
+            )
+            if src.on_error == "fail":
+                raise DataError(
+                    f"{what}; raise train.seq_len to {longest - 1} (within model.max_seq_len), "
+                    f"shorten them, or set data.sources.{label}.on_error=skip to leave them out"
+                )
+            notes.append(f"{what} are left out (on_error skip)")
+        return notes
+
+    @property
+    def masked(self) -> bool:
+        """True when some targets are masked (conversations): the trainer counts trained tokens."""
+        return any(s.mask is not None for s in self.sources.values())
 
     def can_evaluate(self, seq_len: int) -> bool:
         return any(s.val_shortage(seq_len) is None for s in self.sources.values())
@@ -196,7 +236,7 @@ class RunData:
         total = sum(s.weight for s in self.sources.values())
         for src in self.sources.values():
             cap = None if max_tokens is None else max(seq_len, int(max_tokens * src.weight / total))
-            yield from val_batches(src.val, batch, seq_len, cap)
+            yield from val_batches(src.val, batch, seq_len, cap, src.mask, self.tokenizer.bos_id)
 
     def mixture_plan(self, run_tokens: int) -> list[str]:
         """One line per source: weight, training tokens, and the epochs this run will take."""
@@ -278,8 +318,13 @@ def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
         label: open_dataset(label, src.cfg.weight, directory, manifest, tok, cfg.verify_checksums)
         for label, (src, directory, manifest) in prepared.items()
     }
-    for label, (src, _, _) in prepared.items():
+    for label, (src, _, manifest) in prepared.items():
         opened[label].long_docs = src.cfg.long_docs
+        if src.conversations or manifest.get("conversations"):
+            opened[label].mask = chat_format(tok).mask  # the loss counts the assistant's tokens
+            opened[label].long_docs = "pad"  # prepared shards of conversations too
+            # too long for a row: the chat source's on_error; prepared shards: left out
+            opened[label].on_error = src.cfg.on_error if src.conversations else "skip"
     return RunData(tok, opened)
 
 

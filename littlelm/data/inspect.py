@@ -25,6 +25,7 @@ def inspect_dataset(
     verify: bool = True,
     seed: int = 0,
     out=print,
+    seq_len: int | None = None,
 ) -> None:
     """Print the report; raise DataError (after printing) when any shard fails its checks."""
     directory = Path(directory)
@@ -56,6 +57,8 @@ def inspect_dataset(
         out(
             f"{name:<6} {len(split['shards']):>7,} {split['docs']:>12,} {split['tokens']:>14,} {stats}"
         )
+    if m.get("conversations"):
+        out(_conversations(lengths, seq_len))
     if len(lengths.get("train", [])):
         out("train document lengths (tokens, BOS included):")
         for line in histogram(lengths["train"]):
@@ -64,6 +67,20 @@ def inspect_dataset(
         _samples(directory, m, tok, samples, chars, seed, out)
     if verify:
         _verify(directory, m, out)
+
+
+def _conversations(lengths: dict[str, np.ndarray], seq_len: int | None) -> str:
+    """What an SFT run on these conversations leaves out as too long for a training row."""
+    every = np.concatenate([v for v in lengths.values() if len(v)] or [np.zeros(0, np.int64)])
+    longest = int(every.max(initial=0))
+    head = f"conversations (SFT: the loss counts the assistant's tokens); the longest has {longest:,} tokens"
+    if seq_len is None:
+        return f"{head}; --seq-len N counts those a run with train.seq_len N cannot hold"
+    n = int((every > seq_len + 1).sum())
+    return (
+        f"{head}; {n:,} too long for train.seq_len {seq_len} (rows of {seq_len + 1} tokens): "
+        "a run leaves them out (on_error skip) or refuses them (fail)"
+    )
 
 
 def _tokenizer(directory: Path, m: dict, out) -> Tokenizer | None:

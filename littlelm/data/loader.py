@@ -19,8 +19,16 @@ with the head of the shortest. What happens to the rest is the source's `long_do
            pieces are taken at the start of the next rows, in order. The share of row tokens
            that are such continuations is counted (split rate).
 
-There is no padding. Each class's `state_dict()` is plain data (ints and lists) and
-restores the exact same sequence of batches, which checkpoints rely on.
+    pad    (conversation sources, docs/post-training.md) nothing is cut: when no buffered
+           conversation fits the rest of a row, the rest is padding (BOS tokens whose targets
+           the loss ignores) and the conversations wait for the next row; one longer than a
+           whole row is left out and counted (too long), as data/build.py told at start
+
+Crop and split rows have no padding. A source with a chat mask (data/chat.py) has the targets
+of every token outside an assistant reply set to IGNORE (the loss's ignore index), and each
+Batch counts the targets left (`trained`), which the trainer counts as its tokens. Each class's
+`state_dict()` is plain data (ints and lists) and restores the exact same sequence of batches,
+which checkpoints rely on.
 
 Speed: the hot loop touches only Python ints and lists (document starts and lengths are turned
 into lists once per shard visit), the buffer is a sorted list of packed int keys, and each
@@ -42,6 +50,7 @@ import torch
 from littlelm.data.shards import Shard
 from littlelm.errors import DataError
 
+IGNORE = -1  # a target the loss leaves out (model/loss.py's ignore index)
 SEQ_BITS = 40  # a buffer key is length << SEQ_BITS | arrival number
 SEQ_MASK = (1 << SEQ_BITS) - 1
 
@@ -142,6 +151,8 @@ class PackStats:
     tokens: int = 0  # tokens placed in rows
     cropped: int = 0  # tokens dropped when a document was cropped to fill a row
     split: int = 0  # row tokens from a piece that does not start at its document's BOS
+    padded: int = 0  # pad mode: row tokens that are padding
+    too_long: int = 0  # pad mode: documents longer than a row, left out
 
     @property
     def crop_rate(self) -> float:
@@ -163,11 +174,16 @@ class BestFitPacker:
     taken first at the start of a row."""
 
     def __init__(
-        self, stream: DocStream, row_len: int, buffer_docs: int = 1000, long_docs: str = "crop"
+        self,
+        stream: DocStream,
+        row_len: int,
+        buffer_docs: int = 1000,
+        long_docs: str = "crop",
+        pad_id: int = 0,
     ):
-        assert long_docs in ("crop", "split"), long_docs
+        assert long_docs in ("crop", "split", "pad"), long_docs
         self.stream, self.row_len, self.buffer_docs = stream, row_len, buffer_docs
-        self.split = long_docs == "split"
+        self.split, self.pad, self.pad_id = long_docs == "split", long_docs == "pad", pad_id
         self.keys: list[int] = []
         self.where: dict[int, tuple[int, int, int]] = {}
         self.offs: dict[int, int] = {}
@@ -185,6 +201,9 @@ class BestFitPacker:
                 s, d, start, n = nxt()
                 if split and n > row_len:
                     start, n = self._cut(seq, s, d, start, n)
+                elif n > row_len and self.pad:  # a conversation is never cut: left out
+                    self.stats.too_long += 1
+                    continue
                 insort(keys, (n << SEQ_BITS) | seq)
                 where[seq] = (s, d, start)
                 seq += 1
@@ -210,6 +229,10 @@ class BestFitPacker:
                 self._refill()
             room = row_len - pos
             i = bisect_right(keys, ((room + 1) << SEQ_BITS) - 1) - 1
+            if i < 0 and self.pad and pos:  # nothing fits: the rest of the row is padding
+                row[pos:] = self.pad_id
+                self.stats.padded += room
+                break
             key = keys.pop(i if i >= 0 else 0)
             n = key >> SEQ_BITS
             s, _, start = where.pop(key & SEQ_MASK)
@@ -261,7 +284,7 @@ class BestFitPacker:
             self.keys.copy(),
             self.where.copy(),
             self.seq,
-            (st.rows, st.tokens, st.cropped, st.split),
+            (st.rows, st.tokens, st.cropped, st.split, st.padded, st.too_long),
             split,
         )
 
@@ -337,14 +360,24 @@ class LoaderSnapshot:
 
     def report(self) -> str:
         """'web 0.601 (target 0.600), math 0.149 (0.150); 1.20% of document tokens cropped,
-        0.00% of row tokens continue a split document'."""
+        0.00% of row tokens continue a split document' (and, with conversations, the padding
+        and the conversations left out as too long)."""
         mix = ", ".join(
             f"{k} {p:.3f} (target {w:.3f})"
             for (k, p), w in zip(self.proportions().items(), self.weights)
         )
+        stats = [p[4] for p in self.packers.values()]
+        padded = sum(s[4] for s in stats if len(s) > 4)
+        long = sum(s[5] for s in stats if len(s) > 5)
+        chat = (
+            f", {100 * padded / max(1, sum(s[1] for s in stats)):.2f}% of row tokens padding, "
+            f"{long:,} conversation(s) longer than a row left out"
+            if padded or long
+            else ""
+        )
         return (
             f"{mix}; {100 * self.crop_rate():.2f}% of document tokens cropped, "
-            f"{100 * self.split_rate():.2f}% of row tokens continue a split document"
+            f"{100 * self.split_rate():.2f}% of row tokens continue a split document{chat}"
         )
 
 
@@ -357,9 +390,16 @@ class MixtureLoader:
     """
 
     def __init__(
-        self, packers: dict[str, BestFitPacker], weights: dict[str, float], batch: int, seq_len: int
+        self,
+        packers: dict[str, BestFitPacker],
+        weights: dict[str, float],
+        batch: int,
+        seq_len: int,
+        masks: dict | None = None,
     ):
         self.packers, self.batch, self.seq_len = packers, batch, seq_len
+        # label -> f(row tokens) -> bool per token: which are trained (data/chat.py's mask)
+        self.masks = {k: m for k, m in (masks or {}).items() if m is not None}
         total = sum(weights.values())
         self.labels = list(packers)
         self.weights = [weights[k] / total for k in self.labels]
@@ -378,12 +418,21 @@ class MixtureLoader:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         dtype = self.packers[self.labels[0]].stream.tokens[0].dtype
         rows = np.empty((self.batch, self.seq_len + 1), dtype=dtype)
+        picked = []
         for r in range(self.batch):
             k = self._pick()
             self._fills[k](rows[r])
             self.rows[k] += 1
+            picked.append(k)
         t = torch.from_numpy(rows.astype(np.int64))
-        return t[:, :-1], t[:, 1:]
+        if not self.masks:
+            return t[:, :-1], t[:, 1:]
+        y = t[:, 1:].clone()  # x shares t's storage
+        for r, k in enumerate(picked):
+            mask = self.masks.get(self.labels[k])
+            if mask is not None:  # every row of a masked source starts at a BOS (pad mode)
+                y[r, torch.from_numpy(~mask(rows[r])[1:])] = IGNORE
+        return t[:, :-1], y
 
     def snapshot(self) -> LoaderSnapshot:
         return LoaderSnapshot(
@@ -420,6 +469,7 @@ class Batch:
     x: torch.Tensor
     y: torch.Tensor
     state: LoaderSnapshot = field(repr=False)  # loader state right after this batch
+    trained: int | None = None  # targets the loss counts, when some are masked (else all)
 
 
 class Prefetcher:
@@ -437,7 +487,8 @@ class Prefetcher:
         try:
             while not self._stop.is_set():
                 x, y = self.loader.next_batch()
-                item: Batch | BaseException = Batch(x, y, self.loader.snapshot())
+                trained = int((y != IGNORE).sum()) if self.loader.masks else None
+                item: Batch | BaseException = Batch(x, y, self.loader.snapshot(), trained)
                 while not self._stop.is_set():
                     try:
                         self.queue.put(item, timeout=0.1)
@@ -462,11 +513,20 @@ class Prefetcher:
 
 
 def val_batches(
-    shards: list[Shard], batch: int, seq_len: int, max_tokens: int | None = None
+    shards: list[Shard],
+    batch: int,
+    seq_len: int,
+    max_tokens: int | None = None,
+    mask=None,
+    pad_id: int = 0,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """A validation split in order, as consecutive windows of seq_len + 1 tokens (stride
     seq_len, so every token after the first is predicted exactly once), reading only the
-    shards it needs. The last batch may have fewer rows; the final partial window is dropped."""
+    shards it needs. The last batch may have fewer rows; the final partial window is dropped.
+    With `mask` (conversations) see `_conversation_rows`."""
+    if mask is not None:
+        yield from _conversation_rows(shards, batch, seq_len, max_tokens, mask, pad_id)
+        return
     tokens = _first_tokens(shards, None if max_tokens is None else max_tokens + 1)
     n_rows = (len(tokens) - 1) // seq_len
     for start in range(0, n_rows, batch):
@@ -476,6 +536,37 @@ def val_batches(
         ]
         t = torch.from_numpy(np.stack(rows).astype(np.int64))
         yield t[:, :-1], t[:, 1:]
+
+
+def _conversation_rows(shards, batch, seq_len, max_tokens, mask, pad_id):
+    """Held-out conversations packed whole, in order, as training packs them (the next one
+    that does not fit starts a new row; the rest is padding), so every reply is scored after
+    its own question; targets outside the replies are IGNORE. Conversations longer than a row
+    are left out, as in training; `max_tokens` caps the row tokens."""
+    row_len, rows, row, used, total = seq_len + 1, [], [], 0, 0
+    docs = (s.doc(i) for s in shards for i in range(len(s)))
+    for d in docs:
+        if len(d) > row_len:
+            continue
+        if used + len(d) > row_len:
+            rows.append(row)
+            row, used, total = [], 0, total + row_len
+            if max_tokens is not None and total >= max_tokens:
+                break
+        row.append(d)
+        used += len(d)
+    else:
+        if row:
+            rows.append(row)
+    for start in range(0, len(rows), batch):
+        t = np.full((min(batch, len(rows) - start), row_len), pad_id, dtype=np.int64)
+        for r, parts in enumerate(rows[start : start + batch]):
+            if parts:
+                flat = np.concatenate(parts)
+                t[r, : len(flat)] = flat
+        keep = np.stack([mask(r)[1:] for r in t])
+        y = torch.from_numpy(np.where(keep, t[:, 1:], IGNORE))
+        yield torch.from_numpy(t[:, :-1]), y
 
 
 def _first_tokens(shards: list[Shard], limit: int | None) -> np.ndarray:

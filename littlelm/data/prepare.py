@@ -37,6 +37,7 @@ import numpy as np
 
 from littlelm.config import ComponentConfig
 from littlelm.data.cache import digest
+from littlelm.data.chat import chat_format
 from littlelm.data.meter import Meter
 from littlelm.data.shards import Shard, read_header
 from littlelm.data.sources import Source, Unit
@@ -95,7 +96,7 @@ def resolve_tokenizer(
         )
     key = digest(
         {
-            "tokenizer": cfg.model_dump(),
+            "tokenizer": cls.cache_identity(cfg),
             "sources": {k: s.identity() for k, s in raw.items()},
             "splits": {k: splits[k].key() for k in raw},
         }
@@ -133,14 +134,15 @@ def _weighted_texts(
 
 
 def dataset_key(source: Source, tok: Tokenizer, split: ValSplit) -> str:
-    return digest(
-        {
-            "source": source.identity(),
-            "tokenizer": tok.fingerprint,
-            "split": split.key(),
-            "format": FORMAT,
-        }
-    )
+    key = {
+        "source": source.identity(),
+        "tokenizer": tok.fingerprint,
+        "split": split.key(),
+        "format": FORMAT,
+    }
+    if source.conversations:  # rendered with the tokenizer's chat format
+        key["chat"] = chat_format(tok).identity()
+    return digest(key)
 
 
 def dataset_dir(source: Source, tok: Tokenizer, split: ValSplit, root: Path) -> Path:
@@ -490,6 +492,8 @@ def _manifest(source, tok, split, key, shard_tokens, units, records, seconds) ->
         "skipped": dict(skipped),
         "splits": splits,
         "seconds": round(seconds, 3),
+        # conversations: a run on these shards trains on the assistant's tokens only
+        **({"conversations": True} if source.conversations else {}),
     }
 
 

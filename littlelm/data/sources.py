@@ -94,6 +94,7 @@ class Source:
     """Base class: subclasses implement `files` and `_read_unit`, and may refine `_ranges`."""
 
     prepared = False  # True for sources that are already token shards
+    conversations = False  # True for conversations (data/conversations.py): rendered as chats
     patterns: tuple[str, ...] = ("*",)  # file names a directory is searched for
     noun = "input files"
 

@@ -5,6 +5,12 @@ each document, a fingerprint (sha256 of what defines it) written into every shar
 `token_bytes()`: the UTF-8 length of each token, which turns a loss in nats per token into bits
 per byte. A tokenizer is saved as a directory holding `tokenizer_meta.json` plus its own files,
 and loaded back by `load_tokenizer(dir)`; `{name: saved, path: DIR}` makes a run use one.
+
+Chat (data/chat.py): a BPE tokenizer littlelm trains reserves the chat format's special tokens
+(`chat_tokens`, on by default; a tokenizer trained before keeps its fingerprint and cache entry
+with `chat_tokens: false`). A Hugging Face tokenizer keeps its tokenizer_config.json
+`chat_template` and the special-token strings the template uses, in tokenizer_meta.json: they do
+not change any token id, so they are not part of the fingerprint.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
+from littlelm.checkpoints import find_checkpoint
 from littlelm.config import ComponentConfig
+from littlelm.data.chat import CHAT_TOKENS
 from littlelm.errors import DataError
 from littlelm.registry import TOKENIZERS
 
@@ -32,6 +40,17 @@ class Tokenizer:
     kind: str
     vocab_size: int
     bos_id: int
+    bos_token: str = BOS  # its text (the chat template's bos_token)
+    chat_template: str | None = None  # a Jinja chat template of its own (imported models)
+    _template_tokens: dict[str, str] = {}  # noqa: RUF012  (replaced, never mutated)
+
+    def special_id(self, token: str) -> int | None:
+        """The id of special token `token`, or None when the tokenizer has no such token."""
+        return None
+
+    def template_tokens(self) -> dict[str, str]:
+        """Special-token strings a chat template may use (eos_token, ...), besides bos_token."""
+        return {}
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
@@ -114,6 +133,11 @@ class Tokenizer:
         """Characters of training text `train` reads at most (None: all it is given)."""
         return None
 
+    @classmethod
+    def cache_identity(cls, cfg: ComponentConfig) -> dict:
+        """What the cache key of a trained tokenizer digests from its config."""
+        return cfg.model_dump()
+
 
 class ByteConfig(ComponentConfig):
     """Bytes 0-255 are tokens 0-255; BOS is 256."""
@@ -167,6 +191,17 @@ class HFTokenizer(Tokenizer):
     def special_tokens(self) -> dict[str, int]:
         return {t.content: i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
 
+    def special_id(self, token: str) -> int | None:
+        return self.special_tokens().get(token)
+
+    def template_tokens(self) -> dict[str, str]:
+        return dict(self._template_tokens)
+
+    def with_chat_template(self, template: str | None, tokens: dict[str, str]) -> HFTokenizer:
+        """Carry `template` (tokenizer_config.json's chat_template) and its special strings."""
+        self.chat_template, self._template_tokens = template, dict(tokens)
+        return self
+
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
 
@@ -199,11 +234,39 @@ class HFTokenizer(Tokenizer):
         self.tok.save(str(directory / "tokenizer.json"))
 
     def _meta(self) -> dict:
-        return {"bos_token": self.bos_token}
+        chat = {"chat_template": self.chat_template, "template_tokens": self.template_tokens()}
+        return {"bos_token": self.bos_token, **(chat if self.chat_template else {})}
 
     @classmethod
     def from_dir(cls, directory: Path, meta: dict) -> HFTokenizer:
-        return cls(_read_tokenizer_json(directory / "tokenizer.json"), meta["bos_token"])
+        tok = cls(_read_tokenizer_json(directory / "tokenizer.json"), meta["bos_token"])
+        return tok.with_chat_template(meta.get("chat_template"), meta.get("template_tokens", {}))
+
+
+def read_chat_template(directory: Path) -> tuple[str | None, dict[str, str]]:
+    """(chat_template, special-token strings) of a Hugging Face model directory's
+    tokenizer_config.json; (None, {}) when it has none. A list of named templates gives the
+    'default' one."""
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return None, {}
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{path} is unreadable ({e}); fix or remove it") from None
+    template = cfg.get("chat_template")
+    if template is None and (directory / "chat_template.jinja").is_file():
+        template = (directory / "chat_template.jinja").read_text()
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    tokens = {}
+    for key in ("eos_token", "pad_token", "unk_token"):
+        value = cfg.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            tokens[key] = value
+    return (template if isinstance(template, str) else None), tokens
 
 
 def _read_tokenizer_json(path: Path):
@@ -229,6 +292,12 @@ class BPEConfig(ComponentConfig):
     special_tokens: list[str] = Field(
         default_factory=list, description="Extra special tokens besides <|bos|>."
     )
+    chat_tokens: bool = Field(
+        True,
+        description="Reserve the chat format's special tokens (<|system|>, <|user|>, "
+        "<|assistant|>, <|end|>: docs/post-training.md); false = a tokenizer as trained before "
+        "they existed (same fingerprint and cache entry).",
+    )
 
 
 class BPETokenizer(HFTokenizer):
@@ -250,7 +319,7 @@ class BPETokenizer(HFTokenizer):
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=cfg.vocab_size,
-            special_tokens=[BOS, *cfg.special_tokens],
+            special_tokens=[BOS, *(CHAT_TOKENS if cfg.chat_tokens else ()), *cfg.special_tokens],
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
@@ -268,6 +337,12 @@ class BPETokenizer(HFTokenizer):
     @classmethod
     def train_chars_for(cls, cfg: BPEConfig) -> int:
         return cfg.train_chars
+
+    @classmethod
+    def cache_identity(cls, cfg: BPEConfig) -> dict:
+        # chat_tokens false leaves the field out: a tokenizer trained before it existed is
+        # found in the cache again, with the same fingerprint (so are the shards made with it)
+        return cfg.model_dump(exclude=set() if cfg.chat_tokens else {"chat_tokens"})
 
     def state(self) -> str:
         return self.tok.to_str()
@@ -311,7 +386,8 @@ class HuggingFaceJSON(HFTokenizer):
                 f"data.tokenizer: {path} has none of {', '.join(BOS_CANDIDATES)}; "
                 "set data.tokenizer.bos_token to the token that should start each document"
             )
-        return HFTokenizer(raw, bos)
+        template, tokens = read_chat_template(path if path.is_dir() else path.parent)
+        return HFTokenizer(raw, bos).with_chat_template(template, tokens)
 
     @classmethod
     def vocab_size_for(cls, cfg: HuggingFaceConfig) -> int:
@@ -322,7 +398,9 @@ class SavedConfig(ComponentConfig):
     """A tokenizer saved by littlelm: a prepared dataset's (or a checkpoint's) tokenizer/."""
 
     path: str = Field(
-        ..., description="The tokenizer directory, or a prepared dataset holding tokenizer/."
+        ...,
+        description="The tokenizer directory, a prepared dataset holding tokenizer/, or a run "
+        "or checkpoint directory (its newest checkpoint's tokenizer: fine-tuning a base run).",
     )
 
 
@@ -340,6 +418,8 @@ class SavedTokenizer(Tokenizer):
 
 def _saved_dir(cfg: SavedConfig) -> Path:
     path = Path(cfg.path).expanduser()
+    if (path / "checkpoints").is_dir():  # a run directory: its newest checkpoint's tokenizer
+        path = find_checkpoint(path)
     return path / "tokenizer" if (path / "tokenizer" / META).is_file() else path
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from littlelm.config import ComponentConfig
+from littlelm.data.chat import chat_format
 from littlelm.data.components import register
 from littlelm.data.shards import ShardWriter
 from littlelm.data.sources import Source, Unit
@@ -65,6 +66,8 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
     pending: dict[str, list[str]] = {"train": [], "val": []}
     size = {"train": 0, "val": 0}
     docs = chars = nbytes = 0
+    # a conversation (canonical JSON) is rendered with the tokenizer's chat format (data/chat.py)
+    render = chat_format(tok).render_json if source.conversations else None
     try:
         for i, raw in enumerate(source.unit_documents(job.unit)):
             if i in job.duplicates:
@@ -72,7 +75,7 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
             data = raw.encode("utf-8")
             docs, chars, nbytes = docs + 1, chars + len(raw), nbytes + len(data)
             name = "val" if job.split.is_val(job.first_doc + i, data) else "train"
-            pending[name].extend(source.pieces(raw))
+            pending[name].extend([render(raw)] if render else source.pieces(raw))
             size[name] += len(data)
             if size[name] >= BATCH_BYTES:
                 _flush(pending[name], writers[name], tok, lambda t, n=size[name]: report(n, t))

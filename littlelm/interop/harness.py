@@ -57,6 +57,7 @@ def run_harness(
     precision: str = "auto",
     out: str | Path | None = None,
     batch_size: int = 16,
+    chat: bool = False,
 ) -> dict:
     """Score a checkpoint on lm_eval `tasks`; print lm_eval's table; return its results."""
     manager = task_manager(tasks, include)
@@ -72,13 +73,14 @@ def run_harness(
     print(f"lm-evaluation-harness on {path} ({precision}): {', '.join(tasks)}", file=sys.stderr)
     with autocast(dev, precision):
         res = lm_eval.simple_evaluate(
-            model=LittleLMAdapter(model, tok, batch_size),
+            model=LittleLMAdapter(model, tok, batch_size, chat),
             tasks=tasks,
             task_manager=manager,
             limit=limit,
             num_fewshot=num_fewshot,
             log_samples=False,
             bootstrap_iters=0,
+            apply_chat_template=chat,  # the model's chat format (data/chat.py)
         )
     print(make_table(res))
     if out is not None:

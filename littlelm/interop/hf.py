@@ -42,14 +42,27 @@ from littlelm.train import checkpoint as ckpt
 MODELING_FILE = Path(__file__).with_name("modeling_littlelm.py")
 
 
-@contextmanager
-def staged(out: Path):
-    """A temporary sibling of `out`, renamed to `out` when the block succeeds, else removed."""
-    out = Path(out)
+def check_out(out: Path) -> None:
+    """--out must be a new path or an empty directory, and not a symbolic link: the result is
+    renamed into place, which would replace a link rather than fill its target."""
+    if out.is_symlink():
+        target = os.readlink(out)
+        raise LittleLMError(
+            f"--out {out} is a symbolic link (to {target}); littlelm writes --out by renaming a "
+            "finished directory into place, which would replace the link: give a new path, or "
+            "the link's target if it is an empty directory"
+        )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise LittleLMError(
             f"{out} already exists and is not empty; choose another --out or remove it"
         )
+
+
+@contextmanager
+def staged(out: Path):
+    """A temporary sibling of `out`, renamed to `out` when the block succeeds, else removed."""
+    out = Path(out)
+    check_out(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -68,6 +81,7 @@ def staged(out: Path):
 
 def export(source: str | Path, out: str | Path, max_shard_size: str = "5GB") -> dict:
     """Export a checkpoint (or a run's newest) to `out`; returns a summary for the CLI."""
+    check_out(Path(out))  # before the work
     path = find_checkpoint(source)
     model, tok, _ = load_model(path, "cpu")
     m = model.cfg
@@ -122,6 +136,8 @@ def write_weights(tensors: dict[str, torch.Tensor], out: Path, max_shard_size: s
         )
     except ValueError as e:  # an unparsable --max-shard-size
         raise LittleLMError(f"--max-shard-size: {e} (write it like 5GB or 500MB)") from None
+    for path in out.glob("*.safetensors"):
+        ckpt.umask_mode(path)  # safetensors writes 0o600; an export is for others to read
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,12 +147,15 @@ def write_weights(tensors: dict[str, torch.Tensor], out: Path, max_shard_size: s
 def import_model(source: str | Path, out: str | Path) -> dict:
     """Read a Hugging Face model directory into a littlelm run directory `out`."""
     src = Path(source)
+    check_out(Path(out))  # before the work
     hf = read_config(src)
     arch = A.check_importable(hf, str(src))
     try:
         m = A.imported_config(hf, arch)
     except (ValueError, KeyError) as e:  # pydantic's ValidationError is a ValueError
         raise CheckpointError(f"{src / 'config.json'}: cannot describe this model ({e})") from None
+    weights = read_weights(src)
+    check_sizes(weights, m, arch, src)  # before anything is built to config.json's sizes
     tok = import_tokenizer(src, hf)
     if tok.vocab_size > m.vocab_size:
         raise CheckpointError(
@@ -146,7 +165,7 @@ def import_model(source: str | Path, out: str | Path) -> dict:
     if tok.vocab_size < m.vocab_size:  # rows no token reaches: littlelm's vocabulary padding
         m.vocab_pad_multiple = 64 if -(-tok.vocab_size // 64) * 64 == m.vocab_size else m.vocab_size
         m.vocab_size = tok.vocab_size
-    tensors = littlelm_tensors(read_weights(src), m, arch, src)
+    tensors = littlelm_tensors(weights, m, arch, src)
     model = GPT(m)
     ckpt.load_model_tensors(model, tensors, src)
     cfg = run_config(m, Path(out))
@@ -211,6 +230,42 @@ def read_weights(src: Path) -> dict[str, torch.Tensor]:
         except Exception as e:  # safetensors raises several types for bad files
             raise CheckpointError(f"{src / name}: unreadable safetensors file ({e})") from None
     return out
+
+
+def check_sizes(weights: dict[str, torch.Tensor], m: GPTConfig, arch: str, src: Path) -> None:
+    """config.json's layer count and vocabulary against the weights, before building anything
+    from them: a config claiming 1,000,000 layers would otherwise build a million modules (minutes
+    and gigabytes) before the shape check said no."""
+    prefix, embed = ("blocks.", "wte.weight") if arch == "littlelm" else LAYERS
+    found = {int(k.split(".")[prefix.count(".")]) for k in weights if _in_layer(k, prefix)}
+    layers = max(found) + 1 if found else 0
+    rows = weights[embed].shape[0] if embed in weights else None
+    want_rows = m.padded_vocab if arch == "littlelm" else m.vocab_size
+    problems = []
+    if layers != m.n_layer or len(found) != layers:
+        problems.append(f"it says {m.n_layer} layers, the weights hold layers {_spans(found)}")
+    if rows is not None and rows != want_rows:
+        problems.append(f"it says a vocabulary of {want_rows}, {embed} has {rows} rows")
+    if problems:
+        raise CheckpointError(
+            f"{src}: config.json does not describe these weights ({'; '.join(problems)}); the "
+            "directory mixes two models: re-save it with model.save_pretrained(DIR)"
+        )
+
+
+LAYERS = ("model.layers.", "model.embed_tokens.weight")  # the stock architectures' names
+
+
+def _in_layer(name: str, prefix: str) -> bool:
+    return name.startswith(prefix) and name[len(prefix) :].split(".", 1)[0].isdigit()
+
+
+def _spans(found: set[int]) -> str:
+    if not found:
+        return "none"
+    if len(found) == max(found) + 1:
+        return f"0-{max(found)}" if len(found) > 1 else "0"
+    return ", ".join(map(str, sorted(found)[:8])) + (", ..." if len(found) > 8 else "")
 
 
 def littlelm_tensors(hf: dict[str, torch.Tensor], m: GPTConfig, arch: str, src: Path) -> dict:

@@ -5,7 +5,9 @@ BPE without merges (token i = byte i, BOS = 256: the same ids); a tiktoken encod
 with transformers' TikTokenConverter. Each export adds a post-processor that puts BOS first, as
 every littlelm document starts, so `tokenizer(text)` gives what the model was trained on; the
 converted tokenizer is checked to encode a probe exactly as littlelm does, or refused.
-Import: tokenizer.json is required (a sentencepiece-only tokenizer.model is refused with the fix).
+Import: tokenizer.json is required (a sentencepiece-only tokenizer.model is refused with the fix);
+tokenizer_config.json's chat_template, when there is one, comes along (data/chat.py). Export
+writes the chat format back: littlelm's template, or the imported one (`chat_config`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ import json
 import tempfile
 from pathlib import Path
 
-from littlelm.data.tokenizer import BOS_CANDIDATES, ByteTokenizer, HFTokenizer, Tokenizer
+from littlelm.data.chat import END, TEMPLATE
+from littlelm.data.tokenizer import (
+    BOS_CANDIDATES,
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    read_chat_template,
+)
 from littlelm.errors import CheckpointError, DataError
 
 PROBE = "Hello, world! It's 2026 -- naïve café, 東京, emoji 🙂\n\tdef f(x): return x**2\n"
@@ -38,8 +47,21 @@ def export_tokenizer(tok: Tokenizer, out: Path) -> None:
         "bos_token": bos,
         "eos_token": bos,  # a document ends where the next one's BOS would come
         "clean_up_tokenization_spaces": False,
+        **chat_config(tok),
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+def chat_config(tok: Tokenizer) -> dict:
+    """The chat format for tokenizer_config.json (docs/post-training.md): littlelm's as a Jinja
+    chat_template with eos_token = <|end|> (the end of an assistant turn, where generation
+    stops), or an imported tokenizer's own template and special tokens; {} for a tokenizer
+    with neither."""
+    if tok.chat_template is not None:
+        return {"chat_template": tok.chat_template, **tok.template_tokens()}
+    if tok.special_id(END) is None:
+        return {}
+    return {"chat_template": TEMPLATE, "eos_token": END}
 
 
 def _raw(tok: Tokenizer):
@@ -129,7 +151,7 @@ def import_tokenizer(src: Path, hf_config: dict) -> HFTokenizer:
             f"bos_token_id, or one of {', '.join(BOS_CANDIDATES)}); add bos_token to "
             "tokenizer_config.json"
         )
-    return HFTokenizer(raw, bos)
+    return HFTokenizer(raw, bos).with_chat_template(*read_chat_template(src))
 
 
 def _bos_token(src: Path, hf_config: dict, raw) -> str | None:

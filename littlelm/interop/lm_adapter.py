@@ -3,6 +3,8 @@
 Every sequence starts with BOS, as littlelm's training documents do; a document's end is where
 the next BOS would come, so BOS is also the end-of-text token. Log-likelihoods are computed in
 batches of right-padded rows (causal attention: the padding after a row never changes it).
+With `chat=True` (`--apply-chat-template`) lm_eval renders its prompts as conversations in the
+model's chat format (data/chat.py) and generation stops at the end of the assistant's turn.
 """
 
 from __future__ import annotations
@@ -12,15 +14,29 @@ import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from littlelm.data.chat import chat_format
 from littlelm.model.generate import generate
 
 
 class LittleLMAdapter(TemplateLM):
-    def __init__(self, model, tokenizer, batch_size: int = 16):
+    def __init__(self, model, tokenizer, batch_size: int = 16, chat: bool = False):
         super().__init__()
         self.model, self.tok, self.batch_size = model, tokenizer, batch_size
         self.max_length = model.cfg.max_seq_len
         self.dev = model.wte.weight.device
+        self.chat = chat_format(tokenizer) if chat else None
+        self.stop = self.chat.end if self.chat else tokenizer.bos_id
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"littlelm-{self.tok.fingerprint[:16]}"
+
+    def chat_template(self, chat_template: bool | str = False) -> str:
+        return (self.chat.template or "littlelm") if self.chat else ""
+
+    def apply_chat_template(self, chat_history: list[dict], add_generation_prompt=True) -> str:
+        """lm_eval's conversation as the text the model reads after its BOS."""
+        return self.chat.render(chat_history, add_generation_prompt)
 
     @property
     def eot_token_id(self) -> int:
@@ -93,7 +109,7 @@ class LittleLMAdapter(TemplateLM):
                 0.0,
                 None,
                 0,
-                self.tok.bos_id,
+                self.stop,
             )
             text = self.tok.decode(ids)
             cut = min([text.find(u) for u in until if u and u in text], default=len(text))

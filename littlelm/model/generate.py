@@ -1,4 +1,5 @@
-"""Text generation with a KV cache: temperature, top-k, seeded sampling or greedy decoding."""
+"""Text generation with a KV cache: temperature, top-k, top-p, seeded sampling or greedy
+decoding; `stream` yields the tokens one at a time from a cache the caller may keep (chat)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from littlelm.errors import LittleLMError
 from littlelm.model.gpt import GPT
 
 
-def check_sampling(max_tokens: int, temperature: float, top_k: int | None) -> None:
+def check_sampling(
+    max_tokens: int, temperature: float, top_k: int | None, top_p: float | None = None
+) -> None:
     """Refuse settings that cannot sample (a user error, named)."""
+    if top_p is not None and not 0 < top_p <= 1:
+        raise LittleLMError(f"--top-p must be in (0, 1], got {top_p}")
     if max_tokens < 1:
         raise LittleLMError(f"--max-tokens must be at least 1, got {max_tokens}")
     if temperature < 0:
@@ -49,6 +54,7 @@ def generate(
     top_k: int | None = None,
     seed: int | None = None,
     stop: int | None = None,
+    top_p: float | None = None,
 ) -> list[int]:
     """Continue `prompt` (token ids, BOS included if wanted) by up to `max_tokens` tokens.
 
@@ -65,17 +71,28 @@ def generate(
         gen.manual_seed(seed)
     caches = model.new_caches(1, len(prompt) + max_tokens)
     logits = model(torch.tensor([prompt], device=device), caches=caches)[:, -1]  # (1, V)
-    out: list[int] = []
-    for _ in range(max_tokens):
-        nxt = pick(logits, temperature, top_k, gen)
-        out.append(nxt)
-        if nxt == stop or len(out) == max_tokens:
-            break
+    return list(stream(model, logits, caches, max_tokens, temperature, top_k, gen, stop, top_p))
+
+
+def stream(model, logits, caches, max_tokens, temperature, top_k, gen, stop=None, top_p=None):
+    """Tokens one at a time from `logits` (1, V) of the last position fed into `caches`; each
+    picked token is fed on into the caches (but the last), so a caller can keep them."""
+    device = logits.device
+    for i in range(max_tokens):
+        nxt = pick(logits, temperature, top_k, gen, top_p)
+        yield nxt
+        if nxt == stop or i + 1 == max_tokens:
+            return
         logits = model(torch.tensor([[nxt]], device=device), caches=caches)[:, -1]
-    return out
 
 
-def pick(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator) -> int:
+def pick(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    gen: torch.Generator,
+    top_p: float | None = None,
+) -> int:
     """One token id from logits (1, V)."""
     if temperature <= 0:
         return int(logits.argmax(-1))
@@ -83,5 +100,10 @@ def pick(logits: torch.Tensor, temperature: float, top_k: int | None, gen: torch
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:  # the smallest set of tokens holding top_p of the mass
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        mass = torch.softmax(sorted_logits.float(), dim=-1).cumsum(-1)
+        drop = mass - torch.softmax(sorted_logits.float(), dim=-1) >= top_p  # keeps the first
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     probs = torch.softmax(logits.float(), dim=-1)
     return int(torch.multinomial(probs, 1, generator=gen))

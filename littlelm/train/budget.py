@@ -311,9 +311,10 @@ class Steps:
         """Work between steps that is no step's ("eval": an evaluation and its callbacks, "save")."""
         yield
 
-    def record(self, step: int, tok_s: float, batch_tokens: int) -> dict:
-        """What the budget adds to a metrics record: the time left, `eta_s`."""
-        return {"eta_s": (self.max_steps - step) * batch_tokens / max(tok_s, 1e-9)}
+    def record(self, step: int, step_seconds: float) -> dict:
+        """What the budget adds to a metrics record (`step_seconds`: the recent seconds per
+        step): the time left, `eta_s`."""
+        return {"eta_s": (self.max_steps - step) * step_seconds}
 
     def figures(self) -> dict:
         """What the budget adds to an evaluation's record."""
@@ -370,7 +371,7 @@ class TimeBudget(Steps):
             seconds = time.perf_counter() - t0
             (self.budget.note_eval if what == "eval" else self.budget.note_save)(seconds)
 
-    def record(self, step: int, tok_s: float, batch_tokens: int) -> dict:
+    def record(self, step: int, step_seconds: float) -> dict:
         b, t = self.budget, now()
         spent = b.elapsed(t)
         return {"eta_s": b.seconds - spent, "budget_spent": spent, "budget_progress": b.progress}

@@ -71,6 +71,8 @@ def build_data(cfg: RunConfig, log, progress=None):
     warning = data.val_warning(cfg.train.seq_len) if evaluates else None
     if warning:
         log(f"warning: {warning}")
+    for note in data.chat_notes(cfg.train.seq_len):  # conversations too long for a row
+        log(f"warning: {note}")
     return data
 
 

@@ -102,6 +102,14 @@ def _write(path: Path, write) -> None:
     _fault_pause()
 
 
+def umask_mode(path: Path) -> None:
+    """Give `path` the mode a file created with open() gets (0o666 less the umask): safetensors
+    creates its files 0o600, so another account could not read a checkpoint or an export."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
 def _fsync_file(path: Path) -> None:
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
@@ -170,7 +178,7 @@ def _write_files(tmp: Path, step: int, model, optimizer, state, origin, tokenize
     meta = {"format_version": str(FORMAT_VERSION), "origin": json.dumps(origin)}
     _write(
         tmp / "model.safetensors",
-        lambda p: save_file(model_tensors(model), str(p), metadata=meta),
+        lambda p: (save_file(model_tensors(model), str(p), metadata=meta), umask_mode(p)),
     )
     _write(tmp / "optimizer.pt", lambda p: torch.save(optimizer.state_dict(), p))
     _write(tmp / "rng.pt", lambda p: torch.save(rng_state(), p))

@@ -98,6 +98,10 @@ class Window:
         self.loss_sum += loss
         self.norm_sum += norm
 
+    def seconds_per_step(self, state: TrainState) -> float:
+        """Training seconds per step over the window's steps."""
+        return max(1e-9, state.train_time - self.train_time) / max(1, state.step - self.step)
+
     def record(self, state: TrainState, mean, flops_per_token: int, peak: float) -> dict:
         """The metrics of the window's steps (one host sync; `mean` averages over the ranks),
         then a new window from `state`."""

@@ -175,8 +175,7 @@ class Trainer:
         return self.parallel.is_main
 
     @property
-    def step(self) -> int:
-        """Optimizer steps taken (read-only here; `self.state` holds the run's counters)."""
+    def step(self) -> int:  # read-only: `self.state` holds the run's counters
         return self.state.step
 
     @property
@@ -272,10 +271,11 @@ class Trainer:
         s, t = self.state, self.cfg.train
         # forward and backward, micro-batch by micro-batch: gradients accumulate in .grad
         total = torch.zeros((), device=self.device)
+        trained = 0  # targets the loss counted (conversations: the assistant's tokens only)
         for i in range(t.grad_accum):
             batch: Batch = next(batches)
-            x = batch.x.to(self.device, non_blocking=True)
-            y = batch.y.to(self.device, non_blocking=True)
+            trained += t.micro_batch_size * t.seq_len if batch.trained is None else batch.trained
+            x, y = (b.to(self.device, non_blocking=True) for b in (batch.x, batch.y))
             with self.parallel.no_sync(skip=i < t.grad_accum - 1):  # DDP: all-reduce on the last
                 total += micro_step(self.forward, x, y, t.grad_accum, self.autocast())
         s.loader = batch.state
@@ -289,7 +289,8 @@ class Trainer:
         # update, unless the guard left it out; the gradients are freed either way
         update(self.optimizer, apply=verdict is Verdict.OK)
         s.step += 1
-        s.tokens += t.batch_tokens
+        masked = self.data.masked  # a masked loss counts the targets it trained on (all ranks)
+        s.tokens += self.parallel.total(trained, self.device) if masked else t.batch_tokens
         dev.synchronize(self.device)
         s.train_time += time.perf_counter() - t0
         return Step(loss, norm, verdict, lr_mult)
@@ -323,8 +324,7 @@ class Trainer:
         return mult
 
     def _rollback(self) -> None:
-        """Reload the last checkpoint after persistent bad steps, keeping the data loader where
-        it is so the batches since the checkpoint are skipped (train/guard.py explains)."""
+        """Reload the last checkpoint; the data moves on (train/guard.py explains)."""
         info = self.checkpointer.rollback(self.state, self.model, self.optimizer)
         self.log(self.state.guard.rollback_note(info))
         for cb in self._my_callbacks():
@@ -333,9 +333,9 @@ class Trainer:
     def _log_metrics(self, window: Window) -> dict:
         """The record of the steps since the last one; starts a new window."""
         s = self.state
+        per_step = window.seconds_per_step(s)  # before the record starts a new window
         m = window.record(s, self.parallel.mean, self.flops_per_token, self.peak)
-        m.update(s.budget.record(s.step, m["tok_per_s"], self.cfg.train.batch_tokens))  # eta_s
-        return {**m, **s.data_figures()}
+        return {**m, **s.budget.record(s.step, per_step), **s.data_figures()}  # eta_s, time
 
     def save(self, final: bool = False) -> Path | None:
         """Checkpoint now. A failed periodic save stops the run, or with

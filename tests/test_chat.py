@@ -1,0 +1,669 @@
+"""Post-training: the chat format, conversation data, the SFT masked loss, `littlelm chat`,
+chat evaluation (docs/post-training.md)."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from conftest import make_corpus, tiny_tree, write_config
+from littlelm.cli import main
+from littlelm.config import validate
+from littlelm.data.build import DataConfig, build_data
+from littlelm.data.chat import CHAT_TOKENS, assistant_mask, chat_format, conversation_problem
+from littlelm.errors import DataError
+from littlelm.model.loss import linear_cross_entropy
+from littlelm.schema import load_run
+from littlelm.train import checkpoint as ckpt
+from littlelm.train.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def reversal(rng: random.Random) -> tuple[str, str]:
+    letters = [rng.choice("abcdefgh") for _ in range(rng.randint(2, 4))]
+    return f"Reverse: {' '.join(letters)}", " ".join(reversed(letters))
+
+
+def write_conversations(path: Path, n: int = 300, seed: int = 0, extra: list | None = None) -> Path:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        q, a = reversal(rng)
+        msgs = [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        if i % 3 == 0:
+            msgs = [{"role": "system", "content": "Be brief."}, *msgs]
+        rows.append({"messages": msgs})
+    lines = [json.dumps(r) for r in rows] + [json.dumps(r) for r in extra or []]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def data_cfg(tmp_path: Path, source: dict, **kw) -> DataConfig:
+    tree = {
+        "tokenizer": {"name": "bpe", "vocab_size": 300, "train_chars": 2000},
+        "sources": {"chat": {"name": "chat", **source}},
+        "val_fraction": 0.1,
+        "buffer_docs": 32,
+        **kw,
+    }
+    return validate(DataConfig, tree)
+
+
+BAD = [
+    ({"messages": [{"role": "bot", "content": "hi"}]}, "unknown role"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant turn"),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "user", "content": "b"},
+                {"role": "assistant", "content": "c"},
+            ]
+        },
+        "roles out of order",
+    ),
+    (
+        {"messages": [{"role": "user", "content": " "}, {"role": "assistant", "content": "c"}]},
+        "empty content",
+    ),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": "x <|end|>"},
+                {"role": "assistant", "content": "c"},
+            ]
+        },
+        "reserved token in content",
+    ),
+]
+
+
+@pytest.mark.parametrize("row, kind", BAD, ids=[k for _, k in BAD])
+def test_each_bad_conversation_kind_is_named(row, kind):
+    assert conversation_problem(row["messages"])[0] == kind
+
+
+def test_good_conversations_pass():
+    ok = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "u2"},
+        {"role": "assistant", "content": "a2"},
+    ]
+    assert conversation_problem(ok) is None
+    assert conversation_problem(ok[:-1])[0] == "roles out of order"  # ends on a user turn
+
+
+def test_bad_rows_are_counted_by_data_inspect(tmp_path, capsys):
+    src = write_conversations(tmp_path / "c.jsonl", 60, extra=[row for row, _ in BAD])
+    tree = {
+        "data": {
+            "tokenizer": {"name": "bpe", "vocab_size": 300, "train_chars": 2000},
+            "sources": {"chat": {"name": "chat", "dataset": str(src)}},
+            "val_fraction": 0.1,
+        }
+    }
+    cfg = write_config(tmp_path / "data.yaml", tree)
+    assert main(["data", "prepare", str(cfg), "--out", str(tmp_path / "ds")]) == 0
+    capsys.readouterr()
+    assert main(["data", "inspect", str(tmp_path / "ds" / "chat")]) == 0
+    out = capsys.readouterr().out
+    for _, kind in BAD:
+        assert f"1 conversation: {kind}" in out
+    assert main(["data", "inspect", str(tmp_path / "ds" / "chat"), "--seq-len", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "too long for train.seq_len 8" in out and " 0 too long" not in out
+    assert main(["data", "inspect", str(tmp_path / "ds" / "chat"), "--seq-len", "500"]) == 0
+    assert " 0 too long for train.seq_len 500" in capsys.readouterr().out
+
+
+def test_bad_row_with_on_error_fail_names_file_and_line(tmp_path, capsys):
+    src = write_conversations(tmp_path / "c.jsonl", 10, extra=[BAD[0][0]])
+    tree = {
+        "data": {
+            "tokenizer": {"name": "bpe", "vocab_size": 300, "train_chars": 2000},
+            "sources": {"chat": {"name": "chat", "dataset": str(src), "on_error": "fail"}},
+        }
+    }
+    cfg = write_config(tmp_path / "data.yaml", tree)
+    assert main(["data", "prepare", str(cfg), "--out", str(tmp_path / "ds")]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}:11 (message 1 has role 'bot'" in err and "unknown role" in err
+    assert "Traceback" not in err
+
+
+def test_alpaca_rows_become_one_exchange(tmp_path):
+    rows = [
+        {"instruction": "Add", "input": "2 3", "output": "5"},
+        {"instruction": "Say hi", "input": "", "output": "hi"},
+        {"instruction": "no output"},
+    ]
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows * 20))
+    cfg = data_cfg(tmp_path, {"dataset": str(src), "rows": "alpaca"}, val_fraction=0.0)
+    data = build_data(cfg, log=lambda *_: None)
+    assert data.sources["chat"].manifest["skipped"] == {"missing instruction or output": 20}
+    tok, fmt = data.tokenizer, chat_format(data.tokenizer)
+    docs = [tok.decode(d[1:]) for d in (data.sources["chat"].train[0].doc(i) for i in range(2))]
+    # decode drops the special tokens: user text then the reply
+    assert sorted(docs) == ["Add\n\n2 35", "Say hihi"]
+    assert fmt.render([{"role": "user", "content": "x"}], True) == "<|user|>x<|end|><|assistant|>"
+
+
+def test_parquet_and_saved_dataset_sources(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    msgs = [
+        [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+        for i in range(40)
+    ]
+    msgs[5] = [{"role": "user", "content": "q"}]  # row 6: no reply
+    pq.write_table(pa.table({"messages": msgs}), tmp_path / "c.parquet")
+    cfg = data_cfg(tmp_path, {"dataset": str(tmp_path / "c.parquet"), "on_error": "fail"})
+    with pytest.raises(DataError, match=r"c\.parquet:6 .*no assistant turn"):
+        build_data(cfg, log=lambda *_: None)
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"messages": msgs[:5]}).save_to_disk(str(tmp_path / "saved"))
+    data = build_data(data_cfg(tmp_path, {"dataset": str(tmp_path / "saved")}), log=lambda *_: None)
+    assert sum(len(s) for s in data.sources["chat"].train + data.sources["chat"].val) == 5
+
+
+def test_assistant_mask_single_and_multi_token_header():
+    BOS, U, A, E = 0, 2, 3, 4
+    t = np.array([BOS, U, 9, 9, E, A, 7, 8, E, U, 9, E, A, 6, E, BOS, A, 5])
+    want = [0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 1]
+    assert assistant_mask(t, (A,), E, BOS).astype(int).tolist() == want
+    # ChatML-like: the header is <start> assistant \n (three tokens)
+    t = np.array([BOS, 50, 60, 70, 9, 99, 50, 61, 70, 7, 8, 99, 71])
+    got = assistant_mask(t, (50, 61, 70), 99, BOS).astype(int).tolist()
+    assert got == [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0]
+
+
+def test_bpe_reserves_chat_tokens_and_old_tokenizers_keep_their_key():
+    from littlelm.data.tokenizer import BPEConfig, BPETokenizer
+
+    new = BPEConfig(name="bpe", vocab_size=300, train_chars=1000)
+    old = BPEConfig(name="bpe", vocab_size=300, train_chars=1000, chat_tokens=False)
+    assert "chat_tokens" not in BPETokenizer.cache_identity(old)  # as digested before
+    assert BPETokenizer.cache_identity(old) == {
+        "name": "bpe",
+        "vocab_size": 300,
+        "train_chars": 1000,
+        "special_tokens": [],
+    }
+    texts = ["def f(x): return x + 1\n" * 20]
+    tok = BPETokenizer.train(new, iter(texts))
+    assert [tok.special_id(t) for t in ("<|bos|>", *CHAT_TOKENS)] == [0, 1, 2, 3, 4]
+    assert BPETokenizer.train(old, iter(texts)).special_id("<|user|>") is None
+    with pytest.raises(DataError, match="no chat tokens"):
+        chat_format(BPETokenizer.train(old, iter(texts)))
+
+
+@pytest.fixture
+def chat_data(tmp_path):
+    src = write_conversations(tmp_path / "c.jsonl", 300)
+    return build_data(data_cfg(tmp_path, {"dataset": str(src)}), log=lambda *_: None)
+
+
+def test_rows_hold_whole_conversations_and_mask_all_but_replies(chat_data):
+    tok = chat_data.tokenizer
+    fmt = chat_format(tok)
+    loader = chat_data.loader(validate(DataConfig, {"buffer_docs": 32}), 4, 40, 0)
+    for _ in range(5):
+        x, y = loader.next_batch()
+        rows = torch.cat([x, y[:, -1:].clamp(min=0)], 1)  # y's last column may be masked
+        for row, tgt in zip(x.tolist(), y.tolist()):
+            assert row[0] == tok.bos_id  # every row starts a conversation
+            # between BOS tokens: one whole conversation ending in <|end|>, or padding
+            docs, cur = [], []
+            for t in row:
+                if t == tok.bos_id and cur:
+                    docs.append(cur)
+                    cur = []
+                cur.append(t)
+            docs.append(cur)
+            for d in docs[:-1]:  # the last one's <|end|> may be y's last target
+                assert len(d) == 1 or d[-1] == fmt.end
+            trained = [t for t in tgt if t >= 0]
+            text = tok.decode(trained)
+            assert "Reverse" not in text and "Be brief" not in text  # no user or system words
+            # each whole reply in the row ends at its <|end|>, which is trained
+            assert trained.count(fmt.end) == sum(1 for d in docs if len(d) > 1)
+        assert rows.shape[1] == 41
+    # held out: packed whole the same way, so each reply is scored after its question
+    val = list(chat_data.val_batches(3, 40))
+    assert val and all(bool((x[:, 0] == tok.bos_id).all()) for x, _ in val)
+    for x, y in val:
+        for row, tgt in zip(x.tolist(), y.tolist()):
+            trained = [t for t in tgt if t >= 0]
+            assert trained and "Reverse" not in tok.decode(trained)
+            assert trained.count(fmt.end) == row.count(fmt.header[0])  # every reply whole
+
+
+def test_sft_loss_is_the_mean_over_assistant_tokens_and_user_tokens_get_no_gradient(chat_data):
+    from littlelm.model.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(
+        GPTConfig(
+            vocab_size=chat_data.tokenizer.vocab_size,
+            n_layer=2,
+            d_model=32,
+            n_head=2,
+            max_seq_len=64,
+        )
+    )
+    loader = chat_data.loader(validate(DataConfig, {"buffer_docs": 32}), 4, 48, 0)
+    x, y = loader.next_batch()
+    assert (y == -1).any() and (y >= 0).any()
+    loss = model(x, y)
+    # by hand: logits of every position, cross-entropy of the assistant positions only
+    logits = model(x)
+    keep = y >= 0
+    hand = F.cross_entropy(logits[keep], y[keep])
+    torch.testing.assert_close(loss, hand, rtol=1e-5, atol=1e-6)
+    # the gradient reaches no position whose target is masked (user, system, headers)
+    h = model.hidden(x).detach().requires_grad_(True)
+    linear_cross_entropy(
+        h, model.lm_head.weight, y, model.cfg.vocab_size, model.cfg.softcap
+    ).backward()
+    per_pos = h.grad.abs().sum(-1)
+    assert torch.all(per_pos[~keep] == 0) and torch.all(per_pos[keep] > 0)
+
+
+def sft_trees(tmp_path: Path) -> tuple[Path, dict]:
+    """A tiny base run (bpe tokenizer with the chat tokens) and an SFT run from it."""
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "base"})
+    base["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 300, "train_chars": 5000}
+    base["train"]["max_steps"] = 3
+    base["model"]["max_seq_len"] = 96  # room for a chat of a few turns
+    Trainer(load_run(write_config(tmp_path / "base.yaml", base)), resume="never").fit()
+    src = write_conversations(tmp_path / "c.jsonl", 300)
+    sft = tiny_tree(corpus, tmp_path / "runs", run={"name": "sft"})
+    sft["data"] = {
+        "tokenizer": {"name": "saved", "path": str(tmp_path / "runs" / "base")},
+        "sources": {"chat": {"name": "chat", "dataset": str(src)}},
+        "val_fraction": 0.1,
+        "buffer_docs": 16,
+    }
+    sft["model"] = base["model"]
+    sft["grow"] = {"parent": str(tmp_path / "runs" / "base"), "continue_data": False}
+    sft["train"].update(max_steps=8, log_every=1)
+    sft["eval"] = {"every": 4, "max_tokens": 512}
+    sft["checkpoint"] = {"every": 4}
+    return tmp_path / "runs" / "base", sft
+
+
+def records(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "loss" in r]
+
+
+@pytest.mark.slow
+def test_sft_run_counts_trained_tokens_and_resumes_bitwise(tmp_path):
+    _, tree = sft_trees(tmp_path)
+    straight = load_run(write_config(tmp_path / "straight.yaml", tree))
+    result = Trainer(straight, resume="never").fit()
+    assert result["finished"] and "val_loss" in result
+    per_step = [r["tokens"] for r in records(straight.run_dir())]
+    steps = np.diff([0, *per_step])
+    # trained tokens (the assistant's) per step: fewer than the rows hold, never zero
+    assert all(0 < n < straight.train.batch_tokens for n in steps)
+    tree["run"]["name"] = "split"
+    split = load_run(write_config(tmp_path / "split.yaml", tree))
+    assert Trainer(split, resume="never").fit(stop_after=3)["step"] == 3
+    assert Trainer(split).fit()["finished"]
+    a, b = records(straight.run_dir()), records(split.run_dir())
+    assert [(r["step"], r["loss"], r["tokens"]) for r in a] == [
+        (r["step"], r["loss"], r["tokens"]) for r in b
+    ]
+    wa = load_file(ckpt.latest_checkpoint(straight.run_dir() / "checkpoints") / "model.safetensors")
+    wb = load_file(ckpt.latest_checkpoint(split.run_dir() / "checkpoints") / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.slow
+def test_too_long_conversations_are_refused_or_left_out(tmp_path, capsys):
+    _, tree = sft_trees(tmp_path)
+    long = {
+        "messages": [{"role": "user", "content": "x " * 40}, {"role": "assistant", "content": "y"}]
+    }
+    src = write_conversations(tmp_path / "long.jsonl", 100, extra=[long] * 30)
+    tree["data"]["sources"]["chat"].update(dataset=str(src), on_error="fail")
+    tree["train"]["max_steps"] = 2
+    with pytest.raises(DataError, match=r"conversation\(s\) longer than a training row"):
+        Trainer(load_run(write_config(tmp_path / "fail.yaml", tree)), resume="never")
+    tree["data"]["sources"]["chat"]["on_error"] = "skip"
+    trainer = Trainer(load_run(write_config(tmp_path / "skip.yaml", tree)), resume="never")
+    trainer.fit()
+    captured = capsys.readouterr()
+    assert "longer than a training row" in captured.out + captured.err
+    assert "conversation(s) longer than a row left out" in trainer.state.loader.report()
+
+
+# -- chat --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sftrun")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LITTLELM_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        _, tree = sft_trees(root)
+        tree["train"]["max_steps"] = 4
+        Trainer(load_run(write_config(root / "sft.yaml", tree)), resume="never").fit()
+    return root / "runs" / "sft"
+
+
+def test_non_interactive_replies_equal_greedy_generate(sft_run, capsys, monkeypatch):
+    import io
+
+    from littlelm.load import load_model
+    from littlelm.model.generate import generate
+
+    model, tok, _ = load_model(sft_run)
+    fmt = chat_format(tok)
+    convs = [
+        [{"role": "user", "content": "Reverse: a b c"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Reverse: d e"},
+            {"role": "assistant", "content": "e d"},
+            {"role": "user", "content": "Reverse: f g h"},
+        ],
+    ]
+    want = []
+    for msgs in convs:
+        ids = generate(model, fmt.encode(msgs, True), 12, 0.0, stop=fmt.end)
+        want.append(tok.decode([i for i in ids if i != fmt.end]))
+    assert main(["chat", str(sft_run), "--prompt", "Reverse: a b c", "--max-tokens", "12"]) == 0
+    assert capsys.readouterr().out == want[0] + "\n"
+    stdin = io.StringIO("".join(json.dumps({"messages": m}) + "\n" for m in convs))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert main(["chat", str(sft_run), "--max-tokens", "12"]) == 0
+    got = [json.loads(line)["reply"] for line in capsys.readouterr().out.splitlines()]
+    assert got == want
+
+
+def test_chat_keeps_its_kv_cache_across_turns(sft_run):
+    from littlelm.eval.chat import Chat
+    from littlelm.load import load_model
+    from littlelm.model.generate import generate
+
+    model, tok, _ = load_model(sft_run)
+    fmt = chat_format(tok)
+    chat = Chat(model, tok, system="Be brief.", max_tokens=10)
+    for q in ("Reverse: a b", "Reverse: c d e", "Reverse: f g"):
+        reply = chat.reply(q)
+        ids = generate(model, fmt.encode(chat.messages[:-1], True), 10, 0.0, stop=fmt.end)
+        assert reply == tok.decode([i for i in ids if i != fmt.end])
+    assert len(chat.messages) == 7 and chat.cached[
+        : len(fmt.encode(chat.messages[:3]))
+    ] == fmt.encode(chat.messages[:3])
+    chat.reset()
+    assert chat.messages == [{"role": "system", "content": "Be brief."}]
+
+
+def test_bad_stdin_conversation_is_named(sft_run, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(
+        sys, "stdin", io.StringIO('{"messages": [{"role": "assistant", "content": "x"}]}\n')
+    )
+    assert main(["chat", str(sft_run)]) != 0
+    err = capsys.readouterr().err
+    assert "stdin:1: the last message must be the user's" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_chat_in_a_real_terminal(sft_run, tmp_path):
+    session = f"littlelm-chat-{time.time_ns()}"
+    cmd = f"{sys.executable} -m littlelm chat {sft_run} --max-tokens 8 --system 'Be brief.'"
+    env = f"PYTHONPATH={ROOT} LITTLELM_CACHE={tmp_path}"
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", f"{env} {cmd}"],
+        check=True,
+    )
+
+    def screen() -> str:
+        return subprocess.run(
+            ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True
+        ).stdout
+
+    def wait_for(count: int, text: str = "you>", timeout: float = 60) -> str:
+        end = time.time() + timeout
+        while time.time() < end:
+            s = screen()
+            if s.count(text) >= count:
+                return s
+            time.sleep(0.2)
+        raise AssertionError(f"no {count}x {text!r} on the screen:\n{screen()}")
+
+    try:
+        wait_for(1)
+        for i, q in enumerate(["Reverse: a b", "Reverse: c d", "Reverse: e f g"], 2):
+            subprocess.run(["tmux", "send-keys", "-t", session, q, "Enter"], check=True)
+            wait_for(i)
+        s = screen()
+        assert s.count("model>") == 3 and "Reverse: e f g" in s
+        subprocess.run(["tmux", "send-keys", "-t", session, "/reset", "Enter"], check=True)
+        s = wait_for(5)
+        assert "(conversation reset)" in s
+        subprocess.run(["tmux", "send-keys", "-t", session, "/quit", "Enter"], check=True)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def test_chat_eval_table_and_centred_mean(sft_run, tmp_path, capsys):
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "tasks.yaml").write_text(
+        "tasks:\n  - {label: rev, file: rev.jsonl, kind: generative}\n"
+        "  - {label: mc, file: mc.jsonl, kind: choice}\n"
+    )
+    (tasks / "rev.jsonl").write_text(
+        "".join(
+            json.dumps({"question": f"Reverse: {q}", "answer": "x"}) + "\n" for q in ("a b", "c d")
+        )
+    )
+    (tasks / "mc.jsonl").write_text(
+        "".join(
+            json.dumps({"question": "Pick", "choices": ["p", "q", "r", "s"], "answer": a}) + "\n"
+            for a in "ABCD"
+        )
+    )
+    out = tmp_path / "scores.json"
+    assert main(["eval", str(sft_run), "--chat", str(tasks), "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "rev" in table and "mc" in table and "mean centred" in table
+    rec = json.loads(out.read_text())
+    mc = next(t for t in rec["tasks"] if t["label"] == "mc")
+    assert mc["baseline"] == 0.25 and mc["items"] == 4
+    # the same letter every time (the question does not change): exactly one of four right
+    assert mc["accuracy"] == 0.25 and mc["centred"] == 0.0
+    from littlelm.eval.chat_eval import extract
+
+    assert extract("so the total is 1,234.\n#### 1,234") == "1234" and extract(" e d ") == "e d"
+
+
+# -- export ------------------------------------------------------------------------------------
+
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "1,234",
+    "naïve",
+    "東京",
+    "x=y+1",
+    "\n",
+    "  ",
+    "def",
+    "?",
+    "🙂",
+    "Hello",
+]
+
+
+def random_conversations(n: int, seed: int = 0):
+    rng = random.Random(seed)
+    for _ in range(n):
+        msgs = [{"role": "system", "content": phrase(rng)}] if rng.random() < 0.5 else []
+        for _ in range(rng.randint(1, 6)):
+            msgs += [
+                {"role": "user", "content": phrase(rng)},
+                {"role": "assistant", "content": phrase(rng)},
+            ]
+        prompt = rng.random() < 0.5  # a prompt for the next reply: ends on a user turn
+        yield (msgs[:-1], True) if prompt else (msgs, False)
+
+
+def phrase(rng: random.Random) -> str:
+    return (
+        "".join(rng.choice([" ", ""]) + rng.choice(WORDS) for _ in range(rng.randint(1, 8))).strip()
+        or "ok"
+    )
+
+
+def hf_ids(hf, msgs, prompt):
+    ids = hf.apply_chat_template(msgs, tokenize=True, add_generation_prompt=prompt)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def trained_bpe(chat_tokens=True):
+    from littlelm.data.tokenizer import BPEConfig, BPETokenizer
+
+    texts = [" ".join(WORDS) * 30, "def f(x):\n    return x + 1\n" * 30]
+    return BPETokenizer.train(
+        BPEConfig(name="bpe", vocab_size=400, train_chars=5000, chat_tokens=chat_tokens),
+        iter(texts),
+    )
+
+
+def test_exported_chat_template_gives_littlelm_ids_in_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from littlelm.interop.hf_tokenizer import export_tokenizer
+
+    tok = trained_bpe()
+    export_tokenizer(tok, tmp_path)
+    cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert cfg["eos_token"] == "<|end|>" and "chat_template" in cfg
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    fmt = chat_format(tok)
+    assert hf.eos_token_id == fmt.end
+    n = 0
+    for msgs, prompt in random_conversations(200):
+        assert hf_ids(hf, msgs, prompt) == fmt.encode(msgs, prompt), msgs
+        n += 1
+    assert n == 200
+
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("bos_first", [True, False], ids=["template-writes-bos", "no-bos"])
+def test_an_imported_models_template_renders_as_transformers_does(tmp_path, bos_first):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import AddedToken
+
+    from littlelm.data.tokenizer import load_tokenizer
+    from littlelm.interop.hf_tokenizer import export_tokenizer, import_tokenizer
+
+    raw = trained_bpe(chat_tokens=False).tok
+    raw.add_special_tokens(
+        [AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)]
+    )
+    src = tmp_path / "model"
+    src.mkdir()
+    raw.save(str(src / "tokenizer.json"))
+    template = ("{{ bos_token }}" if bos_first else "") + CHATML
+    (src / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|bos|>",
+                "eos_token": "<|im_end|>",
+                "chat_template": template,
+            }
+        )
+    )
+    tok = import_tokenizer(src, {})
+    tok.save(tmp_path / "saved")  # the template travels with the tokenizer (a run's checkpoint)
+    tok = load_tokenizer(tmp_path / "saved")
+    fmt = chat_format(tok)
+    assert fmt.end == raw.token_to_id("<|im_end|>")
+    assert fmt.header == tuple(tok.encode("<|im_start|>assistant\n"))
+    hf = transformers.AutoTokenizer.from_pretrained(str(src))
+    for msgs, prompt in random_conversations(200, seed=1):
+        theirs = hf_ids(hf, msgs, prompt)
+        # every littlelm document starts with BOS: a template that writes none gets one first
+        assert fmt.encode(msgs, prompt) == (theirs if bos_first else [tok.bos_id, *theirs])
+    # exported again, it carries the imported template and its special tokens
+    out = tmp_path / "export"
+    out.mkdir()
+    export_tokenizer(tok, out)
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    assert cfg["chat_template"] == template and cfg["eos_token"] == "<|im_end|>"
+    # its mask: the replies of a ChatML conversation, <|im_end|> included, nothing else
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the cat"}]
+    ids = np.array(fmt.encode(msgs))
+    got = ids[fmt.mask(ids)].tolist()
+    assert got == [*tok.encode("the cat"), fmt.end]
+
+
+HARNESS_TASK = """task: littlelm_chat_rev
+dataset_path: json
+dataset_kwargs:
+  data_files: {{test: {file}}}
+  cache_dir: {cache}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs: {{until: ["\\n\\n"], max_gen_toks: 8, do_sample: false}}
+metric_list: [{{metric: exact_match}}]
+"""
+
+
+def test_harness_apply_chat_template_asks_in_the_chat_format(sft_run, tmp_path):
+    pytest.importorskip("lm_eval")
+    from littlelm.eval.chat import Chat
+    from littlelm.load import load_model
+
+    model, tok, _ = load_model(sft_run)
+    chat = Chat(model, tok, max_tokens=8)
+    rows = []
+    for i, q in enumerate(["Reverse: a b", "Reverse: c d", "Reverse: e f", "Reverse: a c"]):
+        chat.reset()
+        reply = chat.reply(q)
+        rows.append({"question": q, "answer": reply if i % 2 == 0 else reply + "zz"})
+    data = tmp_path / "rev.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "rev.yaml").write_text(HARNESS_TASK.format(file=data, cache=tmp_path / "hf"))
+    out = tmp_path / "h.json"
+    argv = ["eval", str(sft_run), "--harness", "littlelm_chat_rev", "--include", str(tasks)]
+    assert main([*argv, "--apply-chat-template", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())["results"]["littlelm_chat_rev"]
+    assert got["exact_match,none"] == 0.5  # the chat replies, as `littlelm chat` gives them
