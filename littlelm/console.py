@@ -26,6 +26,7 @@ from littlelm.schema import RunConfig
 from littlelm.train.callbacks import Callback
 from littlelm.train.growth import group_rows
 from littlelm.train.trainer import Trainer
+from littlelm.train.validation import validation_line
 
 
 class Console(Callback):
@@ -58,10 +59,7 @@ class Console(Callback):
             self.progress.update(progress_line(line, budget.total(step)))
 
     def on_eval(self, trainer: Trainer, m: dict) -> None:
-        self.say(
-            f"eval step {m['step']}: val loss {m['val_loss']:.4f} | val bpb {m['val_bpb']:.4f} "
-            f"| {m['val_tokens']:,} tokens | train time {m['train_time']:.1f}s"
-        )
+        self.say(f"eval step {m['step']}: {validation_line(m)} | train time {m['train_time']:.1f}s")
 
     def say(self, text: str) -> None:
         self.progress.message(text)

@@ -8,7 +8,7 @@ Sections and who owns them:
     optimizer   registered optimizer + its config               (littlelm.optim.groups)
     schedule    registered lr schedule + its config             (littlelm.optim.schedule)
     train       batch, steps, precision, compile, clipping      (littlelm.train.trainer)
-    eval        validation loss / bits per byte                 (littlelm.train.trainer)
+    eval        validation loss / bits per byte, named sets     (littlelm.train.validation)
     checkpoint  interval, retention, save-failure policy        (littlelm.train.trainer)
     guard       non-finite / spiking losses, rollback           (littlelm.train.guard)
     distributed ddp/fsdp, optimizer sharding, world size        (littlelm.train.distributed)
@@ -32,6 +32,7 @@ validated: the entry points call `littlelm.components.register_all()`.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -198,6 +199,34 @@ class EvalConfig(Cfg):
     batch_size: int | None = Field(
         None, description="Rows per eval batch; null = train.micro_batch_size.", ge=1
     )
+    sets: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Named validation sets, each the held-out documents of the data sources "
+        "listed (e.g. {old: [web], new: [pubmed]}; one label alone may be given without a list), "
+        "each logged as its own series (metrics.jsonl val_sets.NAME.loss / .bpb) beside "
+        "val_loss / val_bpb over all held-out data, which stay as without sets. max_tokens is "
+        "shared by the sources' weights as without sets.",
+    )
+
+    @field_validator("sets", mode="before")
+    @classmethod
+    def _one_label(cls, sets: Any) -> Any:
+        if isinstance(sets, dict):  # {new: pubmed} is {new: [pubmed]}
+            return {k: [v] if isinstance(v, str) else v for k, v in sets.items()}
+        return sets
+
+    @field_validator("sets")
+    @classmethod
+    def _set_names(cls, sets: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, labels in sets.items():
+            if not SET_NAME.fullmatch(name):  # a dot would split the metric's name in reports
+                raise ValueError(f"set name {name!r}: use letters, digits, '_' and '-' only")
+            if not labels:
+                raise ValueError(f"set {name!r} lists no data source")
+        return sets
+
+
+SET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class CheckpointConfig(Cfg):
@@ -340,6 +369,12 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
             "data.sources is empty: a run needs a data section naming at least one source, e.g. "
             "data: {sources: {main: {name: text, path: corpus.txt}}} (see littlelm/configs/demo.yaml)"
         )
+    problems += [
+        f"eval.sets.{name}: no data source {label!r}; sources: {', '.join(cfg.data.sources)}"
+        for name, labels in cfg.eval.sets.items()
+        for label in labels
+        if label not in cfg.data.sources
+    ]
     grow, m, more = resolve_growth(cfg.grow, m)
     problems += more
     grow, more = _resolve_grow_lr(grow, cfg.optimizer)

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from littlelm.config import apply_overrides, flatten, load_tree, to_tree, validate
-from littlelm.errors import ConfigError
+from littlelm.errors import ConfigError, LittleLMError
 from littlelm.schema import PACKAGED_CONFIGS, RunConfig, load_run
 
 
@@ -125,9 +125,18 @@ def test_resolved_config_round_trips(tiny_config):
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGED_CONFIGS.rglob("*.yaml")), ids=lambda p: p.name)
-def test_every_shipped_config_validates(path):
-    cfg = load_run(path)
-    assert cfg.train.max_steps >= 1
+def test_every_shipped_config_validates(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths in a config resolve against an empty directory
+    tree, origin = load_tree(path)
+    base = tree.get("grow", {}).get("parent")
+    if base is None:
+        assert load_run(path).train.max_steps >= 1
+        return
+    # A config that fine-tunes a base run (sft_demo: runs/demo) validates as typed, and without
+    # its base it fails with a clear error naming the base's path, not a traceback.
+    validate(RunConfig, tree, origin, str(path))
+    with pytest.raises(LittleLMError, match=base):
+        load_run(path)
 
 
 def test_every_config_field_has_a_description():

@@ -233,10 +233,18 @@ class RunData:
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Each source's validation split in turn; a token cap is shared by weight, so a capped
         evaluation still sees every source in its mixture proportion."""
+        for label in self.sources:
+            yield from self.source_val_batches(label, batch, seq_len, max_tokens)
+
+    def source_val_batches(
+        self, label: str, batch: int, seq_len: int, max_tokens: int | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One source's part of `val_batches`: its validation split, under its weight's share
+        of the token cap (the same windows whether evaluated alone or with the others)."""
+        src = self.sources[label]
         total = sum(s.weight for s in self.sources.values())
-        for src in self.sources.values():
-            cap = None if max_tokens is None else max(seq_len, int(max_tokens * src.weight / total))
-            yield from val_batches(src.val, batch, seq_len, cap, src.mask, self.tokenizer.bos_id)
+        cap = None if max_tokens is None else max(seq_len, int(max_tokens * src.weight / total))
+        return val_batches(src.val, batch, seq_len, cap, src.mask, self.tokenizer.bos_id)
 
     def mixture_plan(self, run_tokens: int) -> list[str]:
         """One line per source: weight, training tokens, and the epochs this run will take."""

@@ -3,25 +3,55 @@
 Bits per byte divides the summed loss (converted to bits) by the number of UTF-8 bytes the
 predicted tokens stand for; special tokens (BOS) stand for no bytes and are left out of both
 sums. Unlike loss per token, it compares models with different tokenizers.
+
+`loss_sums` returns the sums themselves, so that the sums of several held-out sets add up to
+those of their union (train/validation.py evaluates each source once and combines them).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
 
+@dataclass
+class LossSums:
+    nats: float = 0.0  # summed loss over every predicted token
+    nats_bytes: float = 0.0  # summed loss over the tokens that stand for bytes
+    n_bytes: int = 0
+    n_tokens: int = 0
+
+    def __add__(self, other: LossSums) -> LossSums:
+        return LossSums(
+            self.nats + other.nats,
+            self.nats_bytes + other.nats_bytes,
+            self.n_bytes + other.n_bytes,
+            self.n_tokens + other.n_tokens,
+        )
+
+    def metrics(self) -> dict:
+        """{'val_loss': nats/token, 'val_bpb': bits/byte, 'val_tokens': count} (NaN: no tokens)."""
+        if self.n_tokens == 0:
+            return {"val_loss": float("nan"), "val_bpb": float("nan"), "val_tokens": 0}
+        return {
+            "val_loss": self.nats / self.n_tokens,
+            "val_bpb": self.nats_bytes / (math.log(2) * max(1, self.n_bytes)),
+            "val_tokens": self.n_tokens,
+        }
+
+
 @torch.no_grad()
-def evaluate_loss(
+def loss_sums(
     model,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     token_bytes: torch.Tensor,
     device,
     autocast,
-) -> dict:
-    """{'val_loss': nats/token over all tokens, 'val_bpb': bits/byte, 'val_tokens': count}."""
+) -> LossSums:
+    """The summed loss of `model` over `batches` (in float64), and what it was summed over."""
     was_training = model.training
     model.eval()
     nats = torch.zeros((), dtype=torch.float64, device=device)
@@ -38,10 +68,15 @@ def evaluate_loss(
         n_bytes += b.sum()
         n_tokens += y.numel()
     model.train(was_training)
-    if n_tokens == 0:
-        return {"val_loss": float("nan"), "val_bpb": float("nan"), "val_tokens": 0}
-    return {
-        "val_loss": nats.item() / n_tokens,
-        "val_bpb": nats_bytes.item() / (math.log(2) * max(1, n_bytes.item())),
-        "val_tokens": n_tokens,
-    }
+    return LossSums(nats.item(), nats_bytes.item(), int(n_bytes.item()), n_tokens)
+
+
+def evaluate_loss(
+    model,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    token_bytes: torch.Tensor,
+    device,
+    autocast,
+) -> dict:
+    """{'val_loss': nats/token over all tokens, 'val_bpb': bits/byte, 'val_tokens': count}."""
+    return loss_sums(model, batches, token_bytes, device, autocast).metrics()

@@ -48,7 +48,7 @@ FIGURES = {
 KNOWN: dict[tuple[str, str], Metric] = {
     ("train", "loss"): Metric("train loss", "nats/token", "loss", "loss"),
     ("eval", "val_loss"): Metric("validation loss", "nats/token", "loss", "loss"),
-    ("eval", "val_bpb"): Metric("validation bits per byte", "bits/byte", "bpb"),
+    ("eval", "val_bpb"): Metric("validation bits per byte", "bits/byte", "bpb", "validation"),
     ("train", "lr_mult"): Metric(
         "logged", "× each group's base lr", "lr", LR_PANEL, from_zero=True
     ),
@@ -120,6 +120,8 @@ SUFFIX_UNITS = [
 def describe(kind: str, name: str) -> Metric | None:
     """How to plot field `name` of `kind` records; None for fields that are not plotted."""
     top = name.split(".")[0]
+    if top == "val_sets":  # val_sets.NAME.loss: a named validation set (eval.sets)
+        return validation_set(name)
     if top in NOT_PLOTTED or top in ("params", "flops_per_token", "peak_flops"):
         return None
     if (kind, name) in KNOWN:
@@ -131,6 +133,15 @@ def describe(kind: str, name: str) -> Metric | None:
     panel = "memory" if figure == "memory" else panel_of(name)
     zero = figure == "memory" or unit in ("GiB", "GB", "MiB", "MB", "fraction", "%")
     return Metric(name, unit, figure, panel, scale, "norm" in name, zero)
+
+
+def validation_set(name: str) -> Metric | None:
+    """`val_sets.NAME.loss` / `.bpb` share the axis of val_loss / val_bpb, one line per set."""
+    _, set_name, leaf = [*name.split(".", 2), "", ""][:3]
+    base = KNOWN.get(("eval", f"val_{leaf}"))
+    if base is None or leaf == "tokens" or not set_name:
+        return None
+    return replace(base, label=f"{base.label}, {set_name}")
 
 
 def unit_of(name: str) -> tuple[str, float]:

@@ -26,10 +26,10 @@ from littlelm.report.runs import RunData, Series
 
 CAPTIONS = {
     "loss": "Train loss (the mean over each logging window) and validation loss, in nats per "
-    "token. Lower is better; a validation loss that rises while the train loss falls is "
-    "overfitting.",
-    "bpb": "Validation bits per byte: loss normalised by the bytes of text each token covers, "
-    "comparable across tokenizers.",
+    "token, over all held-out data and over each named validation set (eval.sets). Lower is "
+    "better; a validation loss that rises while the train loss falls is overfitting.",
+    "bpb": "Validation bits per byte (all held-out data, and each named validation set): loss "
+    "normalised by the bytes of text each token covers, comparable across tokenizers.",
     "lr": "The schedule's learning-rate multiplier; each parameter group's lr is its base lr "
     "(the start-up table, or the optimizer section of the config) times this.",
     "throughput": "Training tokens per second (excluding evaluation and checkpoints) and model "

@@ -181,7 +181,8 @@ def eval_table(run: RunData) -> str | None:
     cols: list[str] = []
     for rec in recs:
         for key, value in flat(rec).items():
-            wanted = key not in ("kind", *NOT_PLOTTED) and (is_number(value) or value is None)
+            known = key not in ("kind", *NOT_PLOTTED) and describe("eval", key) is not None
+            wanted = known and (is_number(value) or value is None)  # not val_sets.NAME.tokens
             if wanted and key not in cols:
                 cols.append(key)
     shown = recs

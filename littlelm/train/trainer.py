@@ -33,7 +33,6 @@ import torch
 from littlelm.config import flatten, to_tree
 from littlelm.data.loader import Batch, DataExhausted, Prefetcher
 from littlelm.errors import CheckpointError, TrainingError
-from littlelm.model.bpb import evaluate_loss
 from littlelm.model.grow_lr import origin_multipliers
 from littlelm.progress import Progress
 from littlelm.schema import RunConfig
@@ -49,6 +48,7 @@ from littlelm.train.rundir import check_run_dir
 from littlelm.train.signals import StopSignals
 from littlelm.train.state import TrainState, Window
 from littlelm.train.step import grad_norm, micro_step, seed_everything, update
+from littlelm.train.validation import validation_metrics
 
 
 class Step(NamedTuple):
@@ -357,11 +357,10 @@ class Trainer:
         if not self.data.can_evaluate(c.train.seq_len):  # no held-out window: said at start
             return {}
         with s.budget.aside("eval"):  # the evaluation and its callbacks (samples) take this long
-            batches = self.data.val_batches(
-                c.eval.batch_size or c.train.micro_batch_size, c.train.seq_len, c.eval.max_tokens
-            )
             t0 = time.perf_counter()
-            m = evaluate_loss(self.model, batches, self.token_bytes, self.device, self.autocast())
+            m = validation_metrics(  # the whole held-out data, and each of eval.sets
+                self.model, self.data, c, self.token_bytes, self.device, self.autocast()
+            )
             m.update(step=s.step, tokens=s.tokens, train_time=s.train_time)
             m.update(eval_time=time.perf_counter() - t0, **s.budget.figures())
             self.last_eval = m
