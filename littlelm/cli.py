@@ -285,9 +285,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from littlelm.plan.planner import make_plan
     from littlelm.plan.report import plan_json, print_plan
     from littlelm.schema import load_run
+    from littlelm.train.growth import complete_growth
 
     config, overrides = _split_config(args.items)
-    cfg = load_run(config, overrides, world_size=args.devices)
+    cfg = complete_growth(load_run(config, overrides, world_size=args.devices))  # grow's parent
     catalog = load_catalog(args.gpus or [])
     plan = make_plan(
         cfg,
@@ -317,9 +318,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from littlelm.plan.bench import print_bench, run_bench
     from littlelm.schema import load_run
+    from littlelm.train.growth import complete_growth
 
     config, overrides = _split_config(args.items)
-    cfg = load_run(config, overrides)
+    cfg = complete_growth(load_run(config, overrides))  # a grown run: its parent's shape
     result = run_bench(cfg, args.steps)
     if args.json:
         print(json.dumps(result, indent=1))

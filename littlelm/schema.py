@@ -51,7 +51,7 @@ from littlelm.config import (
 from littlelm.data.build import DataConfig
 from littlelm.data.tokenizer import vocab_size_of
 from littlelm.errors import ConfigError
-from littlelm.model.grow import GrowConfig, resolve_growth
+from littlelm.model.grow import GrowConfig
 from littlelm.model.grow_lr import resolve_lr_multipliers
 from littlelm.model.protocol import ModelConfig
 from littlelm.optim.base import OptimizerConfig
@@ -375,9 +375,9 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
         for label in labels
         if label not in cfg.data.sources
     ]
-    grow, m, more = resolve_growth(cfg.grow, m)
-    problems += more
-    grow, more = _resolve_grow_lr(grow, cfg.optimizer)
+    # growth's values derived from the parent checkpoint (layer placement, value-embedding
+    # layers) are filled in at start-up (train/growth.py complete_growth): resolving reads no file
+    grow, more = _resolve_grow_lr(cfg.grow, cfg.optimizer)
     problems += more
     if problems:
         raise ConfigError(problems, source or None)

@@ -26,6 +26,7 @@ from littlelm.model.grow_lr import DEFAULT_LR_MULTIPLIERS, OriginRamp, origin_mu
 from littlelm.optim.groups import MuonConfig, plan_groups
 from littlelm.schema import load_run, resumable
 from littlelm.train.callbacks import Callback
+from littlelm.train.growth import complete_growth
 from littlelm.train.trainer import Trainer
 
 # ----------------------------------------------------------------------------------------------
@@ -229,7 +230,10 @@ def train_losses(run_dir) -> list[tuple[int, float]]:
 def test_grown_run_records_parent_trains_and_resumes(parent_run, tmp_path):
     root, corpus = parent_run
     parent_ckpt = root / "runs" / "parent" / "checkpoints" / "step_000004"
-    cfg = load_run(grown_config(root, corpus, "straight", tmp_path))
+    run_file = grown_config(root, corpus, "straight", tmp_path)
+    pure = load_run(run_file)  # loading a config reads no checkpoint: nothing derived yet
+    assert pure.grow.placement == "interleave" and pure.model.value_embed_layers is None
+    cfg = complete_growth(pure)  # at start-up, from the parent's state.json
     assert cfg.grow.parent == str(parent_ckpt)  # the run directory resolved to its checkpoint
     assert cfg.grow.placement == [0, 1, None] and cfg.model.value_embed_layers == [1, 2]
     t = Trainer(cfg, resume="never")
@@ -266,10 +270,14 @@ def test_grown_run_records_parent_trains_and_resumes(parent_run, tmp_path):
 def test_grow_errors_name_the_fix(parent_run, tmp_path):
     root, corpus = parent_run
     missing = grown_config(root, corpus, "a", tmp_path)
+    nowhere = load_run(missing, [f"grow.parent={tmp_path / 'nowhere'}"])  # loads: no I/O
     with pytest.raises(ConfigError, match="grow.parent: no complete checkpoint"):
-        load_run(missing, [f"grow.parent={tmp_path / 'nowhere'}"])
+        complete_growth(nowhere)
+    with pytest.raises(ConfigError, match="grow.parent: no complete checkpoint"):
+        Trainer(nowhere, resume="never")  # the trainer looks the parent up at start-up
+    assert not nowhere.run_dir().exists()  # before any work
     with pytest.raises(ConfigError, match="cannot remove blocks"):
-        load_run(grown_config(root, corpus, "b", tmp_path), ["model.n_layer=1"])
+        complete_growth(load_run(grown_config(root, corpus, "b", tmp_path), ["model.n_layer=1"]))
     with pytest.raises(ConfigError, match=r"run\.seed.*grow.continue_data: false"):
         Trainer(load_run(grown_config(root, corpus, "c", tmp_path), ["run.seed=5"]))
     fine = load_run(grown_config(root, corpus, "d", tmp_path, continue_data=False), ["run.seed=5"])
@@ -278,7 +286,9 @@ def test_grow_errors_name_the_fix(parent_run, tmp_path):
     broken.mkdir()
     (broken / "state.json").write_text("{not json")
     with pytest.raises(ConfigError, match="grow.parent: cannot read"):
-        load_run(grown_config(root, corpus, "h", tmp_path), [f"grow.parent={broken}"])
+        complete_growth(
+            load_run(grown_config(root, corpus, "h", tmp_path), [f"grow.parent={broken}"])
+        )
 
 
 def test_grow_refuses_other_tokenizer(parent_run, tmp_path):

@@ -42,7 +42,7 @@ from littlelm.train.build import build_data, build_model, build_optimizer
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback, complete_end_record
 from littlelm.train.checkpointer import Checkpointer, Resumed
 from littlelm.train.distributed import Parallel
-from littlelm.train.growth import grow_at_start
+from littlelm.train.growth import complete_growth, grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
 from littlelm.train.rundir import check_run_dir
 from littlelm.train.signals import StopSignals
@@ -80,7 +80,8 @@ class Trainer:
         # `precision: auto` becomes bf16 or fp32 for this device before anything reads it, so
         # the checkpoints record what the run computed in (littlelm/hardware.py)
         requested = cfg.train.precision
-        self.cfg = cfg = dev.with_precision(cfg, self.device)
+        # and a grown run's shape from its parent checkpoint (train/growth.py), read here
+        self.cfg = cfg = complete_growth(dev.with_precision(cfg, self.device))
         self.auto_fp32 = requested == "auto" and cfg.train.precision == "fp32"  # said at start
         self.stop = StopSignals()
         self.last_eval: dict = {}
