@@ -21,7 +21,7 @@ the resolved config a run directory keeps says exactly what ran; the validated c
 given is left as it is.
 
 Which keys a resumed run may change is declared on the fields themselves
-(`json_schema_extra=RESUMABLE`; `resumable` below reads it for train/resume.py).
+(`json_schema_extra=RESUMABLE`; `resumable` below reads it for train/checkpoint/resume.py).
 
 This module sits below the trainer and above the components: it composes the sections owned by
 model/, optim/ and data/ (which never see the root config) and those of the train layer's

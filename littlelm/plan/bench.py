@@ -43,8 +43,8 @@ from littlelm.plan.shapes import Dims
 from littlelm.plan.trace import optimizer_tensors, trace_step
 from littlelm.progress import Progress
 from littlelm.train.callbacks import Callback
+from littlelm.train.checkpoint.rundir import BENCH_MARKER, is_run_dir
 from littlelm.train.device import peak_flops, pick_device, with_precision
-from littlelm.train.rundir import BENCH_MARKER, is_run_dir
 
 
 class StepTimer(Callback):

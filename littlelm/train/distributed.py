@@ -409,7 +409,7 @@ class Parallel:
     ) -> None:
         """Load whole checkpoint tensors into the (possibly sharded) model: every rank holds the
         same `tensors` and FSDP keeps each rank's slice."""
-        from littlelm.train import checkpoint as ckpt
+        from littlelm.train.checkpoint import files as ckpt
 
         if self.strategy != "fsdp":
             ckpt.load_model_tensors(model, tensors, source)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from littlelm.checkpoints import find_checkpoint
+from littlelm.checkpoint_dirs import find_checkpoint
 from littlelm.config import flatten, marked, to_tree
 from littlelm.errors import CheckpointError, ConfigError, LittleLMError, TrainingError
 from littlelm.model.gpt import GPT, GPTConfig
@@ -37,7 +37,7 @@ from littlelm.model.grow import (
 from littlelm.model.grow_lr import OriginLR, OriginRamp, multiplier
 from littlelm.optim.groups import group_table
 from littlelm.schema import RunConfig
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 
 VERIFY_RTOL = 1e-4  # of the largest logit; fp32 growth lands near 1e-6
 

@@ -12,8 +12,8 @@ records metrics every `log_every` steps, validates every `eval.every`, checkpoin
 says the run is done. `__init__` builds everything in one numbered sequence whose order
 matters; each step says why.
 
-What a run carries from step to step is one object, `self.state` (train/state.py);
-`self.checkpointer` (train/checkpointer.py) saves it with the weights and optimizer state and
+What a run carries from step to step is one object, `self.state` (train/checkpoint/state.py);
+`self.checkpointer` (train/checkpoint/save_restore.py) saves it with the weights and optimizer state and
 restores it on resume and rollback. The trainer prints only what happened (resumed, skipped,
 rolled back); what `littlelm train` shows around it is the CLI's console (littlelm/console.py),
 a callback. Under torchrun every rank runs this same loop on its own slice of the data;
@@ -40,13 +40,13 @@ from littlelm.train import device as dev
 from littlelm.train.budget import Steps, build_budget, lr_schedule
 from littlelm.train.build import build_data, build_model, build_optimizer
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback, complete_end_record
-from littlelm.train.checkpointer import Checkpointer, Resumed
+from littlelm.train.checkpoint.rundir import check_run_dir
+from littlelm.train.checkpoint.save_restore import Checkpointer, Resumed
+from littlelm.train.checkpoint.state import TrainState, Window
 from littlelm.train.distributed import Parallel
 from littlelm.train.growth import complete_growth, grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
-from littlelm.train.rundir import check_run_dir
 from littlelm.train.signals import StopSignals
-from littlelm.train.state import TrainState, Window
 from littlelm.train.step import grad_norm, micro_step, seed_everything, update
 from littlelm.train.validation import validation_metrics
 

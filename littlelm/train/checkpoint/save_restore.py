@@ -1,9 +1,9 @@
-"""Saving and restoring a run's TrainState (train/state.py) together with its weights and
+"""Saving and restoring a run's TrainState (train/checkpoint/state.py) together with its weights and
 optimizer state: the run directory's side of the Trainer.
 
     save        gather the whole state on every rank; rank 0 writes one checkpoint
-                (train/checkpoint.py: atomic, whole tensors) and prunes the old ones
-    load        at start-up: the checkpoint to resume from (train/resume.py picks it and checks
+                (train/checkpoint/files.py: atomic, whole tensors) and prunes the old ones
+    load        at start-up: the checkpoint to resume from (train/checkpoint/resume.py picks it and checks
                 this run's config may continue it), its weights loaded into the unsharded model
     restore     after the optimizer and loader exist: optimizer state, RNG, counters, guard and
                 this rank's data position (re-dealt if the world size changed, data/reshard.py)
@@ -25,12 +25,11 @@ from pathlib import Path
 from littlelm.config import dump_yaml, to_tree
 from littlelm.data.reshard import MakeLoader, loader_state_for
 from littlelm.errors import RunDirError, TrainingError
-from littlelm.train import checkpoint as ckpt
-from littlelm.train import resume as resuming
-from littlelm.train.distributed import Parallel
-from littlelm.train.runlock import RunLock
+from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.checkpoint import resume as resuming
+from littlelm.train.checkpoint.rundir import RunLock
+from littlelm.train.checkpoint.state import TrainState
 from littlelm.train.signals import StopSignals
-from littlelm.train.state import TrainState
 
 
 @dataclass
@@ -56,7 +55,9 @@ class Resumed:
 
 class Checkpointer:
     # cfg: the run's RunConfig (littlelm/schema.py)
-    def __init__(self, cfg, parallel: Parallel, tokenizer, run_dir: Path):
+    # parallel: train/distributed.py's Parallel (not imported: distributed.py reads checkpoint
+    # files, and the package must not import it back)
+    def __init__(self, cfg, parallel, tokenizer, run_dir: Path):
         self.cfg = cfg
         self.parallel = parallel
         self.tokenizer = tokenizer
@@ -120,7 +121,7 @@ class Checkpointer:
         return path
 
     def _state_json(self, state: TrainState) -> dict:
-        """state.json's keys after format_version and step (train/state.py lists them)."""
+        """state.json's keys after format_version and step (train/checkpoint/state.py lists them)."""
         saved = {
             "tokens": state.tokens,
             "train_time": state.train_time,

@@ -1,6 +1,6 @@
 """The training state: everything a run carries from one step to the next besides its weights
 and its optimizer's state, declared in one object that the Trainer owns and the checkpointer
-(train/checkpointer.py) saves and restores.
+(save_restore.py) saves and restores.
 
     step, tokens, train_time      counters (train_time: seconds inside optimizer steps only)
     loader                        the data position just after the last batch trained on
@@ -15,7 +15,7 @@ process's generators, where every operation draws from them: a copy here would g
 next draw. The checkpointer reads them at each save (rng.pt) and sets them back on resume and
 rollback. The weights and the optimizer's moments live in the model and the optimizer.
 
-A checkpoint's state.json holds `format_version` and `step` (train/checkpoint.py), then
+A checkpoint's state.json holds `format_version` and `step` (train/checkpoint/files.py), then
 `tokens`, `train_time`, `loader`, `tokenizer` (fingerprint), `config` (the resolved config) and
 `guard`, plus `loader_world_size` and `loader_ranks` (every rank's data position) under torchrun.
 """
