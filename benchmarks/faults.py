@@ -183,7 +183,7 @@ def make_run(work: Path, name: str, args: argparse.Namespace, steps: int | None 
         "checkpoint": {"every": args.every, "keep_last": 2},
     }
     if args.sft and name == "base":  # the base model: a BPE tokenizer with the chat tokens
-        tree["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 512, "train_chars": 200_000}
+        tree["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 400, "train_chars": 200_000}
         tree["train"]["max_steps"] = 30
         tree["checkpoint"] = {"every": 30}
     elif args.sft:

@@ -41,19 +41,18 @@ def one(name: str, steps: int, out_dir: str, calibration: list[str]) -> dict:
     from littlelm.hardware import native_bf16
     from littlelm.plan.bench import current_rss, run_bench
     from littlelm.plan.planner import local_plan
-    from littlelm.plan.shapes import Dims
     from littlelm.schema import load_run
 
     register_all()  # an entry point: fill the registries before reading a config
     over = [*SHAPES[name], f"run.name=plan_check_{name}", f"run.out_dir={out_dir}"]
     cfg = load_run("demo", over)
     if calibration:
-        d = Dims.of(cfg.with_precision(native_bf16("cpu")))  # what bench (the Trainer) computes in
+        here = cfg.with_precision(native_bf16("cpu"))  # what bench (the Trainer) computes in
         tokens = cfg.train.max_tokens
         base = current_rss()  # the process before any probe
         earlier = [json.loads(Path(f).read_text()) for f in calibration]
-        uncal = local_plan(d, tokens, [], 0.0, base)
-        cal = local_plan(d, tokens, earlier, 0.0, base)
+        uncal = local_plan(here, tokens, [], 0.0, base)
+        cal = local_plan(here, tokens, earlier, 0.0, base)
         return {
             "uncal_tok_s": uncal.tok_s,
             "cal_tok_s": cal.tok_s,

@@ -166,6 +166,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
     )  # fmt: skip
 
 
+def cmd_chat_tokens(args: argparse.Namespace) -> int:
+    from littlelm.interop.chat_tokens import add_chat_tokens
+
+    r = add_chat_tokens(args.checkpoint, args.out)
+    print(f"{r['summary']}\nwrote {r['checkpoint']}; fine-tune from it (docs/post-training.md)")
+    return 0
+
+
 def cmd_grow(args: argparse.Namespace) -> int:
     from littlelm.schema import load_run
     from littlelm.train.growth import preview_growth
@@ -525,6 +533,15 @@ def _add_chat(sub) -> None:
     c.add_argument("--seed", type=int, default=0, help="sampling seed")
     c.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
     c.set_defaults(fn=cmd_chat)
+    t = _verb(
+        sub,
+        "chat-tokens",
+        "give a model trained before the chat tokens existed littlelm's chat format",
+        "  littlelm chat-tokens runs/old --out runs/old-chat",
+    )
+    t.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
+    t.add_argument("--out", required=True, help="the new run directory (must not exist)")
+    t.set_defaults(fn=cmd_chat_tokens)
 
 
 def _add_grow(sub) -> None:

@@ -353,7 +353,7 @@ def test_too_long_conversations_are_refused_or_left_out(tmp_path, capsys):
     trainer.fit()
     captured = capsys.readouterr()
     assert "longer than a training row" in captured.out + captured.err
-    assert "conversation(s) longer than a row left out" in trainer.state.loader.report()
+    assert "skip(s) of a conversation longer than a row" in trainer.state.loader.report()
 
 
 # -- chat --------------------------------------------------------------------------------------
@@ -667,3 +667,73 @@ def test_harness_apply_chat_template_asks_in_the_chat_format(sft_run, tmp_path):
     assert main([*argv, "--apply-chat-template", "--out", str(out)]) == 0
     got = json.loads(out.read_text())["results"]["littlelm_chat_rev"]
     assert got["exact_match,none"] == 0.5  # the chat replies, as `littlelm chat` gives them
+
+
+def test_chat_with_a_model_without_a_chat_format_names_the_fix(tiny_config, capsys):
+    cfg = load_run(tiny_config)
+    Trainer(cfg, resume="never").fit(stop_after=1)
+    assert main(["chat", str(cfg.run_dir()), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "has no chat tokens" in err and "docs/post-training.md" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pad", [64, 1], ids=["spare-rows", "padding-grown"])
+def test_a_model_from_before_the_chat_tokens_gets_them_and_fine_tunes(tmp_path, capsys, pad):
+    from littlelm.load import load_model
+
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "old"})
+    base["data"]["tokenizer"] = {
+        "name": "bpe",
+        "vocab_size": 300,
+        "train_chars": 5000,
+        "chat_tokens": False,
+    }
+    base["model"].update(max_seq_len=96, vocab_pad_multiple=pad)
+    base["train"]["max_steps"] = 2
+    Trainer(load_run(write_config(tmp_path / "old.yaml", base)), resume="never").fit()
+    old, old_tok, _ = load_model(tmp_path / "runs" / "old")
+    assert (
+        main(
+            [
+                "chat-tokens",
+                str(tmp_path / "runs" / "old"),
+                "--out",
+                str(tmp_path / "runs" / "chat"),
+            ]
+        )
+        == 0
+    )
+    said = capsys.readouterr().out
+    assert (
+        "spare padded rows 300-303 of 320" if pad == 64 else "padding grown from 300 to 304"
+    ) in said
+    new, tok, _ = load_model(tmp_path / "runs" / "chat")
+    assert [tok.special_id(t) for t in CHAT_TOKENS] == [300, 301, 302, 303]
+    assert tok.encode("def main") == old_tok.encode("def main")
+    x = torch.tensor([old_tok.encode("the model reads a token")])
+    torch.testing.assert_close(new(x)[..., :300], old(x))
+    mean = old.wte.weight[:300].mean(0)
+    torch.testing.assert_close(new.wte.weight[300:304], mean.expand(4, -1))
+    torch.testing.assert_close(
+        new.lm_head.weight[300:304], old.lm_head.weight[:300].mean(0).expand(4, -1)
+    )
+    # fine-tuning from it is an ordinary SFT run
+    src = write_conversations(tmp_path / "c.jsonl", 200)
+    sft = tiny_tree(corpus, tmp_path / "runs", run={"name": "sft"})
+    sft["model"] = {**base["model"], "vocab_size": None}
+    sft["data"] = {
+        "tokenizer": {"name": "saved", "path": str(tmp_path / "runs" / "chat")},
+        "sources": {"chat": {"name": "chat", "dataset": str(src)}},
+        "val_fraction": 0.1,
+    }
+    sft["grow"] = {"parent": str(tmp_path / "runs" / "chat"), "continue_data": False}
+    sft["train"]["max_steps"] = 2
+    assert Trainer(load_run(write_config(tmp_path / "sft.yaml", sft)), resume="never").fit()[
+        "finished"
+    ]
+    # a second time: it has them already
+    assert main(["chat-tokens", str(tmp_path / "runs" / "chat"), "--out", str(tmp_path / "x")]) != 0
+    assert "has the chat tokens already" in capsys.readouterr().err

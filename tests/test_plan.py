@@ -11,7 +11,12 @@ from littlelm.cli import main
 from littlelm.errors import ConfigError
 from littlelm.plan import memory as mem
 from littlelm.plan import speed
-from littlelm.plan.calibration import cuda_calibration
+from littlelm.plan.calibration import (
+    cuda_calibration,
+    save_measurement,
+    speed_calibrations,
+    workload_key,
+)
 from littlelm.plan.catalog import load_catalog
 from littlelm.plan.cost import (
     largest_fitting,
@@ -20,7 +25,6 @@ from littlelm.plan.cost import (
     plan_gpu,
     remedies,
 )
-from littlelm.plan.measurements import save_measurement, speed_calibration, workload_key
 from littlelm.plan.planner import make_plan
 from littlelm.plan.shapes import Dims
 from littlelm.schema import load_run
@@ -239,7 +243,7 @@ def test_a_bench_on_a_gpu_calibrates_every_workload_there(tiny_config, tmp_path)
     assert "bench on this GPU" in by["H100-SXM"].mfu_source
     assert "torchtitan" in by["A100-80GB"].mfu_source and by["A100-80GB"].measured is None
     assert by["H100-SXM"].measured["peak_reserved"] == 3 * 2**30
-    assert speed_calibration([], gpu="H100-SXM") is None
+    assert speed_calibrations([], gpu="H100-SXM") == []
 
 
 def test_cli_plan_json(tiny_config, capsys):
@@ -247,7 +251,8 @@ def test_cli_plan_json(tiny_config, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == 10**9 and out["gpus"][0]["gpu"] == "H100-SXM"
     mem = out["memory_bytes"]
-    assert set(mem["trace_cpu_kernels"]) == set(mem["analytic_cpu_kernels"])
+    assert set(mem["trace"]) == set(mem["analytic"]) == set(mem["plan"])
+    assert mem["plan"] == mem["trace"] and out["memory_source"].startswith("trace")
     assert all(r is None or abs(r - 1) < 0.1 for r in out["trace_over_analytic"].values())
     assert out["gpus"][0]["fits"] is True and out["gpus"][0]["headroom_gib"] > 70
 

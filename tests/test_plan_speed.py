@@ -10,13 +10,13 @@ import torch
 from rich.console import Console
 
 from littlelm.cli import main
+from littlelm.config import to_tree
 from littlelm.hardware import native_bf16
 from littlelm.plan import speed
-from littlelm.plan.calibration import cuda_calibration, load_points, point_ratio
+from littlelm.plan.bench import CPU_HEAP_MARGIN
+from littlelm.plan.calibration import cuda_calibration, load_points, point_ratio, save_measurement
 from littlelm.plan.catalog import load_catalog
 from littlelm.plan.cost import plan_gpu
-from littlelm.plan.measurements import save_measurement
-from littlelm.plan.memory import CPU_HEAP_MARGIN
 from littlelm.plan.planner import make_plan
 from littlelm.plan.probe import device_key, measure_rates
 from littlelm.plan.report import print_plan
@@ -78,8 +78,8 @@ def test_fsdp_plan_shows_per_gpu_memory(tiny_config):
     cfg = load_run(tiny_config, ["distributed.strategy=fsdp"], world_size=8)
     plan = make_plan(cfg, load_catalog(), ["H100-SXM"], devices=8, trace=False)
     per_rank = plan.per_rank_categories()
-    assert per_rank["parameters"] < plan.estimate.categories["parameters"] / 4
-    assert plan.per_rank_peak() < plan.estimate.peak
+    assert per_rank["parameters"] < plan.memory.categories["parameters"] / 4
+    assert plan.per_rank_peak() < plan.memory.peak
     out = io.StringIO()
     print_plan(plan, Console(file=out, width=140))
     assert "memory per GPU (fsdp, 8 GPUs)" in out.getvalue()
@@ -116,9 +116,12 @@ def test_plan_on_this_cpu_probes_and_uses_a_bench_calibration(
     margin = f"heap margin {CPU_HEAP_MARGIN:.2f}"  # where the memory figure comes from
     assert margin in " ".join(out.split())
     key = device_key(torch.device("cpu"))
+    # a bench calibrates with the config it ran (one from before benches recorded it: skipped)
     save_measurement({"device": "cpu", "device_key": key, "run": "x", "speed_ratio": 2.0})
+    bench = {"device": "cpu", "device_key": key, "run": "y", "speed_ratio": 2.0, "step_s": 1.0}
+    save_measurement({**bench, "config": to_tree(cfg.with_precision(native_bf16("cpu")))})
     plan = make_plan(cfg, load_catalog(), ["H100-SXM"], trace=False, local=True)
-    assert "calibrated by bench of x" in plan.local.source
+    assert "calibrated by bench (y; newest" in plan.local.source
     # precision auto: the catalog's GPUs in bf16, this machine in what it computes natively
     assert cfg.train.precision == "auto" and plan.dims.bf16
     assert plan.local.precision == ("bf16" if native_bf16("cpu") else "fp32")
@@ -131,7 +134,6 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
     # the bench's ratio is re-taken against rates probed now at the bench's shapes (a shared
     # CPU's probe drifts between processes), and its measured RSS growth per tensor byte
     # replaces the default heap margin
-    from littlelm.config import to_tree
     from littlelm.plan import planner
 
     monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))
@@ -163,19 +165,18 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
     assert local.tok_s == pytest.approx(here.tokens * here.grad_accum / step)
     assert local.heap_margin == pytest.approx(2.0)
     assert local.process_peak >= 2 * local.tensor_peak  # resident set at start + 2 x tensors
-    # a record from a littlelm whose config no longer validates: its own ratio, said so
+    # a record from a littlelm whose config no longer validates calibrates nothing
     stale = {**record, "config": {"model": {"no_such_field": 1}}, "speed_ratio": 3.0}
     save_measurement({**stale, "time": "2999-01-01T00:00:00"})  # the newest
-    stale = planner.local_calibration(planner.load_measurements()[-1:], record["device_key"], bd)
-    assert stale.speed == 3.0 and "its own probe's ratio" in stale.source
+    rates, used = planner.local_calibration(planner.load_measurements(), record["device_key"], bd)
+    assert rates.calibration == pytest.approx(1.5) and [b["run"] for b in used] == ["b"]
     # without a bench: the documented default margin
-    assert planner.local_calibration([], "no such machine", bd).heap == CPU_HEAP_MARGIN
+    assert planner.heap_margin([]) == CPU_HEAP_MARGIN
 
 
 def test_local_calibration_is_the_median_of_the_newest_benches(tiny_config, monkeypatch):
     # one bench that read slow (a busy moment on a shared CPU) does not move the plan; benches
     # older than the newest LOCAL_BENCHES do not count; a shape is probed once
-    from littlelm.config import to_tree
     from littlelm.plan import planner
 
     fixed = speed.Rates(matmul=1e10, attention=5e9, bandwidth=1e10, launch=1e-5)
@@ -205,13 +206,13 @@ def test_local_calibration_is_the_median_of_the_newest_benches(tiny_config, monk
     records.append(bench("b", 1.45, 1.25))
     assert planner.LOCAL_BENCHES == 3
     target = Dims.of(load_run(tiny_config, ["train.micro_batch_size=2"]))
-    cal = planner.local_calibration(records, key, target)
-    assert cal.speed == pytest.approx(1.5) and cal.heap == pytest.approx(1.25)
-    assert cal.rates.calibration == pytest.approx(1.5)
-    assert "median of 3 benches (a, b, slow" in cal.source
+    rates, used = planner.local_calibration(records, key, target)
+    assert rates.calibration == pytest.approx(1.5)
+    assert planner.heap_margin(used) == pytest.approx(1.25)
+    assert [b["run"] for b in used] == ["a", "slow", "b"]
     # one round of probes: the planned shape with the one shape the three benches ran
     assert [len(ds) for ds in probes] == [2] and probes[0][0] is target
-    assert planner.local_calibration(records, "another machine", target).speed == 1.0
+    assert planner.local_calibration(records, "another machine", target)[0].calibration == 1.0
 
 
 def test_muon_step_costs_bytes_per_parameter_and_newton_schulz_flops(tiny_config):

@@ -152,7 +152,7 @@ class PackStats:
     cropped: int = 0  # tokens dropped when a document was cropped to fill a row
     split: int = 0  # row tokens from a piece that does not start at its document's BOS
     padded: int = 0  # pad mode: row tokens that are padding
-    too_long: int = 0  # pad mode: documents longer than a row, left out
+    too_long: int = 0  # pad mode: times a document longer than a row was left out
 
     @property
     def crop_rate(self) -> float:
@@ -371,7 +371,7 @@ class LoaderSnapshot:
         long = sum(s[5] for s in stats if len(s) > 5)
         chat = (
             f", {100 * padded / max(1, sum(s[1] for s in stats)):.2f}% of row tokens padding, "
-            f"{long:,} conversation(s) longer than a row left out"
+            f"{long:,} skip(s) of a conversation longer than a row (each epoch counts)"
             if padded or long
             else ""
         )

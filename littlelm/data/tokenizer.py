@@ -52,6 +52,10 @@ class Tokenizer:
         """Special-token strings a chat template may use (eos_token, ...), besides bos_token."""
         return {}
 
+    def with_special_tokens(self, tokens: Iterable[str]) -> Tokenizer:
+        """A new tokenizer: this one plus `tokens` as special tokens after its last id."""
+        raise NotImplementedError
+
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
 
@@ -196,6 +200,15 @@ class HFTokenizer(Tokenizer):
 
     def template_tokens(self) -> dict[str, str]:
         return dict(self._template_tokens)
+
+    def with_special_tokens(self, tokens: Iterable[str]) -> HFTokenizer:
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as RawTokenizer
+
+        raw = RawTokenizer.from_str(self.tok.to_str())
+        raw.add_special_tokens([AddedToken(t, special=True) for t in tokens])
+        new = type(self)(raw, self.bos_token)
+        return new.with_chat_template(self.chat_template, self.template_tokens())
 
     def with_chat_template(self, template: str | None, tokens: dict[str, str]) -> HFTokenizer:
         """Carry `template` (tokenizer_config.json's chat_template) and its special strings."""

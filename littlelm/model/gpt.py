@@ -150,7 +150,7 @@ class GPTConfig(ModelConfig):
         return self
 
     growable: ClassVar[bool] = True  # model/grow.py
-    analytic_plan: ClassVar[bool] = True  # plan/shapes.py mirrors GPT's parameters
+    analytic_plan: ClassVar[bool] = True  # plan/memory.py's formulas describe GPT's step
 
     def check_device(self, device: torch.device) -> None:
         """Fail early, with the fix, when a configured feature cannot run on `device`."""

@@ -37,6 +37,35 @@ def block_bytes(nbytes: int) -> int:
     return -(-nbytes // BLOCK) * BLOCK if nbytes else 0
 
 
+@dataclass(frozen=True)
+class Memory:
+    """Tensor memory of one training step on one device, as the trace counts it or the analytic
+    model computes it: bytes per category (each at its own largest) and, for each phase of the
+    step, what is alive at that phase's peak, by category."""
+
+    categories: dict[str, int]
+    breakdowns: dict[str, dict[str, int]]  # phase -> category -> bytes at the phase's peak
+    source: str  # where the figures come from, in words
+    seconds: float = 0.0  # how long the trace took
+
+    @property
+    def phases(self) -> dict[str, int]:
+        return {k: sum(v.values()) for k, v in self.breakdowns.items()}
+
+    @property
+    def peak_phase(self) -> str:
+        phases = self.phases
+        return max(phases, key=phases.get)
+
+    @property
+    def peak(self) -> int:
+        return self.phases[self.peak_phase]
+
+    def peak_breakdown(self) -> dict[str, int]:
+        """What is alive at the peak, by category (sums to `peak`)."""
+        return self.breakdowns[self.peak_phase]
+
+
 @dataclass
 class Snapshot:
     """Live bytes per category at one moment, and the total."""

@@ -31,20 +31,27 @@ from littlelm.data.build import build_data
 from littlelm.errors import RunDirError
 from littlelm.model.backend import run_backend
 from littlelm.model.gpt import flops_per_token
-from littlelm.plan import memory as mem
 from littlelm.plan import speed
-from littlelm.plan.accounting import MemoryAccountant
-from littlelm.plan.calibration import cuda_calibration
+from littlelm.plan.accounting import PARAMS, STATE, MemoryAccountant
+from littlelm.plan.calibration import cuda_calibration, save_measurement, workload_key
 from littlelm.plan.catalog import load_catalog
 from littlelm.plan.cost import GIB
-from littlelm.plan.measurements import save_measurement, workload_key
 from littlelm.plan.probe import device_key, measure_rates
 from littlelm.plan.shapes import Dims
-from littlelm.plan.trace import optimizer_tensors, trace_step
+from littlelm.plan.trace import optimizer_tensors, step_memory, trace_step
 from littlelm.progress import Progress
 from littlelm.train.callbacks import Callback
 from littlelm.train.checkpoint.rundir import BENCH_MARKER, is_run_dir
 from littlelm.train.device import peak_flops, pick_device, with_precision
+
+# What glibc's heap adds to a CPU run's tensors: freed blocks are kept for reuse
+# (train/device.tune_cpu_allocator) and the heap fragments, so the resident set grows past the
+# live tensors. Measured by this bench as (peak RSS - RSS at start) / peak tensor memory, in a
+# process that ran nothing big before (as a training run): 1.40-1.51 over 26 benches of the
+# demo and its d-512 and seq-1024 shapes on a 2-core EPYC, fp32 (benchmarks/plan_check.py and
+# by hand, 2026-12-01). A bench that runs after plan's probes in one process reads 0.95-1.35: it
+# reuses the heap the probes left. Benches on a machine replace it there with their median.
+CPU_HEAP_MARGIN = 1.42
 
 
 class StepTimer(Callback):
@@ -200,7 +207,7 @@ def predictions(c, device, probe, measured: dict) -> dict:
     if device.type == "cuda":
         catalog = load_catalog()
         gpu = catalog.identify(probe.device_name)
-        e = mem.estimate(d, "cuda")
+        _, e, _, _ = step_memory(c)  # the trace of this step, as `plan` predicts it
         margin = catalog.defaults.allocator_margin
         allocated = e.peak + catalog.defaults.workspace_gib * GIB  # cuBLAS uses the allocator
         pred = {
@@ -216,18 +223,16 @@ def predictions(c, device, probe, measured: dict) -> dict:
             )
             pred["speed_ratio"] = measured["step_s"] / modelled
         return pred
-    traced = trace_step(c)
-    e = mem.estimate(d, "cpu")
-    resume = e.categories[mem.PARAMS] + e.categories[mem.STATE]
+    traced = trace_step(c, gpu=False)  # this CPU's step exactly
+    resume = traced.categories[PARAMS] + traced.categories[STATE]
     modelled = speed.step_time(d, measure_rates(d, device)).raw
     return {
         "gpu": None,
         "device_key": device_key(device),
-        "predicted_tensor_peak": traced.peak.total,
-        "predicted_tensor_peak_analytic": e.peak,
+        "predicted_tensor_peak": traced.peak,
         "predicted_host_resume": resume,
         "predicted_rss": (measured.get("rss_at_start") or 0)
-        + max(round(traced.peak.total * mem.CPU_HEAP_MARGIN), 2 * resume),
+        + max(round(traced.peak * CPU_HEAP_MARGIN), 2 * resume),
         "predicted_tok_s": d.tokens * d.grad_accum / modelled,
         "speed_ratio": measured["step_s"] / modelled,
     }

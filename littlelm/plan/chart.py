@@ -29,7 +29,7 @@ COLORS = {
 def memory_segments(plan: Plan, gpu_index: int) -> dict[str, float]:
     """GiB per segment of one GPU's bar: what is alive at the peak, then margin and context."""
     p = plan.gpus[gpu_index]
-    seg = {k: v / GIB for k, v in plan.estimate.peak_breakdown().items() if v}
+    seg = {k: v / GIB for k, v in plan.memory.peak_breakdown().items() if v}
     seg["allocator margin"] = p.lines["allocator margin"]
     seg["CUDA context & workspaces"] = p.lines["CUDA context & workspaces"]
     for extra in ("DDP gradient buckets", "resume spike"):

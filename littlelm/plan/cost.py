@@ -7,10 +7,17 @@ Pure functions of a resolved config's `Dims`, a catalog entry and the catalog's 
                if it fits, else the largest that fits with the same tokens per step; none if
                nothing fits
     cost     = hours x price x devices
+
+The tensor peak is the analytic model's (plan/memory.py) scaled to the trace by `Dims.trace_scale`:
+it is evaluated for every micro-batch and remedy, which the trace would take minutes for. A time
+or money budget (train.budget hours or dollars) buys tok/s × seconds tokens on each GPU; a
+dollars budget buys dollars / (the GPU's price × devices) hours there, so a cheaper GPU trains
+longer (`apply_budget`; the trainer schedules the end from measured speed: train/budget.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from littlelm.model.gpt import flops_per_token
@@ -18,7 +25,6 @@ from littlelm.plan import memory as mem
 from littlelm.plan import speed
 from littlelm.plan.calibration import cuda_calibration
 from littlelm.plan.catalog import GPU, Catalog
-from littlelm.plan.parallel import fsdp_peak
 from littlelm.plan.shapes import Dims
 
 GIB = 2**30
@@ -54,15 +60,15 @@ class GpuPlan:
     dollars_per_btok: float | None
     remedies: list[Remedy] = field(default_factory=list)
     measured: dict | None = None  # bench's measurement of this run on this GPU, if any
-    budget_tokens: int | None = None  # what a time or money budget buys here (plan/budget.py)
+    budget_tokens: int | None = None  # what a time or money budget buys here (apply_budget)
     budget_steps: int | None = None
 
 
 def device_lines(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> dict[str, float]:
     """The memory budget of one GPU in GiB: tensor peak, allocator margin, context."""
-    e = mem.estimate(d, "cuda")
+    e = mem.estimate(d)
     fsdp = d.strategy == "fsdp" and devices > 1
-    step_peak = fsdp_peak(d, devices) if fsdp else e.peak  # per rank
+    step_peak = mem.fsdp_peak(d, devices) if fsdp else e.peak  # per rank
     resume = mem.resume_device_bytes(e) // (devices if fsdp else 1)
     tensor_peak = max(step_peak, resume)
     margin = tensor_peak * catalog.defaults.allocator_margin
@@ -80,9 +86,11 @@ def needed_gib(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> float:
 
 
 def micro_batch_options(d: Dims, devices: int = 1) -> list[int]:
-    """Micro-batch sizes that keep the tokens per optimizer step exactly (divisors)."""
-    seqs = d.micro_batch * d.grad_accum  # sequences per device per step
-    return [m for m in range(1, seqs + 1) if seqs % m == 0]
+    """Micro-batch sizes that keep the tokens per optimizer step exactly: the divisors of the
+    sequences per device per step, found up to its square root (a billion takes 32k steps)."""
+    seqs = d.micro_batch * d.grad_accum
+    small = [m for m in range(1, math.isqrt(seqs) + 1) if seqs % m == 0]
+    return sorted({*small, *(seqs // m for m in small)})
 
 
 def largest_fitting(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> int | None:
@@ -206,7 +214,7 @@ def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Reme
                 dm = changed.with_micro_batch(m)
                 add(f"{name} train.micro_batch_size={m}", dm, f"{why}; {_accum_note(d, dm)}")
     for n in FSDP_SIZES:
-        per_gpu = fsdp_peak(d, n) * (1 + catalog.defaults.allocator_margin) / GIB
+        per_gpu = mem.fsdp_peak(d, n) * (1 + catalog.defaults.allocator_margin) / GIB
         need = per_gpu + catalog.context_gib(gpu)
         if need <= gpu.memory_gib or n == FSDP_SIZES[-1]:
             note = "FSDP2: parameters, gradients and optimizer state split over the GPUs"
@@ -219,3 +227,30 @@ def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Reme
 
 def _accum_note(d: Dims, dm: Dims) -> str:
     return f"grad_accum {d.grad_accum} -> {dm.grad_accum} keeps the tokens per step"
+
+
+def budget_seconds(budget, p: GpuPlan) -> float | None:
+    """Seconds `budget` buys on `p`'s GPUs (None for a tokens budget or none)."""
+    if budget is None or budget.kind not in ("hours", "dollars"):
+        return None
+    if budget.kind == "hours":
+        return budget.hours * 3600
+    return budget.dollars / (p.gpu.price_per_hour * p.devices) * 3600
+
+
+def apply_budget(p: GpuPlan, budget, batch_tokens: int, cap: int | None = None) -> GpuPlan:
+    """`p` with its time, cost, tokens and steps those of the budget (tokens at most `cap`,
+    train.max_tokens, which ends the run first when it is reached first)."""
+    seconds = budget_seconds(budget, p)
+    if seconds is None or p.tok_s is None:  # no time budget, or nothing runs on this GPU
+        return p
+    tokens = int(p.tok_s * seconds)
+    if cap is not None and tokens > cap:
+        tokens, seconds = cap, cap / p.tok_s
+    return replace(
+        p,
+        hours=seconds / 3600,
+        dollars=seconds / 3600 * p.gpu.price_per_hour * p.devices,
+        budget_tokens=tokens,
+        budget_steps=tokens // batch_tokens,
+    )

@@ -1,35 +1,33 @@
 """The analytic memory model: bytes per category of one training step, as pure functions.
 
+The trace (plan/trace.py) is the reference: it runs the real step on fake tensors. This model
+counts the same tensors with formulas where the trace would be too slow or cannot run: the
+search over micro-batch sizes and remedies, FSDP's shards, 8-bit AdamW (CUDA-only), plans with
+--no-trace. tests/test_plan_memory.py holds it within 10% of the trace, category by category
+and phase by phase, over five configs; a plan scales it by the trace's peak over its own at
+the configured micro-batch (`Dims.trace_scale`), so that the two never disagree in one plan.
+
 Every formula follows what littlelm's step allocates (model/gpt.py, model/loss.py,
-train/trainer.py, optim/), tensor by tensor; docs/planning.md explains each. `estimate`
-returns the categories and the peak of each phase of a step:
+train/step.py, optim/), tensor by tensor; docs/planning.md explains each. `estimate` returns
+the categories and the peak of each phase of a step:
 
     forward/backward  parameters + optimizer state + gradients (all of them from the second
                       micro-batch on; only lm_head's when grad_accum = 1) + weight copies
                       + activations + max(logits & loss, residual grad + backward temporaries)
     optimizer step    parameters + optimizer state + gradients + optimizer scratch
 
-`Kernels` says whose kernels run: "cuda" models a GPU with either kernel backend
-(model/backend.py), "cpu" the cpu backend on a CPU. The cpu backend's hand-written elementwise
-ops (model/ops.py) and the cuda backend's autograd versions with CUDA's fused F.rms_norm keep the
-same tensors (the input and a per-row fp32 scale for a norm, relu's output for relu²), so they
-differ in attention (model/attention.py): FlashAttention keeps a log-sum-exp per head and row and
-its backward has an fp32 dq accumulator; the CPU's blocked kernel keeps no log-sum-exp and its
-backward holds one block of query rows' scores against all keys. Autograd's backward makes more
-temporaries than the hand-written one: traced on the CPU, the cuda backend's backward
-temporaries were about twice this model's at the tiny test config (forward/backward peak 0.96
-of the trace), which only a GPU run (benchmarks/gpu_check.py) can settle.
-The plan uses "cuda"; the trace (CPU kernels) is compared with "cpu". Not modelled: FP8 linears
-(planned as bf16, an upper bound) and torch.compile (planned as eager).
+Attention is FlashAttention's, as a GPU runs it (and as the trace stands it in): it keeps a
+log-sum-exp per head and row, and its backward has an fp32 dq accumulator. The elementwise ops
+are the hand-written ones (model/ops.py), whose tensors CUDA's fused F.rms_norm and autograd
+versions keep too. Not modelled: FP8 linears (planned as bf16, an upper bound) and
+torch.compile (planned as eager).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import replace
 
-from littlelm.model.attention import BLOCK as ATTENTION_BLOCK
 from littlelm.model.loss import group_rows
 from littlelm.plan.accounting import (
     ACT,
@@ -42,43 +40,10 @@ from littlelm.plan.accounting import (
     PARAMS,
     SCRATCH,
     STATE,
+    Memory,
     block_bytes,
 )
-from littlelm.plan.shapes import Dims, buffer_shapes
-
-Kernels = Literal["cuda", "cpu"]
-
-# What glibc's heap adds to a CPU run's tensors: freed blocks are kept for reuse
-# (train/device.tune_cpu_allocator) and the heap fragments, so the resident set grows past the
-# live tensors. Measured by `littlelm bench` as (peak RSS - RSS at start) / peak tensor memory,
-# in a process that ran nothing big before (as a training run): 1.40-1.51 over 26 benches of the
-# demo and its d-512 and seq-1024 shapes on a 2-core EPYC, fp32 (benchmarks/plan_check.py and
-# by hand, 2026-12-01). A bench that runs after plan's probes in one process reads 0.95-1.35: it
-# reuses the heap the probes left. Benches on this machine replace it with their median.
-CPU_HEAP_MARGIN = 1.42
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Bytes per category and the peak of each phase (tensor memory of one device)."""
-
-    categories: dict[str, int]
-    phases: dict[str, int]
-    dims: Dims
-    kernels: Kernels = "cuda"
-
-    @property
-    def peak(self) -> int:
-        return max(self.phases.values())
-
-    @property
-    def peak_phase(self) -> str:
-        return max(self.phases, key=self.phases.get)
-
-    def peak_breakdown(self) -> dict[str, int]:
-        """What is alive at the peak, by category (sums to `peak`)."""
-        return phase_breakdowns(self.dims, self.categories, self.kernels)[self.peak_phase]
-
+from littlelm.plan.shapes import Dims
 
 # ----------------------------------------------------------------------------------------------
 # Static: parameters, gradients, optimizer state, weight copies
@@ -88,7 +53,7 @@ def parameter_bytes(d: Dims) -> int:
     """Parameters and the RoPE tables, in train.master_weights' dtype (fp32 or bf16)."""
     pb = d.param_bytes
     weights = sum(block_bytes(pb * p.numel) for p in d.params)
-    return weights + sum(block_bytes(pb * math.prod(s)) for s in buffer_shapes(d.model))
+    return weights + sum(block_bytes(pb * n) for n in d.buffers)
 
 
 def gradient_bytes(d: Dims) -> int:
@@ -112,7 +77,7 @@ def adamw_state_bytes(d: Dims, numel: int) -> int:
 def optimizer_state_bytes(d: Dims) -> int:
     """AdamW (or 8-bit AdamW) for its parameters; Muon: one momentum buffer per matrix in the
     parameters' dtype. Under ddp, rank 0's share: the Muon matrices it owns (sharded Muon) and
-    1/world of every AdamW tensor (ZeRO-1); fsdp is divided in plan/parallel.py."""
+    1/world of every AdamW tensor (ZeRO-1); fsdp is divided in fsdp_peak."""
     w = d.ddp_ranks
     total = sum(
         block_bytes(d.param_bytes * math.prod(shape)) * d.muon_owned(count)
@@ -150,10 +115,8 @@ def weight_copy_bytes(d: Dims) -> int:
 # Activations: what the forward keeps for backward
 
 
-def layer_activation_bytes(d: Dims, layer: int, kernels: Kernels = "cuda") -> float:
-    """Bytes per token that block `layer` keeps for backward (model/gpt.py, model/ops.py).
-    The hand-written ops keep the same tensors on every device; FlashAttention also keeps its
-    log-sum-exp, the CPU's blocked attention (model/attention.py) recomputes it."""
+def layer_activation_bytes(d: Dims, layer: int) -> float:
+    """Bytes per token that block `layer` keeps for backward (model/gpt.py, model/ops.py)."""
     m, a, sb = d.model, (2 if d.bf16 else 4), d.param_bytes
     C, H, Hkv = m.d_model, m.n_head, m.kv_heads
     q, kv = H * m.head_dim, Hkv * m.head_dim
@@ -174,25 +137,25 @@ def layer_activation_bytes(d: Dims, layer: int, kernels: Kernels = "cuda") -> fl
     total += a * (q + kv)  # q and k after RoPE, kept by attention
     if ve:  # v + gate·ve, ve in the matmul dtype, the gate's sigmoid and 2·sigmoid
         total += 2 * a * kv + 2 * a * Hkv
-    total += a * q + (4 * H if kernels == "cuda" else 0)  # attention output (and log-sum-exp)
+    total += a * q + 4 * H  # attention output and FlashAttention's log-sum-exp (fp32)
     return total + mlp_activation_bytes(d)
 
 
-def mlp_activation_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
+def mlp_activation_bytes(d: Dims) -> int:
     """Per token. SwiGLU keeps both projections, SiLU's output and the product; relu² (one
     hand-written op) keeps relu's output and its square."""
     a, h = (2 if d.bf16 else 4), d.model.hidden
     return 4 * a * h if d.model.mlp == "swiglu" else 2 * a * h
 
 
-def activation_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
+def activation_bytes(d: Dims) -> int:
     """All blocks (with activation checkpointing only their inputs), plus the embedding's
     lookup and its normalised x0, norm_f, the token ids and the RoPE tables cast to bf16."""
     m, N, sb = d.model, d.tokens, d.param_bytes
     if d.checkpointing:  # each layer keeps only its input; the last layer's output too
         per_token = m.n_layer * sb * m.d_model
     else:
-        per_token = sum(layer_activation_bytes(d, i, kernels) for i in range(m.n_layer))
+        per_token = sum(layer_activation_bytes(d, i) for i in range(m.n_layer))
     per_token += 2 * sb * m.d_model + 2 * 4 + 8 * 2  # lookup, x0, 2 norms' 1/rms, ids
     if d.loss == "plain":
         per_token += (2 if d.bf16 else 4) * m.d_model  # norm_f's output, kept by lm_head
@@ -205,11 +168,9 @@ def activation_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
 # The loss: logits, softcap, log-softmax, and their gradients
 
 
-def loss_stage_bytes(d: Dims, kernels: Kernels = "cuda") -> dict[str, float]:
+def loss_stage_bytes(d: Dims) -> dict[str, float]:
     """Live bytes of the loss's own tensors at each of its expensive moments (model/loss.py)."""
-    if d.loss == "plain":
-        return plain_loss_stages(d)
-    return chunked_loss_stages(d)
+    return plain_loss_stages(d) if d.loss == "plain" else chunked_loss_stages(d)
 
 
 def chunked_loss_stages(d: Dims) -> dict[str, float]:
@@ -276,15 +237,15 @@ def plain_loss_stages(d: Dims) -> dict[str, float]:
     }
 
 
-def loss_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
-    return int(max(loss_stage_bytes(d, kernels).values()))
+def loss_bytes(d: Dims) -> int:
+    return int(max(loss_stage_bytes(d).values()))
 
 
 # ----------------------------------------------------------------------------------------------
 # Backward temporaries of one block
 
 
-def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
+def block_backward_stages(d: Dims) -> dict[str, float]:
     """Live backward temporaries (bytes, the stream's gradients included) at the expensive
     moments of one block's backward: the MLP's hidden gradients; q and k's gradients (side by
     side, one tensor) through RoPE (its output beside one temporary, the swapped halves) and
@@ -295,10 +256,11 @@ def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
     base = residual_grad_bytes(d) / N
     mlp = (3 if m.mlp == "swiglu" else 2) * a * h
     qkv = 2 * a * (q + 2 * kv) + a * C + (sb * C if m.residual_scalars else 0)
-    # FlashAttention's backward on CUDA: the output's gradient, an fp32 accumulator for dq and
-    # the softmax row sums, dq, and dk/dv at the query heads' width under GQA (summed after)
+    # FlashAttention's backward: the output's gradient, an fp32 accumulator for dq and the
+    # softmax row sums, dq, dk and dv; under GQA dk and dv at the query heads' width first,
+    # then summed into the key/value heads' (flash_api.cpp, mha_bwd)
     gqa = m.kv_heads != m.n_head
-    flash = a * q + 4 * q + 4 * m.n_head + a * q + (2 * a * q if gqa else 2 * a * kv)
+    flash = a * q + 4 * q + 4 * m.n_head + a * q + 2 * a * kv + (2 * a * q if gqa else 0)
     fixed = 3 * BLOCK_SCALAR + (2 * BLOCK_SCALAR if m.residual_scalars else 0)
     if m.tie_embeddings:  # the lm_head half of the tied embedding's gradient waits for the rest
         fixed += block_bytes(d.param_bytes * m.padded_vocab * C)
@@ -307,15 +269,8 @@ def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
         "mlp": N * (base + mlp),
         "rope and qk-norm": N * (base + rope_norm),
         "attention inputs": N * (base + qkv),
+        "attention kernel": N * (base + flash),
     }
-    if kernels == "cuda":
-        stages["attention kernel"] = N * (base + flash)
-    else:  # the blocked CPU kernel at its last query block (model/attention.py), beside two
-        # gradients of the stream (the block's output's and its sum with the MLP's input's)
-        # and the block's causal mask
-        rows = min(ATTENTION_BLOCK, d.seq_len)
-        stream = max(base, 2 * sb * C)
-        stages["attention kernel"] = N * (stream + cpu_attention_backward_bytes(d)) + rows**2
     if d.checkpointing:
         # the layer is recomputed first (its activations, less its output, are counted here);
         # each MLP tensor is freed as its gradient is made, so one gradient fewer is alive
@@ -329,27 +284,15 @@ def block_backward_stages(d: Dims, kernels: Kernels) -> dict[str, float]:
     return {k: v + fixed for k, v in stages.items()}
 
 
-def cpu_attention_backward_bytes(d: Dims) -> float:
-    """Per token, the blocked CPU attention's backward at its largest moment, the last query
-    block (model/attention.py): the output's gradient and its contiguous copy, q·scale made
-    again, contiguous copies of k and v, dq, the fp32 dk and dv accumulators, the row sums;
-    and for the block's rows against all keys the probabilities and dP (dS is made in place
-    of dP)."""
-    m, a = d.model, (2 if d.bf16 else 4)
-    q, kv = m.n_head * m.head_dim, m.kv_heads * m.head_dim
-    rows = min(ATTENTION_BLOCK, d.seq_len)
-    return 4 * a * q + 2 * a * kv + 2 * 4 * kv + a * m.n_head + 2 * a * m.n_head * rows
-
-
-def residual_grad_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
+def residual_grad_bytes(d: Dims) -> int:
     """The stream's gradient passed down the blocks (the stream's dtype). Without residual
     scalars it accumulates in place; with them x0's gradient accumulates beside it."""
     m = d.model
     return d.param_bytes * m.d_model * (2 if m.residual_scalars else 1) * d.tokens
 
 
-def backward_temp_bytes(d: Dims, kernels: Kernels = "cuda") -> int:
-    return int(max(block_backward_stages(d, kernels).values()))
+def backward_temp_bytes(d: Dims) -> int:
+    return int(max(block_backward_stages(d).values()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,21 +360,29 @@ def optimizer_scratch_bytes(d: Dims) -> int:
 # The whole step
 
 
-def estimate(d: Dims, kernels: Kernels = "cuda") -> Estimate:
+def estimate(d: Dims) -> Memory:
+    """The whole step, every figure times `d.trace_scale` (1 unless a plan anchored it)."""
     cats = {
         PARAMS: parameter_bytes(d),
         GRADS: gradient_bytes(d),
         STATE: optimizer_state_bytes(d),
         COPIES: weight_copy_bytes(d),
-        ACT: activation_bytes(d, kernels),
-        LOSS: loss_bytes(d, kernels),
-        BWD: backward_temp_bytes(d, kernels),
+        ACT: activation_bytes(d),
+        LOSS: loss_bytes(d),
+        BWD: backward_temp_bytes(d),
         SCRATCH: optimizer_scratch_bytes(d),
     }
-    return Estimate(cats, phase_peaks(d, cats, kernels), d, kernels)
+    f = d.trace_scale
+
+    def scaled(c: dict[str, int]) -> dict[str, int]:
+        return c if f == 1 else {k: round(v * f) for k, v in c.items()}
+
+    breakdowns = {k: scaled(v) for k, v in phase_breakdowns(d, cats).items()}
+    source = "analytic model" + (f" x {f:.4f} (the trace's peak over its own)" if f != 1 else "")
+    return Memory(scaled(cats), breakdowns, source)
 
 
-def phase_breakdowns(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, dict[str, int]]:
+def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
     """What is alive at the peak of each phase, by category (the sum is the phase's peak).
 
     The forward/backward peak is the largest of three moments: the loss (every activation
@@ -445,7 +396,7 @@ def phase_breakdowns(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, 
     if d.checkpointing:
         layer = [int(m.d_model * d.param_bytes * N)] * L
     else:
-        layer = [int(layer_activation_bytes(d, i, kernels) * N) for i in range(L)]
+        layer = [int(layer_activation_bytes(d, i) * N) for i in range(L)]
     accumulating = d.grad_accum > 1
     qkv = (m.n_head + 2 * m.kv_heads) * m.head_dim * m.d_model
     recomputed = block_bytes(a * qkv) if d.checkpointing else 0  # one layer's q, k, v stack
@@ -473,7 +424,7 @@ def phase_breakdowns(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, 
             GRADS: grads_top,
             BWD: int(temps),
         }
-        for stage, temps in block_backward_stages(d, kernels).items()
+        for stage, temps in block_backward_stages(d).items()
     ]
     moments = [
         loss,
@@ -492,7 +443,7 @@ def phase_breakdowns(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, 
     }
 
 
-def resume_device_bytes(e: Estimate) -> int:
+def resume_device_bytes(e: Memory) -> int:
     """GPU memory while resuming. load_checkpoint reads the checkpoint into host RAM, then
     load_state_dict copies the optimizer state to the GPU one tensor at a time (same dtype, so
     no cast temporaries): the GPU holds the weights and one copy of the state, below the step's
@@ -500,7 +451,7 @@ def resume_device_bytes(e: Estimate) -> int:
     return e.categories[PARAMS] + e.categories[STATE]
 
 
-def resume_host_bytes(e: Estimate, d: Dims, ranks_per_node: int = 1) -> tuple[int, int]:
+def resume_host_bytes(e: Memory, d: Dims, ranks_per_node: int = 1) -> tuple[int, int]:
     """Host RAM of one node while resuming: (page cache, private memory of all its ranks).
     load_checkpoint memory-maps the checkpoint (weights + optimizer state): its pages sit in
     the page cache once per node whatever the number of ranks (they map the same files), and
@@ -512,5 +463,38 @@ def resume_host_bytes(e: Estimate, d: Dims, ranks_per_node: int = 1) -> tuple[in
     return e.categories[PARAMS] + e.categories[STATE], largest * ranks_per_node
 
 
-def phase_peaks(d: Dims, c: dict[str, int], kernels: Kernels) -> dict[str, int]:
-    return {k: sum(v.values()) for k, v in phase_breakdowns(d, c, kernels).items()}
+# ----------------------------------------------------------------------------------------------
+# FSDP (train/model_parallel.py; docs/distributed.md has the formulas). DDP needs nothing here:
+# its gradients live in the all-reduce buckets (`gradient_as_bucket_view=True`), and sharded
+# Muon and ZeRO-1 are in optimizer_state_bytes through `Dims.ddp_ranks`. FSDP2 (`fully_shard`
+# per block, bf16 `param_dtype`, reshard after forward) keeps 1/N of the parameters, gradients
+# and optimizer state per GPU, and gathers the units it is working on: the current one and the
+# prefetched next (bf16 weights, gradients in the parameters' dtype before their reduce-scatter).
+
+
+def layer_param_numel(d: Dims) -> int:
+    blocks = [p for p in d.params if p.name.startswith("blocks.")]
+    return max(1, sum(p.numel for p in blocks) // d.model.n_layer)
+
+
+def fsdp_categories(d: Dims, shards: int) -> dict[str, int]:
+    """Bytes per category on one GPU under FSDP over `shards` GPUs: parameters, gradients,
+    optimizer state and scratch split, the two gathered units counted as weight copies."""
+    c = dict(estimate(replace(d, strategy="fsdp", world=shards)).categories)
+    for k in (PARAMS, GRADS, STATE, SCRATCH):
+        c[k] //= shards
+    c[COPIES] += 2 * layer_param_numel(d) * (2 + d.param_bytes)
+    return c
+
+
+def fsdp_peak(d: Dims, shards: int) -> int:
+    """Peak tensor bytes per GPU under FSDP over `shards` GPUs (each runs its own micro-batch):
+    the sharded state, the two gathered units, and lm_head gathered while the loss runs (the
+    weights are gathered in bf16, so autocast makes no copies of them)."""
+    c = estimate(replace(d, strategy="fsdp", world=shards)).categories
+    sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards
+    per = 2 + d.param_bytes  # bf16 weights gathered + gradients (the parameters' dtype)
+    gathered = 2 * layer_param_numel(d) * per
+    head = d.model.padded_vocab * d.model.d_model * per
+    forward_backward = sharded + gathered + c[ACT] + max(c[LOSS] + head, c[BWD] + gathered)
+    return max(forward_backward, sharded + c[SCRATCH] // shards)

@@ -1,14 +1,20 @@
-"""`littlelm plan`: put the memory model, the trace, the catalog and the costs together.
+"""`littlelm plan`: put the trace, the memory model, the catalog and the costs together.
 
 plan = make_plan(load_run("run.yaml"), load_catalog())
 print_plan(plan)        # littlelm.plan.report
+
+Memory has one reference, the trace of the real step (plan/trace.py). The analytic model
+(plan/memory.py) answers what the trace would take minutes for (every micro-batch and remedy
+on every GPU, FSDP's shards) and what it cannot run (8-bit AdamW), scaled by the trace's peak
+over its own at the configured micro-batch; with --no-trace (or past TRACE_MAX_LAYERS) it stands
+alone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
+import warnings
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -19,28 +25,25 @@ from littlelm.hardware import native_bf16
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
 from littlelm.plan import speed
-from littlelm.plan.accounting import CATEGORIES
-from littlelm.plan.bench import current_rss
-from littlelm.plan.budget import apply_budget
-from littlelm.plan.catalog import Catalog
-from littlelm.plan.cost import GIB, GpuPlan, plan_gpu
-from littlelm.plan.measurements import (
+from littlelm.plan.accounting import CATEGORIES, PARAMS, STATE, Memory
+from littlelm.plan.bench import CPU_HEAP_MARGIN, current_rss
+from littlelm.plan.calibration import (
     load_measurements,
     measured_memory,
-    speed_calibration,
     speed_calibrations,
     workload_key,
 )
-from littlelm.plan.parallel import fsdp_categories, fsdp_peak
+from littlelm.plan.catalog import Catalog
+from littlelm.plan.cost import GIB, GpuPlan, apply_budget, plan_gpu
 from littlelm.plan.probe import device_key, measure_rates_many
 from littlelm.plan.shapes import Dims
-from littlelm.plan.trace import TraceResult, trace_step, traced_dims
+from littlelm.plan.trace import step_memory, trace_step
 from littlelm.schema import RunConfig
 
-# Where the prediction rests on something the CPU trace cannot check.
+# Where the prediction rests on something the trace cannot check.
 KERNEL_NOTES = {
-    "backward": "FlashAttention's backward on CUDA adds an fp32 dq accumulator (a backward "
-    "moment the CPU trace does not have); the model's own ops keep the same tensors on both",
+    "backward": "attention is traced as FlashAttention's tensors (its output, log-sum-exp and "
+    "backward buffers); workspaces inside a GPU's kernels are not seen",
     "fp8": "model.fp8: planned as bf16 linears (an upper bound); FP8 keeps 1-byte copies of "
     "each linear's input and weight instead, and its backward temporaries are not modelled",
     "adamw_8bit": "optimizer.adamw_8bit: bitsandbytes runs on CUDA only, so its optimizer state "
@@ -50,11 +53,11 @@ KERNEL_NOTES = {
 
 @dataclass
 class Plan:
-    cfg: object
-    dims: Dims
-    estimate: mem.Estimate  # CUDA kernels: the prediction for a GPU
-    cpu_estimate: mem.Estimate  # CPU kernels, of what the trace runs: checked against it
-    trace: TraceResult | None
+    cfg: RunConfig
+    dims: Dims  # the run on a GPU, with the trace's scale for the analytic model
+    memory: Memory  # one GPU at the configured micro-batch: the trace, or the scaled model
+    analytic: Memory  # the analytic model of what the trace ran, unscaled (the trace check)
+    trace: Memory | None
     gpus: list[GpuPlan]
     tokens: int
     devices: int
@@ -72,27 +75,25 @@ class Plan:
 
     def per_rank_categories(self) -> dict[str, int]:
         """Bytes per category on one GPU (FSDP splits the state; DDP's sharded optimizers are
-        in the estimate already)."""
-        if self.fsdp:
-            return fsdp_categories(self.dims, self.devices)
-        return dict(self.estimate.categories)
+        in the memory already)."""
+        return mem.fsdp_categories(self.dims, self.devices) if self.fsdp else self.memory.categories
 
     def per_rank_peak(self) -> int:
-        return fsdp_peak(self.dims, self.devices) if self.fsdp else self.estimate.peak
+        return mem.fsdp_peak(self.dims, self.devices) if self.fsdp else self.memory.peak
 
     def trace_check(self) -> dict[str, float | None]:
-        """trace / analytic (CPU kernels) for every category both compute."""
+        """trace / analytic for every category both compute."""
         if self.trace is None:
             return {}
         out: dict[str, float | None] = {}
         for k in CATEGORIES:
-            a, t = self.cpu_estimate.categories[k], self.trace.categories[k]
+            a, t = self.analytic.categories[k], self.trace.categories[k]
             out[k] = (t / a) if a else (None if t == 0 else float("inf"))
         return out
 
 
 MAX_LAYERS = 1024  # far past littlelm's range (GPT-3 175B has 96); per-layer work grows with it
-TRACE_MAX_LAYERS = 128  # the trace runs each layer on meta tensors: about 0.08 s a layer
+TRACE_MAX_LAYERS = 128  # the trace runs each layer on fake tensors: about 0.1 s a layer
 
 
 def check_plannable(cfg, trace: bool) -> bool:
@@ -106,8 +107,6 @@ def check_plannable(cfg, trace: bool) -> bool:
             ]
         )
     if trace and n > TRACE_MAX_LAYERS:
-        import warnings
-
         warnings.warn(
             f"model.n_layer {n} > {TRACE_MAX_LAYERS}: the trace would take minutes, so this plan "
             "uses the analytic estimate only (as with --no-trace)",
@@ -128,71 +127,56 @@ def make_plan(
     price_per_hour: float = 0.0,
 ) -> Plan:
     trace = check_plannable(cfg, trace)  # plan answers or refuses any config in seconds
-    here = Dims.of(cfg.with_precision(native_bf16("cpu")))  # `--device cpu`: this CPU's choice
+    here = cfg.with_precision(native_bf16("cpu"))  # `--device cpu`: this CPU's choice
     cfg = cfg.with_precision(True)  # every GPU in the catalog multiplies bf16 in hardware
-    d = Dims.of(cfg)
+    d, memory, traced, analytic = step_memory(cfg, trace)
     b = cfg.train.budget
     timed = tokens is None and b is not None and b.kind in ("hours", "dollars")
     tokens = tokens or cfg.train.max_tokens or 1
     records = load_measurements()
     key = workload_key(cfg)
-    gpus = [
-        plan_gpu(d, g, catalog, tokens, devices, speed_calibration(records, gpu=g.name))
-        for g in catalog.select(gpu_names)
-    ]
-    if timed:  # what the budget buys on each GPU (plan/budget.py)
-        cap = cfg.train.max_tokens  # train.max_steps, when also set, stays a cap
-        gpus = [apply_budget(p, b, cfg.train.batch_tokens, cap) for p in gpus]
-    for p in gpus:
-        p.measured = measured_memory(records, p.gpu.name, key, d.micro_batch)
+    gpus = []
+    for g in catalog.select(gpu_names):
+        bench = speed_calibrations(records, gpu=g.name)
+        p = plan_gpu(d, g, catalog, tokens, devices, bench[-1] if bench else None)
+        if timed:  # what the budget buys on this GPU (train.max_steps, when also set, caps it)
+            p = apply_budget(p, b, cfg.train.batch_tokens, cfg.train.max_tokens)
+        p.measured = measured_memory(records, g.name, key, d.micro_batch)
+        gpus.append(p)
     # cheapest per token first among those that run at all; those that cannot run last
     gpus.sort(key=lambda p: (p.tok_s is None, p.dollars_per_btok or 0.0, not p.fits))
-    estimate = mem.estimate(d, "cuda")
     return Plan(
         cfg=cfg,
         dims=d,
-        estimate=estimate,
-        cpu_estimate=mem.estimate(
-            replace(traced_dims(d), world=1), "cpu"
-        ),  # the trace is one process
-        trace=trace_step(cfg) if trace else None,
+        memory=memory,
+        analytic=analytic,
+        trace=traced,
         gpus=gpus,
         tokens=tokens,
         devices=devices,
-        resume=resume_memory(estimate, d, devices),
+        resume=resume_memory(memory, d, devices),
         notes=notes_for(cfg),
-        local=local_plan(here, tokens, records, price_per_hour) if local else None,
+        local=local_plan(here, tokens, records, price_per_hour, trace=trace) if local else None,
     )
 
 
 @dataclass
 class LocalPlan:
-    """The run on the machine in hand (the CPU): rates probed here at the run's shapes."""
+    """The run on the machine in hand (the CPU): rates probed here at the run's shapes,
+    calibrated by the benches run here."""
 
     device: str
     tok_s: float
     source: str
     parts: dict[str, float]  # seconds per step by kind of work
-    tensor_peak: int  # bytes (CPU kernels)
+    tensor_peak: int  # bytes: the trace of this CPU's step (or the analytic model)
     process_peak: int  # bytes: resident memory at start + the tensor peak x the heap margin
     hours: float
     dollars: float
-    rates: speed.Rates  # as probed, with the bench calibration if one applied
+    rates: speed.Rates  # as probed, with the benches' calibration if any
     precision: str = "bf16"  # what `precision: auto` computes in on this machine
-    heap_margin: float = 1.0  # RSS growth per byte of tensor peak (mem.CPU_HEAP_MARGIN or a bench)
+    heap_margin: float = CPU_HEAP_MARGIN  # RSS growth per byte of tensor peak
     memory_source: str = ""
-
-
-@dataclass
-class LocalCalibration:
-    """What the benches on this machine say about the step model and the heap, with the rates of
-    the shapes planned, probed in the same rounds as the benches' shapes."""
-
-    rates: speed.Rates
-    speed: float = 1.0  # measured / modelled step time
-    heap: float = mem.CPU_HEAP_MARGIN
-    source: str = ""
-    benches: int = 0  # how many calibrated it
 
 
 # benches on this machine whose median calibrates it: one 4-step bench on a shared CPU reads up
@@ -200,93 +184,95 @@ class LocalCalibration:
 LOCAL_BENCHES = 3
 
 
-def local_calibration(records: list[dict], key: str, d: Dims) -> LocalCalibration:
-    """The median over the newest LOCAL_BENCHES benches on this machine of their step time
-    against the step model at each bench's own shapes, with rates probed now, in the same
-    rounds as the rates of `d` (the shapes planned): the probe's level on a shared machine
-    drifts from minute to minute, so each ratio is taken between probes of one moment, not with
-    the bench's own probe. The heap margin is their median too."""
-    benches = speed_calibrations(records, device_key=key)[-LOCAL_BENCHES:]
+def local_calibration(records: list[dict], key: str, d: Dims) -> tuple[speed.Rates, list[dict]]:
+    """This CPU's rates at the shapes of `d`, calibrated by the median over the newest
+    LOCAL_BENCHES benches here (whose config this littlelm reads) of their step time against
+    the step model at each bench's own shapes, with rates probed now, in the same rounds as the
+    rates of `d`: the probe's level on a shared machine drifts from minute to minute, so each
+    ratio is taken between probes of one moment, not with the bench's own probe. Returns the
+    rates and the benches that calibrated them."""
+    benches: list[dict] = []
     shapes: dict[str, Dims] = {}  # one probe per distinct shape a bench ran
-    for bench in benches:
-        if bench.get("config") and bench.get("step_s"):
-            shape = json.dumps(bench["config"], sort_keys=True)
-            with contextlib.suppress(ConfigError):  # another littlelm's config: its own ratio
-                shapes.setdefault(shape, Dims.of(validate(RunConfig, bench["config"])))
+    for bench in reversed(speed_calibrations(records, device_key=key)):
+        if len(benches) == LOCAL_BENCHES:
+            break
+        if not isinstance(bench.get("config"), dict) or not bench.get("step_s"):
+            continue  # an older bench, which recorded no config
+        shape = json.dumps(bench["config"], sort_keys=True)
+        if shape not in shapes:
+            try:
+                shapes[shape] = Dims.of(validate(RunConfig, bench["config"]))
+            except ConfigError:  # another littlelm's config
+                continue
+        benches.insert(0, {**bench, "shape": shape})
     rates, *probed = measure_rates_many([d, *shapes.values()])
-    modelled = {s: speed.step_time(bd, r).raw for (s, bd), r in zip(shapes.items(), probed)}
     if not benches:
-        return LocalCalibration(rates)
-    ratios, heaps, stale = [], [], 0
-    for bench in benches:
-        shape = json.dumps(bench.get("config"), sort_keys=True)
-        if shape in modelled:
-            ratios.append(bench["step_s"] / modelled[shape])
-        else:  # older benches recorded no config; another littlelm's may not validate here
-            ratios.append(bench["speed_ratio"])
-            stale += 1
-        grown = (bench.get("peak_rss") or 0) - (bench.get("rss_at_start") or 0)
-        if grown > 0 and bench.get("peak_tensor") and bench.get("rss_peak_is_window"):
-            heaps.append(grown / bench["peak_tensor"])
-    heap = statistics.median(heaps) if heaps else mem.CPU_HEAP_MARGIN
-    newest = benches[-1]
-    when = str(newest.get("time", ""))[:10]
-    if len(benches) == 1:
-        source = f"calibrated by bench of {newest.get('run')} {when}"
-    else:
-        runs = ", ".join(sorted({str(b.get("run")) for b in benches}))
-        source = f"calibrated by the median of {len(benches)} benches ({runs}; newest {when})"
-    if stale:
-        what = "its" if len(benches) == 1 else f"{stale} by their"
-        source += f" ({what} own probe's ratio: no config this littlelm reads)"
-    ratio = statistics.median(ratios)
-    return LocalCalibration(replace(rates, calibration=ratio), ratio, heap, source, len(benches))
+        return rates, []
+    modelled = {s: speed.step_time(bd, r).raw for (s, bd), r in zip(shapes.items(), probed)}
+    ratio = statistics.median(b["step_s"] / modelled[b["shape"]] for b in benches)
+    return replace(rates, calibration=ratio), benches
+
+
+def heap_margin(benches: list[dict]) -> float:
+    """The median RSS growth per byte of tensor peak the benches measured (where they could
+    reset the peak RSS at their start), else CPU_HEAP_MARGIN."""
+    heaps = [
+        (b["peak_rss"] - b["rss_at_start"]) / b["peak_tensor"]
+        for b in benches
+        if b.get("rss_peak_is_window")
+        and b.get("peak_tensor")
+        and b.get("peak_rss")
+        and b["peak_rss"] > (b.get("rss_at_start") or 0)
+    ]
+    return statistics.median(heaps) if heaps else CPU_HEAP_MARGIN
 
 
 def local_plan(
-    d: Dims, tokens: int, records: list[dict], price_per_hour: float, base_rss: int | None = None
+    cfg: RunConfig,
+    tokens: int,
+    records: list[dict],
+    price_per_hour: float,
+    base_rss: int | None = None,
+    trace: bool = True,
 ) -> LocalPlan:
-    """`base_rss`: the process's resident set before training (default: now, before the probes
-    leave their garbage in the heap)."""
+    """`cfg` with the precision this CPU computes in. `base_rss`: the process's resident set
+    before training (default: now, before the probes leave their garbage in the heap)."""
     base = base_rss if base_rss is not None else current_rss() or 0
+    d = Dims.of(cfg)
     key = device_key(torch.device("cpu"))
-    cal = local_calibration(records, key, d)
-    rates = cal.rates
-    if cal.source:
-        source = f"{rates.source}, {cal.source}"
+    rates, benches = local_calibration(records, key, d)
+    if benches:
+        runs = ", ".join(sorted({str(b.get("run")) for b in benches}))
+        when = str(benches[-1].get("time", ""))[:10]
+        what = "bench" if len(benches) == 1 else f"the median of {len(benches)} benches"
+        source = f"{rates.source}, calibrated by {what} ({runs}; newest {when})"
     else:
         source = f"{rates.source}; uncalibrated (run `littlelm bench` here to calibrate)"
     st = speed.step_time(d, rates)
     tok_s = d.tokens * d.grad_accum / st.seconds
-    e = mem.estimate(d, "cpu")
-    resume = e.categories[mem.PARAMS] + e.categories[mem.STATE]
+    tensors = trace_step(cfg, gpu=False) if trace else mem.estimate(d)
+    resume = tensors.categories[PARAMS] + tensors.categories[STATE]
+    heap = heap_margin(benches)
     hours = tokens / tok_s / 3600
     return LocalPlan(
         device=key,
         tok_s=tok_s,
         source=source,
         parts={k: v * st.calibration for k, v in st.parts.items()},
-        tensor_peak=e.peak,
-        process_peak=base + round(max(e.peak * cal.heap, 2 * resume)),
+        tensor_peak=tensors.peak,
+        process_peak=base + round(max(tensors.peak * heap, 2 * resume)),
         hours=hours,
         dollars=hours * price_per_hour,
         rates=rates,
         precision="bf16" if d.bf16 else "fp32",
-        heap_margin=cal.heap,
-        memory_source=(
-            f"resident set at start + tensor peak x heap margin {cal.heap:.2f} "
-            + (
-                "(glibc's, measured on the demo)"
-                if not cal.benches
-                else "(measured by that bench)"
-                if cal.benches == 1
-                else "(the median those benches measured)"
-            )
-        ),
+        heap_margin=heap,
+        memory_source=f"resident set at start + tensor peak x heap margin {heap:.2f} ("
+        + ("glibc's, measured on the demo" if not benches else "the benches' median")
+        + f"); tensor peak: the {tensors.source}",
     )
 
 
-def resume_memory(e: mem.Estimate, d: Dims, devices: int = 1) -> dict:
+def resume_memory(e: Memory, d: Dims, devices: int = 1) -> dict:
     """GiB on each GPU and in host RAM per node (up to 8 ranks) while a resume loads."""
     ranks = min(devices, 8)
     shards = devices if d.strategy == "fsdp" and devices > 1 else 1

@@ -7,8 +7,7 @@ import math
 from rich.console import Console
 from rich.table import Table
 
-from littlelm.plan import memory as mem
-from littlelm.plan.accounting import CATEGORIES
+from littlelm.plan.accounting import CATEGORIES, FB, OPT
 from littlelm.plan.cost import GIB, GpuPlan
 from littlelm.plan.planner import Plan
 from littlelm.progress import human
@@ -83,7 +82,7 @@ def no_fit_lines(plan: Plan) -> list[str]:
 
 
 def memory_line(plan: Plan) -> str:
-    e = plan.estimate
+    e = plan.memory
     per_rank = plan.per_rank_categories()
     parts = ", ".join(f"{k} {gib(v / GIB)}" for k, v in per_rank.items() if v >= 0.005 * GIB)
     who = "per GPU" + (f" ({plan.dims.strategy}, {plan.devices} GPUs)" if plan.devices > 1 else "")
@@ -149,38 +148,30 @@ def budget_text(plan: Plan) -> str:
 
 
 def memory_table(plan: Plan) -> Table:
-    e, ec, tr = plan.estimate, plan.cpu_estimate, plan.trace
+    """The plan's memory by category beside the trace and the analytic model of the same step
+    (unscaled), with their ratio: the check that the formulas describe the code."""
+    e, an, tr = plan.memory, plan.analytic, plan.trace
     t = Table(
         title=f"memory per GPU at micro-batch {plan.dims.micro_batch} (GiB)",
         title_justify="left",
     )
-    t.add_column("category")
-    t.add_column("predicted (CUDA)", justify="right")
-    t.add_column("analytic (CPU kernels)", justify="right")
-    t.add_column("trace (CPU kernels)", justify="right")
-    t.add_column("trace / analytic", justify="right")
+    for col in ("category", "plan", "trace", "analytic", "trace / analytic"):
+        t.add_column(col, justify="left" if col == "category" else "right")
     check = plan.trace_check()
     for k in CATEGORIES:
-        ratio = check.get(k)
-        t.add_row(
-            k,
-            gib(e.categories[k] / GIB),
-            gib(ec.categories[k] / GIB),
-            gib(tr.categories[k] / GIB) if tr else "-",
-            _ratio(ratio),
-        )
-    for phase in (mem.FB, mem.OPT):
-        traced = tr.phases[phase].total / GIB if tr and phase in tr.phases else None
-        ratio = traced / (ec.phases[phase] / GIB) if traced is not None else None
+        traced = gib(tr.categories[k] / GIB) if tr else "-"
+        a = an.categories[k] / GIB
+        t.add_row(k, gib(e.categories[k] / GIB), traced, gib(a), _ratio(check.get(k)))
+    for phase in (FB, OPT):
+        traced = tr.phases[phase] if tr else None
         t.add_row(
             f"[bold]peak: {phase}[/bold]",
             gib(e.phases[phase] / GIB),
-            gib(ec.phases[phase] / GIB),
-            gib(traced) if traced is not None else "-",
-            _ratio(ratio),
+            gib(traced / GIB) if traced is not None else "-",
+            gib(an.phases[phase] / GIB),
+            _ratio(traced / an.phases[phase] if traced is not None else None),
         )
-    if tr:
-        t.caption = f"trace took {tr.seconds:.1f} s"
+    t.caption = f"plan: the {e.source}" + (f"; the trace took {tr.seconds:.1f} s" if tr else "")
     return t
 
 
@@ -269,17 +260,12 @@ def plan_json(plan: Plan) -> dict:
         "optimizer": d.optimizer,
         "tokens": plan.tokens,
         "memory_bytes": {
-            "predicted_cuda": {**plan.estimate.categories, **_phases(plan.estimate.phases)},
-            "analytic_cpu_kernels": {
-                **plan.cpu_estimate.categories,
-                **_phases(plan.cpu_estimate.phases),
-            },
-            "trace_cpu_kernels": (
-                {**tr.categories, **_phases({k: v.total for k, v in tr.phases.items()})}
-                if tr
-                else None
-            ),
+            "plan": _memory_json(plan.memory),
+            "trace": _memory_json(tr) if tr else None,
+            "analytic": _memory_json(plan.analytic),
         },
+        "memory_source": plan.memory.source,
+        "trace_scale": d.trace_scale,
         "trace_seconds": tr.seconds if tr else None,
         "trace_over_analytic": plan.trace_check(),
         "resume_gib": plan.resume,
@@ -292,8 +278,8 @@ def plan_json(plan: Plan) -> dict:
     }
 
 
-def _phases(phases: dict) -> dict:
-    return {f"peak {k}": v for k, v in phases.items()}
+def _memory_json(m) -> dict:
+    return {**m.categories, **{f"peak {k}": v for k, v in m.phases.items()}}
 
 
 def _gpu_json(p: GpuPlan) -> dict:

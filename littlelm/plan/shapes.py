@@ -1,71 +1,52 @@
-"""The dimensions the memory formulas need, read from a resolved run config (pure functions).
+"""The dimensions the memory and speed formulas read, from a resolved run config.
 
-`Dims.of(cfg)` gathers the model's shape, the batch, the precision and the optimizer; the
-parameter list (`param_shapes`) mirrors littlelm.model.gpt exactly: the trace, which builds the
-real model, checks it (tests/test_plan_memory.py).
+`Dims.of(cfg)` gathers the batch, the precision, the optimizer and the distributed layout, and
+takes the parameter list from the model itself: the registered model, built on the meta device
+(no memory; 0.05 s for 3B parameters), so a parameter the model gains is planned the day it
+exists.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
 
 from littlelm.errors import ConfigError
-from littlelm.model.gpt import GPT, GPTConfig, default_origin
+from littlelm.registry import MODELS
+
+if TYPE_CHECKING:
+    from littlelm.model.gpt import GPTConfig
 
 
 @dataclass(frozen=True)
 class Param:
     name: str
     shape: tuple[int, ...]
+    role: str  # the model's role for it (model/protocol.py ROLES)
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    @property
-    def role(self) -> str:
-        return GPT.role(self.name)
+
+_TENSORS: dict[str, tuple[tuple[Param, ...], tuple[int, ...]]] = {}
 
 
-def param_shapes(m: GPTConfig) -> list[Param]:
-    """Every trainable tensor of GPT(m), with its name and shape (tied weights once)."""
-    C, V, kv = m.d_model, m.padded_vocab, m.kv_heads * m.head_dim
-    q = m.n_head * m.head_dim
-    out = [Param("wte.weight", (V, C))]
-    out += [
-        Param(f"value_embeds.{i}.weight", (V, kv)) for i in range(m.n_layer) if m.has_value_embed(i)
-    ]
-    for i in range(m.n_layer):
-        b = f"blocks.{i}"
-        if m.norm_affine:
-            out += [Param(f"{b}.norm1.weight", (C,)), Param(f"{b}.norm2.weight", (C,))]
-        out += [
-            Param(f"{b}.attn.c_q.weight", (q, C)),
-            Param(f"{b}.attn.c_k.weight", (kv, C)),
-            Param(f"{b}.attn.c_v.weight", (kv, C)),
-            Param(f"{b}.attn.c_proj.weight", (C, q)),
-        ]
-        if m.qk_norm and m.qk_norm_affine:
-            out += [Param(f"{b}.attn.{n}.weight", (m.head_dim,)) for n in ("q_norm", "k_norm")]
-        if m.has_value_embed(i):
-            out.append(Param(f"{b}.attn.ve_gate.weight", (m.kv_heads, m.ve_gate_channels)))
-        out.append(Param(f"{b}.mlp.c_fc.weight", (m.hidden, C)))
-        if m.mlp == "swiglu":
-            out.append(Param(f"{b}.mlp.c_gate.weight", (m.hidden, C)))
-        out.append(Param(f"{b}.mlp.c_proj.weight", (C, m.hidden)))
-    if m.norm_affine:
-        out.append(Param("norm_f.weight", (C,)))
-    if not m.tie_embeddings:
-        out.append(Param("lm_head.weight", (V, C)))
-    if m.residual_scalars:
-        out += [Param("resid_lambdas", (m.n_layer,)), Param("x0_lambdas", (m.n_layer,))]
-    return out
-
-
-def buffer_shapes(m: GPTConfig) -> list[tuple[int, ...]]:
-    """RoPE cos and sin tables ([cos, cos] and [-sin, sin], in the parameters' dtype)."""
-    return [(1, m.max_seq_len, 1, m.head_dim)] * 2
+def model_tensors(m) -> tuple[tuple[Param, ...], tuple[int, ...]]:
+    """The trainable parameters of the model config `m` builds (tied ones once) and the sizes of
+    its floating buffers (the RoPE tables), from the model built on the meta device; cached per
+    config, since a plan reads the same model many times."""
+    key = m.model_dump_json()
+    if key not in _TENSORS:
+        with torch.device("meta"):
+            model = MODELS.get(m.name)(m)
+        params = tuple(Param(n, tuple(p.shape), model.role(n)) for n, p in model.named_parameters())
+        buffers = tuple(b.numel() for b in model.buffers() if b.is_floating_point())
+        _TENSORS[key] = (params, buffers)
+    return _TENSORS[key]
 
 
 @dataclass(frozen=True)
@@ -80,6 +61,7 @@ class Dims:
     optimizer: str  # "adamw" or "muon"
     nesterov: bool
     params: tuple[Param, ...]
+    buffers: tuple[int, ...] = ()  # elements of each floating buffer (stored in the param dtype)
     master_bf16: bool = False  # train.master_weights: bf16 (parameters, grads, state in bf16)
     ns_bf16: bool = True  # Muon's Newton–Schulz in bf16 (optimizer.ns_dtype), else fp32
     adamw_8bit: bool = False  # optimizer.adamw_8bit (bitsandbytes, CUDA only)
@@ -90,6 +72,9 @@ class Dims:
     strategy: str = "ddp"  # distributed.strategy: "ddp" or "fsdp"
     shard_muon: bool = True  # distributed.shard_muon (ddp): Muon momentum of owned matrices only
     shard_adamw: bool = False  # distributed.shard_adamw (ddp): ZeRO-1, AdamW moments split
+    # the trace's peak over the analytic model's at the configured micro-batch: a plan scales
+    # every analytic figure by it (plan/planner.py), so the trace stays the one reference
+    trace_scale: float = 1.0
 
     @classmethod
     def of(cls, cfg, micro_batch: int | None = None) -> Dims:
@@ -104,6 +89,7 @@ class Dims:
         seqs = (t.grad_accum or 1) * t.micro_batch_size  # sequences per device per step
         accum = max(1, seqs // mb)
         traits = oc.traits()
+        params, buffers = model_tensors(cfg.model)
         return cls(
             model=cfg.model,
             micro_batch=mb,
@@ -113,7 +99,8 @@ class Dims:
             ns_bf16=traits.ns_dtype in ("bf16", "auto"),
             optimizer=traits.kind,
             nesterov=traits.nesterov,
-            params=tuple(param_shapes(cfg.model)),
+            params=params,
+            buffers=buffers,
             master_bf16=t.master_weights == "bf16",
             adamw_8bit=traits.adamw_8bit,
             checkpointing=t.activation_checkpointing,
@@ -156,10 +143,11 @@ class Dims:
         return sum(p.numel for p in self.params if p.role == role)
 
     def groups(self) -> dict[str, list[Param]]:
-        """Optimizer groups as optim.groups builds them: one per (role, origin)."""
+        """Optimizer groups of a fresh run: one per role (growth's origins split them further,
+        but a planned run starts fresh)."""
         out: dict[str, list[Param]] = {}
         for p in self.params:
-            out.setdefault(f"{p.role}/{default_origin(p.role)}", []).append(p)
+            out.setdefault(p.role, []).append(p)
         return out
 
     def muon_param(self, p: Param) -> bool:
@@ -167,7 +155,7 @@ class Dims:
 
     @property
     def ddp_ranks(self) -> int:
-        """Ranks of a ddp run (1 for one process or fsdp, whose sharding plan/parallel.py models)."""
+        """Ranks of a ddp run (1 for one process or fsdp, whose sharding memory.fsdp_peak models)."""
         return self.world if self.strategy == "ddp" else 1
 
     def muon_owned(self, count: int) -> int:
@@ -186,7 +174,3 @@ class Dims:
                     shapes[p.shape] = shapes.get(p.shape, 0) + 1
             out += list(shapes.items())
         return out
-
-    @property
-    def ve_layers(self) -> int:
-        return sum(self.model.has_value_embed(i) for i in range(self.model.n_layer))

@@ -10,7 +10,7 @@ Every GEMM of the model is listed with its shape (forward one product, backward 
 shape of a run (micro-batch, sequence, width) moves the prediction through the rates measured
 at those shapes, not through one assumed MFU. `Rates` say where each figure comes from: measured
 on this machine (plan/probe.py), the catalog's datasheet times the documented ceilings
-(gpus.yaml `defaults`), or a bench measurement's ratio (plan/measurements.py).
+(gpus.yaml `defaults`), or a bench measurement's ratio (plan/calibration.py).
 
 Not modelled: torch.compile's fusions (planned as eager), the overlap of host dispatch with a
 previous kernel beyond the per-kernel max, and pipeline bubbles (littlelm has no pipeline

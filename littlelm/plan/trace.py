@@ -3,9 +3,14 @@
 The model and optimizer come from the very function training uses (`train.build.build`),
 and the step is the trainer's own `micro_step` + `apply_update`, so a new model feature is
 planned the day it exists. Everything runs on fake CPU tensors: shapes, dtypes and storages
-are real, no memory is touched, and a 3B model traces in seconds. (The fake `cuda` device does
-not survive backward on a CPU-only PyTorch, so the kernels traced are the CPU ones; see
-`memory.Kernels` for where CUDA's differ.)
+are real, no memory is touched, and a 3B model traces in seconds. This is the plan's reference
+for memory; the analytic model (plan/memory.py) is held to it.
+
+The fake `cuda` device does not survive backward on a CPU-only PyTorch, so the step runs the
+CPU backend's kernels. For a GPU's plan (`gpu=True`) attention is FlashAttention's footprint
+instead of the CPU's blocked kernel: the tensors SDPA's flash kernel returns, keeps and makes
+in its backward (`flash_footprint`), without its arithmetic. With `gpu=False` the trace is the
+CPU step exactly (`littlelm bench` on a CPU measures it to 0.01%).
 
 What is traced, in order:
 1. build the model and optimizer; give every parameter a zero gradient and take one optimizer
@@ -24,11 +29,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from littlelm.model import backend
+from littlelm.plan import memory as mem
 from littlelm.plan.accounting import (
     ACT,
     BWD,
@@ -40,8 +47,8 @@ from littlelm.plan.accounting import (
     PARAMS,
     SCRATCH,
     STATE,
+    Memory,
     MemoryAccountant,
-    Snapshot,
 )
 from littlelm.plan.shapes import Dims
 from littlelm.schema import RunConfig
@@ -50,17 +57,57 @@ from littlelm.train.device import autocast
 from littlelm.train.step import apply_update, micro_step
 
 
-@dataclass
-class TraceResult:
-    """Bytes per category (each at its own largest), the peak with its breakdown, the peak of
-    each phase, and how long the trace took."""
+class _FlashFootprint(torch.autograd.Function):
+    """What FlashAttention-2, SDPA's kernel on a GPU, allocates (flash_api.cpp), on fake
+    tensors: the forward returns the output in (B, T, H, D) storage and keeps q, k, v, the output
+    and an fp32 log-sum-exp per head and row; the backward makes an fp32 dq accumulator, the
+    fp32 row sums of dO·O, dq, and dk and dv (under GQA at the query heads' width first, then
+    summed into the key/value heads'). The values are never read: only the memory is traced."""
 
-    categories: dict[str, int]
-    peak: Snapshot
-    phases: dict[str, Snapshot]
-    micro_batch: int
-    seconds: float
-    notes: list[str] = field(default_factory=list)
+    @staticmethod
+    def forward(ctx, q, k, v):
+        B, H, T, D = q.shape
+        out = q.new_empty(B, T, H, D).transpose(1, 2)
+        lse = q.new_empty(B, H, T, dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k = ctx.saved_tensors[:2]
+        B, H, T, D = q.shape
+        Hkv = k.size(1)
+        # alive until the gradients are made: the fp32 dq accumulator, the row sums of dO·O
+        workspace = [q.new_empty(B, T, H, D, dtype=torch.float32)]
+        workspace.append(q.new_empty(B, H, T, dtype=torch.float32))
+        dq = q.new_empty(B, T, H, D).transpose(1, 2)
+        if Hkv == H:
+            dk, dv = (k.new_empty(B, T, Hkv, D).transpose(1, 2) for _ in range(2))
+        else:  # GQA: per query head, then summed over the heads sharing a key/value head
+            dk, dv = (
+                q.new_empty(B, T, H, D).unflatten(2, (Hkv, H // Hkv)).sum(3).transpose(1, 2)
+                for _ in range(2)
+            )
+        workspace.clear()
+        return dq, dk, dv
+
+
+def flash_footprint(q, k, v):
+    return _FlashFootprint.apply(q, k, v)
+
+
+@contextlib.contextmanager
+def gpu_kernels(on: bool) -> Iterator[None]:
+    """The CPU backend's kernels with FlashAttention's footprint in place of the blocked
+    attention, for every backend name, while tracing a GPU's step (`on`)."""
+    saved = dict(backend.BACKENDS)
+    if on:
+        standin = replace(backend.CPU, attention=flash_footprint)
+        backend.BACKENDS.update(cpu=standin, cuda=standin)
+    try:
+        yield
+    finally:
+        backend.BACKENDS.update(saved)
 
 
 @contextlib.contextmanager
@@ -103,16 +150,17 @@ def optimizer_tensors(optimizer) -> list[torch.Tensor]:
 def traced_dims(d: Dims) -> Dims:
     """The Dims of what `trace_step` actually runs (for comparing with the analytic model)."""
     rounding = d.stochastic_rounding and d.optimizer == "muon"  # as OptimizerConfig.traceable
-    return replace(d, adamw_8bit=False, stochastic_rounding=rounding)
+    return replace(d, adamw_8bit=False, stochastic_rounding=rounding, world=1)  # one process
 
 
-def trace_step(cfg: RunConfig, micro_batch: int | None = None) -> TraceResult:
-    """Trace one optimizer step of `cfg` (at `micro_batch` sequences per micro-batch)."""
+def trace_step(cfg: RunConfig, micro_batch: int | None = None, gpu: bool = True) -> Memory:
+    """Trace one optimizer step of `cfg` (at `micro_batch` sequences per micro-batch), with a
+    GPU's attention (`gpu`) or as it runs on this CPU."""
     t0 = time.perf_counter()
     cfg = cfg.with_precision(True)  # `auto` as on the GPU it stands in for (Dims.of does too)
     mb = micro_batch or cfg.train.micro_batch_size
     accum = cfg.train.grad_accum or 1
-    with FakeTensorMode(), fake_safe_optimizers():
+    with FakeTensorMode(), fake_safe_optimizers(), gpu_kernels(gpu):
         model, optimizer = build(cfg, torch.device("cpu"), traced=True)
         populate_state(model, optimizer)
         acct = MemoryAccountant()
@@ -123,13 +171,11 @@ def trace_step(cfg: RunConfig, micro_batch: int | None = None) -> TraceResult:
         finally:
             for h in handles:
                 h.remove()
-    return TraceResult(
+    return Memory(
         categories=_categories(acct),
-        peak=acct.peak,
-        phases={k: v for k, v in acct.peaks.items() if k in (FB, OPT)},
-        micro_batch=mb,
+        breakdowns={k: acct.peaks[k].by_category for k in (FB, OPT)},
+        source="trace" + (" (FlashAttention's footprint)" if gpu else " (this CPU's kernels)"),
         seconds=time.perf_counter() - t0,
-        notes=_notes(cfg),
     )
 
 
@@ -196,8 +242,15 @@ def _categories(acct: MemoryAccountant) -> dict[str, int]:
     }
 
 
-def _notes(cfg: RunConfig) -> list[str]:
-    notes = []
-    if cfg.train.compile:
-        notes.append("traced eagerly: torch.compile's fusions are not in the trace")
-    return notes
+def step_memory(cfg: RunConfig, trace: bool = True) -> tuple[Dims, Memory, Memory | None, Memory]:
+    """What one GPU holds in a step of `cfg`: (its Dims, scaled so that the analytic model meets
+    the trace at the configured micro-batch; the memory: the trace, or the scaled analytic model
+    where the trace ran a stand-in (8-bit AdamW, one process of several) or did not run; the
+    trace; the analytic model of what the trace ran, unscaled)."""
+    d = Dims.of(cfg.with_precision(True))
+    traced = trace_step(cfg) if trace else None
+    analytic = mem.estimate(traced_dims(d))
+    if traced is not None:
+        d = replace(d, trace_scale=traced.peak / analytic.peak)
+    memory = traced if traced is not None and traced_dims(d) == d else mem.estimate(d)
+    return d, memory, traced, analytic
