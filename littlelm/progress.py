@@ -27,7 +27,7 @@ def human(n: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    if seconds != seconds or seconds < 0:  # NaN
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):  # NaN, or no end known
         return "?"
     s = int(seconds)
     if s >= 3600:

@@ -239,3 +239,92 @@ def test_speed_follows_a_machine_that_speeds_up():
     assert b.step_s == 4.0
     b.stepped(t + 30.0)  # one stall does not move the median
     assert b.step_s == 4.0
+
+
+# Issue 36 items 1-4: changed budgets, a stale ledger, the ETA
+
+
+def test_raised_budget_trains_on_and_refits_the_schedule():
+    first = make_budget(100.0)
+    simulate(first)
+    assert first.finished
+    state = {"step": 90, "budget": first.state_dict()}
+    same = make_budget(100.0)
+    assert bg.restore(same, state, {}) == [] and same.finished  # the same budget: done
+    raised = make_budget(200.0)
+    notes = bg.restore(raised, state, {})
+    assert not raised.finished and raised.progress == 0.0  # item 1: it trains further
+    assert "changed (100s -> 200s" in notes[0] and "refitted to the new budget" in notes[0]
+    assert "progress 1.00 -> 0.5" in notes[0]
+    mults, _, _, _ = simulate(raised, now=1000.0, step=90)
+    assert raised.finished and raised.spent == pytest.approx(200.0, abs=1.5)
+    assert mults[0] > mults[-1] == TRAP["floor"]  # back above the floor, cooled down at the end
+    legacy = {"step": 90, "budget": {k: v for k, v in first.state_dict().items() if k != "seconds"}}
+    from_before = make_budget(200.0)  # a checkpoint written before budgets recorded their seconds
+    bg.restore(from_before, legacy, {})
+    assert not from_before.finished
+
+
+def test_budget_raised_during_the_cooldown_refits_the_lr():
+    """Item 2: stopped at progress 0.91 of 30 s and resumed with 120 s, the lr stayed at its
+    cooldown value for most of the new budget; it returns to the plateau at once."""
+    first = make_budget(30.0, eval_every=1000, save_every=1000)
+    simulate(first, step_s=0.25, stop_at=26.0)
+    assert 0.85 < first.progress < 0.95
+    resumed = make_budget(120.0, eval_every=1000, save_every=1000)
+    sched = lambda s, p: sch.trapezoidal_at(s, p, **TRAP)  # noqa: E731
+    notes = bg.restore(resumed, {"step": 100, "budget": first.state_dict()}, {}, sched)
+    assert "30s -> 120s" in notes[0] and "-> x1.000)" in notes[0]
+    mults, times, _, _ = simulate(resumed, step_s=0.25, now=0.0, step=100)
+    assert mults[0] == 1.0  # the plateau again, not x0.2
+    cool = next(i for i, m in enumerate(mults) if m < 1.0)
+    assert first.spent + times[cool - 1] == pytest.approx(0.6 * 120, abs=2)  # the new cooldown
+
+
+def test_stale_ledger_without_checkpoints_is_ignored():
+    """Item 3: budget.json left after the checkpoints were deleted made the same command train
+    one step at lr 0 and say done."""
+    old = make_budget(40.0)
+    simulate(old)
+    ledger = {"step": 60, **old.state_dict()}
+    fresh = make_budget(40.0)
+    notes = bg.restore(fresh, None, ledger)
+    assert fresh.spent == 0.0 and not fresh.finished
+    assert "belongs to checkpoints that are gone" in notes[0]
+    mults, _, steps, _ = simulate(fresh)
+    assert steps > 20 and max(mults) == 1.0
+    older = make_budget(40.0)  # a ledger older than the checkpoint is not counted either
+    bg.restore(older, {"step": 70, "budget": {"spent": 5.0}}, {"step": 60, "spent": 30.0})
+    assert older.spent == 5.0
+
+
+def test_eta_of_a_step_cap_before_a_huge_budget():
+    """Item 4: the ETA showed 999999999h59m when train.max_steps ended the run first."""
+    b = make_budget(3.6e12, max_steps=20)
+    simulate(b, stop_at=5.0)
+    rb = bg.TimeBudget(b, bg.Ledger(None), bg.BudgetConfig(hours=1e9), 1)
+    m = rb.record(5, 1.0)
+    assert m["eta_s"] < 60  # 15 steps of about 1 s, plus the end's evaluation
+
+
+def test_trainer_raised_budget_and_stale_ledger(tmp_path, corpus, monkeypatch, capsys):
+    """Items 1 and 3 through the trainer: a finished run given twice the budget trains on (the
+    message's advice works); with its checkpoints deleted, budget.json does not make a 1-step
+    lr-0 run."""
+    import shutil
+
+    monkeypatch.setattr(bg, "now", FakeClock(1.0))
+    path = budget_cfg(tmp_path, corpus, {"hours": 20 / 3600}, log_every=1)
+    first = Trainer(load_run(path)).fit()
+    assert first["finished"]
+    capsys.readouterr()
+    more = Trainer(load_run(path, ["train.budget.hours=0.0111111"])).fit()
+    assert not more.get("already_finished") and more["step"] > first["step"] and more["finished"]
+    assert "the schedule is refitted to the new budget" in capsys.readouterr().out
+    run = load_run(path).run_dir()
+    shutil.rmtree(run / "checkpoints")
+    assert (run / "budget.json").is_file()
+    again = Trainer(load_run(path)).fit()
+    assert again["step"] > 5 and "belongs to checkpoints that are gone" in capsys.readouterr().out
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["lr_mult"] for r in lines if r["kind"] == "train") == 1.0

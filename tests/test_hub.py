@@ -71,6 +71,29 @@ def test_prepares_a_datasets_directory_split_and_template(tmp_path):
         prepare(tmp_path, {"dataset": str(tmp_path / "saved"), "split": "test"}, "out3")
 
 
+def test_an_empty_saved_dataset_is_a_clear_error(tmp_path, capsys):
+    """Issue 36.13: save_to_disk of 0 rows made load_from_disk raise IndexError (rc 1)."""
+    empty = datasets.Dataset.from_dict({"text": []})
+    empty.save_to_disk(str(tmp_path / "empty"))
+    with pytest.raises(DataError, match=r"dataset: .*empty is a saved `datasets` dataset with no"):
+        prepare(tmp_path, {"dataset": str(tmp_path / "empty")})
+    full = datasets.Dataset.from_dict({"text": texts(5)})
+    datasets.DatasetDict({"train": empty, "validation": full}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DataError, match=r"dd/train is a saved `datasets` dataset with no rows"):
+        prepare(tmp_path, {"dataset": str(tmp_path / "dd")}, "out2")
+    _, m = prepare(tmp_path, {"dataset": str(tmp_path / "dd"), "split": "validation"}, "out3")
+    assert m["splits"]["train"]["docs"] == 5
+    data = {
+        "tokenizer": {"name": "byte"},
+        "sources": {"hub": {"name": "hf", "dataset": str(tmp_path / "empty")}},
+    }
+    config = write_config(tmp_path / "data.yaml", {"data": data})
+    capsys.readouterr()  # drop save_to_disk's progress bars
+    assert main(["data", "prepare", str(config), "--out", str(tmp_path / "ds")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "with no rows" in err and "Traceback" not in err
+
+
 def write_parquet(path, rows: list[str], group: int = 10) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(

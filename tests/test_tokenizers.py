@@ -7,14 +7,17 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import SHARED
+from conftest import SHARED, write_config
+from littlelm.cli import main
 from littlelm.data.tiktoken_tokenizer import TiktokenConfig, TiktokenTokenizer
 from littlelm.data.tokenizer import (
+    MAX_RUN,
     BPEConfig,
     BPETokenizer,
     ByteTokenizer,
     HuggingFaceConfig,
     HuggingFaceJSON,
+    Sample,
     SavedConfig,
     SavedTokenizer,
     load_tokenizer,
@@ -136,3 +139,33 @@ def test_encode_docs_prefixes_bos(bpe):
         assert np.array_equal(flat, want) and lengths.tolist() == [
             len(tok.encode(t)) + 1 for t in texts
         ]
+
+
+def test_bpe_training_sample_is_bounded_and_says_so(tmp_path, capsys):
+    """Issue 36.14: one 50 MB row without whitespace made BPE training run past 400 s at 3.3 GB.
+    A document now gives at most 1/10 of train_chars, and runs without whitespace are cut into
+    MAX_RUN-character pieces; the log says both. (A 2 MB row here, with train_chars 1M.)"""
+    rng = np.random.default_rng(0)
+    row = "".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz0123456789"), 2_000_000))
+    normal = "the quick brown fox jumps over the lazy dog\n" * 50
+    sample = Sample(1_000_000)
+    pieces = list(sample.take(iter([row, normal])))
+    assert "".join(pieces) == row[:100_000] + normal  # the first 1/10 of train_chars, then on
+    assert max(len(p) for p in pieces[:-1]) == MAX_RUN and pieces[-1] == normal
+    assert sample.capped == 1 and sample.split == 1
+    assert list(Sample(1_000_000).take(iter([normal]))) == [normal]  # ordinary text untouched
+
+    corpus = tmp_path / "one_row.txt"
+    corpus.write_text(row)
+    data = {
+        "tokenizer": {"name": "bpe", "vocab_size": 512, "train_chars": 1_000_000},
+        "sources": {"row": {"name": "text", "path": str(corpus), "split": "file"}},
+        "val_fraction": 0.0,
+    }
+    config = write_config(tmp_path / "data.yaml", {"data": data})
+    assert main(["data", "prepare", str(config), "--out", str(tmp_path / "ds")]) == 0
+    out = capsys.readouterr().out
+    assert "1 document(s) longer than 100,000 characters gave only their first 100,000" in out
+    assert f"cut into {MAX_RUN}-character pieces for tokenizer training" in out
+    tok = load_tokenizer(tmp_path / "ds" / "row" / "tokenizer")
+    assert tok.decode(tok.encode(row[:5000])) == row[:5000]

@@ -141,14 +141,28 @@ class HubDataset(ParquetFiles):
     def _saved_files(self, root: Path) -> list[Path]:
         """The Arrow files of a `datasets` save_to_disk directory (the split of a DatasetDict)."""
         datasets = require("datasets", "hub", f"the hf source ({self.key})")
-        ds = datasets.load_from_disk(str(root))
-        if isinstance(ds, datasets.DatasetDict):
-            if self.cfg.split not in ds:
+        saved = root
+        if (root / "dataset_dict.json").is_file():
+            splits = _json(root / "dataset_dict.json", self.key).get("splits") or []
+            if self.cfg.split not in splits:
                 raise DataError(
                     f"{self.key}.split: {root} has no split {self.cfg.split!r} (splits: "
-                    f"{', '.join(ds)}); set {self.key}.split to one of them"
+                    f"{', '.join(map(str, splits))}); set {self.key}.split to one of them"
                 )
-            ds = ds[self.cfg.split]
+            saved = root / self.cfg.split
+        # load_from_disk of 0 rows raises IndexError (datasets 5.2): say what it is instead
+        if not _json(saved / "state.json", self.key).get("_data_files"):
+            raise DataError(
+                f"{self.key}.dataset: {saved} is a saved `datasets` dataset with no rows (no data "
+                "files in its state.json); give a dataset that has rows, or remove the source"
+            )
+        try:
+            ds = datasets.load_from_disk(str(saved))
+        except (OSError, ValueError, IndexError, KeyError) as e:
+            raise DataError(
+                f"{self.key}.dataset: cannot load {saved} with datasets.load_from_disk "
+                f"({type(e).__name__}: {e}); re-save it with save_to_disk"
+            ) from None
         return [Path(f["filename"]) for f in ds.cache_files]
 
     def _wanted(self, path: str) -> bool:
@@ -377,6 +391,19 @@ class HubDataset(ParquetFiles):
             text = self._fill(row if isinstance(row, dict) else {}, f"{path} (line {n})")
             if text is not None:
                 yield text
+
+
+def _json(path: Path, key: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(
+            f"{key}.dataset: {path} is unreadable ({type(e).__name__}: {e}); re-save the "
+            "dataset with save_to_disk"
+        ) from None
+    if not isinstance(data, dict):
+        raise DataError(f"{key}.dataset: {path} is not a `datasets` file (not a JSON object)")
+    return data
 
 
 def _offline() -> bool:

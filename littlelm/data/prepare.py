@@ -107,6 +107,8 @@ def resolve_tokenizer(
     log(f"training a {cfg.name} tokenizer ({cls.vocab_size_for(cfg):,} tokens) -> {target}")
     t0 = time.time()
     tok = cls.train(cfg, _weighted_texts(raw, splits, cls.train_chars_for(cfg)))
+    for note in tok.notes:
+        log(note)
     tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tok.save(tmp)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Iterator
 from itertools import chain
 from pathlib import Path
@@ -40,6 +41,7 @@ class Tokenizer:
     kind: str
     vocab_size: int
     bos_id: int
+    notes: tuple[str, ...] = ()  # what training bounded, for the log (BPE: Sample.notes)
     bos_token: str = BOS  # its text (the chat template's bos_token)
     chat_template: str | None = None  # a Jinja chat template of its own (imported models)
     _template_tokens: dict[str, str] = {}  # noqa: RUF012  (replaced, never mutated)
@@ -336,8 +338,11 @@ class BPETokenizer(HFTokenizer):
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
-        tok.train_from_iterator(_take_chars(texts, cfg.train_chars), trainer=trainer)
-        return cls(tok)
+        sample = Sample(cfg.train_chars)
+        tok.train_from_iterator(sample.take(texts), trainer=trainer)
+        out = cls(tok)
+        out.notes = tuple(sample.notes())
+        return out
 
     @classmethod
     def from_dir(cls, directory: Path, meta: dict) -> BPETokenizer:
@@ -361,13 +366,56 @@ class BPETokenizer(HFTokenizer):
         return self.tok.to_str()
 
 
-def _take_chars(texts: Iterator[str], limit: int) -> Iterator[str]:
-    seen = 0
-    for t in texts:
-        if seen >= limit:
-            return
-        yield t
-        seen += len(t)
+DOC_SHARE = 10  # one document gives at most 1/10 of the training sample
+MAX_RUN = 256  # characters without whitespace that BPE training sees as one piece
+LONG_RUN = re.compile(rf"\S{{{MAX_RUN + 1},}}")
+
+
+class Sample:
+    """The BPE training sample: `limit` characters of documents, bounded so one pathological
+    document cannot make training take minutes and gigabytes (a 50 MB row without whitespace is
+    one pre-token, whose merges cost memory in proportion): each document gives at most
+    1/DOC_SHARE of the sample, and a run of more than MAX_RUN characters without whitespace is
+    cut into MAX_RUN pieces (no useful token is that long). `notes` says what was bounded."""
+
+    def __init__(self, limit: int):
+        self.limit, self.cap = limit, max(limit // DOC_SHARE, 1)
+        self.capped, self.split = 0, 0
+
+    def take(self, texts: Iterator[str]) -> Iterator[str]:
+        seen = 0
+        for t in texts:
+            if seen >= self.limit:
+                return
+            if len(t) > self.cap:
+                self.capped += 1
+                t = t[: self.cap]
+            seen += len(t)
+            yield from self._pieces(t)
+
+    def _pieces(self, text: str) -> Iterator[str]:
+        start = 0
+        for m in LONG_RUN.finditer(text):
+            self.split += 1
+            yield text[start : m.start()]
+            yield from (text[i : i + MAX_RUN] for i in range(m.start(), m.end(), MAX_RUN))
+            start = m.end()
+        yield text[start:]
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.capped:
+            out.append(
+                f"{self.capped} document(s) longer than {self.cap:,} characters gave only their "
+                f"first {self.cap:,} to the tokenizer's training sample (1/{DOC_SHARE} of "
+                "train_chars), so no one document dominates it"
+            )
+        if self.split:
+            out.append(
+                f"{self.split} run(s) of more than {MAX_RUN} characters without whitespace were "
+                f"cut into {MAX_RUN}-character pieces for tokenizer training"
+            )
+        return out
 
 
 class HuggingFaceConfig(ComponentConfig):

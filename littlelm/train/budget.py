@@ -229,6 +229,7 @@ class Budget:
 
     def state_dict(self, now: float | None = None) -> dict:
         return {
+            "seconds": self.seconds,  # the budget this state was spent under (a resume compares)
             "spent": self.elapsed(now) if now is not None else self.spent,
             "progress": self.progress,
             "finished": self.finished,
@@ -272,14 +273,56 @@ class Ledger:
             pass  # a full disk must not stop training; checkpoints still carry the figure
 
 
-def restore(budget: Budget, ckpt_state: dict | None, ledger: dict) -> None:
+def restore(budget: Budget, ckpt_state: dict | None, ledger: dict, schedule=None) -> list[str]:
     """The checkpoint's budget state, with the time spent raised to the ledger's when the ledger
-    saw more (the run went on after its last checkpoint before it was killed)."""
-    budget.load_state_dict((ckpt_state or {}).get("budget", {}))
-    if ledger.get("spent", 0.0) > budget.spent:
-        budget.spent = float(ledger["spent"])
-    if budget.prior_step is None:
-        budget.prior_step = ledger.get("step_s")
+    saw more (the run went on after its last checkpoint before it was killed). The ledger belongs
+    to the checkpoints it counts: without a checkpoint (they were deleted, or none was written)
+    it is stale and ignored, as is one older than the checkpoint. A budget that differs from the
+    one the checkpoint ran under refits the schedule to it: a raised budget trains on (a finished
+    run too), its progress recomputed from the time spent. Returns notes for the log."""
+    saved = (ckpt_state or {}).get("budget", {})
+    budget.load_state_dict(saved)
+    notes = []
+    step = (ckpt_state or {}).get("step", 0)
+    if ckpt_state is None and ledger:
+        notes.append(
+            f"budget.json (spent {ledger.get('spent', 0):.0f}s to step {ledger.get('step', '?')}) "
+            "belongs to checkpoints that are gone: not counted, this run starts its budget afresh"
+        )
+    elif ledger.get("step", step) >= step:
+        if ledger.get("spent", 0.0) > budget.spent:
+            budget.spent = float(ledger["spent"])
+        if budget.prior_step is None:
+            budget.prior_step = ledger.get("step_s")
+    old = saved.get("seconds")
+    changed = old is not None and abs(old - budget.seconds) > 1e-9
+    left = budget.steps_left(0.0)  # `mark` is unset: the time spent so far
+    room = left >= LAST_BELOW if left is not None else budget.spent < budget.seconds
+    if budget.finished and old is None and room:
+        changed = True  # a checkpoint from before the budget was recorded: raised, it seems
+    if changed:
+        was = budget.progress
+        budget.finished = not room
+        if room:  # from here progress is the share of the new budget's time, never going back
+            budget.progress = 0.0
+            now_p = min(1.0, budget.spent / max(1e-9, budget.seconds - budget.end_reserve()))
+            lr = (  # `schedule`: (step, progress) -> lr multiplier, for the note
+                f" (lr x{schedule(step, was):.3f} -> x{schedule(step, now_p):.3f})"
+                if schedule
+                else ""
+            )
+            notes.append(
+                f"train.budget changed ({f'{old:.0f}s' if old is not None else 'spent'} -> "
+                f"{budget.seconds:.0f}s, {budget.spent:.0f}s spent): the schedule is refitted to "
+                f"the new budget, progress {was:.2f} -> {now_p:.2f}{lr}; it "
+                "cools down again before the new end"
+            )
+        else:
+            notes.append(
+                f"train.budget changed to {budget.seconds:.0f}s, but {budget.spent:.0f}s are "
+                "already spent: nothing is left to train"
+            )
+    return notes
 
 
 # ----------------------------------------------------------------------------------------------
@@ -374,7 +417,10 @@ class TimeBudget(Steps):
     def record(self, step: int, step_seconds: float) -> dict:
         b, t = self.budget, now()
         spent = b.elapsed(t)
-        return {"eta_s": b.seconds - spent, "budget_spent": spent, "budget_progress": b.progress}
+        eta = b.seconds - spent
+        if math.isfinite(b.max_steps) and b.per_step() is not None:  # a step cap may come first
+            eta = min(eta, (b.max_steps - step) * b.per_step() + b.end_reserve())
+        return {"eta_s": max(0.0, eta), "budget_spent": spent, "budget_progress": b.progress}
 
     def figures(self) -> dict:
         return {"budget_spent": self.budget.elapsed(now())}
@@ -415,11 +461,13 @@ def build_budget(
     flops_per_token: int,
     peak: float,
     device: str,
+    say: Callable[[str], None] = print,
 ) -> Steps:
     """The run's budget (cfg: the RunConfig): its steps, or a time or money budget restored from
     `saved` (the resumed checkpoint's state.json) and the `ledger` file (rank 0; None on the
     others), checked to hold one step at the device's `peak` FLOP/s (a ConfigError before
-    anything trains). `agree` makes every rank take rank 0's decisions (Parallel.broadcast_object);
+    anything trains; what the restore changed is said with `say`). `agree` makes every rank
+    take rank 0's decisions (Parallel.broadcast_object);
     `val_shards` are what an evaluation reads (up to eval.max_tokens)."""
     t, b = cfg.train, cfg.train.budget
     seconds = b.seconds(cfg.distributed.world_size or 1) if b is not None else None
@@ -441,7 +489,8 @@ def build_budget(
         agree=agree,
     )
     log = Ledger(ledger)
-    restore(budget, saved, log.read())
+    for note in restore(budget, saved, log.read(), build_progress_schedule(cfg.schedule)):
+        say(note)
     run = TimeBudget(budget, log, b, cfg.distributed.world_size or 1)
     if budget.finished and saved is not None:
         run.max_steps = saved["step"]

@@ -138,8 +138,7 @@ class Trainer:
         forward = self.parallel.wrap(self.model)
         self.forward = torch.compile(forward) if cfg.train.compiles(self.device) else forward
 
-    # ------------------------------------------------------------------------------------------
-    # Construction steps (in the order __init__ calls them)
+    # ---- construction steps (in the order __init__ calls them) --------------------------------
 
     def _setup_process(self) -> None:
         cfg = self.cfg
@@ -168,6 +167,7 @@ class Trainer:
             flops_per_token=self.flops_per_token,
             peak=self.peak,
             device=self.device.type,
+            say=self.log,  # a changed budget refits the schedule, and says so
         )
 
     @property
