@@ -18,6 +18,12 @@
    `max_chars` does at prepare time), and short ones, each packed with long_docs=crop and
    long_docs=split: tokens/s and tokens per CPU-second of the loader thread (target >= 5M),
    crop rate, split rate. --loader-only skips 1-2.
+4. Other tools' token files (data/foreign.py): --shards (528) small nanoGPT / llm.c `.bin` files
+   generated here, and the same documents as as many littlelm shards: the time to open every
+   shard (the first open builds and caches each file's index; the second reads it), the
+   resident memory that opening them added beside the size of their document index, and the
+   loader's tokens per CPU-second on each (target: foreign >= 0.8x littlelm shards, start-up
+   < 5 s, RSS not growing with the shard count beyond the index). --foreign-only runs only 4.
 Prints markdown tables (paste them into benchmarks/RESULTS.md with the date and machine).
 """
 
@@ -188,6 +194,112 @@ def loader_throughput(
     return tokens / secs, tokens / cpu, mix.crop_rate(), mix.split_rate(), mean_len
 
 
+def rss_mb() -> float:
+    """Resident memory of this process now (MB), from /proc (0 where there is none)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except OSError:
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def foreign_table(work: Path, n_files: int, tokens_per_file: int, seconds: float) -> None:
+    """Case 4: n_files small llm.c .bin files against the same documents as littlelm shards."""
+    import numpy as np
+
+    from littlelm.data.foreign import TokenFiles, TokensConfig
+    from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader
+    from littlelm.data.shards import Shard, ShardWriter
+
+    class Tok:  # what TokenFiles.open reads of a tokenizer (GPT-2's sizes)
+        vocab_size, bos_id = 50257, 50256
+
+        def describe(self) -> str:
+            return "gpt2-sized"
+
+    rng = np.random.default_rng(0)
+    ours_dir, theirs_dir = work / "ours528", work / "theirs528"
+    ours_dir.mkdir(parents=True, exist_ok=True)
+    theirs_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    n_docs = 0
+    for i in range(n_files):
+        median, sigma = REALISTIC["web"]
+        lengths = np.maximum(2, rng.lognormal(np.log(median), sigma, tokens_per_file // median))
+        lengths = lengths.astype(np.int64)
+        tokens = rng.integers(0, 50256, int(lengths.sum()), dtype=np.int64)
+        tokens[np.cumsum(lengths) - lengths] = 50256  # <|endoftext|> starts each document
+        w = ShardWriter(ours_dir / f"shard-{i:05d}.bin", 50257, 50256, "ab" * 32)
+        w.add_docs(tokens, lengths)
+        w.close()
+        header = np.zeros(256, "<i4")
+        header[:3] = [20240520, 1, len(tokens)]
+        (theirs_dir / f"fineweb_train_{i:06d}.bin").write_bytes(
+            header.tobytes() + tokens.astype("<u2").tobytes()
+        )
+        n_docs += len(lengths)
+    total = n_files * tokens_per_file
+    print(
+        f"\n{n_files} shards, {total / 1e6:.1f}M tokens, {n_docs:,} documents, written in "
+        f"{time.perf_counter() - t0:.0f}s (littlelm shards and llm.c .bin files of the same "
+        "documents); one source, seq 2048, batch 32, one core\n"
+    )
+    cfg = TokensConfig(name="tokens", format="nanogpt", path=str(theirs_dir))
+    cache = work / "cache"
+    opened = {}
+    rss0 = rss_mb()
+    t0 = time.perf_counter()
+    opened["theirs, first open (index built)"] = TokenFiles(cfg, "x").open(Tok(), 0, cache)[0]
+    first = time.perf_counter() - t0
+    rss1 = rss_mb()
+    t0 = time.perf_counter()
+    theirs = TokenFiles(cfg, "x").open(Tok(), 0, cache)[0]
+    again = time.perf_counter() - t0
+    rss2 = rss_mb()
+    t0 = time.perf_counter()
+    ours = [Shard(p, verify=True) for p in sorted(ours_dir.glob("*.bin"))]
+    ours_verify = time.perf_counter() - t0
+    rss3 = rss_mb()
+    t0 = time.perf_counter()
+    ours = [Shard(p, verify=False) for p in sorted(ours_dir.glob("*.bin"))]
+    ours_open = time.perf_counter() - t0
+    rss4 = rss_mb()
+    index_mb = sum(16 * len(t) for t in theirs) / 1e6
+
+    def speed(shards: list, long_docs: str) -> float:
+        packer = BestFitPacker(DocStream(shards, 0, label="x"), 2049, 1000, long_docs)
+        mix = MixtureLoader({"x": packer}, {"x": 1.0}, batch=32, seq_len=2048)
+        for _ in range(20):
+            mix.next_batch()
+        n, t0, c0 = 0, time.perf_counter(), time.thread_time()
+        while time.perf_counter() - t0 < seconds:
+            mix.next_batch()
+            mix.snapshot()
+            n += 1
+        return n * 32 * 2048 / (time.thread_time() - c0)
+
+    print("| what | littlelm shards | llm.c .bin (tokens source) | ratio | target |")
+    print("| --- | --- | --- | --- | --- |")
+    print(
+        f"| open every shard | {ours_open:.2f}s ({ours_verify:.2f}s with checksums) | "
+        f"{first:.2f}s first (index built), {again:.2f}s after | - | < 5 s |"
+    )
+    print(
+        f"| RSS added by opening | {rss4 - rss3:.1f} MB | {rss1 - rss0:.1f} MB first, {rss2 - rss1:.1f} MB again; "
+        f"their index {index_mb:.1f} MB | - | ~ the index |"
+    )
+    for long_docs in ("split", "crop"):
+        a, b = [], []
+        for _ in range(2):  # alternating, best of 2: a busy machine hurts both alike
+            a.append(speed(ours, long_docs))
+            b.append(speed(theirs, long_docs))
+        print(
+            f"| loader tokens/CPU-s, long_docs={long_docs} | {max(a) / 1e6:.1f}M | "
+            f"{max(b) / 1e6:.1f}M | {max(b) / max(a):.2f}x | >= 0.8x |",
+            flush=True,
+        )
+
+
 def prepare_tables(work: Path, args, cores: int) -> None:
     """Raw tokenizer speed beside a full prepare, per tokenizer and worker mode."""
     docs = make_corpus(work / "raw", args.mb)
@@ -233,6 +345,9 @@ def main() -> None:
     )
     p.add_argument("--work", help="scratch directory (default: a new temporary one, removed after)")
     p.add_argument("--loader-only", action="store_true", help="measure the loader only")
+    p.add_argument("--foreign-only", action="store_true", help="measure case 4 only")
+    p.add_argument("--shards", type=int, default=528, help="case 4: number of token files")
+    p.add_argument("--shard-tokens", type=int, default=40_000, help="case 4: tokens per file")
     args = p.parse_args()
     from littlelm.components import register_all
 
@@ -240,10 +355,13 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="littlelm-bench-data-"))
     cores = os.cpu_count() or 1
     try:
-        if not args.loader_only:
+        if not (args.loader_only or args.foreign_only):
             prepare_tables(work, args, cores)
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        if args.foreign_only:
+            foreign_table(work, args.shards, args.shard_tokens, args.seconds)
+            return
         print(
             "\nloader, one core: 4-source mixture (0.6/0.15/0.15/0.1), best-fit, seq 2048, batch 32\n"
         )
@@ -263,6 +381,7 @@ def main() -> None:
                     f"{tok_cpu / 1e6:.1f}M | {100 * crop:.2f}% | {100 * split:.2f}% |",
                     flush=True,
                 )
+        foreign_table(work, args.shards, args.shard_tokens, args.seconds)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)

@@ -32,6 +32,23 @@ or for `from_stable` the one before its cooldown):
   interval.
 At step 1 these differences are ~0 (the grown model computes the parent's function).
 Acceptance (issue 18): val jump <= 0.01 and a final val loss at most one lr's.
+
+The "new data" scenario (`--scenario newdata`, issue 35) is growth as the seed user grew: the
+same parent (trained on the standard library, distribution A) is grown the same way but
+continues on a mixture of A and Tiny Shakespeare (B, data/tinyshakespeare.txt, which it has never
+seen; `--new-share` of the tokens, 0.7 by default), from the mixture's start
+(`grow.continue_data: false`). Validation runs on A and on B separately through the whole
+continuation (`eval.sets`, so `littlelm report` plots both curves). Recipes (NEWDATA below) at
+equal tokens: one lr, the constant {old: 0.2, embedding: 0.5}, the seed user's ratios (old 1/30,
+embeddings 1/6 of the new blocks' lr), a ramp from those ratios to 1 over the whole run, and the
+grown shape from scratch on the same mixture. Per run: the jump on A (the highest val loss on A
+in the first half minus the parent's, on the same windows), the final val loss on A (forgetting:
+minus the parent's) and on B, and the area under each curve (the mean val loss over the
+continuation's evaluations, trapezoidal: lower learned sooner or forgot less).
+
+    python benchmarks/growth.py --scenario newdata --stage parent       # the same parent
+    python benchmarks/growth.py --scenario newdata --stage one_lr       # one recipe at a time
+    python benchmarks/growth.py --scenario newdata --stage report       # the table
 """
 
 from __future__ import annotations
@@ -252,14 +269,149 @@ def report(out: Path) -> None:
         print(f"{label:<30}{steps:>6}{'':>10}{'':>10}{'':>12}{final:>11.4f}{secs:>9.0f}")
 
 
+# The new-data scenario: name -> (label, grow.lr_multipliers; None: from scratch, "ramp": the
+# seed user's ratios ramped to 1 over the whole run)
+NEWDATA: dict[str, tuple[str, dict | str | None]] = {
+    "one_lr": ("one lr for all (the default)", {}),
+    "user": ("constant old 1/30 emb 1/6", {"old": DIFFERENTIAL["old"], "embedding": 0.17}),
+    "ramp_run": ("ramp 1/30, 1/6 -> 1 over the run", "ramp"),
+    "scratch": ("6 layers from scratch", None),
+    "fixed_0.2": ("constant old 0.2 emb 0.5", {"old": 0.2, "embedding": 0.5}),
+}
+SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"
+NEW_STEPS, NEW_EVAL_EVERY = 300, 20  # the continuation (--grown-steps) and its eval interval
+NEW_EVAL_TOKENS = 24_576  # shared by weight: 7,296 of A and 17,152 of B (whole windows), share 0.7
+SETS = {"A": ["stdlib"], "B": ["shakespeare"]}  # the validation sets, by data source
+
+
+def newdata_dir(out: Path, share: float) -> Path:
+    return out / f"newdata-b{share:g}"
+
+
+def newdata_tree(out: Path, name: str, steps: int, share: float) -> dict:
+    """A run of the new-data scenario: the grown shape on the A + B mixture, grown from the
+    parent (or from scratch), validated on A and B separately."""
+    nd = newdata_dir(out, share)
+    t = tree(nd, name, GROWN, steps, NEW_EVAL_EVERY)
+    t["data"]["sources"] = {
+        "stdlib": {"name": "python_stdlib", "max_chars": 2000, "weight": round(1 - share, 6)},
+        "shakespeare": {
+            "name": "text",
+            "path": str(SHAKESPEARE),
+            "split": "paragraph",
+            "weight": share,
+        },
+    }
+    t["eval"] = {"every": NEW_EVAL_EVERY, "max_tokens": NEW_EVAL_TOKENS, "sets": SETS}
+    _, spec = NEWDATA.get(name, ("", None))
+    if spec is not None:
+        if spec == "ramp":
+            spec = ramp(steps)
+        t["grow"] = {
+            "parent": str(find_checkpoint(out / "parent")),
+            "placement": "interleave",
+            "continue_data": False,  # other data than the parent's: the mixture from its start
+            "lr_multipliers": spec,
+        }
+    return t
+
+
+def parent_on_sets(out: Path, share: float) -> dict:
+    """The parent's final checkpoint's validation on the scenario's windows of A and of B
+    (what every grown run computes at its step 0; cached)."""
+    nd = newdata_dir(out, share)
+    cache = nd / "parent_on_sets.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    from littlelm.train.validation import validation_metrics
+
+    cfg = config(nd, newdata_tree(out, "reference", 1, share))  # no grow: only its data section
+    device = torch.device(DEVICE)
+    model, _, _ = load_model(find_checkpoint(out / "parent"), device)
+    data = build_data(cfg.data, log=lambda _: None)
+    token_bytes = torch.from_numpy(data.tokenizer.token_bytes()).to(device)
+    m = validation_metrics(
+        model, data, cfg, token_bytes, device, autocast(device, cfg.train.precision)
+    )
+    sets = {k: v["loss"] for k, v in m["val_sets"].items()}
+    cache.write_text(json.dumps(sets))
+    return sets
+
+
+def area(steps: list[int], values: list[float]) -> float:
+    """The mean of a curve over its steps (trapezoidal area / span)."""
+    if len(steps) < 2:
+        return values[0] if values else float("nan")
+    total = sum((b - a) * (u + v) / 2 for a, b, u, v in zip(steps, steps[1:], values, values[1:]))
+    return total / (steps[-1] - steps[0])
+
+
+def newdata_row(run: Path, parent: dict) -> dict:
+    """One run's figures: jump on A (first half), final A and B, their areas, training time."""
+    rec = records(run)
+    evals = [r for r in rec if r["kind"] == "eval"]
+    steps = [r["step"] for r in evals]
+    a = [r["val_sets"]["A"]["loss"] for r in evals]
+    b = [r["val_sets"]["B"]["loss"] for r in evals]
+    half = max(steps) // 2
+    return {
+        "jump_A": max(v for s, v in zip(steps, a) if s <= half) - parent["A"],
+        "final_A": a[-1],
+        "forget_A": a[-1] - parent["A"],
+        "final_B": b[-1],
+        "area_A": area(steps, a),
+        "area_B": area(steps, b),
+        "steps": max(r["step"] for r in rec if r["kind"] == "train"),
+        "train_s": rec[-1].get("train_time", 0.0),
+    }
+
+
+def newdata_report(out: Path, share: float) -> None:
+    nd = newdata_dir(out, share)
+    if not (out / "parent" / "metrics.jsonl").is_file():
+        print("no parent run yet: --scenario newdata --stage parent")
+        return
+    parent = parent_on_sets(out, share)
+    print(
+        f"seed {SEED}, new data: parent {PARENT['n_layer']} layers on A (Python stdlib); "
+        f"continuation on {1 - share:.0%} A + {share:.0%} B (Tiny Shakespeare); "
+        f"parent val A {parent['A']:.4f}, B {parent['B']:.4f}"
+    )
+    print(
+        f"{'run':<36}{'steps':>6}{'jump A':>9}{'final A':>9}{'forget A':>10}{'final B':>9}"
+        f"{'area A':>9}{'area B':>9}{'train s':>9}"
+    )
+    rows = {}
+    for name, (label, _) in NEWDATA.items():
+        if not (nd / name / "metrics.jsonl").is_file():
+            print(f"{label:<36} (not run: --scenario newdata --stage {name})")
+            continue
+        r = rows[name] = newdata_row(nd / name, parent)
+        print(
+            f"{label:<36}{r['steps']:>6}{r['jump_A']:>+9.4f}{r['final_A']:>9.4f}"
+            f"{r['forget_A']:>+10.4f}{r['final_B']:>9.4f}{r['area_A']:>9.4f}{r['area_B']:>9.4f}"
+            f"{r['train_s']:>9.0f}"
+        )
+    (nd / "table.json").write_text(json.dumps({"parent": parent, "runs": rows}, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--stage",
         default="all",
         nargs="+",
-        choices=["all", "parent", *VARIANTS, "scratch", "report"],
+        choices=sorted({"all", "parent", *VARIANTS, *NEWDATA, "scratch", "report"}),
         help="stages to run, in the order given (all: parent, every variant, scratch)",
+    )
+    ap.add_argument(
+        "--scenario",
+        default="same",
+        choices=["same", "newdata"],
+        help="same: continue on the parent's data; newdata: on a mixture with Tiny Shakespeare",
+    )
+    ap.add_argument(
+        "--new-share", type=float, default=0.7, help="newdata: share of tokens from B (0-1)"
     )
     ap.add_argument("--out", default="/tmp/littlelm-growth-bench", help="run directories")
     ap.add_argument("--seed", type=int, default=0, help="run.seed of every stage")
@@ -271,7 +423,9 @@ def main() -> None:
         help="width of parent and grown model (heads of 32); 64 with --parent-steps 2400 trains "
         "the parent on ~20 tokens per parameter instead of ~1.4",
     )
-    ap.add_argument("--grown-steps", type=int, default=400)
+    ap.add_argument(
+        "--grown-steps", type=int, default=None, help=f"default 400, newdata {NEW_STEPS}"
+    )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
     ap.add_argument("--precision", default="auto", help="train.precision of every stage")
     args = ap.parse_args()
@@ -285,6 +439,12 @@ def main() -> None:
     GROWN = {**PARENT, "n_layer": GROWN["n_layer"]}
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("LITTLELM_CACHE", str(Path(args.out).resolve() / "cache"))
+    if args.scenario == "newdata":
+        if not 0 < args.new_share < 1:
+            ap.error(f"--new-share must be between 0 and 1 (exclusive), got {args.new_share}")
+        newdata(out, args)
+        return
+    args.grown_steps = args.grown_steps or 400
     stages = {
         "parent": lambda: train(out, parent_tree(out, args.parent_steps)),
         **{
@@ -303,6 +463,30 @@ def main() -> None:
         if name in stages:
             stages[name]()
     report(out)
+
+
+def newdata(out: Path, args) -> None:
+    """The new-data scenario's stages, then its table."""
+    steps, share = args.grown_steps or NEW_STEPS, args.new_share
+    nd = newdata_dir(out, share)
+    nd.mkdir(parents=True, exist_ok=True)
+    stages = {
+        "parent": lambda: train(out, parent_tree(out, args.parent_steps)),
+        **{
+            name: (lambda name=name: train(nd, newdata_tree(out, name, steps, share)))
+            for name in NEWDATA
+        },
+    }
+    unknown = [s for s in args.stage if s not in (*stages, "all", "report")]
+    if unknown:
+        raise SystemExit(
+            f"--scenario newdata has no stage {', '.join(unknown)}: {', '.join(stages)}"
+        )
+    order = list(stages) if "all" in args.stage else args.stage
+    for name in order:
+        if name in stages:
+            stages[name]()
+    newdata_report(out, share)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@
     littlelm report RUN_DIR [RUN_DIR ...] [--out DIR] [--price-per-hour DOLLARS]
     littlelm eval CHECKPOINT [--bundle DIR] [--tasks a,b] [--max-per-task N] [--truncation MODE]
     littlelm eval CHECKPOINT --harness TASKS [--include DIR] [--num-fewshot N]   (lm_eval)
-    littlelm export CHECKPOINT --out DIR [--max-shard-size 5GB]
+    littlelm export CHECKPOINT [--out DIR] [--max-shard-size 5GB] [--gguf FILE] [--gguf-type f16]
     littlelm import HF_DIR --out RUN_DIR
     littlelm eval-bundle [--dest DIR] [--url URL] [--sha256 HEX] [--force]
     littlelm plan CONFIG [key=value ...] [--gpu NAME ...] [--tokens N] [--devices N] [--json]
@@ -29,6 +29,7 @@ examples; shell completion comes from argcomplete. User errors print one message
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import warnings
@@ -36,6 +37,7 @@ import warnings
 from littlelm.errors import LittleLMError
 
 DEFAULT_CONFIG = "demo"
+TYPES_GGUF = ("f32", "f16")  # littlelm/interop/gguf_export.py's TYPES (not imported: kept cheap)
 
 
 def _split_config(items: list[str]) -> tuple[str, list[str]]:
@@ -101,24 +103,37 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
 def prepared_snippet(result: dict) -> str:
     """The data section that trains on what was just prepared."""
-    first = next(iter(result.values()))[1]
+    import json
+
+    ours = [d for src, d, _ in result.values() if not getattr(src, "foreign", False)]
     lines = [
         "train on it with this data section in a run file:",
         "data:",
-        f"  tokenizer: {{name: saved, path: {first}}}",
+        f"  tokenizer: {{name: saved, path: {ours[0]}}}"
+        if ours
+        else "  tokenizer: (this config's: the one that made the token files)",
         "  sources:",
     ]
     for label, (src, directory, _) in result.items():
+        if getattr(src, "foreign", False):  # other tools' token files are used where they are
+            lines.append(f"    {label}: {json.dumps(src.cfg.model_dump(exclude_defaults=True))}")
+            continue
         lines.append(f"    {label}: {{name: shards, path: {directory}, weight: {src.cfg.weight}}}")
     return "\n".join(lines)
 
 
 def cmd_data_inspect(args: argparse.Namespace) -> int:
-    from littlelm.data.inspect import inspect_dataset
+    from pathlib import Path
 
-    inspect_dataset(
-        args.directory, args.samples, args.chars, not args.no_verify, seq_len=args.seq_len
-    )
+    from littlelm.data.inspect import inspect_dataset, inspect_tokens
+    from littlelm.data.prepare import MANIFEST
+
+    path = Path(args.directory)
+    ours = (path if path.is_dir() else path.parent) / MANIFEST
+    if args.format or not ours.is_file():  # token files another tool wrote
+        inspect_tokens(path, args.format, args.dtype, args.separator, args.column)
+        return 0
+    inspect_dataset(path, args.samples, args.chars, not args.no_verify, seq_len=args.seq_len)
     return 0
 
 
@@ -250,10 +265,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from littlelm.interop.hf import export
 
-    r = export(args.checkpoint, args.out, args.max_shard_size)
+    r = export(args.checkpoint, args.out, args.max_shard_size, args.gguf, args.gguf_type)
+    if r["gguf"] is not None:
+        print(f"wrote {r['gguf']} ({r['arch']}, {args.gguf_type}): llama-cli -m {r['gguf']}")
+    if r["out"] is None:
+        return 0
     print(f"exported {r['checkpoint']} to {r['out']} as {r['arch']}: {r['reason']}")
     remote = ", trust_remote_code=True" if r["arch"] == "littlelm" else ""
     print(f"load it: AutoModelForCausalLM.from_pretrained({str(r['out'])!r}{remote})")
+    print(f"and its tokenizer: AutoTokenizer.from_pretrained({str(r['out'])!r}{remote})")
     return 0
 
 
@@ -266,7 +286,16 @@ def cmd_import(args: argparse.Namespace) -> int:
         f"imported {args.hf_dir} ({r['arch']}: {m.n_layer} layers x {m.d_model}, "
         f"{m.n_head} heads ({m.kv_heads} kv), {r['params']:,} parameters) into {r['checkpoint']}"
     )
-    print(f"train it: add data sources to {r['out'] / 'train.yaml'} and run littlelm train on it")
+    if r["window"]:
+        print(
+            f"context: {m.max_seq_len} tokens, its sliding window (full attention over at most "
+            "the window is the windowed attention exactly)"
+        )
+    print(
+        f"train it (continued-pretraining lrs and warmup): littlelm train {r['out'] / 'train.yaml'} "
+        "data.sources.main.name=text data.sources.main.path=corpus.txt "
+        "data.sources.main.split=paragraph"
+    )
     print(f"grow it: grow.parent={r['checkpoint']} in a run with a larger model (docs/growth.md)")
     return 0
 
@@ -296,28 +325,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from littlelm.train.growth import complete_growth
 
     config, overrides = _split_config(args.items)
-    cfg = complete_growth(load_run(config, overrides, world_size=args.devices))  # grow's parent
-    catalog = load_catalog(args.gpus or [])
-    plan = make_plan(
-        cfg,
-        catalog,
-        args.gpu,
-        args.tokens,
-        args.devices,
-        not args.no_trace,
-        local=args.device == "cpu",
-        price_per_hour=args.price_per_hour or 0.0,
-    )
+    with _stdout_to_stderr(args.json):
+        cfg = complete_growth(load_run(config, overrides, world_size=args.devices))  # grow's parent
+        catalog = load_catalog(args.gpus or [])
+        plan = make_plan(
+            cfg,
+            catalog,
+            args.gpu,
+            args.tokens,
+            args.devices,
+            not args.no_trace,
+            local=args.device == "cpu",
+            price_per_hour=args.price_per_hour or 0.0,
+        )
+        if args.chart:
+            from littlelm.plan.chart import plan_chart
+
+            plan_chart(plan, args.chart)
+            print(f"chart written to {args.chart}")  # on stderr with --json
     if args.json:
         print(json.dumps(plan_json(plan), indent=1))
     else:
         print_plan(plan, detail=args.detail)
-    if args.chart:
-        from littlelm.plan.chart import plan_chart
-
-        plan_chart(plan, args.chart)
-        if not args.json:
-            print(f"chart written to {args.chart}")
     return 0
 
 
@@ -329,13 +358,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from littlelm.train.growth import complete_growth
 
     config, overrides = _split_config(args.items)
-    cfg = complete_growth(load_run(config, overrides))  # a grown run: its parent's shape
-    result = run_bench(cfg, args.steps)
+    with _stdout_to_stderr(args.json):
+        result = run_bench(
+            complete_growth(load_run(config, overrides)), args.steps
+        )  # grown: the parent's shape
     if args.json:
         print(json.dumps(result, indent=1))
     else:
         print_bench(result)
     return 0
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool):
+    """With `--json`, stdout carries the one JSON document only: whatever the verb prints on the
+    way (data preparation's progress line, a calibration note, a subprocess's or a C library's
+    output) goes to stderr, both Python's `sys.stdout` and file descriptor 1."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -480,9 +531,26 @@ def _add_data(sub) -> None:
         dsub,
         "inspect",
         "summarise and check a prepared dataset",
-        "  littlelm data inspect shards/web --samples 3",
+        "  littlelm data inspect shards/web --samples 3\n"
+        "  littlelm data inspect fineweb10B/   # nanoGPT/llm.c .bin, Megatron, .npy, parquet",
     )
-    insp.add_argument("directory", help="a dataset directory written by `littlelm data prepare`")
+    insp.add_argument(
+        "directory",
+        help="a dataset directory written by `littlelm data prepare`, or token files another "
+        "tool wrote (nanoGPT/llm.c .bin, .npy, Megatron PREFIX, parquet; docs/data.md)",
+    )
+    insp.add_argument(
+        "--format",
+        choices=["nanogpt", "array", "megatron", "parquet"],
+        help="token files' format (default: from the files; a headerless .bin needs array)",
+    )
+    insp.add_argument("--dtype", choices=["uint16", "uint32"], help="a headerless .bin's tokens")
+    insp.add_argument(
+        "--separator",
+        type=int,
+        help="id between documents (nanogpt, array); default 50256 for GPT-2 nanogpt files",
+    )
+    insp.add_argument("--column", default="input_ids", help="parquet: the token-id column")
     insp.add_argument("--samples", type=int, default=1, help="decoded sample documents to print")
     insp.add_argument("--chars", type=int, default=400, help="characters of each sample")
     insp.add_argument(
@@ -696,24 +764,44 @@ def _add_eval(sub) -> None:
 
 
 def _add_interop(sub) -> None:
-    ex = sub.add_parser(
+    ex = _verb(
+        sub,
         "export",
-        help="write a Hugging Face model directory (transformers, vLLM, llama.cpp)",
-        description="Export a checkpoint as stock LlamaForCausalLM / Qwen3ForCausalLM when its "
-        "features allow, else with littlelm's modeling file (trust_remote_code=True); see "
-        "docs/interop.md.",
+        "write a Hugging Face model directory (transformers, vLLM, llama.cpp)",
+        "  littlelm export runs/demo --out hf/demo\n"
+        "  littlelm export runs/demo/checkpoints/step_000160 --out hf/demo --max-shard-size 2GB\n"
+        "  littlelm export runs/llama_like --gguf llama_like.gguf   # for llama.cpp",
+        description="Export a checkpoint as stock LlamaForCausalLM / Qwen3ForCausalLM when its\n"
+        "features allow, else with littlelm's modeling file (trust_remote_code=True); see\n"
+        "docs/interop.md. A Hugging Face model directory comes in the other way: littlelm import.",
     )
     ex.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
-    ex.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
+    ex.add_argument("--out", help="Hugging Face directory to create (must not exist or be empty)")
     ex.add_argument(
-        "--max-shard-size", default="5GB", help="split the weights into files of at most this"
+        "--gguf", metavar="FILE", help="also (or instead) write a GGUF file for llama.cpp"
+    )
+    ex.add_argument(
+        "--gguf-type",
+        choices=TYPES_GGUF,
+        default="f16",
+        help="storage of the GGUF's weight matrices",
+    )
+    ex.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        metavar="SIZE",
+        help="largest safetensors file (e.g. 500MB, 2GB); bigger weights are split into shards "
+        "with an index",
     )
     ex.set_defaults(fn=cmd_export)
-    im = sub.add_parser(
+    im = _verb(
+        sub,
         "import",
-        help="read a Hugging Face Llama/Mistral/Qwen3/SmolLM directory into a littlelm run",
-        description="Convert a local model directory (config.json, *.safetensors, "
-        "tokenizer.json) into RUN_DIR/checkpoints/step_000000 and RUN_DIR/train.yaml.",
+        "read a Hugging Face Llama/Mistral/Qwen2/Qwen3/SmolLM directory into a littlelm run",
+        "  littlelm import ~/SmolLM2-135M --out runs/smol\n"
+        "  littlelm train runs/smol/train.yaml   # after adding data sources to it",
+        description="Convert a local model directory (config.json, *.safetensors, tokenizer.json)\n"
+        "into RUN_DIR/checkpoints/step_000000 and RUN_DIR/train.yaml.",
     )
     im.add_argument("hf_dir", help="a directory written by save_pretrained or `hf download`")
     im.add_argument("--out", required=True, help="run directory to create")

@@ -188,11 +188,21 @@ def read_yaml(path: Path) -> dict:
     return data
 
 
-def load_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, str]]:
+Components = dict[tuple[str, ...], "str | None"]  # a component section's path -> default name
+
+
+def load_tree(
+    path: str | Path,
+    components: Components | None = None,
+    packaged: Path | None = None,
+    _seen: tuple[Path, ...] = (),
+) -> tuple[dict, dict[str, str]]:
     """Read `path` and its includes; returns the merged tree and the file that set each key.
 
-    `include:` takes a path or a list of paths relative to the including file. Included files
-    are merged first, in order; the including file's own keys win over them.
+    `include:` takes a path or a list of paths relative to the including file, or the name of a
+    packaged config (`include: [demo]`, a file of `packaged`). Included files are merged first,
+    in order; the including file's own keys win over them, and a component section (a path in
+    `components`, e.g. `data.tokenizer`) that names another component starts afresh.
     """
     path = Path(path).resolve()
     if path in _seen:
@@ -205,24 +215,93 @@ def load_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> tuple[dict, dic
     tree: dict = {}
     origin: dict[str, str] = {}
     for inc in includes:
-        inc_path = (path.parent / inc).resolve()
-        if not inc_path.is_file():
-            raise ConfigError([f"{path}: include: file not found: {inc_path}"])
-        sub, sub_origin = load_tree(inc_path, (*_seen, path))
-        merge_into(tree, sub)
+        inc_path = _include_path(path, str(inc), packaged)
+        sub, sub_origin = load_tree(inc_path, components, packaged, (*_seen, path))
+        merge_into(tree, sub, origin, components or {})
         origin.update(sub_origin)
-    merge_into(tree, data)
+    merge_into(tree, data, origin, components or {})
     origin.update({k: str(path) for k in leaf_keys(data)})
     return tree, origin
 
 
-def merge_into(base: dict, new: dict) -> None:
-    """Deep-merge `new` into `base`: mappings merge key by key, anything else replaces."""
+def _include_path(including: Path, inc: str, packaged: Path | None) -> Path:
+    """An include's file: relative to the including file, else a packaged config's name."""
+    local = (including.parent / inc).resolve()
+    if local.is_file():
+        return local
+    if packaged is not None:
+        name = Path(inc) if Path(inc).suffix else Path(inc).with_suffix(".yaml")
+        if (packaged / name).is_file():
+            return packaged / name
+        names = sorted(
+            str(f.relative_to(packaged).with_suffix("")) for f in packaged.rglob("*.yaml")
+        )
+        raise ConfigError(
+            [
+                f"{including}: include: file not found: {local} (nor a packaged config: {', '.join(names)})"
+            ]
+        )
+    raise ConfigError([f"{including}: include: file not found: {local}"])
+
+
+def merge_into(
+    base: dict,
+    new: dict,
+    origin: dict[str, str] | None = None,
+    components: Components | None = None,
+    at: tuple[str, ...] = (),
+) -> None:
+    """Deep-merge `new` into `base`: mappings merge key by key, anything else replaces. A
+    component section whose `name` changes is replaced whole, not merged: the old component's
+    keys (a bpe tokenizer's vocab_size under `name: byte`) would not be the new one's, and their
+    `origin` entries go with them."""
     for key, value in new.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            merge_into(base[key], value)
+        here = (*at, key)
+        old = base.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            if _renamed(components or {}, here, old, value):
+                _forget(origin, here)
+                base[key] = copy.deepcopy(value)
+            else:
+                merge_into(old, value, origin, components, here)
         else:
             base[key] = copy.deepcopy(value)
+
+
+def _component_default(components: Components, here: tuple[str, ...]) -> tuple[bool, str | None]:
+    """(is `here` a component section, its default name); `*` in a path matches any label."""
+    for pattern, default in components.items():
+        if len(pattern) == len(here) and all(p in ("*", h) for p, h in zip(pattern, here)):
+            return True, default
+    return False, None
+
+
+def _renamed(components: Components, here: tuple[str, ...], old: dict, new: dict) -> bool:
+    is_component, default = _component_default(components, here)
+    return is_component and "name" in new and new["name"] != old.get("name", default)
+
+
+def _forget(origin: dict[str, str] | None, here: tuple[str, ...], keep: str | None = None) -> None:
+    """Drop the origin of every key under `here` (but those set by `keep`)."""
+    if origin is None:
+        return
+    prefix = ".".join(here) + "."
+    for k in [k for k in origin if k.startswith(prefix) and origin[k] != keep]:
+        del origin[k]
+
+
+def component_paths(cls: type[BaseModel], at: tuple[str, ...] = ()) -> Components:
+    """Where the sections of `cls` (a schema) hold a component picked by `name:`, with each
+    one's default name: {("model",): "gpt", ("data", "sources", "*"): None, ...}."""
+    out: Components = {}
+    for key, meta in _registered(cls).items():
+        if meta.container == "dict":
+            out[(*at, key, "*")] = meta.default
+        elif meta.container is None:
+            out[(*at, key)] = meta.default
+    for key, sub in _nested_models(cls).items():
+        out.update(component_paths(sub, (*at, key)))
+    return out
 
 
 def leaf_keys(tree: dict, prefix: str = "") -> list[str]:
@@ -236,8 +315,17 @@ def leaf_keys(tree: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def apply_overrides(tree: dict, origin: dict[str, str], overrides: Iterable[str]) -> None:
-    """Apply `a.b.c=value` overrides in place; values are parsed as YAML (`true`, `3e-4`, `[1,2]`)."""
+def apply_overrides(
+    tree: dict,
+    origin: dict[str, str],
+    overrides: Iterable[str],
+    components: Components | None = None,
+) -> None:
+    """Apply `a.b.c=value` overrides in place; values are parsed as YAML (`true`, `3e-4`, `[1,2]`).
+
+    `data.tokenizer.name=byte` over a bpe tokenizer starts that component's section afresh (a
+    path in `components`): the keys the files set for the old component go; those set by earlier
+    overrides stay."""
     problems = []
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -257,12 +345,28 @@ def apply_overrides(tree: dict, origin: dict[str, str], overrides: Iterable[str]
             if not isinstance(node.get(part), dict):
                 node[part] = {}
             node = node[part]
+        section = tuple(parts[:-1])
+        if parts[-1] == "name" and _renamed(components or {}, section, node, {"name": value}):
+            by_cli = _cli_keys(origin)
+            for k in [k for k in node if ".".join((*section, k)) not in by_cli]:
+                del node[k]  # the old component's keys, unless an earlier override set them
+            _forget(origin, section, keep=CLI)
         node[parts[-1]] = value
         for stale in [k for k in origin if k == key or k.startswith(key + ".")]:
             del origin[stale]
         origin[key] = CLI
     if problems:
         raise ConfigError(problems)
+
+
+def _cli_keys(origin: dict[str, str]) -> set[str]:
+    """The keys set by overrides, and every section above them."""
+    out = set()
+    for k, v in origin.items():
+        if v == CLI:
+            parts = k.split(".")
+            out.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

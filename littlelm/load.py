@@ -25,7 +25,5 @@ def load_model(
     cfg = validate(RunConfig, loaded.state["config"], source=str(path / "state.json"))
     model = MODELS.get(cfg.model.name)(cfg.model)
     ckpt.load_model_tensors(model, loaded.model, path)
-    if loaded.origin:
-        model.origin.update(loaded.origin)
     tokenizer = load_tokenizer(path / "tokenizer")
     return model.to(device).eval(), tokenizer, cfg

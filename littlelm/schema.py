@@ -44,6 +44,7 @@ from littlelm.config import (
     Cfg,
     Registered,
     apply_overrides,
+    component_paths,
     load_tree,
     marked,
     validate,
@@ -56,7 +57,6 @@ from littlelm.model.grow_lr import resolve_lr_multipliers
 from littlelm.model.protocol import ModelConfig
 from littlelm.optim.base import OptimizerConfig
 from littlelm.optim.groups import ORIGINS
-from littlelm.optim.schedule import PROGRESS_FORMS
 from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
 from littlelm.sections import BudgetConfig, DistributedConfig, GuardConfig
 
@@ -334,19 +334,25 @@ def find_config(path: str | Path) -> Path:
 
 def load_run(path: str | Path, overrides: list[str] = (), world_size: int = 1) -> RunConfig:
     """Read, merge, override, validate and resolve a run file."""
-    path = find_config(path)
-    tree, origin = load_tree(path)
-    apply_overrides(tree, origin, overrides)
+    tree, origin, path = read_run(path, overrides)
     cfg = validate(RunConfig, tree, origin, str(path))
     return resolve(cfg, world_size, str(path))
 
 
 def load_data_config(path: str | Path, overrides: list[str] = ()) -> DataConfig:
     """The validated data section of a run file (or of a file holding only `data:`)."""
-    path = find_config(path)
-    tree, origin = load_tree(path)
-    apply_overrides(tree, origin, overrides)
+    tree, origin, path = read_run(path, overrides)
     return validate(RunConfig, tree, origin, str(path)).data
+
+
+def read_run(path: str | Path, overrides: list[str] = ()) -> tuple[dict, dict[str, str], Path]:
+    """(the merged tree, the file or override that set each key, the file): includes of paths
+    or packaged names, then the overrides; a component renamed on the way starts afresh."""
+    path = find_config(path)
+    components = component_paths(RunConfig)
+    tree, origin = load_tree(path, components, PACKAGED_CONFIGS)
+    apply_overrides(tree, origin, overrides, components)
+    return tree, origin, path
 
 
 def resumable(key: str, tree: dict | None = None) -> bool:
@@ -361,7 +367,7 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
     m = cfg.model
     if m.vocab_size is None:
         m = m.model_copy(update={"vocab_size": vocab_size_of(cfg.data.tokenizer)})
-    train, problems = _resolve_train(cfg.train, m.max_seq_len, world_size, cfg.schedule.name)
+    train, problems = _resolve_train(cfg.train, m.max_seq_len, world_size)
     dist, more = _resolve_world(cfg, world_size)
     problems += more
     if not cfg.data.sources:
@@ -397,7 +403,7 @@ def _resolve_grow_lr(
 
 
 def _resolve_train(
-    t: TrainConfig, max_seq_len: int, world_size: int, schedule: str
+    t: TrainConfig, max_seq_len: int, world_size: int
 ) -> tuple[TrainConfig, list[str]]:
     """The train section with sequence length, batch and step count derived; its problems."""
     problems: list[str] = []
@@ -423,7 +429,7 @@ def _resolve_train(
     accum = accum or 1
     batch_tokens = per_micro * accum
     max_steps, max_tokens = t.max_steps, t.max_tokens
-    budget_steps, budget_problems = _budget(t, batch_tokens, schedule)
+    budget_steps, budget_problems = _budget(t, batch_tokens)
     problems += budget_problems
     max_steps = budget_steps or max_steps
     timed = t.budget is not None and t.budget.kind in ("hours", "dollars")
@@ -444,7 +450,7 @@ def _resolve_train(
     return t.model_copy(update=derived), problems
 
 
-def _budget(t: TrainConfig, batch_tokens: int, schedule: str) -> tuple[int | None, list[str]]:
+def _budget(t: TrainConfig, batch_tokens: int) -> tuple[int | None, list[str]]:
     """Check train.budget; a tokens budget gives the step count (train.max_steps or
     max_tokens, when also set, stay a cap: the run ends at whichever comes first)."""
     b = t.budget
@@ -468,11 +474,6 @@ def _budget(t: TrainConfig, batch_tokens: int, schedule: str) -> tuple[int | Non
             ]
         cap = t.max_steps or (t.max_tokens // batch_tokens if t.max_tokens else None)
         return min(b.tokens // batch_tokens, cap or b.tokens // batch_tokens), []
-    if schedule not in PROGRESS_FORMS:
-        return None, [
-            f"schedule {schedule!r} cannot follow a time or money budget (no progress form); "
-            f"use one of {', '.join(PROGRESS_FORMS)} or a tokens budget"
-        ]
     return None, []
 
 

@@ -18,7 +18,6 @@ import torch.distributed as dist
 from littlelm.errors import DistributedError
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.optim.groups import MuonConfig, build_optimizer
-from littlelm.optim.sharded import shard_hybrid
 from littlelm.train.distributed import DistEnv, DistributedConfig, Parallel
 from littlelm.train.model_parallel import fully_shard_model
 
@@ -52,12 +51,33 @@ def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
 
 def state_diff(ref: dict, other: dict) -> float:
     worst = 0.0
-    for ours, theirs in zip(ref["optimizers"], other["optimizers"]):
-        assert ours["state"].keys() == theirs["state"].keys(), "state of different params"
-        for i, s in ours["state"].items():
-            for k, v in s.items():
-                worst = max(worst, (v.float() - theirs["state"][i][k].float()).abs().max().item())
+    assert ref["state"].keys() == other["state"].keys(), "state of different params"
+    for i, s in ref["state"].items():
+        for k, v in s.items():
+            worst = max(worst, (v.float() - other["state"][i][k].float()).abs().max().item())
     return worst
+
+
+def old_layout(state: dict) -> dict:
+    """`state` as the code up to 22771fd saved it: one part per optimizer (AdamW's groups, then
+    Muon's), each numbering its parameters from 0 (optim/migrate.py reads it back)."""
+    parts = []
+    for kind in ("adamw", "muon"):
+        groups = [g for g in state["param_groups"] if g["kind"] == kind]
+        renumber = {i: j for j, i in enumerate(i for g in groups for i in g["params"])}
+        parts.append(
+            {
+                "state": {renumber[i]: s for i, s in state["state"].items() if i in renumber},
+                "param_groups": [
+                    {
+                        **{k: v for k, v in g.items() if k != "kind"},
+                        "params": [renumber[i] for i in g["params"]],
+                    }
+                    for g in groups
+                ],
+            }
+        )
+    return {"optimizers": parts}
 
 
 def variants(base: GPT) -> dict:
@@ -66,10 +86,10 @@ def variants(base: GPT) -> dict:
     m = copy.deepcopy(base)
     out["ref"] = (m, build_optimizer(m, OPT))
     m = copy.deepcopy(base)
-    out["ddp"] = (m, shard_hybrid(build_optimizer(m, OPT), False, True, True))
+    out["ddp"] = (m, build_optimizer(m, OPT).shard(False, True, True))
     m = copy.deepcopy(base)
     fully_shard_model(m, dist.get_world_size(), "cpu", "fp32", DistributedConfig())
-    out["fsdp"] = (m, shard_hybrid(build_optimizer(m, OPT), True, True, False))
+    out["fsdp"] = (m, build_optimizer(m, OPT).shard(True, True, False))
     return out
 
 
@@ -132,12 +152,17 @@ def compare(out_path: str) -> None:
     resumed = variants(ref_model)
     for _, opt in resumed.values():
         opt.load_state_dict(copy.deepcopy(ref_state))
+    migrated = variants(ref_model)  # the same state in the layout written before MuonAdamW
+    for _, opt in migrated.values():
+        opt.load_state_dict(old_layout(copy.deepcopy(ref_state)))
     for step in (3, 4):
         train_step(ref_model, ref_opt, step)
-        for model, opt in resumed.values():
+        for model, opt in [*resumed.values(), *migrated.values()]:
             train_step(model, opt, step)
     result["resumed_ddp"] = max_diff(ref_model, resumed["ddp"][0])
     result["resumed_fsdp"] = max_diff(ref_model, resumed["fsdp"][0])
+    result["migrated_ddp"] = max_diff(ref_model, migrated["ddp"][0])
+    result["migrated_fsdp"] = max_diff(ref_model, migrated["fsdp"][0])
     env = DistEnv(dist.get_rank(), dist.get_world_size())
     par = Parallel(DistributedConfig(), env, torch.device("cpu"))
     result.update(ddp_accumulation(par))

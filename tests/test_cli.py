@@ -101,3 +101,39 @@ def test_cli_process_error_has_no_traceback(tmp_path):
         and "config file not found" in done.stderr
         and "Traceback" not in done.stderr
     )
+
+
+# Every verb with --json: arguments that make it quick on the tiny config, and what its progress
+# writes on the way (on stderr), if anything (issue 33 item 7).
+JSON_VERBS = {
+    "plan": (["--no-trace", "--gpu", "H100-SXM", "--device", "cpu"], ""),
+    "bench": (["--steps", "1"], "prepare text: 100%"),  # the data is prepared first
+}
+
+
+def _verbs_with_json() -> set[str]:
+    from littlelm.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "verb")
+    return {
+        verb
+        for verb, parser in sub.choices.items()
+        if any("--json" in a.option_strings for a in parser._actions)
+    }
+
+
+def test_every_json_verb_is_checked_below():
+    assert _verbs_with_json() == set(JSON_VERBS)  # a new --json verb joins JSON_VERBS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verb", sorted(JSON_VERBS))
+def test_json_prints_one_document_on_stdout_and_progress_on_stderr(verb, tiny_config):
+    import json
+
+    args, progress = JSON_VERBS[verb]
+    done = run_cli(verb, tiny_config, "--json", *args)  # in a fresh cache: nothing prepared yet
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)  # the whole of stdout is one JSON document
+    assert isinstance(doc, dict) and doc
+    assert progress in done.stderr

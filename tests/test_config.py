@@ -20,6 +20,36 @@ def test_include_merges_and_later_files_win(tmp_path, corpus):
     assert (cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head) == (5, 96, 2)
 
 
+def test_include_takes_a_packaged_configs_name(tmp_path):
+    (tmp_path / "mine.yaml").write_text("include: [demo]\nmodel: {n_layer: 2}\n")
+    cfg = load_run(tmp_path / "mine.yaml")
+    assert cfg.model.n_layer == 2 and cfg.model.d_model == 256  # the rest is demo's
+    assert cfg.data.tokenizer.name == "bpe"
+    (tmp_path / "typo.yaml").write_text("include: [dmeo]\n")
+    with pytest.raises(ConfigError, match="include: file not found.*nor a packaged config.*demo"):
+        load_run(tmp_path / "typo.yaml")
+
+
+def test_a_component_switched_by_name_starts_afresh(tmp_path, corpus):
+    # demo's tokenizer is {name: bpe, vocab_size: 4096}: byte has no vocab_size
+    (tmp_path / "byte.yaml").write_text("include: [demo]\ndata: {tokenizer: {name: byte}}\n")
+    cfg = load_run(tmp_path / "byte.yaml")
+    assert cfg.data.tokenizer.name == "byte"
+    assert load_run("demo", ["data.tokenizer.name=byte"]).data.tokenizer.name == "byte"
+    # the same name merges as before; a source switched by name drops the old source's keys
+    (tmp_path / "src.yaml").write_text(
+        "include: [demo]\n"
+        f"data: {{tokenizer: {{vocab_size: 512}}, sources: {{stdlib: {{name: text, path: {corpus}}}}}}}\n"
+    )
+    cfg = load_run(tmp_path / "src.yaml")
+    assert (cfg.data.tokenizer.name, cfg.data.tokenizer.vocab_size) == ("bpe", 512)
+    assert cfg.data.sources["stdlib"].name == "text"  # demo's max_chars (python_stdlib) is gone
+    # keys an earlier override set for the new component stay
+    cfg = load_run("demo", ["optimizer.lr=0.01", "optimizer.name=adamw"])
+    assert (cfg.optimizer.name, cfg.optimizer.lr) == ("adamw", 0.01)
+    assert load_run("demo", ["run.name=other"]).run.out_dir == load_run("demo").run.out_dir
+
+
 def test_overrides_parse_yaml_values(tmp_path):
     tree, origin = {}, {}
     apply_overrides(tree, origin, ["a.b=3", "a.c=true", "a.d=[1, 2]", "e=3e-4", "f=hello"])

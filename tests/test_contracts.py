@@ -134,9 +134,7 @@ def test_one_build_path_for_the_trainer_and_the_trace(tiny_config):
     model, optimizer = build(cfg, torch.device("cpu"))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert model.activation_checkpointing
-    assert sorted(g["name"] for g in optimizer.param_groups) == sorted(
-        s.name for s in optimizer.specs
-    )
+    assert {g["name"] for g in optimizer.param_groups} >= {"matrix/new", "embedding/embedding"}
     torch.manual_seed(0)
     again = build_model(cfg, torch.device("cpu"))
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
@@ -172,4 +170,19 @@ def test_no_caller_tests_for_a_concrete_config_class():
                 probed.startswith(("cfg.", "self.cfg.")) or probed in ("oc", "m", "model_cls")
             ):  # a config (or a model class) probed for a named field
                 found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
+
+
+def test_no_caller_tests_for_an_optimizer_class():
+    """The optimizer is one torch.optim.Optimizer whose groups say their kind (optim/optimizer.py):
+    outside optim/ nothing asks which optimizer class it holds."""
+    found = []
+    for path in (ROOT / "littlelm").rglob("*.py"):
+        if path.parent.name == "optim":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("isinstance", "type"):
+                classes = ast.unparse(node.args[1]) if len(node.args) > 1 else ""
+                if any(word in classes for word in ("Optimizer", "Muon", "Adam", "optim.")):
+                    found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     assert found == []

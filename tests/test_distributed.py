@@ -52,7 +52,11 @@ def equal_docs(path: Path, n: int = 48, chars: int = 31) -> Path:
 def run_procs(cmd: list[str], cwd: Path, timeout: float = 120, ok: bool = True) -> str:
     """Run a command that starts torchrun; on timeout torchrun is told to stop its workers
     (SIGTERM), then killed. Returns the output; the exit status must be zero (ok) or not."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+        "OMP_NUM_THREADS": "1",
+    }
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
@@ -185,11 +189,13 @@ def test_fsdp_in_bf16_with_a_callback_that_runs_the_model(runs, tmp_path):
 
 def test_sharded_optimizers_equal_single_process(tmp_path):
     """Sharded Muon (ddp and fsdp), ZeRO-1 AdamW and FSDP AdamW against the single-process
-    optimizer on the same gradients, their whole state, and a load of the single-process state."""
+    optimizer on the same gradients, their whole state, and a load of the single-process state
+    (in today's layout and in the one written before MuonAdamW, optim/migrate.py)."""
     out = tmp_path / "result.json"
     run_procs([*TORCHRUN, str(ROOT / "tests/dist_optim_worker.py"), str(out)], tmp_path)
     result = json.loads(out.read_text())
     assert result.pop("agree_raised") is True
+    assert {"resumed_ddp", "migrated_ddp", "migrated_fsdp"} <= result.keys()
     for name, diff in result.items():
         assert diff <= 1e-6, (name, diff)
 

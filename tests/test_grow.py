@@ -23,8 +23,9 @@ from littlelm.model.grow import (
     logit_gap,
 )
 from littlelm.model.grow_lr import DEFAULT_LR_MULTIPLIERS, OriginRamp, origin_multipliers
-from littlelm.optim.groups import MuonConfig, plan_groups
+from littlelm.optim.groups import MuonConfig, origin_tags, plan_groups
 from littlelm.schema import load_run, resumable
+from littlelm.train import checkpoint as ckpt
 from littlelm.train.callbacks import Callback
 from littlelm.train.growth import complete_growth
 from littlelm.train.trainer import Trainer
@@ -53,6 +54,11 @@ def trained_like(cfg: GPTConfig) -> GPT:
 
 
 def grow(parent: GPT, placement="interleave", widened="old", **child_kw) -> GPT:
+    return grow_tagged(parent, placement, widened, **child_kw)[0]
+
+
+def grow_tagged(parent: GPT, placement="interleave", widened="old", **child_kw):
+    """(the grown child, its origin tags)."""
     pc = parent.cfg
     cc = gpt_cfg(
         **{k: getattr(pc, k) for k in ("tie_embeddings", "mlp", "norm_affine")}, **child_kw
@@ -62,8 +68,7 @@ def grow(parent: GPT, placement="interleave", widened="old", **child_kw) -> GPT:
     assert check_growable(pc, cc, layers) == []
     torch.manual_seed(1)
     child = GPT(cc)
-    grow_into(child, parent.state_dict(), pc, layers, widened)
-    return child
+    return child, grow_into(child, parent.state_dict(), pc, layers, widened)
 
 
 GROWTHS = {
@@ -153,22 +158,21 @@ def test_unpreservable_changes_are_refused_with_the_fix():
 
 def test_origin_tags_and_lr_multipliers():
     parent = trained_like(gpt_cfg(n_layer=2))
-    child = grow(parent, "end", n_layer=3, mlp_hidden=192)
-    o = child.origin
+    child, o = grow_tagged(parent, "end", n_layer=3, mlp_hidden=192)
     assert o["blocks.0.attn.c_q.weight"] == "old"  # copied whole
     assert o["blocks.0.mlp.c_fc.weight"] == "old"  # widened: GrowConfig.widened
     assert o["blocks.2.attn.c_q.weight"] == "new"
     assert o["value_embeds.2.weight"] == "new" and o["value_embeds.1.weight"] == "embedding"
     assert o["wte.weight"] == o["lm_head.weight"] == "embedding"
     assert o["resid_lambdas"] == "old"
-    assert grow(parent, "end", "new", n_layer=3).origin["resid_lambdas"] == "new"
+    assert grow_tagged(parent, "end", "new", n_layer=3)[1]["resid_lambdas"] == "new"
     cfg = MuonConfig(
         name="muon",
         lr=0.02,
         lr_multipliers={"old": 0.05, "embedding": 0.5},
         scale_lr_by_width=False,
     )
-    lrs = {g.name: (g.optimizer, g.lr) for g in plan_groups(child, cfg, use_muon=True)}
+    lrs = {g["name"]: (g["kind"], g["lr"]) for g in plan_groups(child, cfg, True, o)}
     assert lrs["matrix/old"] == ("muon", pytest.approx(0.001))
     assert lrs["matrix/new"] == ("muon", pytest.approx(0.02))
     assert lrs["embedding/embedding"] == ("adamw", pytest.approx(0.1))
@@ -237,7 +241,7 @@ def test_grown_run_records_parent_trains_and_resumes(parent_run, tmp_path):
     assert cfg.grow.parent == str(parent_ckpt)  # the run directory resolved to its checkpoint
     assert cfg.grow.placement == [0, 1, None] and cfg.model.value_embed_layers == [1, 2]
     t = Trainer(cfg, resume="never")
-    assert {g.name for g in t.optimizer.specs} >= {"matrix/old", "matrix/new"}
+    assert {g["name"] for g in t.optimizer.param_groups} >= {"matrix/old", "matrix/new"}
     parent_loader = json.loads((parent_ckpt / "state.json").read_text())["loader"]
     assert t.state.loader.state_dict() == parent_loader  # continues the parent's data
     t.fit()
@@ -398,7 +402,7 @@ def test_ramp_sets_each_steps_lrs_and_resumes_bitwise(parent_run, tmp_path):
     straight = LrRecorder()
     t.callbacks.append(straight)
     t.fit()
-    base = {g.name: g.lr for g in t.optimizer.specs}
+    base = {g["name"]: g["base_lr"] for g in t.optimizer.param_groups}
     old = OriginRamp(start=0.05, ramp_steps=4)
     for step, lrs in straight.lrs.items():  # 6 steps: inside the ramp, then after it
         sched = t.schedule(step, t.state.budget.progress(step))
@@ -432,7 +436,9 @@ def test_start_table_and_cli_show_the_ramp(parent_run, tmp_path, capsys):
     assert "0.00066 → 0.02 in 200 steps" in row  # Muon's 0.02 × 0.033, ramped to 0.02
     one_lr = ["optimizer.lr_multipliers={}", "grow.lr_multipliers={}"]
     assert main(["grow", parent, "--to", str(run), *one_lr]) == 0
-    assert "one lr for old and new weights" in capsys.readouterr().out
+    advice = capsys.readouterr().out
+    assert "one lr for old and new weights" in advice
+    assert "To learn new data and keep the old, set grow.lr_multipliers: {old: 0.2" in advice
 
 
 # ----------------------------------------------------------------------------------------------
@@ -460,16 +466,18 @@ def test_three_stage_growth_keeps_function_and_tags(parent_run, tmp_path):
         return t
 
     b = stage("stage_b", root / "runs" / "parent", n_layer=3, d_model=48, n_head=3)
-    assert b.model.origin["blocks.2.attn.c_q.weight"] == "new"
-    assert b.model.origin["blocks.0.attn.c_q.weight"] == "old"
+    tags = origin_tags(b.model, b.optimizer)  # the optimizer's groups hold growth's tags
+    assert tags["blocks.2.attn.c_q.weight"] == "new"
+    assert tags["blocks.0.attn.c_q.weight"] == "old"
     c = stage("stage_c", b.run_dir, n_layer=5, d_model=48, n_head=3, mlp_hidden=256)
     assert c.cfg.grow.placement == [0, 1, None, 2, None]
-    o = c.model.origin
+    o = origin_tags(c.model, c.optimizer)
     assert o["blocks.3.attn.c_q.weight"] == "old"  # B's new block 2, trained in B: old now
     assert o["blocks.3.attn.c_proj.weight"] == "old"
     assert o["blocks.2.attn.c_q.weight"] == o["blocks.4.mlp.c_fc.weight"] == "new"
     assert o["blocks.0.mlp.c_fc.weight"] == "old"  # widened: grow.widened
     assert o["wte.weight"] == "embedding"
-    assert {g.name for g in c.optimizer.specs} >= {"matrix/old", "matrix/new"}
-    saved = load_model(c.run_dir)[0].origin  # the tags C's checkpoint keeps
+    assert {g["name"] for g in c.optimizer.param_groups} >= {"matrix/old", "matrix/new"}
+    saved = ckpt.load_checkpoint(ckpt.latest_checkpoint(c.run_dir / "checkpoints")).origin
+    # the tags C's checkpoint keeps
     assert saved == o

@@ -125,8 +125,8 @@ def test_long_docs_is_a_per_source_option(tmp_path):
     tree = {
         "tokenizer": {"name": "byte"},
         "sources": {
-            "a": {"name": "text", "path": text, "split": "paragraph", "long_docs": "split"},
-            "b": {"name": "text", "path": text, "split": "paragraph"},  # crop, the default
+            "a": {"name": "text", "path": text, "split": "paragraph"},  # split, the default
+            "b": {"name": "text", "path": text, "split": "paragraph", "long_docs": "crop"},
         },
         "buffer_docs": 8,
     }
@@ -170,3 +170,62 @@ def test_split_state_survives_a_change_of_world_size(tmp_path):
     loader.load_state_dict(new)
     for _ in range(5):
         loader.next_batch()
+
+
+# -- the default became split: runs checkpointed before resume with their own packing ------------
+
+
+def old_crop_state(loader: MixtureLoader) -> dict:
+    """A loader state as littlelm wrote it before it recorded `long_docs` (crop: no pieces)."""
+    state = json.loads(json.dumps(loader.state_dict()))
+    for p in state["packers"].values():
+        del p["long_docs"]
+    return state
+
+
+def test_an_old_crop_state_resumes_cropping_unless_the_config_says_otherwise(tmp_path):
+    a = numbered_shard(tmp_path, [100] * 10, "a.bin")
+    b = numbered_shard(tmp_path, [100] * 10, "b.bin")
+    first = mixture(a, b, "crop")
+    for _ in range(3):
+        first.next_batch()
+    state = old_crop_state(first)
+    expected = [first.next_batch()[0].numpy() for _ in range(10)]
+    # a config that does not name long_docs (the new default, split): the checkpoint's crop
+    pa = BestFitPacker(DocStream([a], seed=1, label="a"), 33, 6, "split", explicit=False)
+    pb = BestFitPacker(DocStream([b], seed=2, label="b"), 33, 6, "split", explicit=False)
+    resumed = MixtureLoader({"a": pa, "b": pb}, {"a": 0.7, "b": 0.3}, 4, 32)
+    with pytest.warns(UserWarning, match="resuming with long_docs=crop"):
+        resumed.load_state_dict(state)
+    for want in expected:
+        assert np.array_equal(resumed.next_batch()[0].numpy(), want)
+    assert resumed.state_dict()["packers"]["a"]["long_docs"] == "crop"  # and said so from now on
+    # a config that names split: refused, naming the key
+    with pytest.raises(DataError, match=r"data.sources.a.long_docs=crop"):
+        mixture(a, b, "split").load_state_dict(state)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved_config", ["crop", "absent"])
+def test_a_run_checkpointed_with_crop_resumes_cropping(tiny_config, saved_config):
+    """A run trained with crop before split became the default (its state.json without the
+    loader's long_docs; its resolved config saying crop, or older still, not knowing the key)
+    resumes under the same config, which does not name long_docs, cropping."""
+    from littlelm.schema import load_run
+    from littlelm.train import checkpoint as ckpt
+    from littlelm.train.trainer import Trainer
+
+    Trainer(load_run(tiny_config, ["data.sources.text.long_docs=crop"]), "never").fit(stop_after=3)
+    path = ckpt.latest_checkpoint(load_run(tiny_config).run_dir() / "checkpoints")
+    state = json.loads((path / "state.json").read_text())
+    for p in state["loader"]["packers"].values():
+        del p["long_docs"]
+    if saved_config == "absent":
+        del state["config"]["data"]["sources"]["text"]["long_docs"]
+    (path / "state.json").write_text(json.dumps(state))
+    cfg = load_run(tiny_config)
+    assert cfg.data.sources["text"].long_docs == "split"  # the new default
+    with pytest.warns(UserWarning, match="resuming with long_docs=crop"):
+        trainer = Trainer(cfg)
+    assert trainer.step == 3 and not trainer.loader.packers["text"].split
+    assert trainer.fit()["step"] == 6

@@ -1,15 +1,25 @@
 from __future__ import annotations
 
+import hashlib
 import io
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from littlelm.model.gpt import GPT, GPTConfig
-from littlelm.optim.groups import AdamWConfig, MuonConfig, build_optimizer, group_table, plan_groups
-from littlelm.optim.muon import Muon, orthogonalize
-from littlelm.optim.schedule import constant, cosine, momentum_warmup, trapezoidal
+from littlelm.optim.groups import (
+    AdamWConfig,
+    MuonConfig,
+    build_optimizer,
+    default_origin,
+    group_table,
+    plan_groups,
+)
+from littlelm.optim.muon import orthogonalize
+from littlelm.optim.optimizer import MuonAdamW
+from littlelm.optim.schedule import constant, cosine, momentum_warmup, step_progress, trapezoidal
 
 
 def model(**kw) -> GPT:
@@ -58,9 +68,14 @@ def test_muon_update_is_nearly_orthogonal(shape):
     assert abs(s.mean().item() - 1) < 0.2
 
 
+def muon_group(p: torch.nn.Parameter, **options) -> dict:
+    return {"params": [p], "kind": "muon", "lr": 0.1, "weight_decay": 0.0, "ns_steps": 5, **options}
+
+
 def test_muon_step_moves_by_orthogonal_update():
     p = torch.nn.Parameter(torch.zeros(32, 16))
-    opt = Muon([p], lr=0.1, momentum=0.0, nesterov=False)
+    opt = MuonAdamW([muon_group(p, momentum=0.0, nesterov=False)])
+    assert isinstance(opt, torch.optim.Optimizer)
     p.grad = torch.randn(32, 16)
     opt.step()
     update = -p.detach() / (0.1 * math.sqrt(32 / 16))
@@ -69,33 +84,36 @@ def test_muon_step_moves_by_orthogonal_update():
 
 def test_muon_rejects_non_matrices():
     with pytest.raises(ValueError, match="2-D"):
-        Muon([torch.nn.Parameter(torch.zeros(3))])
+        MuonAdamW([muon_group(torch.nn.Parameter(torch.zeros(3)), momentum=0.9, nesterov=True)])
 
 
 def test_groups_route_roles_and_apply_multipliers():
     m = model()
-    m.origin = {n: ("old" if o == "new" else o) for n, o in m.origin.items()}
-    m.origin["blocks.1.attn.c_q.weight"] = "new"
+    # as a grown run's tags: every weight old but one matrix; the embeddings keep their tag
+    origin = {n: "old" for n, _ in m.named_parameters() if default_origin(m.role(n)) == "new"}
+    origin["blocks.1.attn.c_q.weight"] = "new"
     cfg = MuonConfig(
         name="muon", lr=0.03, lr_multipliers={"old": 0.1, "embedding": 0.5}, scale_lr_by_width=False
     )
-    specs = {s.name: s for s in plan_groups(m, cfg, use_muon=True)}
-    assert specs["matrix/old"].optimizer == "muon" and specs["matrix/old"].lr == pytest.approx(
-        0.003
-    )
-    assert specs["matrix/new"].lr == pytest.approx(0.03) and len(specs["matrix/new"].params) == 1
-    assert specs["embedding/embedding"].optimizer == "adamw"
-    assert specs["embedding/embedding"].lr == pytest.approx(0.2 * 0.5)
-    assert specs["lm_head/embedding"].lr == pytest.approx(0.004 * 0.5)
-    rows = group_table(list(specs.values()))
+    groups = {g["name"]: g for g in plan_groups(m, cfg, True, origin)}
+    assert groups["matrix/old"]["kind"] == "muon"
+    assert groups["matrix/old"]["lr"] == pytest.approx(0.003)
+    assert groups["matrix/new"]["lr"] == pytest.approx(0.03)
+    assert len(groups["matrix/new"]["params"]) == 1
+    assert groups["embedding/embedding"]["kind"] == "adamw"
+    assert groups["embedding/embedding"]["lr"] == pytest.approx(0.2 * 0.5)
+    assert groups["lm_head/embedding"]["lr"] == pytest.approx(0.004 * 0.5)
+    assert groups["lm_head/embedding"]["role"] == "lm_head"
+    assert groups["matrix/old"]["origin"] == "old"
+    rows = group_table(list(groups.values()))
     assert sum(r[2] for r in rows) == sum(p.numel() for p in m.parameters())
 
 
 def test_adamw_lr_scales_with_width():
     m = model()
-    specs = {s.name: s for s in plan_groups(m, MuonConfig(name="muon"), use_muon=True)}
-    assert specs["embedding/embedding"].lr == pytest.approx(0.2 * math.sqrt(768 / 32))
-    assert specs["matrix/new"].lr == pytest.approx(0.02)
+    groups = {g["name"]: g for g in plan_groups(m, MuonConfig(name="muon"), use_muon=True)}
+    assert groups["embedding/embedding"]["lr"] == pytest.approx(0.2 * math.sqrt(768 / 32))
+    assert groups["matrix/new"]["lr"] == pytest.approx(0.02)
 
 
 def test_unknown_lr_multiplier_tag():
@@ -103,7 +121,7 @@ def test_unknown_lr_multiplier_tag():
         MuonConfig(name="muon", lr_multipliers={"older": 0.1})
 
 
-def test_hybrid_state_round_trip():
+def test_state_round_trip():
     m = model()
     opt = build_optimizer(m, MuonConfig(name="muon"))
     loss_step(m, opt, 0)
@@ -121,8 +139,13 @@ def test_hybrid_state_round_trip():
         assert torch.equal(a, b)
 
 
+def at(fn, total: int, **options):
+    """`fn` over a run of `total` steps, as the trainer calls it."""
+    return lambda s: fn(s, step_progress(s, total), **options)
+
+
 def test_trapezoidal():
-    f = lambda s: trapezoidal(s, 100, warmup_steps=10, cooldown_frac=0.2, floor=0.1)  # noqa: E731
+    f = at(trapezoidal, 100, warmup_steps=10, cooldown_frac=0.2, floor=0.1)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
     assert f(50) == 1.0 and f(79) == 1.0
     assert f(80) < 1.0 and f(99) == pytest.approx(0.1)
@@ -130,13 +153,101 @@ def test_trapezoidal():
 
 
 def test_cosine_and_constant():
-    assert cosine(0, 100) == pytest.approx(1.0, abs=1e-3)
-    assert cosine(99, 100, floor=0.1) == pytest.approx(0.1)
-    assert cosine(49, 100) == pytest.approx(0.5, abs=1e-6)
-    assert constant(3, 100, warmup_steps=4) == 1.0 and constant(0, 100, warmup_steps=4) == 0.25
+    assert at(cosine, 100)(0) == pytest.approx(1.0, abs=1e-3)
+    assert at(cosine, 100, floor=0.1)(99) == pytest.approx(0.1)
+    assert at(cosine, 100)(49) == pytest.approx(0.5, abs=1e-6)
+    assert at(constant, 100, warmup_steps=4)(3) == 1.0
+    assert at(constant, 100, warmup_steps=4)(0) == 0.25
+    # the warmup's steps are inside the cosine's span (as a budget run, which cannot know
+    # where the warmup ends in progress): 10 of 100 warmup steps, step 50 at progress 0.51
+    assert at(cosine, 100, warmup_steps=10)(50) == pytest.approx(
+        0.5 * (1 + math.cos(0.51 * math.pi))
+    )
+
+
+def old_trapezoidal(step, total, warmup_steps=0, cooldown_frac=0.4, floor=0.0):
+    """The step form of 22771fd's optim/schedule.py, for the test below."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    cooldown = max(1, round(cooldown_frac * total)) if cooldown_frac > 0 else 0
+    start = total - cooldown
+    if step < start or cooldown == 0:
+        return 1.0
+    return 1.0 + (floor - 1.0) * min(1.0, (step - start + 1) / cooldown)
+
+
+@pytest.mark.parametrize(
+    "total, options",
+    [
+        (160, dict(warmup_steps=10, cooldown_frac=0.4)),  # the demo as shipped
+        (20, dict(warmup_steps=10, cooldown_frac=0.4)),
+        (100, dict(warmup_steps=10, cooldown_frac=0.2, floor=0.1)),
+        (1000, dict(warmup_steps=100, cooldown_frac=0.3, floor=0.05)),
+    ],
+)
+def test_trapezoidal_keeps_every_multiplier_of_a_cooldown_of_whole_steps(total, options):
+    """Progress is exact for a step-bounded run: where cooldown_frac x max_steps is a whole
+    number of steps, every multiplier is bit for bit the one of the old step form."""
+    new = at(trapezoidal, total, **options)
+    assert [new(s) for s in range(total)] == [
+        old_trapezoidal(s, total, **options) for s in range(total)
+    ]
 
 
 def test_momentum_warmup():
     assert momentum_warmup(0, 0.85, 0.95, 300) == 0.85
     assert momentum_warmup(150, 0.85, 0.95, 300) == pytest.approx(0.9)
     assert momentum_warmup(1000, 0.85, 0.95, 300) == 0.95
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "optimizer_22771fd.pt"
+
+
+def fixture_step(m: GPT, opt, s: int) -> None:
+    """As tests/fixtures/old_optimizer.py steps (lr, batch and RNG of step `s`)."""
+    idx = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(s))
+    torch.manual_seed(100 + s)
+    for g in opt.param_groups:
+        g["lr"] = g["base_lr"] * (s + 1) / 3
+    m(idx, idx).float().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("case", ["muon", "muon_bf16_rounding"])
+def test_state_written_by_the_old_optimizer_resumes_bitwise(case):
+    """Optimizer state written by the code of 22771fd (one part per inner optimizer) loads, through
+    the trainer's resume path, and the next step gives the weights that code gave, bit for bit."""
+    from littlelm.train.resume import load_optimizer_state
+
+    saved = torch.load(FIXTURE, weights_only=True)[case]
+    assert "optimizers" in saved["optimizer"]  # the old layout
+    torch.manual_seed(0)
+    m = GPT(
+        GPTConfig(
+            name="gpt", vocab_size=16, n_layer=1, d_model=32, n_head=2, max_seq_len=8, mlp_hidden=32
+        )
+    )
+    rounding = case.endswith("rounding")
+    m = m.to(torch.bfloat16) if rounding else m
+    m.load_state_dict(saved["weights"])
+    opt = build_optimizer(
+        m, MuonConfig(name="muon", weight_decay=0.0 if rounding else 0.1), rounding
+    )
+    load_optimizer_state(opt, saved["optimizer"])
+    assert {g["kind"] for g in opt.param_groups} == {"muon", "adamw"}
+    fixture_step(m, opt, 2)
+    for name, t in m.state_dict().items():
+        got = hashlib.sha256(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+        assert got.hexdigest() == saved["after"][name], name
+    assert "optimizers" not in opt.state_dict()  # and it saves torch's layout from now on
+
+
+def test_old_state_that_does_not_fit_is_refused():
+    saved = torch.load(FIXTURE, weights_only=True)["muon"]["optimizer"]
+    m = model()  # 2 layers: other group sizes
+    with pytest.raises(ValueError, match="doesn't match the size|parameter groups"):
+        build_optimizer(m, MuonConfig(name="muon")).load_state_dict(saved)
+    only_adamw = build_optimizer(model(), AdamWConfig(name="adamw"))
+    with pytest.raises(ValueError, match="where this run has|parameter groups"):
+        only_adamw.load_state_dict(saved)

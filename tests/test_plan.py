@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from dataclasses import replace
 
 import pytest
 
@@ -289,3 +291,19 @@ def test_resume_host_ram_counts_the_mapped_checkpoint_once_per_node():
     assert eight["host_private_gib"] == pytest.approx(8 * one["host_private_gib"])
     assert one["host_private_gib"] < 0.05 * ckpt_gib  # one tensor, not the checkpoint
     assert eight["host_gib"] < 1.2 * ckpt_gib  # was 8 x the checkpoint
+
+
+def test_plan_answers_huge_batches_and_sequences_in_seconds(tiny_config):
+    """A micro-batch too long to trace (its loss chunks are traced one by one) is planned by
+    the analytic model, said so; a billion sequences per step are searched by their divisors
+    up to the square root, not one by one."""
+    long = load_run(tiny_config, ["train.seq_len=100000", "model.max_seq_len=100000"])
+    with pytest.warns(UserWarning, match="analytic estimate only"):
+        plan = make_plan(long, load_catalog(), ["H100-SXM"])
+    assert plan.trace is None and plan.memory.source == "analytic model"
+    d = Dims.of(load_run(tiny_config))
+    huge = replace(d, micro_batch=1, grad_accum=10**9)
+    t0 = time.perf_counter()
+    options = micro_batch_options(huge)
+    assert time.perf_counter() - t0 < 1.0
+    assert len(options) == 100 and options[:4] == [1, 2, 4, 5] and options[-1] == 10**9

@@ -40,6 +40,9 @@ FEATURES = {
         "model": {"n_head": 4, "n_kv_head": 1, "tie_embeddings": True},
         "train": {"precision": "fp32"},
     },
+    "qwen2-style: q/k/v biases, norm gains, no qk-norm": {
+        "model": {"qkv_bias": True, "norm_affine": True, "qk_norm": False, "mlp": "swiglu"},
+    },
     "bf16 master weights, norm gains, grad accumulation 2, adamw": {
         "model": {"norm_affine": True, "n_layer": 3},
         "train": {"batch_tokens": 512, "master_weights": "bf16"},

@@ -115,10 +115,11 @@ class PreparedSource:
     label: str
     weight: float
     directory: Path
-    train: list[Shard]
-    val: list[Shard]
-    long_docs: str = "crop"
+    train: list  # Shard, or TokenDocs (data/foreign.py): what the loader reads
+    val: list
+    long_docs: str = "split"
     manifest: dict | None = None
+    explicit: bool = True  # long_docs named in the config (else a checkpoint's packing wins)
     # conversations (data/chat.py): f(tokens) -> which are the assistant's, the only ones the
     # loss counts; and the source's on_error, which decides about conversations too long to fit
     mask: Callable[[np.ndarray], np.ndarray] | None = None
@@ -132,12 +133,23 @@ class PreparedSource:
 
     @property
     def train_tokens(self) -> int:
-        return sum(s.header.n_tokens for s in self.train)
+        return sum(s.n_tokens for s in self.train)
+
+    def cropped_share(self, seq_len: int) -> float:
+        """The share of training tokens crop packing drops for certain: what each document
+        holds beyond one row of seq_len + 1 (a lower bound: best-fit also crops row tails)."""
+        if self.long_docs != "crop" or not self.train_tokens:
+            return 0.0
+        row = seq_len + 1
+        beyond = sum(
+            int(np.maximum(np.diff(s.offsets.astype(np.int64)) - row, 0).sum()) for s in self.train
+        )
+        return beyond / self.train_tokens
 
     def val_shortage(self, seq_len: int) -> str | None:
         """Why this source adds nothing to the validation loss (its held-out tokens do not
         fill one window of seq_len + 1), or None when it does."""
-        tokens = sum(s.header.n_tokens for s in self.val)
+        tokens = sum(s.n_tokens for s in self.val)
         if tokens > seq_len:
             return None
         m = self.manifest or {}
@@ -167,7 +179,12 @@ class RunData:
                 src.train, seed + 7919 * i, rank, world, cfg.on_exhausted == "repeat", label
             )
             packers[label] = BestFitPacker(
-                stream, seq_len + 1, cfg.buffer_docs, src.long_docs, self.tokenizer.bos_id
+                stream,
+                seq_len + 1,
+                cfg.buffer_docs,
+                src.long_docs,
+                self.tokenizer.bos_id,
+                src.explicit,
             )
         weights = {k: s.weight for k, s in self.sources.items()}
         masks = {k: s.mask for k, s in self.sources.items()}
@@ -222,6 +239,23 @@ class RunData:
             "split: paragraph or line; max_chars cuts documents after the split and does not "
             "help) or lower train.seq_len"
             + ("; or set eval.every=0 and eval.at_end=false to train without one" if none else "")
+        )
+
+    def crop_warning(self, seq_len: int) -> str | None:
+        """At start: the sources whose crop packing drops most of their tokens (a long text
+        file read as one document, say), and what to set."""
+        heavy = {
+            k: share for k, s in self.sources.items() if (share := s.cropped_share(seq_len)) > 0.5
+        }
+        if not heavy:
+            return None
+        parts = ", ".join(f"data.sources.{k} drops {share:.1%}" for k, share in heavy.items())
+        first = next(iter(heavy))
+        return (
+            f"crop packing (long_docs: crop) trains on a small part of the data: {parts} of its "
+            f"tokens (documents longer than a row of train.seq_len + 1 = {seq_len + 1} are cut). "
+            f"Set data.sources.{first}.long_docs=split to train on every token, or cut the text "
+            f"into documents (a text source: data.sources.{first}.split=paragraph or line)"
         )
 
     @property
@@ -288,10 +322,22 @@ def prepare_data(
         k: make_split(s, cfg.val_fraction, cfg.val_split, cfg.split_seed) for k, s in raw.items()
     }
     root = cache_root(cfg.cache_dir)
+    foreign = [k for k, s in sources.items() if getattr(s, "foreign", False)]
+    if foreign and TOKENIZERS.get(cfg.tokenizer.name).trainable:
+        raise DataError(
+            f"data.sources.{foreign[0]} holds token ids another tool made, which mean something "
+            f"only under the tokenizer that made them, but data.tokenizer {cfg.tokenizer.name!r} "
+            "is trained here; declare that tokenizer: data.tokenizer={name: tiktoken, encoding: "
+            "gpt2}, {name: huggingface, path: tokenizer.json} or {name: saved, path: DIR}"
+        )
     tok = resolve_tokenizer(cfg.tokenizer, sources, splits, root, log)
     result = {}
     for label, src in sources.items():
         if only and label not in only:
+            continue
+        if getattr(src, "foreign", False):  # other tools' token files: indexed, checked, opened
+            src.opened = src.open(tok, cfg.val_fraction, root, log)
+            result[label] = (src, src.directory(), src.opened[2])
             continue
         if src.prepared:
             manifest = read_manifest(src.directory())
@@ -322,12 +368,19 @@ def _refuse_damaged(label: str, directory: Path, manifest: dict, level: str) -> 
 def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
     """Prepare (or find) every source's shards and the tokenizer, then open them."""
     tok, prepared = prepare_data(cfg, log=log, progress=progress)
-    opened = {
-        label: open_dataset(label, src.cfg.weight, directory, manifest, tok, cfg.verify_checksums)
-        for label, (src, directory, manifest) in prepared.items()
-    }
-    for label, (src, _, manifest) in prepared.items():
+    opened = {}
+    for label, (src, directory, manifest) in prepared.items():
+        if getattr(src, "foreign", False):  # token files of another tool (data/foreign.py)
+            train, val, summary = src.opened
+            opened[label] = PreparedSource(
+                label, src.cfg.weight, directory, train, val, manifest=summary
+            )
+        else:
+            opened[label] = open_dataset(
+                label, src.cfg.weight, directory, manifest, tok, cfg.verify_checksums
+            )
         opened[label].long_docs = src.cfg.long_docs
+        opened[label].explicit = "long_docs" in src.cfg.model_fields_set
         if src.conversations or manifest.get("conversations"):
             opened[label].mask = chat_format(tok).mask  # the loss counts the assistant's tokens
             opened[label].long_docs = "pad"  # prepared shards of conversations too

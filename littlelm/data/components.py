@@ -10,7 +10,7 @@ from littlelm.registry import DATASETS, TOKENIZERS
 
 def register() -> None:
     """Register every tokenizer and source (idempotent)."""
-    from littlelm.data import conversations, hub, records, sources, tiktoken_tokenizer
+    from littlelm.data import conversations, foreign, hub, records, sources, tiktoken_tokenizer
     from littlelm.data import tokenizer as tok
 
     TOKENIZERS.register("byte", config=tok.ByteConfig)(tok.ByteTokenizer)
@@ -26,4 +26,5 @@ def register() -> None:
     DATASETS.register("jsonl", config=records.JSONLConfig)(records.JSONLFiles)
     DATASETS.register("parquet", config=records.ParquetConfig)(records.ParquetFiles)
     DATASETS.register("hf", config=hub.HFConfig)(hub.HubDataset)
+    DATASETS.register("tokens", config=foreign.TokensConfig)(foreign.TokenFiles)
     DATASETS.register("chat", config=conversations.ChatConfig)(conversations.ChatSource)

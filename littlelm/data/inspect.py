@@ -69,6 +69,71 @@ def inspect_dataset(
         _verify(directory, m, out)
 
 
+def inspect_tokens(
+    path: Path,
+    fmt: str | None = None,
+    dtype: str | None = None,
+    separator: int | None = None,
+    column: str = "input_ids",
+    out=print,
+) -> None:
+    """Describe token files another tool wrote (data/foreign.py): files, tokens, documents,
+    the separator found, the range of token ids, document lengths. Without --separator a
+    nanogpt v1 file (GPT-2's uint16) is split at <|endoftext|> (50256), others not at all."""
+    from littlelm.data.cache import cache_root
+    from littlelm.data.foreign import TokenFiles, TokensConfig, detect_format, summarise
+
+    fmt = fmt or detect_format(path)
+    cfg = TokensConfig(
+        name="tokens",
+        format=fmt,
+        path=str(path),
+        dtype=dtype,
+        separator="none" if separator is None else separator,
+        column=column,
+    )
+    src = TokenFiles(cfg, "inspect")
+    paths = src.files()
+    if separator is None and fmt == "nanogpt":
+        first = src.open_files(paths[:1], None, -1, cache_root(None))[0]
+        separator = 50256 if first.meta["dtype"] == "uint16" else None
+    sep = src.separator(None) if separator is None else separator
+    files = src.open_files(paths, sep, -1, cache_root(None))
+    s = summarise(files, sep)
+    for line in describe_tokens(s):
+        out(line)
+    out(f"{'file':<40} {'tokens':>14} {'documents':>11} {'ids':>14} {'separator':>9}")
+    for f in files[:20]:
+        ids = f"{f.meta['min_id']}..{f.meta['max_id']}"
+        found = "-" if sep is None else f"{f.meta['separators']:,}"
+        out(f"{f.path.name:<40} {f.meta['tokens']:>14,} {len(f):>11,} {ids:>14} {found:>9}")
+    if len(files) > 20:
+        out(f"... and {len(files) - 20} more file(s)")
+    lengths = np.concatenate([np.asarray(f.ends) - np.asarray(f.starts) for f in files])
+    out("document lengths (tokens, BOS included):")
+    for line in histogram(lengths):
+        out("  " + line)
+
+
+def describe_tokens(s: dict) -> list[str]:
+    lines = [
+        f"{s['format']} token files: {s['files']:,} file(s), {s['tokens']:,} tokens "
+        f"({'/'.join(s['dtype'])}), {s['documents']:,} documents",
+        f"token ids: {s['min_id']:,}..{s['max_id']:,} (a tokenizer needs a vocabulary of at least "
+        f"{s['max_id'] + 1:,})",
+    ]
+    if s["format"] in ("nanogpt", "array"):
+        lines.append(
+            "separator: none (each file is one document; set --separator ID)"
+            if s["separator"] is None
+            else f"separator {s['separator']}: found in {s['separator_in']} of {s['files']} file(s)"
+        )
+    else:
+        where = "index (.idx)" if s["format"] == "megatron" else "rows"
+        lines.append(f"documents: from the {where}, BOS put before each")
+    return lines
+
+
 def _conversations(lengths: dict[str, np.ndarray], seq_len: int | None) -> str:
     """What an SFT run on these conversations leaves out as too long for a training row."""
     every = np.concatenate([v for v in lengths.values() if len(v)] or [np.zeros(0, np.int64)])

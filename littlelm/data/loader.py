@@ -8,10 +8,9 @@
 The packer puts the largest buffered document that fits next; when none fits it fills the row
 with the head of the shortest. What happens to the rest is the source's `long_docs` option:
 
-    crop   (the default) the rest is dropped and counted (crop rate); every row starts at a
-           document's BOS
-    split  nothing is dropped. A document longer than a row is cut when it arrives into pieces
-           of one row each, then the rest (at most a row) joins the buffer; the rest of a
+    crop   the rest is dropped and counted (crop rate); every row starts at a document's BOS
+    split  (the default) nothing is dropped. A document longer than a row is cut when it
+           arrives into pieces of one row each, then the rest (at most a row) joins the buffer; the rest of a
            document that fills the end of a row goes back into the buffer. A piece after the
            first starts on the last token of the piece before it and has no BOS of its own, so
            every token of the document after its BOS is a prediction target exactly once per
@@ -32,13 +31,18 @@ which checkpoints rely on.
 
 Speed: the hot loop touches only Python ints and lists (document starts and lengths are turned
 into lists once per shard visit), the buffer is a sorted list of packed int keys, and each
-document is one numpy slice copy; see benchmarks/data.py.
+document is one numpy slice copy after its BOS; see benchmarks/data.py.
+
+A shard is anything with `tokens`, `starts` and `ends` (document d is tokens[starts[d]:ends[d]]
+with its first token replaced by `bos`) and `len()`: littlelm's own (data/shards.py) or a view
+of another tool's token file (data/foreign.py).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import warnings
 from bisect import bisect_right, insort
 from collections import deque
 from collections.abc import Iterator
@@ -78,6 +82,7 @@ class DocStream:
         self.shards, self.seed, self.rank, self.world = shards, seed, rank, world
         self.repeat, self.label = repeat, label
         self.tokens = [s.tokens for s in shards]
+        self.bos = shards[0].bos  # every document's first token in a row
         self.epoch, self.shard_pos, self.doc_pos = 0, 0, 0
         self._order: np.ndarray | None = None
         self._visit: tuple[int, list[int], list[int], list[int]] | None = None
@@ -94,9 +99,9 @@ class DocStream:
             s = int(self._shard_order()[self.shard_pos])
             rng = np.random.default_rng((self.seed, self.epoch, s))
             docs = rng.permutation(len(self.shards[s]))[self.rank :: self.world]
-            offsets = self.shards[s].offsets
-            starts = offsets[docs]
-            lengths = offsets[docs + 1] - starts
+            shard = self.shards[s]
+            starts = shard.starts[docs]
+            lengths = shard.ends[docs] - starts
             self._visit = (s, docs.tolist(), starts.tolist(), lengths.tolist())
         return self._visit
 
@@ -128,7 +133,7 @@ class DocStream:
         return visit[0], visit[1][i], visit[2][i], visit[3][i]
 
     def start_of(self, s: int, d: int) -> int:
-        return int(self.shards[s].offsets[d])
+        return int(self.shards[s].starts[d])
 
     def doc(self, s: int, d: int) -> np.ndarray:
         return self.shards[s].doc(d)
@@ -178,20 +183,27 @@ class BestFitPacker:
         stream: DocStream,
         row_len: int,
         buffer_docs: int = 1000,
-        long_docs: str = "crop",
+        long_docs: str = "crop",  # a run's sources default to split (data/sources.py)
         pad_id: int = 0,
+        explicit: bool = True,
     ):
         assert long_docs in ("crop", "split", "pad"), long_docs
         self.stream, self.row_len, self.buffer_docs = stream, row_len, buffer_docs
-        self.split, self.pad, self.pad_id = long_docs == "split", long_docs == "pad", pad_id
+        self.pad_id = pad_id
+        # explicit: the config names long_docs; if not, a checkpoint's packing wins on resume
+        self.explicit = explicit
+        self.adopted: str | None = None  # the checkpoint's long_docs, when it was adopted
+        self._set_mode(long_docs)
         self.keys: list[int] = []
         self.where: dict[int, tuple[int, int, int]] = {}
         self.offs: dict[int, int] = {}
         self.pieces: deque[tuple[int, int, int, int, int]] = deque()
         self.seq = 0
         self.stats = PackStats()
-        if self.split:
-            self.fill = self.fill_split
+
+    def _set_mode(self, long_docs: str) -> None:
+        self.mode, self.split, self.pad = long_docs, long_docs == "split", long_docs == "pad"
+        self.fill = self.fill_split if self.split else self.fill_crop
 
     def _refill(self) -> None:
         keys, where, nxt, split = self.keys, self.where, self.stream.next, self.split
@@ -220,9 +232,9 @@ class BestFitPacker:
         self.offs[seq] = off
         return start + off, n
 
-    def fill(self, row: np.ndarray) -> None:
-        """Fill `row` (row_len,) in place (crop mode; split mode uses `fill_split`)."""
-        keys, where, tokens = self.keys, self.where, self.stream.tokens
+    def fill_crop(self, row: np.ndarray) -> None:
+        """Fill `row` (row_len,) in place, cropping (`fill` is this or `fill_split`)."""
+        keys, where, tokens, bos = self.keys, self.where, self.stream.tokens, self.stream.bos
         pos, row_len, cropped = 0, self.row_len, 0
         while pos < row_len:
             if len(keys) < self.buffer_docs:
@@ -237,7 +249,10 @@ class BestFitPacker:
             n = key >> SEQ_BITS
             s, _, start = where.pop(key & SEQ_MASK)
             take = n if n <= room else room
-            row[pos : pos + take] = tokens[s][start : start + take]
+            # a document starts with BOS: littlelm's shards hold it there, other tools' files
+            # their separator or the token before (data/foreign.py)
+            row[pos] = bos
+            row[pos + 1 : pos + take] = tokens[s][start + 1 : start + take]
             pos += take
             cropped += n - take
         st = self.stats
@@ -247,12 +262,17 @@ class BestFitPacker:
         """Fill `row` (row_len,) in place, dropping nothing: a whole-row piece if one waits,
         else best fit, the rest of a document that fills the end of the row kept for later."""
         keys, where, tokens, offs = self.keys, self.where, self.stream.tokens, self.offs
+        bos = self.stream.bos
         pos, row_len, cont = 0, self.row_len, 0
         if len(keys) < self.buffer_docs:
             self._refill()
         if self.pieces:  # a whole-row piece of a long document
             _, s, _, start, off = self.pieces.popleft()
-            row[:] = tokens[s][start : start + row_len]
+            if off:
+                row[:] = tokens[s][start : start + row_len]
+            else:  # the document's first piece: BOS, as in fill_crop
+                row[0] = bos
+                row[1:] = tokens[s][start + 1 : start + row_len]
             pos, cont = row_len, row_len if off else 0
         while pos < row_len:
             if len(keys) < self.buffer_docs:
@@ -263,11 +283,14 @@ class BestFitPacker:
             n, seq = key >> SEQ_BITS, key & SEQ_MASK
             s, d, start = where.pop(seq)
             take = n if n <= room else room
-            row[pos : pos + take] = tokens[s][start : start + take]
-            pos += take
             off = offs.pop(seq, 0) if offs else 0
             if off:
+                row[pos : pos + take] = tokens[s][start : start + take]
                 cont += take
+            else:
+                row[pos] = bos
+                row[pos + 1 : pos + take] = tokens[s][start + 1 : start + take]
+            pos += take
             if take < n:  # the rest waits, from the last token placed here
                 insort(keys, ((n - take + 1) << SEQ_BITS) | seq)
                 where[seq] = (s, d, start + take - 1)
@@ -286,13 +309,14 @@ class BestFitPacker:
             self.seq,
             (st.rows, st.tokens, st.cropped, st.split, st.padded, st.too_long),
             split,
+            self.mode,
         )
 
     @staticmethod
     def state_from_snapshot(snap: tuple) -> dict:
         """Buffer entries are [length, arrival, shard, doc], plus the offset in the document
         when it is not 0; split mode adds `pieces`, [arrival, shard, doc, offset] each."""
-        stream, keys, where, seq, stats, split = snap
+        stream, keys, where, seq, stats, split, mode = snap
         offs, pieces = split or ({}, None)
         buffer = []
         for k in keys:
@@ -300,6 +324,7 @@ class BestFitPacker:
             off = offs.get(q, 0)
             buffer.append([k >> SEQ_BITS, q, *where[q][:2]] + ([off] if off else []))
         state = {"stream": stream, "buffer": buffer, "seq": seq, "stats": list(stats)}
+        state["long_docs"] = mode
         if pieces is not None:
             state["pieces"] = [[q, s, d, off] for q, s, d, _, off in pieces]
         return state
@@ -308,11 +333,23 @@ class BestFitPacker:
         return self.state_from_snapshot(self.snapshot())
 
     def load_state_dict(self, state: dict) -> None:
-        if not self.split and (state.get("pieces") or any(len(b) > 4 for b in state["buffer"])):
-            raise DataError(
-                f"the checkpoint's loader state of source {self.stream.label!r} was saved with "
-                f"long_docs=split; set data.sources.{self.stream.label}.long_docs=split to resume"
-            )
+        """Restore a state_dict. A checkpoint written before littlelm recorded `long_docs`
+        there (it packed with split exactly when its state has `pieces`) resumes with its own
+        packing, unless the config names another one: then this refuses."""
+        mode = self.mode
+        saved = state.get("long_docs") or (
+            "split" if "pieces" in state else "pad" if self.pad else "crop"
+        )
+        if saved != mode:
+            label = self.stream.label
+            if self.explicit or "pad" in (saved, mode):  # pad: conversations, never chosen
+                raise DataError(
+                    f"the checkpoint's loader state of source {label!r} was saved with "
+                    f"long_docs={saved}, this config says {mode}; set data.sources.{label}."
+                    f"long_docs={saved} to resume (or start a new run to change the packing)"
+                )
+            self._set_mode(saved)  # the default changed since: keep the run's own packing
+            self.adopted = saved
         self.stream.load_state_dict(state["stream"])
         start_of = self.stream.start_of
         self.keys, self.where, self.offs = [], {}, {}
@@ -405,6 +442,8 @@ class MixtureLoader:
         self.weights = [weights[k] / total for k in self.labels]
         self.rows = [0] * len(self.labels)
         self._fills = [packers[k].fill for k in self.labels]
+        # rows hold any source's tokens (littlelm shards, other tools' uint16/int32 files)
+        self.dtype = np.result_type(*(p.stream.tokens[0].dtype for p in packers.values()))
 
     def _pick(self) -> int:
         rows, total = self.rows, sum(self.rows) + 1
@@ -416,8 +455,7 @@ class MixtureLoader:
         return best
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        dtype = self.packers[self.labels[0]].stream.tokens[0].dtype
-        rows = np.empty((self.batch, self.seq_len + 1), dtype=dtype)
+        rows = np.empty((self.batch, self.seq_len + 1), dtype=self.dtype)
         picked = []
         for r in range(self.batch):
             k = self._pick()
@@ -462,6 +500,14 @@ class MixtureLoader:
         self.rows = [int(n) for n in state["rows"]]
         for k, p in self.packers.items():
             p.load_state_dict(state["packers"][k])
+            if p.adopted:
+                warnings.warn(
+                    f"data.sources.{k}: resuming with long_docs={p.adopted}, the packing this "
+                    f"run's checkpoint was trained with (the default is now split; set "
+                    f"data.sources.{k}.long_docs to choose explicitly)",
+                    stacklevel=2,
+                )
+        self._fills = [self.packers[k].fill for k in self.labels]
 
 
 @dataclass
@@ -574,7 +620,7 @@ def _first_tokens(shards: list[Shard], limit: int | None) -> np.ndarray:
     for s in shards:
         if limit is not None and have >= limit:
             break
-        part = s.tokens if limit is None else s.tokens[: limit - have]
+        part = s.head(None if limit is None else limit - have)
         parts.append(part)
         have += len(part)
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)

@@ -87,6 +87,8 @@ def _reshard_source(streams: list[DocStream], packers: list[dict], world: int) -
             "seq": max(seq, len(mine)),
             "stats": [0] * len(packers[0]["stats"]),
         }
+        if "long_docs" in packers[0]:  # the packing it was saved with (data/loader.py)
+            state["long_docs"] = packers[0]["long_docs"]
         if any("pieces" in p for p in packers):
             state["pieces"] = [[j, *q[1:]] for j, key in enumerate(mine) for q in kept[key][1]]
         out.append(state)

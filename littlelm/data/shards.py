@@ -219,6 +219,27 @@ class Shard:
     def __len__(self) -> int:
         return self.header.n_docs
 
+    # what the loader reads (data/loader.py): document d is tokens[starts[d]:ends[d]]
+    @property
+    def starts(self) -> np.ndarray:
+        return self.offsets[:-1]
+
+    @property
+    def ends(self) -> np.ndarray:
+        return self.offsets[1:]
+
+    @property
+    def bos(self) -> int:
+        return self.header.bos_id
+
+    @property
+    def n_tokens(self) -> int:
+        return self.header.n_tokens
+
+    def head(self, limit: int | None) -> np.ndarray:
+        """The first `limit` tokens of the documents in order (None: all), BOS included."""
+        return self.tokens if limit is None else self.tokens[:limit]
+
     def doc(self, i: int) -> np.ndarray:
         return self.tokens[int(self.offsets[i]) : int(self.offsets[i + 1])]
 

@@ -42,9 +42,12 @@ class SourceConfig(ComponentConfig):
         json_schema_extra=RESUMABLE,
     )
     long_docs: Literal["crop", "split"] = Field(
-        "crop",
-        description="A document that does not fit the rest of a row: crop it there (the rest is "
-        "dropped), or split it into row-sized pieces that are all trained on (docs/data.md).",
+        "split",
+        description="A document that does not fit the rest of a row: split it into row-sized "
+        "pieces that are all trained on, or crop it there (the rest is dropped; the default "
+        "before 2026-12-02: a run checkpointed with it resumes cropping unless this is set; "
+        "docs/data.md).",
+        json_schema_extra=RESUMABLE,
     )
 
 

@@ -3,12 +3,16 @@ architecture, and the config.json <-> GPTConfig translations.
 
 littlelm -> transformers (export):
     llama     SwiGLU, no QK-norm, no softcap, no residual scalars, no value embeddings
-              -> LlamaForCausalLM (stock: vLLM, TGI and llama.cpp's converter take it as is)
+              -> LlamaForCausalLM (stock; llama.cpp: `export --gguf`, gguf_export.py)
     qwen3     the same with QK-norm -> Qwen3ForCausalLM (q_norm / k_norm gains)
-    littlelm  anything else (relu², value embeddings, residual scalars, softcap) -> our
-              modeling_littlelm.py, loaded with trust_remote_code=True; littlelm's own names
-transformers -> littlelm (import): llama (SmolLM, SmolLM2 are llama), mistral (without a sliding
-window), qwen3, and littlelm's own exports. Features littlelm lacks are refused by name.
+    qwen2     the llama features with q/k/v biases (qkv_bias) -> Qwen2ForCausalLM
+    littlelm  anything else (relu², value embeddings, residual scalars, softcap, biases with
+              QK-norm) -> our modeling_littlelm.py, loaded with trust_remote_code=True;
+              littlelm's own names
+transformers -> littlelm (import): llama (SmolLM, SmolLM2 are llama), mistral, qwen2 (Qwen2,
+Qwen2.5: q/k/v biases), qwen3, and littlelm's own exports. A sliding window is imported as the
+context length (exact: no sequence is longer than the window); features littlelm lacks are
+refused by name, with what the user can do.
 """
 
 from __future__ import annotations
@@ -38,9 +42,16 @@ QWEN3 = {
     "blocks.{i}.attn.q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
     "blocks.{i}.attn.k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
 }
-TABLES = {"llama": LLAMA, "mistral": LLAMA, "qwen3": QWEN3, "littlelm": None}  # None: same names
-CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-IMPORTABLE = ("llama", "mistral", "qwen3", "littlelm")
+QWEN2 = {
+    **LLAMA,
+    "blocks.{i}.attn.c_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
+    "blocks.{i}.attn.c_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
+    "blocks.{i}.attn.c_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
+}
+# None: littlelm's own names
+TABLES = {"llama": LLAMA, "mistral": LLAMA, "qwen2": QWEN2, "qwen3": QWEN3, "littlelm": None}
+CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+IMPORTABLE = ("llama", "mistral", "qwen2", "qwen3", "littlelm")
 REMOTE_FEATURES = {  # GPTConfig switch -> why no stock class has it
     "residual_scalars": "per-layer residual scalars",
     "value_embeds": "value embeddings",
@@ -66,6 +77,8 @@ def export_arch(m: GPTConfig) -> tuple[str, str]:
         remote.remove(REMOTE_FEATURES["value_embeds"])
     if m.mlp != "swiglu":
         remote.append(f"the {m.mlp} MLP")
+    if m.qkv_bias and m.qk_norm:
+        remote.append("q/k/v biases together with QK-norm")
     if remote:
         return "littlelm", (
             f"uses {', '.join(remote)}, which no stock transformers class has: exported with "
@@ -73,6 +86,8 @@ def export_arch(m: GPTConfig) -> tuple[str, str]:
         )
     if m.qk_norm:
         return "qwen3", "SwiGLU + RMSNorm + RoPE with QK-norm: stock Qwen3ForCausalLM"
+    if m.qkv_bias:
+        return "qwen2", "SwiGLU + RMSNorm + RoPE with q/k/v biases: stock Qwen2ForCausalLM"
     return "llama", "SwiGLU + RMSNorm + RoPE: stock LlamaForCausalLM"
 
 
@@ -107,6 +122,9 @@ def stock_config(m: GPTConfig, arch: str, bos_id: int) -> dict:
     }
     if arch == "llama":
         cfg["mlp_bias"] = False
+    if arch == "qwen2":
+        cfg |= {"use_sliding_window": False, "sliding_window": None}
+        del cfg["attention_bias"]  # Qwen2's q/k/v always have biases, its o_proj never
     return cfg
 
 
@@ -133,6 +151,7 @@ def remote_config(m: GPTConfig, bos_id: int) -> dict:
         "rope_base": m.rope_base,
         "qk_norm": m.qk_norm,
         "qk_norm_affine": m.qk_norm_affine,
+        "qkv_bias": m.qkv_bias,
         "softcap": m.softcap,
         "residual_scalars": m.residual_scalars,
         "value_embed_layers": [i for i in range(m.n_layer) if m.has_value_embed(i)],
@@ -160,23 +179,38 @@ def check_importable(hf: dict, source: str) -> str:
     if arch not in IMPORTABLE:
         raise CheckpointError(
             f"{source}: unsupported architecture {arch!r} ({', '.join(hf.get('architectures') or [])}); "
-            f"littlelm imports {', '.join(IMPORTABLE)} checkpoints (SmolLM and SmolLM2 are llama)"
+            f"littlelm imports {', '.join(IMPORTABLE)} checkpoints (SmolLM and SmolLM2 are llama, "
+            "Qwen2.5 is qwen2)"
         )
     if arch == "littlelm":
         return arch
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
-        raise _refuse(source, f"RoPE scaling {rope_type!r}", "littlelm has plain RoPE only")
+        raise _refuse(
+            source,
+            f"RoPE scaling {rope_type!r}",
+            "littlelm has plain RoPE only: pick a checkpoint without rope scaling (SmolLM2, "
+            "Qwen2.5 up to 7B, TinyLlama), or remove the scaling from config.json to import it "
+            "with plain RoPE, which changes its outputs: continued training then has to recover",
+        )
     if hf.get("hidden_act", "silu") != "silu":
         raise _refuse(source, f"a {hf['hidden_act']} MLP", "littlelm's gated MLP is SwiGLU")
-    if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise _refuse(source, "biases in the attention or MLP linears")
+    if hf.get("mlp_bias") or (arch != "qwen2" and hf.get("attention_bias")):
+        raise _refuse(
+            source,
+            "biases in the MLP or output projection",
+            "littlelm has biases on the query, key and value projections only (model.qkv_bias, "
+            "as Qwen2 and Qwen2.5 have them)",
+        )
+    return arch
+
+
+def sliding_window(hf: dict, arch: str) -> int | None:
+    """The attention window, when it is narrower than the context: None otherwise."""
     window = hf.get("sliding_window")
     windowed = window and (arch == "mistral" or hf.get("use_sliding_window"))
-    if windowed and window < hf.get("max_position_embeddings", 0):
-        raise _refuse(source, f"sliding-window attention ({window} tokens)")
-    return arch
+    return window if windowed and window < hf.get("max_position_embeddings", 2048) else None
 
 
 def imported_config(hf: dict, arch: str) -> GPTConfig:
@@ -185,6 +219,9 @@ def imported_config(hf: dict, arch: str) -> GPTConfig:
         return _from_remote(hf)
     rope = hf.get("rope_parameters") or {}
     heads = hf["num_attention_heads"]
+    # a sliding window becomes the context: full attention over at most `window` tokens is
+    # windowed attention exactly
+    context = sliding_window(hf, arch) or hf.get("max_position_embeddings", 2048)
     return GPTConfig(
         vocab_size=hf["vocab_size"],
         n_layer=hf["num_hidden_layers"],
@@ -192,12 +229,13 @@ def imported_config(hf: dict, arch: str) -> GPTConfig:
         n_head=heads,
         n_kv_head=hf.get("num_key_value_heads") or heads,
         head_size=hf.get("head_dim") or hf["hidden_size"] // heads,
-        max_seq_len=hf.get("max_position_embeddings", 2048),
+        max_seq_len=context,
         rope_base=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
         mlp="swiglu",
         mlp_hidden=hf["intermediate_size"],
         qk_norm=arch == "qwen3",
         qk_norm_affine=arch == "qwen3",
+        qkv_bias=arch == "qwen2",
         softcap=None,
         residual_scalars=False,
         value_embeds=False,
@@ -224,6 +262,7 @@ def _from_remote(hf: dict) -> GPTConfig:
         mlp_hidden=hf["hidden"],
         qk_norm=hf["qk_norm"],
         qk_norm_affine=hf["qk_norm_affine"],
+        qkv_bias=hf.get("qkv_bias", False),
         softcap=hf["softcap"],
         residual_scalars=hf["residual_scalars"],
         value_embeds=bool(layers),

@@ -32,6 +32,7 @@ VOCAB_ROWS = ("wte.weight", "lm_head.weight")  # and value_embeds.*.weight
 def add_chat_tokens(source: str | Path, out: str | Path) -> dict:
     path = find_checkpoint(source)
     model, tok, cfg = load_model(path)
+    origin = ckpt.load_checkpoint(path, with_optimizer=False).origin or {}  # growth's tags, kept
     if tok.special_id(CHAT_TOKENS[-1]) is not None:
         raise LittleLMError(
             f"{path}: its tokenizer has the chat tokens already; fine-tune it as is"
@@ -58,7 +59,6 @@ def add_chat_tokens(source: str | Path, out: str | Path) -> dict:
                 t[V : new_tok.vocab_size] = src[:V].float().mean(0).to(t.dtype)
             else:
                 t.copy_(src)
-    new.origin.update(model.origin)
     _check_same_logits(model, new, V)
     tree = to_tree(cfg)
     tree["model"]["vocab_size"] = new_tok.vocab_size
@@ -77,7 +77,7 @@ def add_chat_tokens(source: str | Path, out: str | Path) -> dict:
         state = {"tokens": 0, "tokenizer": new_tok.fingerprint, "config": to_tree(new_cfg)}
         state["chat_tokens_from"] = str(path.resolve())
         saved = ckpt.save_checkpoint(
-            tmp / "checkpoints", 0, new, _NoOptimizer(), state, new.origin, new_tok
+            tmp / "checkpoints", 0, new, _NoOptimizer(), state, origin, new_tok
         )
     return {
         "out": Path(out),

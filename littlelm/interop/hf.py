@@ -79,9 +79,25 @@ def staged(out: Path):
 # Export
 
 
-def export(source: str | Path, out: str | Path, max_shard_size: str = "5GB") -> dict:
-    """Export a checkpoint (or a run's newest) to `out`; returns a summary for the CLI."""
-    check_out(Path(out))  # before the work
+def export(
+    source: str | Path,
+    out: str | Path | None,
+    max_shard_size: str = "5GB",
+    gguf: str | Path | None = None,
+    gguf_type: str = "f16",
+) -> dict:
+    """Export a checkpoint (or a run's newest) to the Hugging Face directory `out` and/or the
+    GGUF file `gguf`; returns a summary for the CLI."""
+    if (Path(source) / "config.json").is_file() and not (Path(source) / "state.json").is_file():
+        raise CheckpointError(
+            f"{source} is a Hugging Face model directory, not a littlelm checkpoint: it is "
+            f"exported already; to train or evaluate it with littlelm, bring it in with "
+            f"`littlelm import {source} --out runs/NAME`"
+        )
+    if out is None and gguf is None:
+        raise CheckpointError("nothing to write: give --out DIR (Hugging Face) or --gguf FILE")
+    if out is not None:
+        check_out(Path(out))  # before the work
     path = find_checkpoint(source)
     model, tok, _ = load_model(path, "cpu")
     m = model.cfg
@@ -92,15 +108,40 @@ def export(source: str | Path, out: str | Path, max_shard_size: str = "5GB") -> 
     else:
         config, hf_tensors = A.stock_config(m, arch, tok.bos_id), stock_tensors(tensors, m, arch)
     config["torch_dtype"] = str(tensors["wte.weight"].dtype).removeprefix("torch.")
-    with staged(Path(out)) as tmp:
+    if gguf is not None:
+        from littlelm.interop.gguf_export import write_gguf
+
+        with staged_file(Path(gguf)) as tmp:
+            write_gguf(model, tok, hf_tensors, arch, tmp, gguf_type)
+    if out is not None:
+        write_hf_dir(Path(out), tok, hf_tensors, config, arch, max_shard_size)
+    return {"checkpoint": path, "arch": arch, "reason": reason, "out": out, "gguf": gguf}
+
+
+def write_hf_dir(out: Path, tok, hf_tensors: dict, config: dict, arch: str, shard: str) -> None:
+    with staged(out) as tmp:
         export_tokenizer(tok, tmp)  # first: a refused tokenizer writes nothing else
-        write_weights(hf_tensors, tmp, max_shard_size)
+        write_weights(hf_tensors, tmp, shard)
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         gen = {"bos_token_id": tok.bos_id, "eos_token_id": tok.bos_id, "do_sample": False}
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         if arch == "littlelm":
             shutil.copy(MODELING_FILE, tmp / MODELING_FILE.name)
-    return {"checkpoint": path, "arch": arch, "reason": reason, "out": Path(out)}
+
+
+@contextmanager
+def staged_file(out: Path):
+    """A temporary sibling of the file `out`, renamed to it when the block succeeds."""
+    if out.exists() or out.is_symlink():
+        raise LittleLMError(f"{out} already exists; choose another --gguf or remove it")
+    if not out.parent.is_dir():
+        raise LittleLMError(f"{out.parent} is not a directory; create it or choose another --gguf")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        tmp.rename(out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def stock_tensors(tensors: dict[str, torch.Tensor], m: GPTConfig, arch: str) -> dict:
@@ -172,9 +213,7 @@ def import_model(source: str | Path, out: str | Path) -> dict:
     with staged(Path(out)) as tmp:
         state = {"tokens": 0, "tokenizer": tok.fingerprint, "config": to_tree(cfg)}
         state["imported_from"] = str(src.resolve())
-        path = ckpt.save_checkpoint(
-            tmp / "checkpoints", 0, model, _NoOptimizer(), state, model.origin, tok
-        )
+        path = ckpt.save_checkpoint(tmp / "checkpoints", 0, model, _NoOptimizer(), state, {}, tok)
         (tmp / "train.yaml").write_text(train_yaml(cfg, Path(out), path.name, src))
     return {
         "arch": arch,
@@ -182,6 +221,7 @@ def import_model(source: str | Path, out: str | Path) -> dict:
         "checkpoint": Path(out) / "checkpoints" / path.name,
         "params": model.param_counts()["total"],
         "config": m,
+        "window": A.sliding_window(hf, arch),
     }
 
 
@@ -328,8 +368,26 @@ def run_config(m: GPTConfig, out: Path) -> RunConfig:
     return validate(RunConfig, tree, source="littlelm import")
 
 
+# Continued pretraining of a trained model: a thirtieth of the from-scratch lrs (Muon 0.02,
+# embedding 0.2, lm_head 0.004, norm gains 0.5), not scaled by width, after a 20-step warmup.
+# Measured on a tiny model trained 150 steps, exported, imported and continued on its own data
+# (benchmarks/continue_import.py, docs/interop.md): the from-scratch lrs took val loss from 0.81
+# to 6.3 in 2 steps, a tenth of them (width-scaled) to 0.90 by step 20; these keep it at or below
+# its start (0.8125 -> 0.8097 at step 20, 0.8082 at 60). tests/test_interop.py checks 20 steps.
+CONTINUE_OPTIMIZER = {
+    "name": "muon",
+    "lr": 0.0007,
+    "embedding_lr": 0.007,
+    "lm_head_lr": 0.00015,
+    "scalar_lr": 0.015,
+    "scale_lr_by_width": False,  # sqrt(768 / d_model) is for from-scratch AdamW lrs
+}
+CONTINUE_WARMUP = 20  # steps: the optimizers' moments start from zero on trained weights
+
+
 def train_yaml(cfg: RunConfig, out: Path, step: str, src: Path) -> str:
-    """A run file that continues training the imported model (a same-shape grow)."""
+    """A run file that continues training the imported model (a same-shape grow), with
+    continued-pretraining lrs and warmup."""
     tree = to_tree(cfg)
     model = tree["model"]  # nulls included: softcap null is not the default
     doc = {
@@ -337,13 +395,17 @@ def train_yaml(cfg: RunConfig, out: Path, step: str, src: Path) -> str:
         "model": model,
         "data": {"tokenizer": tree["data"]["tokenizer"]},
         "grow": {"parent": str(out / "checkpoints" / step), "continue_data": False},
+        "optimizer": dict(CONTINUE_OPTIMIZER),
+        "schedule": {"name": "trapezoidal", "warmup_steps": CONTINUE_WARMUP, "cooldown_frac": 0.4},
         "train": {"seq_len": min(1024, cfg.model.max_seq_len), "max_steps": 1000},
     }
     head = (
         f"# written by `littlelm import {src}`: continue training the imported model.\n"
         "# grow.parent of the same shape starts from its weights; change model.n_layer, d_model, ...\n"
-        "# to grow it instead (docs/growth.md). Add data sources, e.g.\n"
+        "# to grow it instead (docs/growth.md). The optimizer and schedule are for continued\n"
+        "# pretraining: a thirtieth of the from-scratch lrs and a warmup (docs/interop.md).\n"
+        "# Add data sources, e.g. a text file whose paragraphs are its documents:\n"
         f"#   littlelm train {out / 'train.yaml'} data.sources.main.name=text "
-        "data.sources.main.path=corpus.txt\n"
+        "data.sources.main.path=corpus.txt data.sources.main.split=paragraph\n"
     )
     return head + yaml.safe_dump(doc, sort_keys=False)

@@ -2,9 +2,10 @@
 
 Export: a BPE or Hugging Face tokenizer is saved as it is; the byte tokenizer becomes a byte-level
 BPE without merges (token i = byte i, BOS = 256: the same ids); a tiktoken encoding is converted
-with transformers' TikTokenConverter. Each export adds a post-processor that puts BOS first, as
-every littlelm document starts, so `tokenizer(text)` gives what the model was trained on; the
-converted tokenizer is checked to encode a probe exactly as littlelm does, or refused.
+with transformers' TikTokenConverter. Each export adds a post-processor that puts one BOS first
+(for a pair of texts too), as every littlelm document starts, so `tokenizer(text)` gives what the
+model was trained on; the converted tokenizer is checked to encode a probe exactly as littlelm
+does, or refused. BOS is also the pad token (left padding), so batched generation works.
 Import: tokenizer.json is required (a sentencepiece-only tokenizer.model is refused with the fix);
 tokenizer_config.json's chat_template, when there is one, comes along (data/chat.py). Export
 writes the chat format back: littlelm's template, or the imported one (`chat_config`).
@@ -37,7 +38,11 @@ def export_tokenizer(tok: Tokenizer, out: Path) -> None:
 
     if raw.encode("a").ids[:1] != [tok.bos_id]:  # BOS first, as in training (littlelm's
         template = TemplateProcessing(  # encode leaves it out: it adds BOS per document)
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.bos_id)]
+            # a pair is one document: no second BOS, which llama.cpp's converter would read as a
+            # separator to append after every prompt (add_sep_token)
+            single=f"{bos} $A",
+            pair=f"{bos} $A $B",
+            special_tokens=[(bos, tok.bos_id)],
         )
         old = raw.post_processor
         raw.post_processor = template if old is None else Sequence([old, template])
@@ -46,6 +51,8 @@ def export_tokenizer(tok: Tokenizer, out: Path) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": bos,
         "eos_token": bos,  # a document ends where the next one's BOS would come
+        "pad_token": bos,  # batched generate pads (masked out) with the one special token
+        "padding_side": "left",  # a decoder pads on the left to generate in a batch
         "clean_up_tokenization_spaces": False,
         **chat_config(tok),
     }
@@ -62,6 +69,14 @@ def chat_config(tok: Tokenizer) -> dict:
     if tok.special_id(END) is None:
         return {}
     return {"chat_template": TEMPLATE, "eos_token": END}
+
+
+def raw_tokenizer(tok: Tokenizer):
+    """(the tokenizers.Tokenizer with littlelm's ids, the BOS token's text), checked to encode
+    as littlelm does; without the BOS post-processor (the GGUF export reads its vocabulary)."""
+    raw, bos = _raw(tok)
+    _check_same_ids(raw, tok)
+    return raw, bos
 
 
 def _raw(tok: Tokenizer):

@@ -45,6 +45,7 @@ class LittleLMConfig(PretrainedConfig):
         rope_base: float = 10000.0,
         qk_norm: bool = True,
         qk_norm_affine: bool = False,
+        qkv_bias: bool = False,
         softcap: float | None = None,
         residual_scalars: bool = False,
         value_embed_layers: list[int] | None = None,
@@ -66,6 +67,7 @@ class LittleLMConfig(PretrainedConfig):
         self.head_dim, self.hidden, self.mlp = head_dim, hidden, mlp
         self.max_seq_len, self.rope_base = max_seq_len, rope_base
         self.qk_norm, self.qk_norm_affine, self.softcap = qk_norm, qk_norm_affine, softcap
+        self.qkv_bias = qkv_bias
         self.residual_scalars = residual_scalars
         self.value_embed_layers = list(value_embed_layers or [])
         self.ve_gate_channels = ve_gate_channels
@@ -114,9 +116,9 @@ class Attention(nn.Module):
         super().__init__()
         self.layer, self.cfg = layer, cfg
         H, Hkv, D, C = cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.d_model
-        self.c_q = nn.Linear(C, H * D, bias=False)
-        self.c_k = nn.Linear(C, Hkv * D, bias=False)
-        self.c_v = nn.Linear(C, Hkv * D, bias=False)
+        self.c_q = nn.Linear(C, H * D, bias=cfg.qkv_bias)
+        self.c_k = nn.Linear(C, Hkv * D, bias=cfg.qkv_bias)
+        self.c_v = nn.Linear(C, Hkv * D, bias=cfg.qkv_bias)
         self.c_proj = nn.Linear(H * D, C, bias=False)
         if layer in cfg.value_embed_layers:
             self.ve_gate = nn.Linear(cfg.ve_gate_channels, Hkv, bias=False)

@@ -127,9 +127,16 @@ class GPTConfig(ModelConfig):
         description="Learnable per-channel gains on the QK-norm, one vector for queries and "
         "one for keys (Qwen3's q_norm / k_norm).",
     )
+    qkv_bias: bool = Field(
+        False,
+        description="Biases on the query, key and value projections (Qwen2 / Qwen2.5's "
+        "layout; `littlelm import` sets it for them). Not with fp8.",
+    )
 
     @model_validator(mode="after")
     def _check_shapes(self) -> GPTConfig:
+        if self.qkv_bias and self.fp8:
+            raise ValueError("qkv_bias with fp8: FP8 linears have no bias; turn one of them off")
         if self.head_size is None and self.d_model % self.n_head:
             raise ValueError(
                 f"d_model {self.d_model} is not divisible by n_head {self.n_head}; "
@@ -221,6 +228,9 @@ class Attention(nn.Module):
         self.c_q = block_linear(cfg, C, q_dim)
         self.c_k = block_linear(cfg, C, kv_dim)
         self.c_v = block_linear(cfg, C, kv_dim)
+        if cfg.qkv_bias:  # Qwen2's q/k/v biases (nn.Linear's own `bias`, so names match HF's)
+            for m in (self.c_q, self.c_k, self.c_v):
+                m.bias = nn.Parameter(torch.zeros(m.out_features))
         self.c_proj = block_linear(cfg, q_dim, C)
         self.ve_channels = cfg.ve_gate_channels
         self.ve_gate = (
@@ -240,8 +250,9 @@ class Attention(nn.Module):
             qk, v = torch.cat([self.c_q(x), self.c_k(x)], dim=-1), self.c_v(x)
         else:
             w = torch.cat([m.weight for m in layers])  # (q_dim + 2·kv_dim, C)
+            b = torch.cat([m.bias for m in layers]) if self.c_q.bias is not None else None
             qk_dim = self.c_q.out_features + self.c_k.out_features
-            qk, v = F.linear(x, w).split([qk_dim, self.c_v.out_features], dim=-1)
+            qk, v = F.linear(x, w, b).split([qk_dim, self.c_v.out_features], dim=-1)
         return qk.view(B, T, self.n_head + self.n_kv, self.hd), v.view(B, T, self.n_kv, self.hd)
 
     def forward(self, x, cos, sin, ve=None, cache=None, mask=None):
@@ -359,8 +370,6 @@ class GPT(nn.Module):
         self.reset_parameters()
         # train.activation_checkpointing: recompute each layer in the backward pass
         self.activation_checkpointing = False
-        # origin tag per parameter, for lr multipliers; `grow` marks copied weights "old"
-        self.origin = {n: default_origin(self.role(n)) for n, _ in self.named_parameters()}
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -384,7 +393,7 @@ class GPT(nn.Module):
             or name.endswith("_norm.weight")  # q_norm, k_norm
         ):
             nn.init.ones_(p)
-        elif name.endswith("x0_lambdas"):
+        elif name.endswith("x0_lambdas") or name.endswith(".bias"):
             nn.init.zeros_(p)
         else:
             bound = math.sqrt(3.0 / p.size(1))
@@ -508,10 +517,6 @@ class GPT(nn.Module):
         n = max_len or self.cfg.max_seq_len
         c = self.cfg
         return [KVCache(batch, c.kv_heads, n, c.head_dim, dt, w.device) for _ in range(c.n_layer)]
-
-
-def default_origin(role: str) -> str:
-    return "embedding" if role in ("embedding", "value_embedding", "lm_head") else "new"
 
 
 def flops_per_token(cfg: GPTConfig, seq_len: int) -> int:

@@ -327,8 +327,9 @@ def grow_into(
     layers: list[int | None],
     widened: str = "old",
 ) -> dict[str, str]:
-    """Copy the parent's `tensors` into the freshly initialised `child`; set and return the
-    child's origin tags. The caller has checked `check_growable`."""
+    """Copy the parent's `tensors` into the freshly initialised `child`; return the child's
+    origin tags (parameter name -> tag), for the optimizer's groups. The caller has checked
+    `check_growable`."""
     growth = Growth(parent, child.cfg, layers)
     origin = {}
     for name, p in child.named_parameters():
@@ -336,7 +337,6 @@ def grow_into(
         if copy is not None:
             apply_copy(p, copy)
         origin[name] = _origin(child.role(name), p, copy, widened)
-    child.origin = origin
     return origin
 
 

@@ -48,7 +48,6 @@ class LanguageModel(Protocol):
     being an nn.Module: parameters, to, train/eval, state_dict)."""
 
     cfg: ModelConfig
-    origin: dict[str, str]  # parameter name -> origin tag (embedding, old, new) for lr multipliers
     activation_checkpointing: bool  # train.activation_checkpointing: recompute layers in backward
     blocks: nn.ModuleList  # the layers, in order (FSDP units; the trace's backward seam)
     norm_f: nn.Module  # the final norm: its forward starts the loss (the trace's forward seam)

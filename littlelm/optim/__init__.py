@@ -1,12 +1,12 @@
 """Optimizers and schedules (registered by littlelm.components.register_all)."""
 
-from littlelm.optim.groups import HybridOptimizer, build_optimizer, plan_groups
-from littlelm.optim.muon import Muon, orthogonalize
+from littlelm.optim.groups import build_optimizer, plan_groups
+from littlelm.optim.muon import orthogonalize
+from littlelm.optim.optimizer import MuonAdamW
 from littlelm.optim.schedule import build_schedule
 
 __all__ = [
-    "HybridOptimizer",
-    "Muon",
+    "MuonAdamW",
     "build_optimizer",
     "build_schedule",
     "orthogonalize",

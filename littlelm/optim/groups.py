@@ -1,8 +1,10 @@
 """Which parameter goes to which optimizer, with which learning rate.
 
 Each parameter has a role (embedding, value_embedding, lm_head, matrix, scalar; decided by the
-model) and an origin tag (embedding, old, new; `grow` marks copied weights old). A group is one
-(role, origin) pair. Its base lr is the role's lr from the optimizer config times
+model) and an origin tag (embedding, old, new): growth's, handed to the optimizer build (a grown
+run's from model/grow.py, a resumed run's from its checkpoint, which takes them from the groups:
+`origin_tags`); a run that was never grown has the default tags. A group is one (role, origin)
+pair. Its base lr is the role's lr from the optimizer config times
 `lr_multipliers[origin]`; the schedule multiplies every base lr by the same factor each step,
 and in a grown run `grow.lr_multipliers` (model/grow_lr.py) by its origin's factor at that step.
 
@@ -14,8 +16,6 @@ Two optimizers are registered:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -26,8 +26,7 @@ from littlelm.config import RESUMABLE
 from littlelm.errors import ConfigError
 from littlelm.hardware import auto_precision
 from littlelm.optim.base import OptimizerConfig, OptimizerTraits
-from littlelm.optim.lowp import StochasticAdamW
-from littlelm.optim.muon import Muon
+from littlelm.optim.optimizer import MuonAdamW
 from littlelm.optim.schedule import momentum_warmup
 
 
@@ -146,23 +145,6 @@ ORIGINS = ("embedding", "old", "new")
 NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-@dataclass(frozen=True)
-class GroupSpec:
-    name: str  # "role/origin"
-    optimizer: str  # "adamw" or "muon"
-    lr: float
-    weight_decay: float
-    params: tuple[nn.Parameter, ...]
-
-    @property
-    def numel(self) -> int:
-        return sum(p.numel() for p in self.params)
-
-    @property
-    def origin(self) -> str:
-        return self.name.split("/")[1]
-
-
 def role_lr(cfg: AdamWConfig, role: str) -> float:
     lr = {
         "matrix": cfg.lr,
@@ -174,121 +156,89 @@ def role_lr(cfg: AdamWConfig, role: str) -> float:
     return lr
 
 
-def plan_groups(model: nn.Module, cfg: AdamWConfig, use_muon: bool) -> list[GroupSpec]:
-    """The parameter groups for `model` under `cfg`, in a stable order."""
+def default_origin(role: str) -> str:
+    """The origin tag of a parameter no growth has tagged."""
+    return "embedding" if role in ("embedding", "value_embedding", "lm_head") else "new"
+
+
+def origin_tags(model: nn.Module, optimizer: MuonAdamW) -> dict[str, str]:
+    """Parameter name -> origin tag, as `optimizer`'s groups hold them (for the checkpoint)."""
+    tag = {id(p): g["origin"] for g in optimizer.param_groups for p in g["params"]}
+    return {name: tag[id(p)] for name, p in model.named_parameters() if id(p) in tag}
+
+
+def plan_groups(
+    model: nn.Module, cfg: AdamWConfig, use_muon: bool, origin: dict[str, str] | None = None
+) -> list[dict]:
+    """The parameter groups for `model` under `cfg` (MuonAdamW's, see optim/optimizer.py), with
+    `origin`'s tags (a parameter it lacks: `default_origin`), in a stable order: the AdamW
+    groups, then the Muon groups, each by role and origin."""
     width_scale = math.sqrt(768 / model.cfg.d_model) if cfg.scale_lr_by_width else 1.0
+    fused = next(model.parameters()).device.type in ("cpu", "cuda")  # else foreach
     buckets: dict[tuple[str, str], list[nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            buckets.setdefault((model.role(name), model.origin[name]), []).append(p)
+            role = model.role(name)
+            tag = (origin or {}).get(name) or default_origin(role)
+            buckets.setdefault((role, tag), []).append(p)
     groups = []
-    for (role, origin), params in sorted(buckets.items(), key=lambda kv: _order(kv[0])):
-        muon = use_muon and role == "matrix"
+    for role, origin in sorted(buckets, key=lambda key: _order(key, use_muon)):
+        kind = "muon" if use_muon and role == "matrix" else "adamw"
         lr = role_lr(cfg, role) * cfg.lr_multipliers.get(origin, 1.0)
-        if not muon:
+        if kind == "adamw":
             lr *= width_scale
-        decay = cfg.weight_decay if role == "matrix" else 0.0
+            options = {"betas": cfg.betas, "eps": cfg.eps, "fused": fused}
+        else:
+            options = {"momentum": cfg.momentum, "nesterov": cfg.nesterov, "ns_steps": cfg.ns_steps}
         groups.append(
-            GroupSpec(f"{role}/{origin}", "muon" if muon else "adamw", lr, decay, tuple(params))
+            {
+                "params": buckets[role, origin],
+                "kind": kind,
+                "role": role,
+                "origin": origin,  # grow.lr_multipliers move each origin's lr (trainer._set_lr)
+                "name": f"{role}/{origin}",
+                "lr": lr,
+                "base_lr": lr,
+                "weight_decay": cfg.weight_decay if role == "matrix" else 0.0,
+                **options,
+            }
         )
     return groups
 
 
-def _order(key: tuple[str, str]) -> tuple[int, int]:
+def _order(key: tuple[str, str], use_muon: bool) -> tuple[bool, int, int]:
     roles = ("embedding", "value_embedding", "matrix", "scalar", "lm_head")
-    return roles.index(key[0]), ORIGINS.index(key[1])
-
-
-class HybridOptimizer:
-    """Several torch optimizers stepping together, seen as one.
-
-    `param_groups` lists every group of every inner optimizer; each carries `name` and
-    `base_lr` so that the trainer sets `lr = base_lr * schedule(step)` uniformly.
-    """
-
-    def __init__(self, optimizers: list[torch.optim.Optimizer], specs: list[GroupSpec] = ()):
-        self.optimizers = optimizers
-        self.specs = list(specs)
-
-    @property
-    def param_groups(self) -> list[dict]:
-        # read live: load_state_dict replaces the inner optimizers' group dicts
-        return [g for o in self.optimizers for g in o.param_groups]
-
-    def step(self) -> None:
-        for o in self.optimizers:
-            o.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for o in self.optimizers:
-            o.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict:
-        return {"optimizers": [o.state_dict() for o in self.optimizers]}
-
-    def load_state_dict(self, state: dict) -> None:
-        inner = state["optimizers"]
-        if len(inner) != len(self.optimizers):
-            raise ValueError(
-                f"optimizer state has {len(inner)} parts, this run has {len(self.optimizers)}"
-            )
-        for o, s in zip(self.optimizers, inner):
-            o.load_state_dict(s)
-
-    def muon_groups(self) -> Iterator[dict]:
-        for o in self.optimizers:
-            if isinstance(o, Muon):
-                yield from o.param_groups
+    return use_muon and key[0] == "matrix", roles.index(key[0]), ORIGINS.index(key[1])
 
 
 def build_optimizer(
-    model: nn.Module, cfg: AdamWConfig, stochastic_rounding: bool = False
-) -> HybridOptimizer:
-    """The optimizer for `model`; `stochastic_rounding` (from train.stochastic_rounding) makes
-    every parameter update round stochastically into bf16 parameters."""
-    use_muon = cfg.traits().kind == "muon"
-    specs = plan_groups(model, cfg, use_muon)
-    adam = [_group(s) for s in specs if s.optimizer == "adamw"]
-    muon = [_group(s) for s in specs if s.optimizer == "muon"]
+    model: nn.Module,
+    cfg: AdamWConfig,
+    stochastic_rounding: bool = False,
+    origin: dict[str, str] | None = None,
+) -> MuonAdamW:
+    """The optimizer for `model` with `origin`'s tags (see plan_groups); `stochastic_rounding`
+    (from train.stochastic_rounding) makes every parameter update round stochastically into
+    bf16 parameters."""
     device = next(model.parameters()).device
-    inner: list[torch.optim.Optimizer] = []
-    if adam:
-        inner.append(make_adamw(adam, cfg, device, stochastic_rounding))
-    if muon:
-        inner.append(
-            Muon(
-                muon,
-                momentum=cfg.momentum,
-                nesterov=cfg.nesterov,
-                ns_steps=cfg.ns_steps,
-                stochastic_rounding=stochastic_rounding,
-                ns_dtype=NS_DTYPES[auto_precision(cfg.ns_dtype, device.type)],
-            )
-        )
-    return HybridOptimizer(inner, specs)
-
-
-def make_adamw(
-    groups: list[dict], cfg: AdamWConfig, device: torch.device, stochastic_rounding: bool
-) -> torch.optim.Optimizer:
-    """torch's AdamW (fused: one pass per tensor), bitsandbytes' 8-bit AdamW, or the
-    stochastic-rounding AdamW for bf16 parameters."""
     if cfg.adamw_8bit:
-        if stochastic_rounding:
-            raise ConfigError(
-                [
-                    "optimizer.adamw_8bit and train.stochastic_rounding cannot be combined "
-                    "(bitsandbytes writes the parameters itself); turn one of them off"
-                ]
-            )
-        return _adamw_8bit(groups, cfg, device)
+        _check_8bit(device, stochastic_rounding)
+    return MuonAdamW(
+        plan_groups(model, cfg, cfg.traits().kind == "muon", origin),
+        stochastic_rounding=stochastic_rounding,
+        ns_dtype=NS_DTYPES[auto_precision(cfg.traits().ns_dtype, device.type)],
+        adamw_8bit=cfg.adamw_8bit,
+    )
+
+
+def _check_8bit(device: torch.device, stochastic_rounding: bool) -> None:
     if stochastic_rounding:
-        return StochasticAdamW(groups, betas=cfg.betas, eps=cfg.eps)
-    impl = {"fused": True} if device.type in ("cpu", "cuda") else {"foreach": True}
-    return torch.optim.AdamW(groups, betas=cfg.betas, eps=cfg.eps, **impl)
-
-
-def _adamw_8bit(groups: list[dict], cfg: AdamWConfig, device: torch.device):
+        raise ConfigError(
+            [
+                "optimizer.adamw_8bit and train.stochastic_rounding cannot be combined "
+                "(bitsandbytes writes the parameters itself); turn one of them off"
+            ]
+        )
     if device.type != "cuda":
         raise ConfigError(
             [
@@ -297,7 +247,7 @@ def _adamw_8bit(groups: list[dict], cfg: AdamWConfig, device: torch.device):
             ]
         )
     try:
-        import bitsandbytes as bnb
+        import bitsandbytes  # noqa: F401
     except ImportError:
         raise ConfigError(
             [
@@ -305,20 +255,11 @@ def _adamw_8bit(groups: list[dict], cfg: AdamWConfig, device: torch.device):
                 "(or set optimizer.adamw_8bit=false)"
             ]
         ) from None
-    return bnb.optim.AdamW8bit(groups, betas=cfg.betas, eps=cfg.eps)
 
 
-def _group(spec: GroupSpec) -> dict:
-    return {
-        "params": list(spec.params),
-        "lr": spec.lr,
-        "base_lr": spec.lr,
-        "weight_decay": spec.weight_decay,
-        "name": spec.name,
-        "origin": spec.origin,  # grow.lr_multipliers move each origin's lr (trainer._set_lr)
-    }
-
-
-def group_table(specs: list[GroupSpec]) -> list[tuple[str, int, int, str, float]]:
+def group_table(groups: list[dict]) -> list[tuple[str, int, int, str, float]]:
     """Rows (group, tensors, parameters, optimizer, lr) for the start-up table."""
-    return [(s.name, len(s.params), s.numel, s.optimizer, s.lr) for s in specs]
+    return [
+        (g["name"], len(g["params"]), sum(p.numel() for p in g["params"]), g["kind"], g["base_lr"])
+        for g in groups
+    ]

@@ -25,35 +25,17 @@ def stochastic_round_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     return dst.copy_(src)  # exact: the low 16 bits are zero
 
 
-class StochasticAdamW(torch.optim.Optimizer):
-    """AdamW for bf16 parameters: moments kept in bf16, the update computed in fp32 and
-    written back with stochastic rounding. Same hyperparameters and semantics as
-    torch.optim.AdamW (decoupled weight decay, bias correction)."""
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        assert closure is None, "StochasticAdamW does not take a closure"
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-
-    def _update(self, p: torch.Tensor, group: dict) -> None:
-        state = self.state[p]
-        if not state:
-            state["step"] = torch.zeros((), dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p)
-            state["exp_avg_sq"] = torch.zeros_like(p)
-        (b1, b2), lr = group["betas"], group["lr"]
-        state["step"] += 1
-        t = state["step"].item()
-        m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
-        m.lerp_(g, 1 - b1)
-        v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        denom = (v.float() / (1 - b2**t)).sqrt_().add_(group["eps"])
-        new = p.float().mul_(1 - lr * group["weight_decay"])
-        new.addcdiv_(m.float(), denom, value=-lr / (1 - b1**t))
-        stochastic_round_(p, new)
+def stochastic_adamw_(p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
+    """One AdamW step of bf16 `p` (torch.optim.AdamW's arithmetic: decoupled weight decay, bias
+    correction): moments kept in bf16, the update computed in fp32 and written back with
+    stochastic rounding. `state` holds step (a CPU fp32 scalar), exp_avg and exp_avg_sq."""
+    (b1, b2), lr = group["betas"], group["lr"]
+    state["step"] += 1
+    t = state["step"].item()
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    m.lerp_(grad, 1 - b1)
+    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    denom = (v.float() / (1 - b2**t)).sqrt_().add_(group["eps"])
+    new = p.float().mul_(1 - lr * group["weight_decay"])
+    new.addcdiv_(m.float(), denom, value=-lr / (1 - b1**t))
+    stochastic_round_(p, new)

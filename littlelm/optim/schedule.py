@@ -1,14 +1,17 @@
-"""Learning-rate schedules: pure functions (step, total_steps) -> multiplier of the base lr.
+"""Learning-rate schedules, in one form: a pure function (step, progress) -> multiplier of the
+base lr, where progress in [0, 1] is how far through the run the end of this step is (1: the
+last step).
+
+A run bounded by steps knows its progress exactly, (step + 1) / train.max_steps (`step_progress`,
+a fraction, so that a cooldown of a whole number of steps starts and ends on step boundaries); a
+run with a time or money budget gets it from measured speed (train/budget.py). Both call the same
+function, so a budget run follows the curve a step run of the same config does. The warmup counts
+steps (both kinds of run know them); the decay phase follows progress and reaches its final value
+exactly at progress 1, even inside the warmup.
 
 Registered by name; the config's schedule section picks one and sets its options:
 
     schedule: {name: trapezoidal, warmup_steps: 100, cooldown_frac: 0.4, floor: 0.0}
-
-A run with a time or money budget (train.budget) does not know its step count in advance, so each
-schedule also has a progress form, (step, progress) -> multiplier, where progress in [0, 1] is how
-far through the run the end of this step is and 1 means the last step (train/budget.py answers it
-from measured speed). Warmup still counts steps; the decay phase follows progress and reaches its
-final value exactly at progress 1.
 """
 
 from __future__ import annotations
@@ -16,14 +19,19 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from fractions import Fraction
 
 from pydantic import Field
 
 from littlelm.config import ComponentConfig
 from littlelm.registry import SCHEDULES
 
-Schedule = Callable[[int, int], float]
-ProgressSchedule = Callable[[int, float], float]  # (step, progress in [0, 1]) -> multiplier
+Schedule = Callable[[int, float], float]  # (step, progress in [0, 1]) -> multiplier
+
+
+def step_progress(step: int, max_steps: int) -> Fraction:
+    """The progress of step `step` (0-based) in a run of `max_steps` steps, exactly."""
+    return Fraction(step + 1, max_steps)
 
 
 def _warmup(step: int, warmup_steps: int) -> float:
@@ -31,64 +39,34 @@ def _warmup(step: int, warmup_steps: int) -> float:
 
 
 def trapezoidal(
-    step: int, total: int, warmup_steps: int = 0, cooldown_frac: float = 0.4, floor: float = 0.0
-) -> float:
-    """Linear warmup, hold at 1, then linear cooldown to `floor` over the last cooldown_frac."""
-    if step < warmup_steps:
-        return _warmup(step, warmup_steps)
-    cooldown = max(1, round(cooldown_frac * total)) if cooldown_frac > 0 else 0
-    start = total - cooldown
-    if step < start or cooldown == 0:
-        return 1.0
-    progress = min(1.0, (step - start + 1) / cooldown)
-    return 1.0 + (floor - 1.0) * progress
-
-
-def cosine(step: int, total: int, warmup_steps: int = 0, floor: float = 0.0) -> float:
-    """Linear warmup, then half a cosine from 1 down to `floor` at the last step."""
-    if step < warmup_steps:
-        return _warmup(step, warmup_steps)
-    span = max(1, total - warmup_steps)
-    progress = min(1.0, (step - warmup_steps + 1) / span)
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def constant(step: int, total: int, warmup_steps: int = 0) -> float:
-    """Linear warmup, then 1."""
-    return _warmup(step, warmup_steps)
-
-
-def trapezoidal_at(
     step: int,
     progress: float,
     warmup_steps: int = 0,
     cooldown_frac: float = 0.4,
     floor: float = 0.0,
 ) -> float:
-    """trapezoidal driven by progress: the cooldown starts when the run is 1 - cooldown_frac of
-    the way through and reaches `floor` at progress 1 (the last step, even inside the warmup)."""
-    if progress >= 1.0:
-        return floor if cooldown_frac > 0 else 1.0
-    if step < warmup_steps:
+    """Linear warmup, hold at 1, then a linear cooldown to `floor` over the last cooldown_frac of
+    the run (from progress 1 - cooldown_frac to 1)."""
+    if step < warmup_steps and progress < 1:
         return _warmup(step, warmup_steps)
-    start = 1.0 - cooldown_frac
-    if cooldown_frac == 0 or progress < start:
+    frac = Fraction(repr(cooldown_frac))  # the decimal it names (0.4 = 2/5): 64 of 160 steps
+    if frac == 0 or progress <= 1 - frac:
         return 1.0
-    return 1.0 + (floor - 1.0) * (progress - start) / cooldown_frac
+    done = min(1.0, float((progress - (1 - frac)) / frac))  # share of the cooldown behind us
+    return 1.0 + (floor - 1.0) * done
 
 
-def cosine_at(step: int, progress: float, warmup_steps: int = 0, floor: float = 0.0) -> float:
-    """cosine driven by progress: half a cosine from 1 at progress 0 to `floor` at progress 1
-    (the warmup's steps are inside that span, so the curve goes on where the warmup ends)."""
-    if progress >= 1.0:
-        return floor
-    if step < warmup_steps:
+def cosine(step: int, progress: float, warmup_steps: int = 0, floor: float = 0.0) -> float:
+    """Linear warmup, and half a cosine from 1 at progress 0 to `floor` at progress 1 (the
+    warmup's steps are inside that span: the curve goes on where the warmup ends)."""
+    if step < warmup_steps and progress < 1:
         return _warmup(step, warmup_steps)
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * max(0.0, progress)))
+    p = min(1.0, float(progress))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p))
 
 
-def constant_at(step: int, progress: float, warmup_steps: int = 0) -> float:
-    """constant driven by progress (no decay phase: the last step keeps the full lr)."""
+def constant(step: int, progress: float, warmup_steps: int = 0) -> float:
+    """Linear warmup, then 1 (no decay phase: the last step keeps the full lr)."""
     return _warmup(step, warmup_steps)
 
 
@@ -118,22 +96,7 @@ class ConstantConfig(ComponentConfig):
     warmup_steps: int = Field(0, description="Steps of linear warmup from 0.", ge=0)
 
 
-# The progress form of each registered schedule (a schedule without one cannot follow a budget).
-PROGRESS_FORMS: dict[str, ProgressSchedule] = {
-    "trapezoidal": trapezoidal_at,
-    "cosine": cosine_at,
-    "constant": constant_at,
-}
-
-
 def build_schedule(cfg: ComponentConfig) -> Schedule:
+    """The schedule `cfg` names, with its options: (step, progress) -> multiplier."""
     fn = SCHEDULES.get(cfg.name)
-    options = cfg.model_dump(exclude={"name"})
-    return functools.partial(fn, **options)
-
-
-def build_progress_schedule(cfg: ComponentConfig) -> ProgressSchedule:
-    """The schedule `cfg` names, driven by progress through the run (see the module doc)."""
-    fn = PROGRESS_FORMS.get(cfg.name)
-    assert fn is not None, f"schedule {cfg.name!r} has no progress form (checked in resolve)"
     return functools.partial(fn, **cfg.model_dump(exclude={"name"}))

@@ -7,8 +7,11 @@ the setting that fixes it, for the trainer to print before the first step.
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 from littlelm.config import ComponentConfig
-from littlelm.optim.schedule import build_schedule
+from littlelm.optim.schedule import build_schedule, step_progress
 
 
 def schedule_warnings(cfg: ComponentConfig, max_steps: int) -> list[str]:
@@ -25,11 +28,11 @@ def schedule_warnings(cfg: ComponentConfig, max_steps: int) -> list[str]:
     frac = getattr(cfg, "cooldown_frac", 0.0)
     if cfg.name != "trapezoidal" or frac <= 0:
         return []
-    cooldown = max(1, round(frac * max_steps))  # as optim.schedule.trapezoidal counts it
-    start = max_steps - cooldown
+    # the first step whose progress passes 1 - cooldown_frac, as optim.schedule.trapezoidal reads it
+    start = math.floor(max_steps * (1 - Fraction(repr(frac))))
     if warmup <= start:
         return []
-    drop = build_schedule(cfg)(warmup, max_steps)
+    drop = build_schedule(cfg)(warmup, step_progress(warmup, max_steps))
     fit = (max_steps - warmup) / max_steps
     return [
         f"the cooldown (schedule.cooldown_frac={frac}: steps {start}-{max_steps}) starts inside "

@@ -94,11 +94,25 @@ class Plan:
 
 MAX_LAYERS = 1024  # far past littlelm's range (GPT-3 175B has 96); per-layer work grows with it
 TRACE_MAX_LAYERS = 128  # the trace runs each layer on fake tensors: about 0.1 s a layer
+# the trace runs the chunked loss's chunks one by one, a few ms each: 1,024 per micro-batch is
+# 256k tokens at the default loss_chunk (the 3B plan has 64)
+TRACE_MAX_CHUNKS = 1024
 
 
 def check_plannable(cfg, trace: bool) -> bool:
-    """Refuse a model too deep to plan in seconds; returns whether to trace it."""
+    """Refuse a model too deep to plan in seconds; returns whether to trace it (not a model too
+    deep or a micro-batch too long to trace in seconds: the analytic model answers those)."""
     n = cfg.model.n_layer
+    chunks = cfg.train.micro_batch_size * cfg.train.seq_len / getattr(cfg.model, "loss_chunk", 1)
+    if trace and chunks > TRACE_MAX_CHUNKS and getattr(cfg.model, "loss", "") != "plain":
+        warnings.warn(
+            f"train.micro_batch_size x train.seq_len = {chunks * cfg.model.loss_chunk:,.0f} "
+            f"tokens per micro-batch, {chunks:,.0f} loss chunks (more than {TRACE_MAX_CHUNKS:,}): "
+            "the trace would take minutes, so this plan uses the analytic estimate only (as "
+            "with --no-trace)",
+            stacklevel=2,
+        )
+        trace = False
     if n > MAX_LAYERS:
         raise ConfigError(
             [

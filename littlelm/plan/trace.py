@@ -137,14 +137,7 @@ def populate_state(model: torch.nn.Module, optimizer) -> None:
 
 
 def optimizer_tensors(optimizer) -> list[torch.Tensor]:
-    inner = getattr(optimizer, "optimizers", [optimizer])
-    return [
-        v
-        for o in inner
-        for state in o.state.values()
-        for v in state.values()
-        if isinstance(v, torch.Tensor)
-    ]
+    return [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
 
 def traced_dims(d: Dims) -> Dims:

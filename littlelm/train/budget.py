@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from littlelm.errors import ConfigError
-from littlelm.optim.schedule import build_progress_schedule, build_schedule
+from littlelm.optim.schedule import build_schedule, step_progress
 from littlelm.progress import duration
 from littlelm.sections import BudgetConfig
 
@@ -337,8 +337,9 @@ class Steps:
         self.max_steps = max_steps
 
     def progress(self, step: int) -> float:
-        """How far through the run the end of step `step` + 1 is (1 at the last step)."""
-        return min(1.0, (step + 1) / self.max_steps)
+        """How far through the run the end of step `step` + 1 is (1 at the last step; an exact
+        fraction, optim/schedule.py's step_progress)."""
+        return step_progress(step, self.max_steps)
 
     def done(self, step: int) -> bool:
         return step >= self.max_steps
@@ -489,18 +490,9 @@ def build_budget(
         agree=agree,
     )
     log = Ledger(ledger)
-    for note in restore(budget, saved, log.read(), build_progress_schedule(cfg.schedule)):
+    for note in restore(budget, saved, log.read(), build_schedule(cfg.schedule)):
         say(note)
     run = TimeBudget(budget, log, b, cfg.distributed.world_size or 1)
     if budget.finished and saved is not None:
         run.max_steps = saved["step"]
     return run
-
-
-def lr_schedule(cfg, budget: Steps) -> Callable[[int, float], float]:
-    """(step, progress) -> lr multiplier of the schedule section `cfg` for `budget`. A step run
-    follows the schedule's step form over max_steps, a time budget its progress form."""
-    if isinstance(budget, TimeBudget):
-        return build_progress_schedule(cfg)
-    step_form, total = build_schedule(cfg), budget.max_steps
-    return lambda step, progress: step_form(step, total)

@@ -46,13 +46,16 @@ def build_model(cfg: RunConfig, device: torch.device, traced: bool = False) -> L
     return model
 
 
-def build_optimizer(cfg: RunConfig, model: LanguageModel, traced: bool = False):
+def build_optimizer(
+    cfg: RunConfig, model: LanguageModel, traced: bool = False, origin: dict | None = None
+):
     """The registered optimizer of `cfg.optimizer` over `model`'s parameters (its groups and
-    lrs: optim/groups.py), rounding stochastically when train.stochastic_rounding is on."""
+    lrs: optim/groups.py) with growth's `origin` tags (None: a run never grown), rounding
+    stochastically when train.stochastic_rounding is on."""
     oc, rounding = cfg.optimizer, cfg.train.stochastic_rounding
     if traced:
         oc, rounding = oc.traceable(rounding)
-    return OPTIMIZERS.get(oc.name)(model, oc, rounding)
+    return OPTIMIZERS.get(oc.name)(model, oc, rounding, origin)
 
 
 def build_data(cfg: RunConfig, log, progress=None):
@@ -71,6 +74,9 @@ def build_data(cfg: RunConfig, log, progress=None):
     warning = data.val_warning(cfg.train.seq_len) if evaluates else None
     if warning:
         log(f"warning: {warning}")
+    cropped = data.crop_warning(cfg.train.seq_len)
+    if cropped:  # said at start, not only as the crop rate at the end
+        log(f"warning: {cropped}")
     for note in data.chat_notes(cfg.train.seq_len):  # conversations too long for a row
         log(f"warning: {note}")
     return data

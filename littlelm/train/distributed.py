@@ -8,7 +8,7 @@ torchrun starts one process per device and sets RANK, WORLD_SIZE, LOCAL_RANK, LO
 MASTER_ADDR and MASTER_PORT; `detect_env` reads them and refuses a partial or inconsistent set.
 `session` joins the process group (NCCL on GPUs, gloo on CPUs) and leaves it at the end. The
 `Parallel` it yields is everything the trainer needs: which rank it is, the device, DDP or FSDP2
-wrapping (model_parallel.py), sharded optimizers (optim/sharded.py), and a few collectives. A
+wrapping (model_parallel.py), the optimizer's sharding (optim/optimizer.py), and a few collectives. A
 single process gets the same object with every operation a no-op. See docs/distributed.md.
 """
 
@@ -370,7 +370,7 @@ class Parallel:
         return result
 
     # ------------------------------------------------------------------------------------------
-    # Model and optimizer (see model_parallel.py and optim/sharded.py)
+    # Model and optimizer (see model_parallel.py and optim/optimizer.py)
 
     def shard_model(self, model: torch.nn.Module, precision: str) -> None:
         """FSDP2: split the model's parameters across ranks, in place. Nothing for ddp."""
@@ -396,13 +396,11 @@ class Parallel:
         return contextlib.nullcontext()
 
     def shard_optimizer(self, optimizer):
-        """Replace the inner optimizers by their sharded versions (optim/sharded.py)."""
+        """The optimizer stepping and checkpointing across the ranks (optim/optimizer.py)."""
         if self.world == 1:
             return optimizer
-        from littlelm.optim.sharded import shard_hybrid
-
         c = self.cfg
-        return shard_hybrid(optimizer, c.strategy == "fsdp", c.shard_muon, c.shard_adamw)
+        return optimizer.shard(c.strategy == "fsdp", c.shard_muon, c.shard_adamw)
 
     def load_model_state(
         self, model: torch.nn.Module, tensors: dict[str, torch.Tensor], source: Path

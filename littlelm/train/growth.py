@@ -126,6 +126,7 @@ class GrownFrom:
     layers: list[int | None]
     loader_state: dict | None  # the parent's data position, when continue_data
     gap: float | None  # max |Δlogit| on the probe, None when not checked
+    origin: dict[str, str]  # parameter name -> origin tag (old, new, embedding): lrs per tag
 
     def summary(self) -> str:
         p = self.parent
@@ -167,14 +168,15 @@ def grow_from_parent(
     problems = check_growable(parent, model.cfg, layers)
     if problems:
         raise ConfigError(problems)
-    grow_into(model, loaded.model, parent, layers, g.widened)
+    origin = grow_into(model, loaded.model, parent, layers, g.widened)
     gap = _verify(model, parent, loaded.model, path, g.verify_tokens) if g.verify_tokens else None
     loader = None
     if g.continue_data and run_tree is not None:
         _check_same_data(loaded.state.get("config", {}), run_tree, path)
         loader = loaded.state.get("loader")
     state = loaded.state
-    return GrownFrom(path, state["step"], state.get("tokens", 0), parent, layers, loader, gap)
+    steps, tokens = state["step"], state.get("tokens", 0)
+    return GrownFrom(path, steps, tokens, parent, layers, loader, gap, origin)
 
 
 def _verify(model: GPT, parent_cfg: GPTConfig, tensors: dict, path: Path, n_tokens: int) -> float:
@@ -228,7 +230,8 @@ def preview_growth(cfg: Any) -> list[str]:
     torch.manual_seed(cfg.run.seed)
     model = GPT(cfg.model)
     grown = grow_from_parent(model, cfg.grow, None, None)
-    groups = OPTIMIZERS.get(cfg.optimizer.name)(model, cfg.optimizer).specs
+    groups = OPTIMIZERS.get(cfg.optimizer.name)(model, cfg.optimizer, origin=grown.origin)
+    groups = groups.param_groups
     m = model.cfg
     where = " ".join("new" if p is None else str(p) for p in grown.layers)
     lines = [
@@ -245,20 +248,21 @@ def preview_growth(cfg: Any) -> list[str]:
     ]
     if not cfg.grow.lr_multipliers and not cfg.optimizer.origin_multipliers():
         lines.append(
-            "one lr for old and new weights: the loss jumps after growth before it improves; "
-            "grow.lr_multipliers trade that jump against the final loss, e.g. {old: 0.033, "
-            "embedding: 0.17} (no jump, a worse end) or a ramp (docs/growth.md)"
+            "one lr for old and new weights: on the parent's own data the loss jumps after "
+            "growth, then ends lowest; on new data it forgets the most of the old. To learn new "
+            "data and keep the old, set grow.lr_multipliers: {old: 0.2, embedding: 0.5} "
+            "(docs/growth.md, what to choose)"
         )
     return lines
 
 
-def group_rows(specs: list, grow: GrowConfig | None) -> list[tuple[str, int, int, str, str]]:
+def group_rows(groups: list[dict], grow: GrowConfig | None) -> list[tuple[str, int, int, str, str]]:
     """The start-up table's rows (group, tensors, parameters, optimizer, lr): the lr as a
     number, or how it moves in a grown run whose grow.lr_multipliers ramp that group's origin."""
     ramps = grow.lr_multipliers if grow is not None else None
     rows = []
-    for spec, (name, n, numel, opt, lr) in zip(specs, group_table(specs)):
-        rows.append((name, n, numel, opt, lr_text(lr, (ramps or {}).get(spec.origin))))
+    for group, (name, n, numel, opt, lr) in zip(groups, group_table(groups)):
+        rows.append((name, n, numel, opt, lr_text(lr, (ramps or {}).get(group["origin"]))))
     return rows
 
 

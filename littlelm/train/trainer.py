@@ -34,10 +34,11 @@ from littlelm.config import flatten, to_tree
 from littlelm.data.loader import Batch, DataExhausted, Prefetcher
 from littlelm.errors import CheckpointError, TrainingError
 from littlelm.model.grow_lr import origin_multipliers
+from littlelm.optim.schedule import build_schedule
 from littlelm.progress import Progress
 from littlelm.schema import RunConfig
 from littlelm.train import device as dev
-from littlelm.train.budget import Steps, build_budget, lr_schedule
+from littlelm.train.budget import Steps, build_budget
 from littlelm.train.build import build_data, build_model, build_optimizer
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback, complete_end_record
 from littlelm.train.checkpoint.rundir import check_run_dir
@@ -101,18 +102,19 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg, self.parallel, self.data.tokenizer, self.run_dir)
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
         self.model = build_model(cfg, self.device)
-        # 5. load: a resumed run's weights go in whole, before sharding splits the tensors, and
-        #    its parameters' origin tags before the optimizer's groups are made from them
+        # 5. load: a resumed run's weights go in whole, before sharding splits the tensors
         resumed = self.checkpointer.load(resume, self.model)
-        # 6. grow: a fresh grown run copies its parent's weights and tags, for the same reasons
+        # 6. grow: a fresh grown run copies its parent's weights (same reason) and tags origins
         grown = grow_at_start(self.model, cfg, resumed and resumed.loaded.state["step"], self.data)
         if grown is not None:
             self.log(grown.summary())
         # 7. shard: FSDP replaces the parameters by DTensors, which the optimizer must hold
         self.parallel.shard_model(self.model, cfg.train.precision)
-        # 8. optimizer: parameter groups from the sharded parameters and their origin tags
-        #    (the schedule sets their learning rates at each step)
-        self.optimizer = self.parallel.shard_optimizer(build_optimizer(cfg, self.model))
+        # 8. optimizer: parameter groups from the sharded parameters and their origin tags, a
+        #    grown run's from 6, a resumed one's from its checkpoint
+        origin = grown.origin if grown is not None else resumed and resumed.loaded.origin
+        optimizer = build_optimizer(cfg, self.model, origin=origin)
+        self.optimizer = self.parallel.shard_optimizer(optimizer)
         # 9. loader and state: this rank's slice of the data, and the run at step 0
         self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
         self.state = TrainState(self.loader.snapshot(), LossGuard(cfg.guard))
@@ -132,7 +134,7 @@ class Trainer:
         #     money budget checks it holds one step at the peak of 10 and takes the time already
         #     spent from the checkpoint of 11 (or the run's ledger); the schedule reads it
         self.state.budget = self._build_budget(resumed)
-        self.schedule = lr_schedule(cfg.schedule, self.state.budget)
+        self.schedule = build_schedule(cfg.schedule)  # (step, progress) -> lr multiplier
         # 13. wrap: DDP and torch.compile around the finished model; checkpoints, evaluation
         #     and sampling use the bare `self.model`
         forward = self.parallel.wrap(self.model)
@@ -316,11 +318,10 @@ class Trainer:
         mult = self.schedule(s.step, s.budget.progress(s.step))
         # a grown run's multiplier per origin tag at this step (grow.lr_multipliers; else 1)
         by_origin = origin_multipliers(self.cfg.grow and self.cfg.grow.lr_multipliers, s.step)
+        m = self.cfg.optimizer.momentum_at(s.step)  # None: the Muon momentum is not scheduled
         for g in self.optimizer.param_groups:
-            g["lr"] = g["base_lr"] * mult * by_origin.get(g.get("origin"), 1.0)
-        m = self.cfg.optimizer.momentum_at(s.step)
-        if m is not None:  # the optimizer schedules its Muon groups' momentum
-            for g in self.optimizer.muon_groups():
+            g["lr"] = g["base_lr"] * mult * by_origin.get(g["origin"], 1.0)
+            if m is not None and g["kind"] == "muon":
                 g["momentum"] = m
         return mult
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from littlelm.config import dump_yaml, to_tree
 from littlelm.data.reshard import MakeLoader, loader_state_for
 from littlelm.errors import RunDirError, TrainingError
+from littlelm.optim.groups import origin_tags
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.checkpoint import resume as resuming
 from littlelm.train.checkpoint.rundir import RunLock
@@ -110,9 +111,10 @@ class Checkpointer:
         # every rank takes part in gathering the whole state; rank 0 writes it
         weights = Frozen(self.parallel.model_state_dict(model))
         moments = Frozen(optimizer.state_dict())
+        origin = origin_tags(model, optimizer)  # kept by the groups (optim/groups.py)
         path = self.parallel.on_main(
             lambda: ckpt.save_checkpoint(
-                self.dir, state.step, weights, moments, saved, model.origin, self.tokenizer
+                self.dir, state.step, weights, moments, saved, origin, self.tokenizer
             )
         )
         state.last_checkpoint, state.saved_step = path, state.step
@@ -148,8 +150,8 @@ class Checkpointer:
 
     def load(self, resume: str, model) -> Resumed | None:
         """Read the checkpoint to resume from (None: start fresh), check this run may continue
-        it, and load its weights and origin tags into `model`: before the model is sharded
-        (whole tensors) and before the optimizer's groups are made from the tags."""
+        it, and load its weights into `model`: before the model is sharded (whole tensors). Its
+        origin tags (`loaded.origin`) are for the optimizer's groups."""
         loaded = resuming.load_first(resuming.choose(self.dir, resume))
         self.parallel.agree(
             None if loaded is None else loaded.path.name,
@@ -162,8 +164,6 @@ class Checkpointer:
         )
         ckpt.load_model_tensors(model, loaded.model, loaded.path)
         loaded.model.release()  # the weights are in the model: unmap their file now
-        if loaded.origin:
-            model.origin.update(loaded.origin)
         return Resumed(loaded, changes)
 
     def resume(self, state: TrainState, resumed, grown, optimizer, loader, make_loader) -> None:

@@ -1,0 +1,641 @@
+"""Token files written by other tools, trained on as they are: the `tokens` source.
+
+    data:
+      tokenizer: {name: tiktoken, encoding: gpt2}     # the tokenizer that made the files
+      sources:
+        fineweb: {name: tokens, format: nanogpt, path: fineweb10B/, weight: 0.8}
+        owt:     {name: tokens, format: array, path: owt/train.bin, dtype: uint16}
+        pile:    {name: tokens, format: megatron, path: pile/pile_text_document}
+        math:    {name: tokens, format: parquet, path: math/, column: input_ids}
+
+    nanogpt   llm.c / modded-nanogpt `.bin`: a header of 256 little-endian int32 (magic
+              20240520, version 1 = uint16 tokens or 2 = uint32, token count), then the tokens
+    array     a headerless `.bin` of `dtype` tokens, or a 1-D `.npy` of uint16 / uint32
+    megatron  Megatron-LM / NeMo indexed dataset, PREFIX.bin (the tokens) + PREFIX.idx: magic
+              b"MMIDIDX\\0\\0", u64 version 1, u8 dtype code (8 uint16, 4 int32), u64 sequence
+              count S, u64 document count D; then S int32 sequence lengths, S int64 byte
+              pointers into .bin, D int64 document indices (the first sequence of each document,
+              the last entry = S)
+    parquet   a column of token-id lists, one document a row (what `datasets` map(tokenize)
+              writes); copied once, a row group at a time, into the cache as a flat token file
+
+Documents. In nanogpt and array files the `separator` (default: the tokenizer's BOS, which for
+tiktoken gpt2 is <|endoftext|>, 50256) starts each document and becomes its BOS; tokens before
+a file's first separator are a document too, and a separator with nothing after it is dropped.
+In megatron and parquet files each indexed document (row) is one, with BOS put before it unless
+its first token is BOS already. So every document reaches the packer as BOS + its tokens, like
+littlelm's own shards: an index entry (start, end) covers tokens[start:end] of the file, and
+the packer writes BOS over tokens[start] (the separator, the last token of the document before,
+or, at the start of the file, start = -1 and nothing).
+
+Each file's index (document starts and ends, the token range) is built by one pass over the file
+and cached under CACHE/token-index, keyed by the file's path, size and mtime and the options
+that change it: a second open reads only the index. The tokens stay in the file, memory-mapped.
+Validation: the files of `val_path` whole or, without it, the documents that start in the last
+`data.val_fraction` of each file's tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import Field
+
+from littlelm.data.sources import Source, SourceConfig, find_files
+from littlelm.errors import DataError
+
+NANOGPT_MAGIC, NANOGPT_HEADER = 20240520, 256 * 4
+NANOGPT_DTYPES = {1: np.uint16, 2: np.uint32}
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_DTYPES = {8: np.uint16, 4: np.int32}  # Megatron's DType codes that hold token ids
+PATTERNS = {  # what a directory is searched for, per format
+    "nanogpt": ("*.bin",),
+    "array": ("*.bin", "*.npy"),
+    "megatron": ("*.idx",),
+    "parquet": ("*.parquet",),
+}
+TOKEN_FILES = ("*.bin", "*.npy", "*.idx", "*.parquet")  # any of these: a mixed directory
+CHUNK = 1 << 24  # tokens scanned at a time when indexing
+INDEX_VERSION = 1
+
+
+class TokensConfig(SourceConfig):
+    """Token files written by another tool (nanoGPT / llm.c, plain arrays, Megatron, parquet)."""
+
+    format: Literal["nanogpt", "array", "megatron", "parquet"] = Field(
+        ...,
+        description="nanogpt (llm.c .bin with its 256-int32 header), array (headerless .bin or "
+        ".npy), megatron (PREFIX.bin + PREFIX.idx) or parquet (a column of token-id lists).",
+    )
+    path: str | list[str] = Field(
+        ...,
+        description="A file, a directory (searched for the format's files), a glob, or a list; "
+        "megatron: a PREFIX, its .idx or .bin, or a directory of them.",
+    )
+    dtype: Literal["uint16", "uint32"] | None = Field(
+        None,
+        description="Token type of a headerless array .bin (required there; others have it in "
+        "their header).",
+    )
+    separator: Annotated[int, Field(ge=0)] | Literal["none"] | None = Field(
+        None,
+        description="nanogpt / array: the token id that starts (or ends) each document; null = "
+        "the tokenizer's BOS (tiktoken gpt2: <|endoftext|>, 50256); none = each file is one "
+        "document.",
+    )
+    column: str = Field("input_ids", description="parquet: the column of token-id lists.")
+    val_path: str | list[str] | None = Field(
+        None,
+        description="Validation files (same format), used whole; null = hold out the last "
+        "data.val_fraction of each file's tokens (whole documents).",
+    )
+
+
+# -- one file: reading its header, indexing it once --------------------------------------------
+
+
+@dataclass
+class Layout:
+    """Where a file's tokens are: `offset` bytes in, `count` tokens of `dtype`."""
+
+    offset: int
+    count: int
+    dtype: type
+
+
+def _size(path: Path) -> int:
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}") from None
+    if size == 0:
+        raise DataError(f"{path} is empty (0 bytes); remove it, or write its tokens again")
+    return size
+
+
+def _read(path: Path, n: int, offset: int = 0) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(n)
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}") from None
+
+
+def nanogpt_layout(path: Path) -> Layout:
+    size = _size(path)
+    if size < NANOGPT_HEADER:
+        raise DataError(
+            f"{path} is truncated: {size} bytes, less than the 1024-byte header of an llm.c / "
+            "nanoGPT .bin; write it again (for a headerless token array use format: array)"
+        )
+    magic, version, count = np.frombuffer(_read(path, 12), "<i4")
+    if magic != NANOGPT_MAGIC:
+        raise DataError(
+            f"{path}: wrong magic {int(magic)}, not an llm.c / nanoGPT .bin (magic "
+            f"{NANOGPT_MAGIC}); for a headerless token array use format: array with its dtype"
+        )
+    if int(version) not in NANOGPT_DTYPES:
+        raise DataError(
+            f"{path}: llm.c .bin version {int(version)} is not known (1 = uint16, 2 = uint32)"
+        )
+    dtype = NANOGPT_DTYPES[int(version)]
+    want = NANOGPT_HEADER + int(count) * np.dtype(dtype).itemsize
+    if size != want:
+        raise DataError(
+            f"{path} is truncated or damaged: {size:,} bytes, its header promises {int(count):,} "
+            f"tokens ({want:,} bytes); write it again"
+        )
+    return Layout(NANOGPT_HEADER, int(count), dtype)
+
+
+def array_layout(path: Path, dtype: str | None) -> Layout:
+    size = _size(path)
+    if path.suffix == ".npy":
+        try:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, _, dt = read(f)
+                offset = f.tell()
+        except (ValueError, OSError) as e:
+            raise DataError(f"{path} is not a readable .npy file ({e}); write it again") from None
+        if len(shape) != 1 or dt.newbyteorder("<") not in (np.dtype("<u2"), np.dtype("<u4")):
+            raise DataError(
+                f"{path}: a .npy of shape {shape} and dtype {dt}; token arrays must be 1-D "
+                "uint16 or uint32"
+            )
+        if dt.byteorder == ">":
+            raise DataError(f"{path}: big-endian {dt}; save it little-endian")
+        want = offset + shape[0] * dt.itemsize
+        if size != want:
+            raise DataError(
+                f"{path} is truncated or damaged: {size:,} bytes, its header promises "
+                f"{shape[0]:,} tokens ({want:,} bytes); write it again"
+            )
+        return Layout(offset, shape[0], dt.type)
+    if dtype is None:
+        raise DataError(
+            f"{path}: a headerless token array needs its dtype; set dtype: uint16 or uint32 on "
+            "the source (or use format: nanogpt if it has llm.c's header)"
+        )
+    item = np.dtype(dtype).itemsize
+    if size % item:
+        raise DataError(
+            f"{path}: {size:,} bytes is not a whole number of {dtype} tokens ({item} bytes "
+            "each): truncated, or another dtype; fix dtype or write the file again"
+        )
+    return Layout(0, size // item, np.dtype(dtype).type)
+
+
+def megatron_files(path: Path) -> tuple[Path, Path]:
+    stem = path.with_suffix("") if path.suffix in (".idx", ".bin") else path
+    idx, bin_ = stem.with_name(stem.name + ".idx"), stem.with_name(stem.name + ".bin")
+    for p in (idx, bin_):
+        if not p.is_file():
+            raise DataError(
+                f"{p} is missing: a Megatron indexed dataset is PREFIX.bin with PREFIX.idx"
+            )
+    return idx, bin_
+
+
+def megatron_index(idx: Path, bin_: Path) -> tuple[Layout, np.ndarray, np.ndarray]:
+    """The .bin's layout and each document's [start, end) in tokens, from the .idx."""
+    size = _size(idx)
+    head = _read(idx, 34)
+    if len(head) < 34 or head[:9] != MEGATRON_MAGIC:
+        raise DataError(
+            f"{idx}: wrong magic, not a Megatron index (it starts with {MEGATRON_MAGIC!r}); "
+            "write it again with Megatron's preprocess_data.py"
+        )
+    version, code, n_seq, n_doc = struct.unpack("<QBQQ", head[9:34])
+    if version != 1:
+        raise DataError(f"{idx}: Megatron index version {version} is not known (1)")
+    if code not in MEGATRON_DTYPES:
+        raise DataError(f"{idx}: token dtype code {code} is not uint16 (8) or int32 (4)")
+    need = 34 + 4 * n_seq + 8 * n_seq + 8 * n_doc
+    if size < need:
+        raise DataError(
+            f"{idx} is truncated: {size:,} bytes, its header promises {n_seq:,} sequences and "
+            f"{n_doc:,} document indices ({need:,} bytes); write it again"
+        )
+    raw = np.memmap(idx, np.uint8, "r", 34, need - 34)
+    lengths = raw[: 4 * n_seq].view("<i4").astype(np.int64)
+    pointers = raw[4 * n_seq : 12 * n_seq].view("<i8")
+    doc_idx = raw[12 * n_seq : need - 34].view("<i8").astype(np.int64)
+    dtype = MEGATRON_DTYPES[code]
+    item = np.dtype(dtype).itemsize
+    tok_off = np.concatenate([[0], np.cumsum(lengths)])
+    if n_seq and not np.array_equal(pointers, tok_off[:-1] * item):
+        raise DataError(f"{idx}: sequences are not stored back to back in {bin_}; not supported")
+    if n_doc < 1 or doc_idx[0] != 0 or doc_idx[-1] != n_seq or np.any(np.diff(doc_idx) < 0):
+        raise DataError(f"{idx}: its document indices are inconsistent; write it again")
+    bin_size = _size(bin_)
+    if bin_size != int(tok_off[-1]) * item:
+        raise DataError(
+            f"{bin_} is truncated or damaged: {bin_size:,} bytes, its index {idx.name} promises "
+            f"{int(tok_off[-1]):,} tokens ({int(tok_off[-1]) * item:,} bytes); write it again"
+        )
+    return Layout(0, int(tok_off[-1]), dtype), tok_off[doc_idx[:-1]], tok_off[doc_idx[1:]]
+
+
+def map_tokens(path: Path, layout: Layout) -> np.ndarray:
+    """The file's tokens as an array over a read-only memory map (nothing is read yet)."""
+    if layout.count == 0:
+        return np.zeros(0, layout.dtype)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(mapped, layout.dtype, layout.count, layout.offset)
+
+
+def separator_index(tokens: np.ndarray, sep: int | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """(starts, ends, separators found): a document starts at each separator, and at -1 (a BOS
+    before the file) when the file does not begin with one; a lone separator is dropped."""
+    found = [np.zeros(0, np.int64)]
+    if sep is not None:
+        for a in range(0, len(tokens), CHUNK):
+            found.append(np.flatnonzero(tokens[a : a + CHUNK] == sep).astype(np.int64) + a)
+    seps = np.concatenate(found)
+    starts = seps if len(seps) and seps[0] == 0 else np.concatenate([[-1], seps])
+    ends = np.concatenate([starts[1:], [len(tokens)]])
+    keep = ends - starts > 1  # BOS and at least one token
+    return starts[keep], ends[keep], len(seps)
+
+
+def token_range(tokens: np.ndarray) -> tuple[int, int]:
+    lo, hi = None, None
+    for a in range(0, len(tokens), CHUNK):
+        part = tokens[a : a + CHUNK]
+        lo = int(part.min()) if lo is None else min(lo, int(part.min()))
+        hi = int(part.max()) if hi is None else max(hi, int(part.max()))
+    return (lo or 0, hi or 0) if lo is not None else (0, -1)
+
+
+def first_at_least(tokens: np.ndarray, limit: int) -> int:
+    """Offset of the first token >= limit (or < 0, for signed dtypes)."""
+    for a in range(0, len(tokens), CHUNK):
+        part = tokens[a : a + CHUNK]
+        bad = np.flatnonzero((part >= limit) | (part < 0))
+        if len(bad):
+            return a + int(bad[0])
+    return -1
+
+
+class TokenFile:
+    """One token file, memory-mapped, with its document index (cached)."""
+
+    def __init__(self, path: Path, cfg: TokensConfig, sep: int | None, bos: int, cache: Path):
+        self.path, self.fmt, self.sep, self.bos = path, cfg.format, sep, bos
+        self.data_path = path  # the file the tokens are in
+        if cfg.format == "nanogpt":
+            layout = nanogpt_layout(path)
+        elif cfg.format == "array":
+            layout = array_layout(path, cfg.dtype)
+        elif cfg.format == "megatron":
+            idx, self.data_path = megatron_files(path)
+            layout = None  # from the index, below
+        else:
+            layout = None
+        key = self._key(cfg, cache)
+        meta_file = cache / f"{key}.json"
+        if meta_file.is_file():
+            meta = json.loads(meta_file.read_text())
+            if cfg.format == "parquet":
+                self.data_path = Path(meta["data"])
+            index = np.load(cache / f"{key}.npy")  # in memory: a mapping holds a descriptor
+            self.starts, self.ends = index[0], index[1]
+            layout = layout or Layout(meta["offset"], meta["tokens"], np.dtype(meta["dtype"]).type)
+        else:
+            if cfg.format == "megatron":
+                layout, starts, ends = megatron_index(idx, self.data_path)
+            elif cfg.format == "parquet":
+                layout, starts, ends = parquet_to_tokens(path, cfg.column, cache / f"{key}.tokens")
+                self.data_path = cache / f"{key}.tokens"
+            tokens = map_tokens(self.data_path, layout)
+            if cfg.format in ("nanogpt", "array"):
+                starts, ends, n_sep = separator_index(tokens, sep)
+            else:  # indexed documents: BOS before each, unless it is there
+                n_sep = 0
+                if len(starts):
+                    first = tokens[np.minimum(starts, max(0, len(tokens) - 1))]
+                    starts = np.where((ends > starts) & (first == bos), starts, starts - 1)
+                keep = ends - starts > 1
+                starts, ends = starts[keep], ends[keep]
+            lo, hi = token_range(tokens)
+            meta = {
+                "tokens": layout.count,
+                "offset": layout.offset,
+                "dtype": np.dtype(layout.dtype).name,
+                "min_id": lo,
+                "max_id": hi,
+                "separators": n_sep,
+                "data": str(self.data_path),
+            }
+            self._save(cache, key, np.stack([starts, ends]).astype(np.int64), meta)
+            self.starts, self.ends = starts, ends
+        self.meta = meta
+        self.layout = layout
+        self.tokens = map_tokens(self.data_path, layout)
+
+    def _key(self, cfg: TokensConfig, cache: Path) -> str:
+        stats = [
+            (str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns)
+            for p in dict.fromkeys([self.path, self.data_path])
+        ]
+        ident = {
+            "v": INDEX_VERSION,
+            "files": stats,
+            "format": cfg.format,
+            "dtype": cfg.dtype,
+            "sep": self.sep,
+            "bos": self.bos,
+            "column": cfg.column if cfg.format == "parquet" else None,
+        }
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+    @staticmethod
+    def _save(cache: Path, key: str, index: np.ndarray, meta: dict) -> None:
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = cache / f"{key}.npy.tmp-{os.getpid()}"
+            with open(tmp, "wb") as f:
+                np.save(f, index)
+            os.replace(tmp, cache / f"{key}.npy")
+            (cache / f"{key}.json.tmp").write_text(json.dumps(meta))
+            os.replace(cache / f"{key}.json.tmp", cache / f"{key}.json")
+        except OSError as e:
+            raise DataError(
+                f"cannot write the token index to {cache}: {e.strerror}; set data.cache_dir "
+                "to a writable directory"
+            ) from None
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def check(self, vocab: int, describe: str, label: str, warn: Callable[[str], None]) -> None:
+        """A token id outside the vocabulary is an error naming the file and the offset; a
+        separator that never occurs, a warning naming the file."""
+        if self.meta["max_id"] >= vocab or self.meta["min_id"] < 0:
+            off = first_at_least(self.tokens, vocab)
+            byte = self.layout.offset + off * np.dtype(self.layout.dtype).itemsize
+            where = (
+                f"{self.path}"
+                if self.data_path == self.path
+                else f"{self.path} (as {self.data_path})"
+            )
+            raise DataError(
+                f"{where}: token id {int(self.tokens[off])} at token offset {off:,} (byte "
+                f"{byte:,}) is outside the vocabulary of {describe} ({vocab:,} ids); declare the "
+                "tokenizer that made these files in data.tokenizer, or fix the file"
+            )
+        if (
+            self.fmt in ("nanogpt", "array")
+            and self.sep is not None
+            and not self.meta["separators"]
+        ):
+            warn(
+                f"warning: data.sources.{label}: {self.path}: the separator {self.sep} never "
+                f"occurs, so its {self.meta['tokens']:,} tokens are one document; set "
+                f"data.sources.{label}.separator to the id between its documents (or none)"
+            )
+
+
+def parquet_to_tokens(path: Path, column: str, out: Path) -> tuple[Layout, np.ndarray, np.ndarray]:
+    """Copy a parquet column of token-id lists into a flat uint32 file (a row group at a
+    time); the rows' [start, end) in it."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        from littlelm.errors import DependencyError
+
+        raise DependencyError(
+            "format: parquet needs pyarrow: pip install 'littlelm[data]'"
+        ) from None
+    _size(path)
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        raise DataError(f"{path} is not a readable parquet file ({e}); write it again") from None
+    if column not in pf.schema_arrow.names:
+        raise DataError(
+            f"{path}: no column {column!r} (columns: {', '.join(pf.schema_arrow.names)}); set "
+            "data.sources.LABEL.column"
+        )
+    kind = pf.schema_arrow.field(column).type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(
+        kind.value_type
+    ):
+        raise DataError(f"{path}: column {column!r} is {kind}, not a list of token ids")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    starts, ends, n = [], [], 0
+    with open(tmp, "wb") as f:
+        for g in range(pf.num_row_groups):
+            col = pf.read_row_group(g, columns=[column]).column(0).combine_chunks()
+            offsets = col.offsets.to_numpy().astype(np.int64)
+            values = col.values.to_numpy(zero_copy_only=False)
+            values = values[offsets[0] : offsets[-1]]
+            if len(values) and (values.min() < 0 or values.max() >= 2**32):
+                bad = int(np.flatnonzero((values < 0) | (values >= 2**32))[0])
+                raise DataError(
+                    f"{path}: token id {int(values[bad])} at token offset {n + bad:,} of column "
+                    f"{column!r} is not a token id"
+                )
+            f.write(values.astype("<u4").tobytes())
+            starts.append(n + offsets[:-1] - offsets[0])
+            ends.append(n + offsets[1:] - offsets[0])
+            n += len(values)
+    os.replace(tmp, out)
+    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
+    return Layout(0, n, np.uint32), cat(starts), cat(ends)
+
+
+# -- the source and its views ------------------------------------------------------------------
+
+
+class TokenDocs:
+    """Some documents of a TokenFile, as the loader reads a shard (`tokens`, `starts`, `ends`,
+    `bos`, len(); data/loader.py)."""
+
+    def __init__(self, file: TokenFile, first: int, stop: int):
+        self.file, self.path, self.bos = file, file.path, file.bos
+        self.tokens = file.tokens
+        self.starts = np.asarray(file.starts[first:stop])
+        self.ends = np.asarray(file.ends[first:stop])
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens as trained on (each document's BOS included)."""
+        return int((self.ends - self.starts).sum())
+
+    def lengths(self) -> np.ndarray:
+        return (self.ends - self.starts).astype(np.int64)
+
+    def doc(self, i: int) -> np.ndarray:
+        """Document i as it is trained on: BOS, then its tokens."""
+        a, b = int(self.starts[i]), int(self.ends[i])
+        return np.concatenate([[self.bos], self.tokens[a + 1 : b]]).astype(self.tokens.dtype)
+
+    def head(self, limit: int | None) -> np.ndarray:
+        """The documents in order, as trained on, `limit` tokens at most (None: all)."""
+        parts, have = [], 0
+        for i in range(len(self)):
+            if limit is not None and have >= limit:
+                break
+            d = self.doc(i)
+            parts.append(d)
+            have += len(d)
+        out = np.concatenate(parts) if parts else np.zeros(0, self.tokens.dtype)
+        return out if limit is None else out[:limit]
+
+
+class TokenFiles(Source):
+    """Token files another tool wrote, used as they are (memory-mapped)."""
+
+    prepared = True  # no tokenizing
+    foreign = True
+
+    def files(self, spec=None, key: str = "path") -> list[Path]:
+        spec = self.cfg.path if spec is None else spec
+        fmt = self.cfg.format
+        specs = [spec] if isinstance(spec, str) else list(spec)
+        if fmt == "megatron":  # a PREFIX names PREFIX.idx
+            specs = [
+                s + ".idx"
+                if not Path(s).expanduser().exists() and Path(s + ".idx").expanduser().is_file()
+                else s
+                for s in specs
+            ]
+        where = f"data.sources.{self.label}.{key}"
+        found = find_files(specs, PATTERNS[fmt], where, f"{fmt} token files")
+        for s in specs:  # a directory holds one format only
+            d = Path(s).expanduser()
+            if d.is_dir():
+                _refuse_mixed(d, fmt)
+        if fmt == "megatron":
+            found = list(dict.fromkeys(p.with_suffix(".idx") for p in found))
+        return found
+
+    def identity(self) -> dict:
+        return {"tokens": [str(f.resolve()) for f in self.files()]}
+
+    def directory(self) -> Path:
+        return self.files()[0].parent
+
+    def open(self, tok, val_fraction: float, cache: Path, log=print) -> tuple[list, list, dict]:
+        """(train views, val views, summary) of every file, checked against `tok`."""
+        sep = self.separator(tok.bos_id)
+        describe = f"this run's tokenizer, {tok.describe()}"
+
+        def opened(paths: list[Path]) -> list[TokenFile]:
+            files = self.open_files(paths, sep, tok.bos_id, cache)
+            for f in files:
+                f.check(tok.vocab_size, describe, self.label, log)
+            return files
+
+        train_files = opened(self.files())
+        train, val = [], []
+        if self.cfg.val_path is not None:
+            train = [TokenDocs(f, 0, len(f)) for f in train_files]
+            val = [
+                TokenDocs(f, 0, len(f)) for f in opened(self.files(self.cfg.val_path, "val_path"))
+            ]
+        else:
+            for f in train_files:
+                cut = f.meta["tokens"] - round(val_fraction * f.meta["tokens"])
+                k = max(1, int(np.searchsorted(f.starts, cut, "left"))) if val_fraction else len(f)
+                train.append(TokenDocs(f, 0, k))
+                if k < len(f):
+                    val.append(TokenDocs(f, k, len(f)))
+        summary = summarise(train_files, sep) | {
+            "documents": sum(len(v) for v in train + val),
+            "split": {"fraction": "val_path" if self.cfg.val_path else val_fraction},
+        }
+        return train, val, summary
+
+    def open_files(self, paths: list[Path], sep: int | None, bos: int, cache: Path) -> list:
+        files = []
+        for p in paths:
+            f = TokenFile(p, self.cfg, sep, bos, cache / "token-index")
+            if not len(f):
+                raise DataError(f"{p} holds no documents (only separators); remove it")
+            files.append(f)
+        return files
+
+    def separator(self, bos: int | None) -> int | None:
+        if self.cfg.format not in ("nanogpt", "array") or self.cfg.separator == "none":
+            return None
+        return bos if self.cfg.separator is None else int(self.cfg.separator)
+
+
+def detect_format(path: Path) -> str:
+    """The format of a token file or directory, for `data inspect` (a headerless .bin is an
+    array only when told: --format array --dtype D)."""
+    p = Path(path).expanduser()
+    files = [p] if p.is_file() else sorted(f for pat in TOKEN_FILES for f in p.rglob(pat))
+    if not files and Path(str(p) + ".idx").is_file():
+        return "megatron"
+    suffixes = {f.suffix for f in files}
+    for suffix, fmt in ((".idx", "megatron"), (".parquet", "parquet"), (".npy", "array")):
+        if suffix in suffixes:
+            return fmt
+    if ".bin" in suffixes:
+        first = next(f for f in files if f.suffix == ".bin")
+        if len(raw := _read(first, 4)) == 4 and np.frombuffer(raw, "<i4")[0] == NANOGPT_MAGIC:
+            return "nanogpt"
+        raise DataError(
+            f"{first} has no llm.c / nanoGPT header: for a headerless token array pass "
+            "--format array --dtype uint16 (or uint32)"
+        )
+    raise DataError(
+        f"{path}: no token files here (.bin, .npy, .idx, .parquet) and no manifest.json"
+    )
+
+
+def _refuse_mixed(directory: Path, fmt: str) -> None:
+    allowed = {p.lstrip("*") for p in PATTERNS[fmt]} | ({".bin"} if fmt == "megatron" else set())
+    kinds: dict[str, Path] = {}
+    for pat in TOKEN_FILES:
+        for f in sorted(directory.rglob(pat)):
+            kinds.setdefault(f.suffix, f)
+    other = {s: f for s, f in kinds.items() if s not in allowed}
+    if fmt == "array" and {".bin", ".npy"} <= set(kinds):
+        other[".npy"] = kinds[".npy"]
+    if other:
+        found = ", ".join(f"{s} ({f})" for s, f in sorted(other.items()))
+        raise DataError(
+            f"{directory} holds token files of mixed formats: {found} beside the {fmt} files; "
+            "one source reads one format: move them apart, or give path a glob or a list"
+        )
+
+
+def summarise(files: list[TokenFile], sep: int | None) -> dict:
+    tokens = sum(f.meta["tokens"] for f in files)
+    return {
+        "format": files[0].fmt if files else "?",
+        "files": len(files),
+        "tokens": tokens,
+        "documents": sum(len(f) for f in files),
+        "separator": sep,
+        "separator_in": sum(1 for f in files if f.meta["separators"]),
+        "min_id": min((f.meta["min_id"] for f in files), default=0),
+        "max_id": max((f.meta["max_id"] for f in files), default=-1),
+        "dtype": sorted({f.meta["dtype"] for f in files}),
+    }
