@@ -96,8 +96,7 @@ class Trainer:
         # 2. callbacks: a missing optional package (wandb, tensorboard) fails before data prep
         self.callbacks = [*callbacks, JSONLLogger(), *map(build_callback, cfg.callbacks)]
         # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
-        quiet = Progress(io.StringIO())  # data preparation shows progress on rank 0 only
-        progress = self.progress if self.is_main else quiet
+        progress = self.progress if self.is_main else Progress(io.StringIO())  # rank 0 shows it
         self.data = self.parallel.in_turns(lambda: build_data(cfg, self.log, progress))
         self.checkpointer = Checkpointer(cfg, self.parallel, self.data.tokenizer, self.run_dir)
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
