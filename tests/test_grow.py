@@ -25,8 +25,8 @@ from littlelm.model.grow import (
 from littlelm.model.grow_lr import DEFAULT_LR_MULTIPLIERS, OriginRamp, origin_multipliers
 from littlelm.optim.groups import MuonConfig, origin_tags, plan_groups
 from littlelm.schema import load_run, resumable
-from littlelm.train import checkpoint as ckpt
 from littlelm.train.callbacks import Callback
+from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.growth import complete_growth
 from littlelm.train.trainer import Trainer
 
