@@ -165,6 +165,9 @@ class GPTConfig(ModelConfig):
         if self.fp8:
             check_fp8_device(device)
 
+    def loss_rows_per_pass(self) -> int | None:
+        return None if self.loss == "plain" else self.loss_chunk
+
     def speed_settings(self, device: torch.device | str = "cpu") -> list[str]:
         loss = loss_impl(self.loss, select_backend(self.backend, device))
         parts = [f"{loss} loss" + (f" ({self.loss_chunk} rows/chunk)" if loss == "chunked" else "")]

@@ -37,6 +37,12 @@ class ModelConfig(ComponentConfig):
         """Raise a ConfigError naming the fix when a configured feature cannot run on `device`
         (called before any data is prepared). The default: every device will do."""
 
+    def loss_rows_per_pass(self) -> int | None:
+        """Rows of logits the loss computes in one pass (a chunked loss's chunk), or None when it
+        computes a micro-batch at once; the planner bounds its trace by the number of passes.
+        The default: at once."""
+        return None
+
     def speed_settings(self, device: torch.device | str = "cpu") -> list[str]:
         """The model's settings that change speed or memory, as short phrases for the start-up
         summary ("chunked loss (256 rows/chunk)"). The default: none."""

@@ -103,10 +103,11 @@ def check_plannable(cfg, trace: bool) -> bool:
     """Refuse a model too deep to plan in seconds; returns whether to trace it (not a model too
     deep or a micro-batch too long to trace in seconds: the analytic model answers those)."""
     n = cfg.model.n_layer
-    chunks = cfg.train.micro_batch_size * cfg.train.seq_len / getattr(cfg.model, "loss_chunk", 1)
-    if trace and chunks > TRACE_MAX_CHUNKS and getattr(cfg.model, "loss", "") != "plain":
+    rows = cfg.train.micro_batch_size * cfg.train.seq_len
+    chunks = rows / (cfg.model.loss_rows_per_pass() or rows)
+    if trace and chunks > TRACE_MAX_CHUNKS:
         warnings.warn(
-            f"train.micro_batch_size x train.seq_len = {chunks * cfg.model.loss_chunk:,.0f} "
+            f"train.micro_batch_size x train.seq_len = {rows:,} "
             f"tokens per micro-batch, {chunks:,.0f} loss chunks (more than {TRACE_MAX_CHUNKS:,}): "
             "the trace would take minutes, so this plan uses the analytic estimate only (as "
             "with --no-trace)",
