@@ -74,7 +74,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 
 STEP_LINE = re.compile(r"^step (\d+)/\d+ \|")
 RESUMED = re.compile(r"^resumed from \S+ \(step (\d+),")

@@ -23,7 +23,7 @@ from littlelm.components import register_all
 from littlelm.data.build import build_data
 from littlelm.registry import MODELS
 from littlelm.schema import load_run
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.device import autocast
 
 register_all()  # an entry point: fill the registries before reading a config

@@ -48,6 +48,7 @@ def _split_config(items: list[str]) -> tuple[str, list[str]]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from littlelm.console import Console
     from littlelm.schema import load_run
     from littlelm.train import distributed
     from littlelm.train.device import pick_device
@@ -62,7 +63,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     cfg = load_run(config, overrides, world_size=env.world_size)
     with distributed.session(cfg.distributed, pick_device(cfg.run.device), env) as parallel:
-        result = Trainer(cfg, resume=args.resume, parallel=parallel).fit()
+        console = Console()  # what the run prints (littlelm/console.py)
+        trainer = Trainer(cfg, resume=args.resume, parallel=parallel, callbacks=(console,))
+        result = trainer.fit()
+        console.report(trainer, result)
     return 0 if result["finished"] or result.get("stopped_by") else 1
 
 
@@ -318,10 +322,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from littlelm.plan.planner import make_plan
     from littlelm.plan.report import plan_json, print_plan
     from littlelm.schema import load_run
+    from littlelm.train.growth import complete_growth
 
     config, overrides = _split_config(args.items)
     with _stdout_to_stderr(args.json):
-        cfg = load_run(config, overrides, world_size=args.devices)
+        cfg = complete_growth(load_run(config, overrides, world_size=args.devices))  # grow's parent
         catalog = load_catalog(args.gpus or [])
         plan = make_plan(
             cfg,
@@ -350,10 +355,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from littlelm.plan.bench import print_bench, run_bench
     from littlelm.schema import load_run
+    from littlelm.train.growth import complete_growth
 
     config, overrides = _split_config(args.items)
     with _stdout_to_stderr(args.json):
-        result = run_bench(load_run(config, overrides), args.steps)
+        result = run_bench(
+            complete_growth(load_run(config, overrides)), args.steps
+        )  # grown: the parent's shape
     if args.json:
         print(json.dumps(result, indent=1))
     else:

@@ -37,7 +37,7 @@ from littlelm.registry import Registry
 CLI = "command line"
 
 # Markers for a field's json_schema_extra, read by `marked`:
-# a resumed run may change it (a section marked so covers its keys; train/resume.py);
+# a resumed run may change it (a section marked so covers its keys; train/checkpoint/resume.py);
 RESUMABLE = {"resumable": True}
 # ... and it does not change which tokens the data loader yields next (grow.continue_data).
 SAME_DATA = {"resumable": True, "same_data": True}

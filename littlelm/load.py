@@ -6,14 +6,14 @@ from pathlib import Path
 
 import torch
 
-from littlelm.checkpoints import find_checkpoint
+from littlelm.checkpoint_dirs import find_checkpoint
 from littlelm.config import validate
 from littlelm.data.tokenizer import Tokenizer, load_tokenizer
 from littlelm.registry import MODELS
 from littlelm.schema import RunConfig
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 
-__all__ = ["find_checkpoint", "load_model"]  # find_checkpoint: littlelm/checkpoints.py
+__all__ = ["find_checkpoint", "load_model"]  # find_checkpoint: littlelm/checkpoint_dirs.py
 
 
 def load_model(

@@ -21,7 +21,7 @@ the resolved config a run directory keeps says exactly what ran; the validated c
 given is left as it is.
 
 Which keys a resumed run may change is declared on the fields themselves
-(`json_schema_extra=RESUMABLE`; `resumable` below reads it for train/resume.py).
+(`json_schema_extra=RESUMABLE`; `resumable` below reads it for train/checkpoint/resume.py).
 
 This module sits below the trainer and above the components: it composes the sections owned by
 model/, optim/ and data/ (which never see the root config) and those of the train layer's
@@ -36,6 +36,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import Field, field_validator
 
 from littlelm.config import (
@@ -51,7 +52,7 @@ from littlelm.config import (
 from littlelm.data.build import DataConfig
 from littlelm.data.tokenizer import vocab_size_of
 from littlelm.errors import ConfigError
-from littlelm.model.grow import GrowConfig, resolve_growth
+from littlelm.model.grow import GrowConfig
 from littlelm.model.grow_lr import resolve_lr_multipliers
 from littlelm.model.protocol import ModelConfig
 from littlelm.optim.base import OptimizerConfig
@@ -163,8 +164,8 @@ class TrainConfig(Cfg):
     )
     compile: bool | None = Field(
         None,
-        description="torch.compile the model (minutes of warm-up); null = the kernel backend's "
-        "choice (model.backend: on with cuda, off with cpu).",
+        description="torch.compile the model (minutes of warm-up); null = on when training on "
+        "CUDA, off elsewhere.",
         json_schema_extra=RESUMABLE,
     )
     grad_clip: float | None = Field(
@@ -179,6 +180,12 @@ class TrainConfig(Cfg):
         ge=1,
         json_schema_extra=RESUMABLE,
     )
+
+    def compiles(self, device: torch.device | str) -> bool:
+        """Whether the run torch.compiles its model on `device` (`compile`, null: on CUDA)."""
+        if self.compile is not None:
+            return self.compile
+        return torch.device(device).type == "cuda"
 
 
 class EvalConfig(Cfg):
@@ -374,9 +381,9 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
         for label in labels
         if label not in cfg.data.sources
     ]
-    grow, m, more = resolve_growth(cfg.grow, m)
-    problems += more
-    grow, more = _resolve_grow_lr(grow, cfg.optimizer)
+    # growth's values derived from the parent checkpoint (layer placement, value-embedding
+    # layers) are filled in at start-up (train/growth.py complete_growth): resolving reads no file
+    grow, more = _resolve_grow_lr(cfg.grow, cfg.optimizer)
     problems += more
     if problems:
         raise ConfigError(problems, source or None)

@@ -24,8 +24,8 @@ from pathlib import Path
 from littlelm.components import register_all
 from littlelm.errors import LittleLMError
 from littlelm.schema import load_run
-from littlelm.train import checkpoint as ckpt
 from littlelm.train import distributed
+from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.device import pick_device
 from littlelm.train.trainer import Trainer
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from littlelm.console import speed_summary
 from littlelm.errors import ConfigError
 from littlelm.model import backend as be
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.schema import load_run
-from littlelm.train.trainer import speed_summary
 
 SMALL = dict(n_layer=2, d_model=64, n_head=2, vocab_size=256, max_seq_len=64)
 
@@ -38,7 +38,6 @@ def test_auto_picks_the_device_backend():
 
 def test_cuda_backend_uses_pytorch_kernels_and_cpu_keeps_its_own():
     assert be.CUDA.attention is be.sdpa_causal and be.CUDA.rms_norm is be.torch_rms_norm
-    assert be.CUDA.compile and not be.CPU.compile
     assert be.CPU.loss == "chunked"
     torch.manual_seed(0)
     x = torch.randint(0, 256, (2, 40))
@@ -62,9 +61,14 @@ def test_cuda_loss_is_liger_when_installed(monkeypatch):
     assert be.loss_impl("plain", be.CUDA) == "plain"  # an explicit choice wins
 
 
-def test_compile_follows_the_backend_unless_set():
-    assert be.compile_on(None, be.CUDA) and not be.compile_on(None, be.CPU)
-    assert be.compile_on(True, be.CPU) and not be.compile_on(False, be.CUDA)
+def test_compile_is_the_train_sections_choice(tiny_config):
+    """train.compile: null compiles on CUDA only, whatever kernel backend the model uses."""
+    auto = load_run(tiny_config).train
+    assert auto.compiles("cuda") and not auto.compiles("cpu")
+    forced = load_run(tiny_config, ["model.backend=cpu"]).train
+    assert forced.compiles(torch.device("cuda"))
+    assert load_run(tiny_config, ["train.compile=true"]).train.compiles("cpu")
+    assert not load_run(tiny_config, ["train.compile=false"]).train.compiles("cuda")
 
 
 def test_both_backends_compute_the_same_function():

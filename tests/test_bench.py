@@ -45,7 +45,7 @@ def test_cli_bench_prints_measured_beside_predicted(tiny_config, capsys):
 def test_bench_refuses_a_directory_it_did_not_make(tiny_config, capsys):
     """Issue 24.1: a run named `<name>-bench` (here with a checkpoint, and locked by a live
     trainer) or a directory of other files is refused before anything is deleted or written."""
-    from littlelm.train.runlock import RunLock
+    from littlelm.train.checkpoint.rundir import RunLock
 
     cfg = load_run(tiny_config)
     target = cfg.run_dir().with_name("tiny-bench")
@@ -70,7 +70,7 @@ def test_bench_refuses_a_directory_it_did_not_make(tiny_config, capsys):
 def test_bench_scratch_is_private_and_removed(tiny_config):
     """The bench trains in a temporary directory of its own inside its marked directory and
     deletes only that; a training run refuses the bench's directory."""
-    from littlelm.train.rundir import BENCH_MARKER, check_run_dir
+    from littlelm.train.checkpoint.rundir import BENCH_MARKER, check_run_dir
 
     cfg = load_run(tiny_config)
     run_bench(cfg, steps=1)

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from conftest import tiny_tree, write_config
+from littlelm.console import Console
 from littlelm.errors import ConfigError
 from littlelm.optim import schedule as sch
 from littlelm.schema import load_run
@@ -21,7 +22,7 @@ TRAP = dict(warmup_steps=3, cooldown_frac=0.4, floor=0.05)
 def make_budget(seconds, **kw) -> bg.Budget:
     opts = dict(eval_every=10, save_every=25, eval_tokens=0, batch_tokens=1)
     opts.update(kw)
-    return bg.Budget(seconds, lambda s, p: sch.trapezoidal(s, p, **TRAP), **opts)
+    return bg.Budget(seconds, **opts)
 
 
 def simulate(b: bg.Budget, step_s=1.0, eval_s=2.0, save_s=0.5, now=0.0, step=0, stop_at=None):
@@ -29,7 +30,7 @@ def simulate(b: bg.Budget, step_s=1.0, eval_s=2.0, save_s=0.5, now=0.0, step=0, 
     mults, times = [], []
     b.start(now)
     while stop_at is None or now < stop_at:
-        mults.append(b.multiplier(step, now))
+        mults.append(sch.trapezoidal(step, b.advance(step, now), **TRAP))
         now += step_s * (3 if step == 0 else 1)  # the first step warms up
         step += 1
         last = b.stepped(now)
@@ -78,11 +79,12 @@ def test_a_budget_run_and_a_step_run_follow_one_curve(schedule):
     cfg = SCHEDULES.config_class(schedule["name"])(**schedule)
     fn, total = sch.build_schedule(cfg), 100
     by_steps = [fn(s, sch.step_progress(s, total)) for s in range(total)]
-    b = bg.Budget(float(total), fn, end_eval=False, end_save=False)
+    b = bg.Budget(float(total), end_eval=False, end_save=False)
     by_budget, now = [], 0.0
     b.start(now)
     while not b.finished:
-        by_budget.append(b.multiplier(len(by_budget), now))
+        step = len(by_budget)
+        by_budget.append(fn(step, b.advance(step, now)))
         now += 1.0
         b.stepped(now)
     assert len(by_budget) == total
@@ -218,8 +220,11 @@ def test_trainer_follows_a_time_budget_and_resumes_it(tmp_path, corpus, monkeypa
     assert all("budget_spent" in r for r in train)
     assert json.loads((run / "budget.json").read_text())["finished"]
     capsys.readouterr()
-    again = Trainer(load_run(path)).fit()  # a finished budget run does nothing more
+    console = Console()
+    trainer = Trainer(load_run(path), callbacks=(console,))
+    again = trainer.fit()  # a finished budget run does nothing more
     assert again.get("already_finished") and again["step"] == result["step"]
+    console.report(trainer, again)
     out = capsys.readouterr().out  # and names the budget to raise, not train.max_steps
     assert "its budget (train.budget.hours=0.0111111) is spent" in out
     assert "add train.budget.hours=0.0222222 to the command" in out and "max_steps=" not in out
@@ -295,7 +300,8 @@ def test_budget_raised_during_the_cooldown_refits_the_lr():
     simulate(first, step_s=0.25, stop_at=26.0)
     assert 0.85 < first.progress < 0.95
     resumed = make_budget(120.0, eval_every=1000, save_every=1000)
-    notes = bg.restore(resumed, {"step": 100, "budget": first.state_dict()}, {})
+    sched = lambda s, p: sch.trapezoidal(s, p, **TRAP)  # noqa: E731
+    notes = bg.restore(resumed, {"step": 100, "budget": first.state_dict()}, {}, sched)
     assert "30s -> 120s" in notes[0] and "-> x1.000)" in notes[0]
     mults, times, _, _ = simulate(resumed, step_s=0.25, now=0.0, step=100)
     assert mults[0] == 1.0  # the plateau again, not x0.2
@@ -324,9 +330,8 @@ def test_eta_of_a_step_cap_before_a_huge_budget():
     """Item 4: the ETA showed 999999999h59m when train.max_steps ended the run first."""
     b = make_budget(3.6e12, max_steps=20)
     simulate(b, stop_at=5.0)
-    rb = bg.RunBudget(b, bg.Ledger(None), bg.BudgetConfig(hours=1e9), 1)
-    m: dict = {}
-    rb.log_metrics(5, m)
+    rb = bg.TimeBudget(b, bg.Ledger(None), bg.BudgetConfig(hours=1e9), 1)
+    m = rb.record(5, 1.0)
     assert m["eta_s"] < 60  # 15 steps of about 1 s, plus the end's evaluation
 
 

@@ -25,7 +25,7 @@ from littlelm.data.chat import CHAT_TOKENS, assistant_mask, chat_format, convers
 from littlelm.errors import DataError
 from littlelm.model.loss import linear_cross_entropy
 from littlelm.schema import load_run
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]

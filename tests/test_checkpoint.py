@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from conftest import tiny_tree, write_config
 from littlelm.errors import CheckpointError
 from littlelm.schema import load_run
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.trainer import Trainer
 
 

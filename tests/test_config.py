@@ -163,10 +163,14 @@ def test_every_shipped_config_validates(path, tmp_path, monkeypatch):
         assert load_run(path).train.max_steps >= 1
         return
     # A config that fine-tunes a base run (sft_demo: runs/demo) validates as typed, and without
-    # its base it fails with a clear error naming the base's path, not a traceback.
+    # its base it fails with a clear error naming the base's path, not a traceback: at loading
+    # when it reads its vocabulary from the base's saved tokenizer (data.tokenizer: saved),
+    # else where growth looks its parent up, at start-up (complete_growth).
+    from littlelm.train.growth import complete_growth
+
     validate(RunConfig, tree, origin, str(path))
     with pytest.raises(LittleLMError, match=base):
-        load_run(path)
+        complete_growth(load_run(path))
 
 
 def test_every_config_field_has_a_description():

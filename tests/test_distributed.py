@@ -297,7 +297,7 @@ def test_sigterm_on_one_rank_stops_every_rank_with_one_checkpoint(runs, tmp_path
 def test_run_lock_and_finished_restart_under_torchrun(runs, tmp_path):
     """Only rank 0 takes RUN_DIR/.lock: a directory in use stops every rank with the lock's
     message (no rank left waiting); a finished run started again exits 0 on every rank."""
-    from littlelm.train.runlock import RunLock
+    from littlelm.train.checkpoint.rundir import RunLock
 
     run = copy_run(runs, "two", tmp_path / "again")
     cmd = [*TORCHRUN, "-m", "littlelm", "train", str(runs["config"])]
@@ -328,7 +328,7 @@ def test_workers_of_a_killed_torchrun_stop_with_a_checkpoint(runs, tmp_path):
     each worker SIGTERM, every rank stops after the same step with one checkpoint and exits,
     and the run directory is free for the restart. Before, the orphaned workers trained on to
     max_steps holding the run lock, and the restart was refused as "in use"."""
-    from littlelm.train.runlock import RunLock
+    from littlelm.train.checkpoint.rundir import RunLock
 
     cmd = [sys.executable, "-m", "littlelm", "train", str(runs["config"]), "train.max_steps=100000",
            "eval.every=0", "checkpoint.every=100000", "--nproc", "2"]  # fmt: skip

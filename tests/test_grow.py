@@ -24,10 +24,10 @@ from littlelm.model.grow import (
 )
 from littlelm.model.grow_lr import DEFAULT_LR_MULTIPLIERS, OriginRamp, origin_multipliers
 from littlelm.optim.groups import MuonConfig, origin_tags, plan_groups
-from littlelm.optim.schedule import step_progress
 from littlelm.schema import load_run, resumable
-from littlelm.train import checkpoint as ckpt
 from littlelm.train.callbacks import Callback
+from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.growth import complete_growth
 from littlelm.train.trainer import Trainer
 
 # ----------------------------------------------------------------------------------------------
@@ -234,13 +234,16 @@ def train_losses(run_dir) -> list[tuple[int, float]]:
 def test_grown_run_records_parent_trains_and_resumes(parent_run, tmp_path):
     root, corpus = parent_run
     parent_ckpt = root / "runs" / "parent" / "checkpoints" / "step_000004"
-    cfg = load_run(grown_config(root, corpus, "straight", tmp_path))
+    run_file = grown_config(root, corpus, "straight", tmp_path)
+    pure = load_run(run_file)  # loading a config reads no checkpoint: nothing derived yet
+    assert pure.grow.placement == "interleave" and pure.model.value_embed_layers is None
+    cfg = complete_growth(pure)  # at start-up, from the parent's state.json
     assert cfg.grow.parent == str(parent_ckpt)  # the run directory resolved to its checkpoint
     assert cfg.grow.placement == [0, 1, None] and cfg.model.value_embed_layers == [1, 2]
     t = Trainer(cfg, resume="never")
     assert {g["name"] for g in t.optimizer.param_groups} >= {"matrix/old", "matrix/new"}
     parent_loader = json.loads((parent_ckpt / "state.json").read_text())["loader"]
-    assert t.loader_state.state_dict() == parent_loader  # continues the parent's data
+    assert t.state.loader.state_dict() == parent_loader  # continues the parent's data
     t.fit()
     recorded = yaml.safe_load((cfg.run_dir() / "config.yaml").read_text())
     assert recorded["grow"]["parent"] == str(parent_ckpt)
@@ -271,10 +274,14 @@ def test_grown_run_records_parent_trains_and_resumes(parent_run, tmp_path):
 def test_grow_errors_name_the_fix(parent_run, tmp_path):
     root, corpus = parent_run
     missing = grown_config(root, corpus, "a", tmp_path)
+    nowhere = load_run(missing, [f"grow.parent={tmp_path / 'nowhere'}"])  # loads: no I/O
     with pytest.raises(ConfigError, match="grow.parent: no complete checkpoint"):
-        load_run(missing, [f"grow.parent={tmp_path / 'nowhere'}"])
+        complete_growth(nowhere)
+    with pytest.raises(ConfigError, match="grow.parent: no complete checkpoint"):
+        Trainer(nowhere, resume="never")  # the trainer looks the parent up at start-up
+    assert not nowhere.run_dir().exists()  # before any work
     with pytest.raises(ConfigError, match="cannot remove blocks"):
-        load_run(grown_config(root, corpus, "b", tmp_path), ["model.n_layer=1"])
+        complete_growth(load_run(grown_config(root, corpus, "b", tmp_path), ["model.n_layer=1"]))
     with pytest.raises(ConfigError, match=r"run\.seed.*grow.continue_data: false"):
         Trainer(load_run(grown_config(root, corpus, "c", tmp_path), ["run.seed=5"]))
     fine = load_run(grown_config(root, corpus, "d", tmp_path, continue_data=False), ["run.seed=5"])
@@ -283,7 +290,9 @@ def test_grow_errors_name_the_fix(parent_run, tmp_path):
     broken.mkdir()
     (broken / "state.json").write_text("{not json")
     with pytest.raises(ConfigError, match="grow.parent: cannot read"):
-        load_run(grown_config(root, corpus, "h", tmp_path), [f"grow.parent={broken}"])
+        complete_growth(
+            load_run(grown_config(root, corpus, "h", tmp_path), [f"grow.parent={broken}"])
+        )
 
 
 def test_grow_refuses_other_tokenizer(parent_run, tmp_path):
@@ -396,7 +405,7 @@ def test_ramp_sets_each_steps_lrs_and_resumes_bitwise(parent_run, tmp_path):
     base = {g["name"]: g["base_lr"] for g in t.optimizer.param_groups}
     old = OriginRamp(start=0.05, ramp_steps=4)
     for step, lrs in straight.lrs.items():  # 6 steps: inside the ramp, then after it
-        sched = t.schedule(step, step_progress(step, t.max_steps))
+        sched = t.schedule(step, t.state.budget.progress(step))
         assert lrs["matrix/new"] == base["matrix/new"] * sched
         assert lrs["matrix/old"] == pytest.approx(base["matrix/old"] * sched * old.at(step))
         assert lrs["embedding/embedding"] == pytest.approx(base["embedding/embedding"] * sched / 2)

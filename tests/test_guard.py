@@ -14,8 +14,8 @@ from littlelm.errors import TrainingError
 from littlelm.report.figures import render_figures
 from littlelm.report.runs import load_run_dir
 from littlelm.schema import load_run
-from littlelm.train import checkpoint as ckpt
 from littlelm.train.callbacks import Callback
+from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.guard import GuardConfig, LossGuard, Verdict
 from littlelm.train.trainer import Trainer
 

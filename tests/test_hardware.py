@@ -125,11 +125,12 @@ def test_eval_and_sample_use_the_trained_precision_where_native(cpu_flags):
 
 
 def test_a_run_says_when_auto_chose_fp32_and_records_it(cpu_flags, tiny_config, capsys):
+    from littlelm.console import Console
     from littlelm.schema import load_run
     from littlelm.train.trainer import Trainer
 
     cpu_flags(architecture="x86_64")  # no native bf16
-    result = Trainer(load_run(tiny_config), resume="never").fit(stop_after=1)
+    result = Trainer(load_run(tiny_config), resume="never", callbacks=(Console(),)).fit(1)
     assert result["step"] == 1
     assert "precision auto -> fp32: this device (cpu) has no native bf16" in capsys.readouterr().out
     import json

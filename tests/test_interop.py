@@ -20,7 +20,7 @@ from littlelm.load import load_model
 from littlelm.model.generate import generate
 from littlelm.model.gpt import GPT
 from littlelm.schema import RunConfig
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 
 transformers = pytest.importorskip("transformers")
 TOL = 1e-4

@@ -212,7 +212,7 @@ def test_a_run_checkpointed_with_crop_resumes_cropping(tiny_config, saved_config
     loader's long_docs; its resolved config saying crop, or older still, not knowing the key)
     resumes under the same config, which does not name long_docs, cropping."""
     from littlelm.schema import load_run
-    from littlelm.train import checkpoint as ckpt
+    from littlelm.train.checkpoint import files as ckpt
     from littlelm.train.trainer import Trainer
 
     Trainer(load_run(tiny_config, ["data.sources.text.long_docs=crop"]), "never").fit(stop_after=3)

@@ -218,7 +218,7 @@ def fixture_step(m: GPT, opt, s: int) -> None:
 def test_state_written_by_the_old_optimizer_resumes_bitwise(case):
     """Optimizer state written by the code of 22771fd (one part per inner optimizer) loads, through
     the trainer's resume path, and the next step gives the weights that code gave, bit for bit."""
-    from littlelm.train.resume import load_optimizer_state
+    from littlelm.train.checkpoint.resume import load_optimizer_state
 
     saved = torch.load(FIXTURE, weights_only=True)[case]
     assert "optimizers" in saved["optimizer"]  # the old layout

@@ -3,7 +3,8 @@ from __future__ import annotations
 import io
 import re
 
-from littlelm.progress import Progress, printable, progress_line
+from littlelm.console import Console, progress_line
+from littlelm.progress import Progress, printable
 from littlelm.schema import load_run
 from littlelm.train.trainer import Trainer
 
@@ -52,7 +53,7 @@ def test_training_log_in_a_file_has_no_control_characters(tiny_config, monkeypat
     monkeypatch.setenv("FORCE_COLOR", "1")
     out = io.StringIO()
     cfg = load_run(tiny_config, ["train.max_steps=3", "eval.every=2", "callbacks=[{name: sample}]"])
-    Trainer(cfg, resume="never", progress=Progress(out)).fit()
+    Trainer(cfg, resume="never", progress=Progress(out), callbacks=(Console(),)).fit()
     text = out.getvalue()
     assert "parameter groups" in text and "step 3/3" in text and "--- sample" in text
     assert "gnorm" in text

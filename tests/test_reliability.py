@@ -160,7 +160,7 @@ def test_disk_full_at_start_is_a_clear_error(tmp_path, monkeypatch):
     import errno
     import os
 
-    from littlelm.train.runlock import RunLock
+    from littlelm.train.checkpoint.rundir import RunLock
 
     def full(*a):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -174,7 +174,7 @@ def test_disk_full_at_start_is_a_clear_error(tmp_path, monkeypatch):
 def test_wrong_typed_state_json_is_unreadable(tmp_path):
     import json
 
-    from littlelm.train import checkpoint as ckpt
+    from littlelm.train.checkpoint import files as ckpt
 
     path = tmp_path / "step_000006"
     path.mkdir()

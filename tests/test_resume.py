@@ -13,9 +13,9 @@ from conftest import tiny_tree, write_config
 from littlelm.cli import main
 from littlelm.errors import CheckpointError, RunDirError
 from littlelm.schema import load_run
-from littlelm.train import checkpoint as ckpt
-from littlelm.train import resume as resuming
-from littlelm.train.runlock import RunLock
+from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.checkpoint import resume as resuming
+from littlelm.train.checkpoint.rundir import RunLock
 from littlelm.train.trainer import Trainer
 
 

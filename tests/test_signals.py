@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from conftest import tiny_tree, write_config
 from littlelm.schema import load_run
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

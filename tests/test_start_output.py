@@ -8,8 +8,9 @@ import json
 
 import pytest
 
+from littlelm.console import Console, FirstSteps
 from littlelm.optim.schedule_check import schedule_warnings
-from littlelm.progress import FirstSteps, Progress
+from littlelm.progress import Progress
 from littlelm.registry import SCHEDULES
 from littlelm.schema import load_run
 from littlelm.train.trainer import Trainer
@@ -29,7 +30,7 @@ def test_first_steps_and_schedule_warning_before_the_first_log_step(tiny_config)
     out = io.StringIO()
     overrides = ["train.max_steps=6", "train.log_every=5", "schedule.warmup_steps=6"]
     cfg = load_run(tiny_config, [*overrides, "eval.every=0", "checkpoint.every=0"])
-    Trainer(cfg, resume="never", progress=Progress(out)).fit()
+    Trainer(cfg, resume="never", progress=Progress(out), callbacks=(Console(),)).fit()
     lines = out.getvalue().splitlines()
     text = "\n".join(lines)
     warning = next(i for i, x in enumerate(lines) if x.startswith("warning: schedule.warmup"))

@@ -1,5 +1,5 @@
-"""The Trainer's explicit state (train/state.py) and the checkpointer that saves and restores it
-(train/checkpointer.py)."""
+"""The Trainer's explicit state (train/checkpoint/state.py) and the checkpointer that saves and restores it
+(train/checkpoint/save_restore.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_tree, write_config
 from littlelm.data.loader import Batch
 from littlelm.schema import load_run
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.guard import Verdict
 from littlelm.train.trainer import Trainer
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from littlelm.checkpoints import find_checkpoint
+from littlelm.checkpoint_dirs import find_checkpoint
 from littlelm.config import ComponentConfig
 from littlelm.data.chat import CHAT_TOKENS
 from littlelm.errors import DataError

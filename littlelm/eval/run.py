@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from littlelm.checkpoints import find_checkpoint
+from littlelm.checkpoint_dirs import find_checkpoint
 from littlelm.eval.bundle import default_bundle_dir
 from littlelm.eval.core import (
     EvalOptions,

@@ -24,7 +24,7 @@ from littlelm.interop.hf import _NoOptimizer, staged
 from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import GPT
 from littlelm.schema import RunConfig
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 
 VOCAB_ROWS = ("wte.weight", "lm_head.weight")  # and value_embeds.*.weight
 

@@ -37,7 +37,7 @@ from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.ops import rms_norm
 from littlelm.schema import RunConfig
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 
 MODELING_FILE = Path(__file__).with_name("modeling_littlelm.py")
 

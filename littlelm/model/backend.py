@@ -8,8 +8,8 @@
 - `cuda`: PyTorch's own kernels: F.scaled_dot_product_attention (FlashAttention on a GPU),
   F.rms_norm, the same elementwise arithmetic with autograd's backward, the Liger fused loss
   when liger-kernel is installed (else the chunked loss, whose logits stay small: a plain loss
-  would make the full logits), and torch.compile on by default (`train.compile: null`). No GPU
-  has measured these against the CPU kernels yet: they are PyTorch's defaults until one does.
+  would make the full logits). (Whether the model is torch.compiled is the train section's
+  choice, `train.compile`: on CUDA by default.) No GPU has measured these against the CPU kernels yet: they are PyTorch's defaults until one does.
 
 Both compute the same function: on the same device they agree to rounding (tests/test_backend.py).
 On a device other than the CPU `auto` means `cuda`'s kernels only on CUDA; elsewhere (MPS) it
@@ -34,8 +34,7 @@ BackendName = Literal["auto", "cpu", "cuda"]
 
 @dataclass(frozen=True)
 class Backend:
-    """One device's kernel set. `loss` is what `model.loss: auto` runs; `compile` is what
-    `train.compile: null` means."""
+    """One device's kernel set. `loss` is what `model.loss: auto` runs."""
 
     name: str
     attention: Callable  # causal (q, k, v) (B, H|Hkv, T, D) -> (B, H, T, D)
@@ -45,7 +44,6 @@ class Backend:
     gated_add: Callable  # (v, gate, ve) -> v + gate[..., None]·ve
     apply_rope: Callable  # (x, cos, sin)
     loss: str
-    compile: bool
     kernels: str  # one line for the start-up summary
 
 
@@ -94,7 +92,6 @@ CPU = Backend(
     gated_add=ops.gated_add,
     apply_rope=ops.apply_rope,
     loss="chunked",
-    compile=False,
     kernels="blocked attention, hand-written backward ops",
 )
 
@@ -110,7 +107,6 @@ def cuda_backend() -> Backend:
         gated_add=autograd_gated_add,
         apply_rope=autograd_rope,
         loss="liger" if has_liger() else "chunked",
-        compile=True,
         kernels="SDPA attention, F.rms_norm, autograd backward ops",
     )
 
@@ -139,8 +135,3 @@ def run_backend(model_cfg, device: torch.device | str) -> Backend:
 def loss_impl(configured: str, backend: Backend) -> str:
     """`model.loss`, with `auto` replaced by the backend's loss."""
     return backend.loss if configured == "auto" else configured
-
-
-def compile_on(configured: bool | None, backend: Backend) -> bool:
-    """`train.compile`, with null replaced by the backend's default."""
-    return backend.compile if configured is None else configured

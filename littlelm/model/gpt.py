@@ -74,7 +74,8 @@ class GPTConfig(ModelConfig):
         "auto",
         description="Kernel set (model/backend.py): cpu = littlelm's CPU-tuned kernels (blocked "
         "attention, hand-written backward ops, chunked loss); cuda = PyTorch's (SDPA, F.rms_norm, "
-        "autograd, Liger loss if installed, torch.compile); auto = cuda's on CUDA, else cpu's.",
+        "autograd, Liger loss if installed); auto = cuda's on CUDA, else cpu's. (torch.compile is "
+        "train.compile's choice.)",
         json_schema_extra=RESUMABLE,
     )
     loss: Literal["auto", "chunked", "plain", "liger"] = Field(

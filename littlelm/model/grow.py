@@ -43,7 +43,6 @@ protects the parent's function); token-indexed tables and lm_head that hold copi
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,12 +52,10 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from littlelm.checkpoints import find_checkpoint
 from littlelm.config import RESUMABLE, Cfg, validate
-from littlelm.errors import CheckpointError, LittleLMError
+from littlelm.errors import CheckpointError
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.grow_lr import OriginLR
-from littlelm.model.protocol import ModelConfig
 
 PLACEMENTS = ("interleave", "end", "start")
 
@@ -118,65 +115,6 @@ class GrowConfig(Cfg):
         # run may change it (the new value applies from the resumed step on)
         json_schema_extra=RESUMABLE,
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# Resolving the grow section (at config resolution)
-
-
-def resolve_growth(
-    g: GrowConfig | None, m: ModelConfig
-) -> tuple[GrowConfig | None, ModelConfig, list[str]]:
-    """The grow and model sections with growth's derived values filled in (new objects; the
-    arguments are left as they are), and the problems found (empty when fine): the parent
-    checkpoint's path, grow.placement as the explicit layer list and model.value_embed_layers,
-    so that the resolved config describes the grown model completely (anything that builds a
-    model from the config, like the planner, sees an ordinary model).
-
-    A config whose placement is already a list and whose value_embed_layers are set (a
-    resolved config) needs no parent here, so a run resumes even after its parent is gone.
-    """
-    if g is None:
-        return g, m, []
-    if not m.growable:
-        return g, m, ["grow: only the gpt model can be grown"]
-    derive = isinstance(g.placement, str) or (m.value_embeds and m.value_embed_layers is None)
-    try:
-        path = find_parent(g.parent)
-    except CheckpointError as e:
-        return g, m, [str(e)] if derive else []
-    g = g.model_copy(update={"parent": str(path)})
-    if not derive:
-        return g, m, []
-    try:
-        parent = parent_model_config(read_parent_state(path), path)
-        layers = layer_map(g.placement, parent.n_layer, m.n_layer)
-    except (LittleLMError, ValueError) as e:
-        return g, m, [f"grow: {e}"]
-    g = g.model_copy(update={"placement": layers})
-    if m.value_embeds and m.value_embed_layers is None:
-        ve_layers = grown_value_embed_layers(parent, m, layers)
-        m = m.model_copy(update={"value_embed_layers": ve_layers})
-    return g, m, check_growable(parent, m, layers)
-
-
-def find_parent(path: str | Path) -> Path:
-    """A checkpoint directory, or the newest complete checkpoint of a run directory."""
-    try:
-        return find_checkpoint(path)
-    except CheckpointError as e:
-        raise CheckpointError(
-            f"grow.parent: {e}; give a checkpoint directory (runs/NAME/checkpoints/step_N) or a "
-            "run directory (its newest checkpoint is used); to look at or plan the grown shape "
-            "without the parent, override grow=null"
-        ) from None
-
-
-def read_parent_state(path: Path) -> dict:
-    try:
-        return json.loads((path / "state.json").read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"grow.parent: cannot read {path / 'state.json'} ({e})") from None
 
 
 def parent_model_config(state: dict, path: Path) -> GPTConfig:

@@ -29,7 +29,7 @@ import torch
 from littlelm.config import to_tree
 from littlelm.data.build import build_data
 from littlelm.errors import RunDirError
-from littlelm.model.backend import compile_on, run_backend
+from littlelm.model.backend import run_backend
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import speed
 from littlelm.plan.accounting import PARAMS, STATE, MemoryAccountant
@@ -41,8 +41,8 @@ from littlelm.plan.shapes import Dims
 from littlelm.plan.trace import optimizer_tensors, step_memory, trace_step
 from littlelm.progress import Progress
 from littlelm.train.callbacks import Callback
+from littlelm.train.checkpoint.rundir import BENCH_MARKER, is_run_dir
 from littlelm.train.device import peak_flops, pick_device, with_precision
-from littlelm.train.rundir import BENCH_MARKER, is_run_dir
 
 # What glibc's heap adds to a CPU run's tensors: freed blocks are kept for reuse
 # (train/device.tune_cpu_allocator) and the heap fragments, so the resident set grows past the
@@ -136,7 +136,7 @@ def _bench_in(c, steps: int, quiet: bool) -> dict:
     c = with_precision(c, device)  # what the Trainer computes in (auto: littlelm/hardware.py)
     build_data(c.data, lambda _: None)  # prepare (cached) before the window
     peak_flops(device, precision=c.train.precision)  # a CPU's probe (cached): not in the window
-    compiled = compile_on(c.train.compile, run_backend(c.model, device))
+    compiled = c.train.compiles(device)
     probe = CudaProbe(device) if device.type == "cuda" else CpuProbe(track=not compiled)
     progress = Progress(io.StringIO()) if quiet else Progress()
     timers = [StepTimer(), StepTimer()]
@@ -175,7 +175,7 @@ def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: i
         "seq_len": c.train.seq_len,
         "grad_accum": c.train.grad_accum,
         "precision": c.train.precision,
-        "compile": compile_on(c.train.compile, run_backend(c.model, device)),
+        "compile": c.train.compiles(device),
         "backend": run_backend(c.model, device).name,
         "steps": 2 * (c.train.max_steps // 2),
         "resumed_to_step": resumed,

@@ -22,7 +22,6 @@ import torch
 from littlelm.config import validate
 from littlelm.errors import ConfigError
 from littlelm.hardware import native_bf16
-from littlelm.model.backend import compile_on, run_backend
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
 from littlelm.plan import speed
@@ -322,7 +321,7 @@ def notes_for(cfg) -> list[str]:
             f"(shard_muon={dc.shard_muon}, shard_adamw={dc.shard_adamw}); gradients live in "
             "DDP's buckets (no extra copy)"
         )
-    if compile_on(t.compile, run_backend(cfg.model, "cuda")):
+    if t.compiles("cuda"):
         notes.append(
             "train.compile: planned as eager; torch.compile usually keeps less (bench measures it)"
         )

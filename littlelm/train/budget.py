@@ -5,8 +5,13 @@
       budget: {dollars: 50, price_per_gpu_hour: 2.5, gpus: 8}    # = 2.5 hours on 8 GPUs
       budget: {tokens: 2_000_000_000}                            # = train.max_tokens
 
-A tokens budget is a step count known in advance (the schema's resolve turns it into train.max_steps).
-A time or money budget is not: the run does not know how many steps it will take, so the schedule
+The trainer holds one budget object and asks it two things: how far through the run the step
+it is taking is (`progress(step)`, 0..1, what the schedule reads) and whether the run is done
+(`done(step)`); it also tells it when a session starts, when a step ends and which work between
+steps is no step's (`aside("eval")`, `aside("save")`). It knows no seconds, hours or dollars.
+
+`Steps` is a step count known in advance: train.max_steps, or a tokens budget (the schema's
+resolve turns it into train.max_steps). `TimeBudget`, a time or money budget, is not: the run does not know how many steps it will take, so the schedule
 asks "how far through the run are we" and `Budget` answers from measured speed. Before each step
 it projects the steps left (seconds left, less the final evaluation and save, divided by the
 measured seconds per step with periodic evaluations and saves spread over the steps between
@@ -18,13 +23,13 @@ schedule's final value.
 Time counts from the first step of each session to its end (evaluations, saves and callbacks
 included; process start-up and data preparation not). It is saved in every checkpoint and, every
 few seconds, in RUN_DIR/budget.json: a run killed between checkpoints and resumed still counts
-the time it lost, because the rented machine was paid for it. Everything here but `Ledger` and
-`build_budget` is pure: times come in as arguments (readings of `now()`), so tests drive it
+the time it lost, because the rented machine was paid for it. `Budget` (the arithmetic) is pure: times come in as arguments (readings of `now()`), so tests drive it
 with a fake clock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
@@ -34,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from littlelm.errors import ConfigError
-from littlelm.optim.schedule import Schedule, build_schedule
+from littlelm.optim.schedule import build_schedule, step_progress
 from littlelm.progress import duration
 from littlelm.sections import BudgetConfig
 
@@ -73,15 +78,14 @@ def check_budget_fits(
 
 
 class Budget:
-    """Progress through a time budget, from measured speed. Driven by the trainer:
+    """Progress through a time budget, from measured speed (pure: times come in as arguments):
 
-    multiplier(step, now) before each step: the lr multiplier (and whether it is the last step);
-    stepped(now, step_seconds) after it; note_eval / note_save with the seconds those took."""
+    advance(step, now) during each step: its progress (and whether it is the last step);
+    stepped(now) after it; note_eval / note_save with the seconds those took."""
 
     def __init__(
         self,
         seconds: float,
-        schedule: Schedule,
         max_steps: float = math.inf,
         eval_every: int = 0,
         save_every: int = 0,
@@ -91,7 +95,7 @@ class Budget:
         batch_tokens: int = 1,
         agree: Callable = lambda x: x,
     ):
-        self.seconds, self.schedule, self.max_steps = seconds, schedule, max_steps
+        self.seconds, self.max_steps = seconds, max_steps
         self.eval_every, self.save_every = eval_every, save_every
         self.end_eval, self.end_save = end_eval, end_save
         self.eval_tokens, self.batch_tokens = eval_tokens, batch_tokens
@@ -200,11 +204,11 @@ class Budget:
         p = max(p, (step + 1) / self.max_steps)  # a step cap may be further along
         return min(p, 1.0 - 1e-9), False
 
-    def multiplier(self, step: int, now: float) -> float:
-        """The lr multiplier of step `step` + 1 (its progress never goes back)."""
+    def advance(self, step: int, now: float) -> float:
+        """The progress of step `step` + 1, decided once per step (it never goes back)."""
         progress, last = self.agree(self.decide(step, now))
         self.progress, self.last = (1.0 if last else max(self.progress, progress)), last
-        return self.schedule(step, self.progress)
+        return self.progress
 
     def projected_total(self, step: int, now: float) -> int | None:
         n = self.steps_left(now)
@@ -269,7 +273,7 @@ class Ledger:
             pass  # a full disk must not stop training; checkpoints still carry the figure
 
 
-def restore(budget: Budget, ckpt_state: dict | None, ledger: dict) -> list[str]:
+def restore(budget: Budget, ckpt_state: dict | None, ledger: dict, schedule=None) -> list[str]:
     """The checkpoint's budget state, with the time spent raised to the ledger's when the ledger
     saw more (the run went on after its last checkpoint before it was killed). The ledger belongs
     to the checkpoints it counts: without a checkpoint (they were deleted, or none was written)
@@ -302,11 +306,15 @@ def restore(budget: Budget, ckpt_state: dict | None, ledger: dict) -> list[str]:
         if room:  # from here progress is the share of the new budget's time, never going back
             budget.progress = 0.0
             now_p = min(1.0, budget.spent / max(1e-9, budget.seconds - budget.end_reserve()))
+            lr = (  # `schedule`: (step, progress) -> lr multiplier, for the note
+                f" (lr x{schedule(step, was):.3f} -> x{schedule(step, now_p):.3f})"
+                if schedule
+                else ""
+            )
             notes.append(
                 f"train.budget changed ({f'{old:.0f}s' if old is not None else 'spent'} -> "
                 f"{budget.seconds:.0f}s, {budget.spent:.0f}s spent): the schedule is refitted to "
-                f"the new budget, progress {was:.2f} -> {now_p:.2f} (lr x"
-                f"{budget.schedule(step, was):.3f} -> x{budget.schedule(step, now_p):.3f}); it "
+                f"the new budget, progress {was:.2f} -> {now_p:.2f}{lr}; it "
                 "cools down again before the new end"
             )
         else:
@@ -317,107 +325,174 @@ def restore(budget: Budget, ckpt_state: dict | None, ledger: dict) -> list[str]:
     return notes
 
 
-def build_budget(cfg, run_dir: Path | None, agree: Callable, eval_tokens: int) -> Budget | None:
-    """The Budget of a run with a time or money budget (None otherwise)."""
-    b = cfg.train.budget
-    seconds = b.seconds(cfg.distributed.world_size or 1) if b is not None else None
-    if seconds is None:
+# ----------------------------------------------------------------------------------------------
+# What the trainer holds: one object that says how far the run is and whether it is done
+
+
+class Steps:
+    """A run of a known number of steps: train.max_steps (a tokens budget is resolved into it).
+    The interface the trainer uses, with nothing to measure."""
+
+    def __init__(self, max_steps: int):
+        self.max_steps = max_steps
+
+    def progress(self, step: int) -> float:
+        """How far through the run the end of step `step` + 1 is (1 at the last step; an exact
+        fraction, optim/schedule.py's step_progress)."""
+        return step_progress(step, self.max_steps)
+
+    def done(self, step: int) -> bool:
+        return step >= self.max_steps
+
+    def start(self) -> None:
+        """A session's first step begins."""
+
+    def stepped(self, step: int) -> None:
+        """Step `step` ended."""
+
+    @contextlib.contextmanager
+    def aside(self, what: str):
+        """Work between steps that is no step's ("eval": an evaluation and its callbacks, "save")."""
+        yield
+
+    def record(self, step: int, step_seconds: float) -> dict:
+        """What the budget adds to a metrics record (`step_seconds`: the recent seconds per
+        step): the time left, `eta_s`."""
+        return {"eta_s": (self.max_steps - step) * step_seconds}
+
+    def figures(self) -> dict:
+        """What the budget adds to an evaluation's record."""
+        return {}
+
+    def total(self, step: int) -> int | str:
+        """The run's step count, for `step N/total`."""
+        return self.max_steps
+
+    def describe(self) -> str | None:
+        """The budget's figures for the progress line (None: nothing beyond the steps)."""
         return None
-    return Budget(
-        seconds,
-        build_schedule(cfg.schedule),
-        max_steps=cfg.train.max_steps or math.inf,
-        eval_every=cfg.eval.every,
-        save_every=cfg.checkpoint.every,
-        end_eval=cfg.eval.at_end,
-        end_save=cfg.checkpoint.at_end,
-        eval_tokens=eval_tokens,
-        batch_tokens=cfg.train.batch_tokens,
-        agree=agree,
-    )
+
+    def opening(self) -> str | None:
+        """The budget at the start of a session, for the console (None: nothing to say)."""
+        return None
+
+    def close(self, step: int) -> dict:
+        """The session ends: figures for the final record."""
+        return {}
+
+    def state_dict(self) -> dict | None:
+        return None  # nothing to save: train.max_steps is in the config
 
 
-class RunBudget:
-    """What the trainer holds for a time or money budget: the Budget, its ledger, and the text and
-    metrics it adds to the progress line, metrics.jsonl and the end of the run."""
+class TimeBudget(Steps):
+    """A time or money budget: progress from measured speed (`Budget`), the time spent saved in
+    checkpoints and in RUN_DIR/budget.json (`Ledger`). `max_steps` is train.max_steps as a cap
+    (inf without one) until the budget's last step, then that step."""
 
     def __init__(self, budget: Budget, ledger: Ledger, cfg: BudgetConfig, world: int):
+        super().__init__(budget.max_steps)  # type: ignore[arg-type]  (inf without a cap)
         self.budget, self.ledger, self.cfg, self.world = budget, ledger, cfg, world
 
-    @classmethod
-    def for_trainer(cls, tr, loaded_state: dict | None) -> RunBudget | None:
-        """Build (None without a time or money budget), check it holds one step at the device's
-        peak (a ConfigError before anything trains) and restore the time already spent."""
-        val = sum(sh.n_tokens for sh in tr.data.val_shards)
-        val = min(val, tr.cfg.eval.max_tokens or val)
-        budget = build_budget(tr.cfg, tr.run_dir, tr.parallel.broadcast_object, val)
-        if budget is None:
-            return None
-        t = tr.cfg.train
-        problem = check_budget_fits(
-            budget.seconds, t.batch_tokens, tr.flops_per_token, tr.peak, tr.device.type
-        )
-        if problem:
-            raise ConfigError([problem])
-        ledger = Ledger(tr.run_dir / "budget.json" if tr.is_main else None)
-        for note in restore(budget, loaded_state, ledger.read()):
-            tr.log(note)
-        cap = f"; train.max_steps={t.max_steps} stays a cap" if t.max_steps else ""
-        tr.log(f"budget: {budget.seconds:.0f}s, {budget.spent:.0f}s spent before{cap}")
-        return cls(budget, ledger, t.budget, tr.parallel.world)
-
-    @property
-    def finished(self) -> bool:
-        return self.budget.finished
-
-    def multiplier(self, step: int) -> float:
-        return self.budget.multiplier(step, now())
+    def progress(self, step: int) -> float:
+        return self.budget.advance(step, now())
 
     def start(self) -> None:
         self.budget.start(now())
 
-    def stepped(self, step: int) -> bool:
-        """Count the step's time; True when it was the budget's last."""
+    def stepped(self, step: int) -> None:
         t = now()
         last = self.budget.stepped(t)
         self.ledger.write(self.budget, step, t, force=last)
-        return last
+        if last:
+            self.max_steps = step  # the budget's last step, cooldown done
 
-    def note_eval(self, seconds: float) -> None:
-        self.budget.note_eval(seconds)
+    @contextlib.contextmanager
+    def aside(self, what: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:  # evaluations and saves count against the budget, not as step time
+            seconds = time.perf_counter() - t0
+            (self.budget.note_eval if what == "eval" else self.budget.note_save)(seconds)
 
-    def note_save(self, seconds: float) -> None:
-        self.budget.note_save(seconds)
+    def record(self, step: int, step_seconds: float) -> dict:
+        b, t = self.budget, now()
+        spent = b.elapsed(t)
+        eta = b.seconds - spent
+        if math.isfinite(b.max_steps) and b.per_step() is not None:  # a step cap may come first
+            eta = min(eta, (b.max_steps - step) * b.per_step() + b.end_reserve())
+        return {"eta_s": max(0.0, eta), "budget_spent": spent, "budget_progress": b.progress}
 
-    def spent(self) -> float:
-        return self.budget.elapsed(now())
+    def figures(self) -> dict:
+        return {"budget_spent": self.budget.elapsed(now())}
+
+    def total(self, step: int) -> int | str:
+        return self.budget.projected_total(step, now()) or "?"
+
+    def describe(self) -> str:
+        return self.budget.summary(now(), self.world, self.cfg)
+
+    def opening(self) -> str:
+        b = self.budget
+        cap = f"; train.max_steps={b.max_steps} stays a cap" if math.isfinite(b.max_steps) else ""
+        return f"budget: {b.seconds:.0f}s, {b.spent:.0f}s spent before{cap}"
+
+    def close(self, step: int) -> dict:
+        b, t = self.budget, now()
+        b.close(t)
+        self.ledger.write(b, step, t, force=True)
+        final = {"budget_spent": b.spent, "budget_seconds": b.seconds}
+        cost = self.cfg.dollars_for(b.spent, self.world)
+        if cost is not None:
+            final["budget_dollars"] = cost
+        return final
 
     def state_dict(self) -> dict:
         """For the checkpoint: the time spent up to now, progress, measured speeds."""
         return self.budget.state_dict(now())
 
-    def log_metrics(self, step: int, m: dict) -> tuple[str, int | str]:
-        """Add budget_spent, budget_progress and the budget's eta_s to `m`; returns the progress
-        line's budget text and its projected step count."""
-        t = now()
-        b = self.budget
-        eta = b.seconds - b.elapsed(t)
-        if math.isfinite(b.max_steps) and b.per_step() is not None:  # a step cap may come first
-            eta = min(eta, (b.max_steps - step) * b.per_step() + b.end_reserve())
-        m.update(eta_s=max(0.0, eta), budget_spent=b.elapsed(t))
-        m["budget_progress"] = b.progress
-        return b.summary(t, self.world, self.cfg), b.projected_total(step, t) or "?"
 
-    def close(self, step: int, final: dict) -> str:
-        """The session ends: count its tail, add the budget's figures to `final`; a log line."""
-        t = now()
-        b = self.budget
-        b.close(t)
-        self.ledger.write(b, step, t, force=True)
-        final.update(budget_spent=b.spent, budget_seconds=b.seconds)
-        cost = self.cfg.dollars_for(b.spent, self.world)
-        if cost is not None:
-            final["budget_dollars"] = cost
-        return f"budget: {b.spent:.1f}s of {b.seconds:.1f}s used ({b.spent / b.seconds:.1%})" + (
-            f", ${cost:.2f}" if cost is not None else ""
-        )
+def build_budget(
+    cfg,
+    saved: dict | None,
+    *,
+    ledger: Path | None,
+    agree: Callable,
+    val_shards: list,
+    flops_per_token: int,
+    peak: float,
+    device: str,
+    say: Callable[[str], None] = print,
+) -> Steps:
+    """The run's budget (cfg: the RunConfig): its steps, or a time or money budget restored from
+    `saved` (the resumed checkpoint's state.json) and the `ledger` file (rank 0; None on the
+    others), checked to hold one step at the device's `peak` FLOP/s (a ConfigError before
+    anything trains; what the restore changed is said with `say`). `agree` makes every rank
+    take rank 0's decisions (Parallel.broadcast_object);
+    `val_shards` are what an evaluation reads (up to eval.max_tokens)."""
+    t, b = cfg.train, cfg.train.budget
+    seconds = b.seconds(cfg.distributed.world_size or 1) if b is not None else None
+    if seconds is None:
+        return Steps(t.max_steps)
+    problem = check_budget_fits(seconds, t.batch_tokens, flops_per_token, peak, device)
+    if problem:
+        raise ConfigError([problem])
+    val = sum(len(sh.tokens) for sh in val_shards)
+    budget = Budget(
+        seconds,
+        max_steps=t.max_steps or math.inf,
+        eval_every=cfg.eval.every,
+        save_every=cfg.checkpoint.every,
+        end_eval=cfg.eval.at_end,
+        end_save=cfg.checkpoint.at_end,
+        eval_tokens=min(val, cfg.eval.max_tokens or val),
+        batch_tokens=t.batch_tokens,
+        agree=agree,
+    )
+    log = Ledger(ledger)
+    for note in restore(budget, saved, log.read(), build_schedule(cfg.schedule)):
+        say(note)
+    run = TimeBudget(budget, log, b, cfg.distributed.world_size or 1)
+    if budget.finished and saved is not None:
+        run.max_steps = saved["step"]
+    return run

@@ -5,6 +5,7 @@ planned is what is trained.
     model = build_model(cfg, device)          # parameters in train.master_weights' dtype
     optimizer = build_optimizer(cfg, model)   # once the model is loaded, grown and sharded
     model, optimizer = build(cfg, device)     # both at once (the planner's trace)
+    data = build_data(cfg, log)               # the trainer's data, checked against the model
 
 `traced=True` builds for the trace, under FakeTensorMode: the parameters are cast in place
 (Module.to swaps tensors, which fake ones refuse), and the optimizer config may stand in a
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from littlelm.data import build as data_build
+from littlelm.errors import ConfigError
 from littlelm.model.protocol import LanguageModel
 from littlelm.registry import MODELS, OPTIMIZERS
 from littlelm.schema import RunConfig
@@ -53,6 +56,30 @@ def build_optimizer(
     if traced:
         oc, rounding = oc.traceable(rounding)
     return OPTIMIZERS.get(oc.name)(model, oc, rounding, origin)
+
+
+def build_data(cfg: RunConfig, log, progress=None):
+    """The run's tokenizer and prepared data (data/build.py), checked against the model's
+    vocabulary; a validation split too small to evaluate on is said now (`log`), not as
+    `val loss nan` at each evaluation."""
+    data = data_build.build_data(cfg.data, log, progress)
+    if data.tokenizer.vocab_size != cfg.model.vocab_size:
+        raise ConfigError(
+            [
+                f"model.vocab_size {cfg.model.vocab_size} differs from the tokenizer's "
+                f"{data.tokenizer.vocab_size}; leave model.vocab_size null"
+            ]
+        )
+    evaluates = cfg.eval.every or cfg.eval.at_end
+    warning = data.val_warning(cfg.train.seq_len) if evaluates else None
+    if warning:
+        log(f"warning: {warning}")
+    cropped = data.crop_warning(cfg.train.seq_len)
+    if cropped:  # said at start, not only as the crop rate at the end
+        log(f"warning: {cropped}")
+    for note in data.chat_notes(cfg.train.seq_len):  # conversations too long for a row
+        log(f"warning: {note}")
+    return data
 
 
 def _cast(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -288,6 +288,12 @@ class Parallel:
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out / self.world
 
+    def total(self, n: int, device: torch.device) -> int:
+        """The sum of `n` over every rank (one all-reduce on `device` under torchrun)."""
+        if self.world == 1:
+            return n
+        return round(self.mean(torch.tensor(float(n), device=device)).item() * self.world)
+
     def on_main(self, fn: Callable[[], T]) -> T:
         """Run `fn` on rank 0 only (a write, a lock); every rank returns its result, or raises
         the LittleLMError it raised (same class and message, hence the same exit status), so
@@ -401,7 +407,7 @@ class Parallel:
     ) -> None:
         """Load whole checkpoint tensors into the (possibly sharded) model: every rank holds the
         same `tensors` and FSDP keeps each rank's slice."""
-        from littlelm.train import checkpoint as ckpt
+        from littlelm.train.checkpoint import files as ckpt
 
         if self.strategy != "fsdp":
             ckpt.load_model_tensors(model, tensors, source)

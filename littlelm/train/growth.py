@@ -1,8 +1,9 @@
 """Starting a run from a smaller trained checkpoint: the `grow:` section (docs/growth.md).
 
-    resolve_growth    at config resolution (model/grow.py): find the parent checkpoint, turn
-                      grow.placement into the explicit layer list and fill
-                      model.value_embed_layers
+    complete_growth   at start-up (config loading reads no checkpoint): find the parent
+                      checkpoint, turn grow.placement into the explicit layer list and fill
+                      model.value_embed_layers, so the run directory's config describes the
+                      grown model completely
     grow_from_parent  at the start of a fresh run: copy the parent's weights into the freshly
                       built model (model/grow.py), set the origin tags, check that the logits
                       match the parent's, and hand back the parent's data position
@@ -20,14 +21,15 @@ from typing import Any
 
 import torch
 
-from littlelm.config import flatten, marked
-from littlelm.errors import CheckpointError, ConfigError, TrainingError
+from littlelm.checkpoint_dirs import find_checkpoint
+from littlelm.config import flatten, marked, to_tree
+from littlelm.errors import CheckpointError, ConfigError, LittleLMError, TrainingError
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.grow import (
     GrowConfig,
     check_growable,
-    find_parent,
     grow_into,
+    grown_value_embed_layers,
     layer_map,
     logit_gap,
     parent_model_config,
@@ -35,7 +37,7 @@ from littlelm.model.grow import (
 from littlelm.model.grow_lr import OriginLR, OriginRamp, multiplier
 from littlelm.optim.groups import group_table
 from littlelm.schema import RunConfig
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 
 VERIFY_RTOL = 1e-4  # of the largest logit; fp32 growth lands near 1e-6
 
@@ -55,6 +57,62 @@ def lineage_start(checkpoint: str | Path, depth: int = 16) -> dict | None:
         start["step"] += earlier["step"]
         start["tokens"] += earlier["tokens"]
     return start
+
+
+def complete_growth(cfg: RunConfig) -> RunConfig:
+    """`cfg` (resolved) with growth's derived values filled in from the parent checkpoint: the
+    parent's exact checkpoint directory, grow.placement as the explicit layer list and
+    model.value_embed_layers, so that whatever builds a model from the config (the trainer, the
+    planner) sees the grown model. Called at start-up (the trainer, `littlelm grow`, `plan`):
+    config loading itself reads no checkpoint. A config that has them already (a run
+    directory's) needs no parent, so a run resumes after its parent is gone. Raises ConfigError
+    naming what is wrong."""
+    g, m = cfg.grow, cfg.model
+    if g is None:
+        return cfg
+    if not m.growable:
+        raise ConfigError(["grow: only the gpt model can be grown"])
+    derive = isinstance(g.placement, str) or (m.value_embeds and m.value_embed_layers is None)
+    try:
+        path = find_parent(g.parent)
+    except CheckpointError as e:
+        if derive:
+            raise ConfigError([str(e)]) from None
+        return cfg  # nothing to derive: the parent may be gone
+    g = g.model_copy(update={"parent": str(path)})
+    if derive:
+        try:
+            parent = parent_model_config(read_parent_state(path), path)
+            layers = layer_map(g.placement, parent.n_layer, m.n_layer)
+        except (LittleLMError, ValueError) as e:
+            raise ConfigError([f"grow: {e}"]) from None
+        g = g.model_copy(update={"placement": layers})
+        if m.value_embeds and m.value_embed_layers is None:
+            ve_layers = grown_value_embed_layers(parent, m, layers)
+            m = m.model_copy(update={"value_embed_layers": ve_layers})
+        problems = check_growable(parent, m, layers)
+        if problems:
+            raise ConfigError(problems)
+    return cfg.model_copy(update={"grow": g, "model": m})
+
+
+def find_parent(path: str | Path) -> Path:
+    """A checkpoint directory, or the newest complete checkpoint of a run directory."""
+    try:
+        return find_checkpoint(path)
+    except CheckpointError as e:
+        raise CheckpointError(
+            f"grow.parent: {e}; give a checkpoint directory (runs/NAME/checkpoints/step_N) or a "
+            "run directory (its newest checkpoint is used); to look at or plan the grown shape "
+            "without the parent, override grow=null"
+        ) from None
+
+
+def read_parent_state(path: Path) -> dict:
+    try:
+        return json.loads((path / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"grow.parent: cannot read {path / 'state.json'} ({e})") from None
 
 
 @dataclass
@@ -79,6 +137,14 @@ class GrownFrom:
             f"{p.n_layer} layers × {p.d_model} wide, {p.n_head} heads, MLP {p.hidden}); "
             f"new blocks at layers {new or 'none'}; function {check}"
         )
+
+
+def grow_at_start(model: GPT, cfg: RunConfig, resumed_step: int | None, data) -> GrownFrom | None:
+    """A fresh grown run (or one resumed at step 0): the parent's weights and origin tags go
+    into `model` (None: not a grown run, or one resumed past its start)."""
+    if cfg.grow is None or resumed_step:
+        return None
+    return grow_from_parent(model, cfg.grow, data.tokenizer.fingerprint, to_tree(cfg))
 
 
 def grow_from_parent(
@@ -160,6 +226,7 @@ def preview_growth(cfg: Any) -> list[str]:
     on the CPU exactly as training would; trains nothing and writes nothing."""
     from littlelm.registry import OPTIMIZERS
 
+    cfg = complete_growth(cfg)
     torch.manual_seed(cfg.run.seed)
     model = GPT(cfg.model)
     grown = grow_from_parent(model, cfg.grow, None, None)

@@ -122,6 +122,23 @@ class LossGuard:
             "command to resume"
         )
 
+    def skip_note(self, step: int) -> str:
+        """The log line of an update the guard left out."""
+        return (
+            f"step {step}: update skipped, {self.reason} ({self.in_a_row} in a row; "
+            f"{self.cfg.on_persistent} after {self.cfg.max_consecutive})"
+        )
+
+    def rollback_note(self, info: dict) -> str:
+        """The log line of a rollback (`info`: the on_rollback record)."""
+        step, failed_at = info["step"], info["failed_at"]
+        return (
+            f"rolled back to {info['checkpoint']} (step {step}) after "
+            f"{self.cfg.max_consecutive} skipped updates up to step {failed_at} "
+            f"({info['reason']}); the batches of steps {step + 1}-{failed_at} are skipped "
+            f"(rollback {self.rollbacks} of at most {self.cfg.max_rollbacks})"
+        )
+
     def take_window(self) -> int:
         """Skipped steps since the last call (for one metrics record)."""
         n, self.window_skipped = self.window_skipped, 0

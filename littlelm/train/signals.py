@@ -30,7 +30,7 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class StopSignals:
     def __init__(self) -> None:
         self.requested: str | None = None  # the name of the first signal received
-        # a stop decided elsewhere: under torchrun, another rank's signal (trainer._judge)
+        # a stop decided elsewhere: under torchrun, another rank's signal (`share`)
         self.agreed: str | None = None
         self._previous: dict[int, object] = {}
 
@@ -48,6 +48,16 @@ class StopSignals:
             # rank stopped by another rank's signal too (torchrun would then exit 1)
             signal.signal(sig, signal.SIG_IGN if self.requested or self.agreed else handler)
         self._previous.clear()
+
+    def share(self, parallel, loss, norm) -> tuple[float, float]:
+        """Under torchrun, once per step: the mean loss and largest gradient norm over the ranks
+        (Parallel.agree_step), and a signal any rank received becomes `agreed` on every rank
+        (counted from the step after it arrived, so all stop together)."""
+        mine = signal.Signals[self.requested].value if self.requested else 0
+        value, norm_value, agreed = parallel.agree_step(loss, norm, mine)
+        if agreed and self.agreed is None:
+            self.agreed = signal.Signals(agreed).name  # its teardown ignores signals too
+        return value, norm_value
 
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name

@@ -5,34 +5,25 @@
 
 One optimizer step (`train_step`, read top to bottom): `grad_accum` micro-batches of forward +
 backward under autocast, gradient clipping, the loss guard's verdict, the schedule's learning
-rates, then the update (left out when the guard says so). The loop (`_fit`) acts on the verdict
-(a skip is reported, a rollback reloads the last checkpoint, a stop ends the run), then logs
-progress and metrics every `log_every` steps, validates (loss and bits per byte) every
-`eval.every`, checkpoints every `checkpoint.every` and calls the callbacks at each hook. A run
-directory holds the resolved config, the metrics, samples and checkpoints; a new Trainer on the
-same directory resumes from the newest complete checkpoint unless told otherwise.
+rates at the budget's progress, then the update (left out when the guard says so). The loop
+(`_fit`) acts on the verdict (report a skip, roll back to the last checkpoint, stop), then
+records metrics every `log_every` steps, validates every `eval.every`, checkpoints every
+`checkpoint.every` and calls the callbacks at each hook, until the budget (train/budget.py)
+says the run is done. `__init__` builds everything in one numbered sequence whose order
+matters; each step says why.
 
-The Trainer owns one explicit state object, `self.state` (train/state.py: step, tokens, time,
-data position, loss guard, newest checkpoint); `self.checkpointer` (train/checkpointer.py) saves
-it with the weights and the optimizer's state and restores it on resume and rollback. `__init__`
-builds everything in one numbered sequence whose order matters; each step says why.
-
-Reliability lives in helpers (docs/reliability.md): train/resume.py picks and checks the
-checkpoint to resume from, train/guard.py judges each step's loss, train/signals.py turns
-SIGTERM/SIGINT into a clean stop, and train/runlock.py keeps one trainer per run directory.
-
-Under torchrun every rank runs this same loop on its own slice of the data; `self.parallel`
-(train/distributed.py) does the rest: DDP or FSDP2 wrapping, no gradient sync during
-accumulation, sharded optimizers, rank-0-only output, and checkpoints that are whole (one file
-set, readable at any world size).
+What a run carries from step to step is one object, `self.state` (train/checkpoint/state.py);
+`self.checkpointer` (train/checkpoint/save_restore.py) saves it with the weights and optimizer state and
+restores it on resume and rollback. The trainer prints only what happened (resumed, skipped,
+rolled back); what `littlelm train` shows around it is the CLI's console (littlelm/console.py),
+a callback. Under torchrun every rank runs this same loop on its own slice of the data;
+`self.parallel` (train/distributed.py) does the rest (docs/distributed.md).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import math
-import signal
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -40,37 +31,25 @@ from typing import NamedTuple
 import torch
 
 from littlelm.config import flatten, to_tree
-from littlelm.data.build import build_data
-from littlelm.data.loader import Batch, DataExhausted, LoaderSnapshot, Prefetcher
-from littlelm.errors import CheckpointError, ConfigError, TrainingError
-from littlelm.model.backend import compile_on, run_backend
+from littlelm.data.loader import Batch, DataExhausted, Prefetcher
+from littlelm.errors import CheckpointError, TrainingError
 from littlelm.model.grow_lr import origin_multipliers
-from littlelm.optim.schedule import build_schedule, step_progress
-from littlelm.optim.schedule_check import schedule_warnings
-from littlelm.progress import FirstSteps, Progress, progress_line
+from littlelm.optim.schedule import build_schedule
+from littlelm.progress import Progress
 from littlelm.schema import RunConfig
-from littlelm.train import budget as budgeting
-from littlelm.train import checkpoint as ckpt
-from littlelm.train.build import build_model, build_optimizer
+from littlelm.train import device as dev
+from littlelm.train.budget import Steps, build_budget
+from littlelm.train.build import build_data, build_model, build_optimizer
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback, complete_end_record
-from littlelm.train.checkpointer import Checkpointer, Resumed
-from littlelm.train.device import (
-    autocast,
-    peak_flops,
-    pick_device,
-    synchronize,
-    tune_cpu_allocator,
-    with_precision,
-)
+from littlelm.train.checkpoint.rundir import check_run_dir
+from littlelm.train.checkpoint.save_restore import Checkpointer, Resumed
+from littlelm.train.checkpoint.state import TrainState, Window
 from littlelm.train.distributed import Parallel
-from littlelm.train.growth import GrownFrom, group_rows, grow_from_parent
+from littlelm.train.growth import complete_growth, grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
-from littlelm.train.rundir import check_run_dir
-from littlelm.train.runlock import RunLock
 from littlelm.train.signals import StopSignals
-from littlelm.train.state import TrainState, Window
 from littlelm.train.step import grad_norm, micro_step, seed_everything, update
-from littlelm.train.validation import validation_line, validation_metrics
+from littlelm.train.validation import validation_metrics
 
 
 class Step(NamedTuple):
@@ -89,23 +68,25 @@ class Trainer:
         resume: str = "auto",
         progress: Progress | None = None,
         parallel: Parallel | None = None,
+        callbacks: tuple[Callback, ...] = (),
     ):
+        """`progress` receives the trainer's notes (resumed, skipped, rolled back, ...);
+        `callbacks` come before those of the config (the CLI's console: littlelm/console.py)."""
         self.cfg = cfg
         self.parallel = parallel or Parallel.single(cfg.distributed)
         self.progress = progress or Progress()
         self.run_dir = cfg.run_dir()
         check_run_dir(self.run_dir)  # before any work: a non-empty directory must be a run
-        self.device = self.parallel.device(pick_device(cfg.run.device))
+        self.device = self.parallel.device(dev.pick_device(cfg.run.device))
         # `precision: auto` becomes bf16 or fp32 for this device before anything reads it, so
         # the checkpoints record what the run computed in (littlelm/hardware.py)
         requested = cfg.train.precision
-        self.cfg = cfg = with_precision(cfg, self.device)
+        # and a grown run's shape from its parent checkpoint (train/growth.py), read here
+        self.cfg = cfg = complete_growth(dev.with_precision(cfg, self.device))
         self.auto_fp32 = requested == "auto" and cfg.train.precision == "fp32"  # said at start
-        # inf: a time or money budget decides the end from measured speed (train/budget.py)
-        self.max_steps: float = cfg.train.max_steps or math.inf
         self.stop = StopSignals()
-        self._agreed_stop: str | None = None  # see `stopping`
         self.last_eval: dict = {}
+        self.last_loss: torch.Tensor | None = None  # the last step's loss (on the device)
         # 1. process: every rank has this config and the device can run the model, checked
         #    before any work; then seeded, before anything draws from the RNG (model init)
         self._setup_process()
@@ -113,44 +94,52 @@ class Trainer:
         #     checkpoints) is refused before any data preparation or tokenizer training
         Checkpointer.refuse_early(cfg, self.run_dir, resume)
         # 2. callbacks: a missing optional package (wandb, tensorboard) fails before data prep
-        self.callbacks: list[Callback] = [JSONLLogger(), *map(build_callback, cfg.callbacks)]
+        self.callbacks = [*callbacks, JSONLLogger(), *map(build_callback, cfg.callbacks)]
         # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
-        self.data = self._build_data()
+        progress = self.progress if self.is_main else Progress(io.StringIO())  # rank 0 shows it
+        self.data = self.parallel.in_turns(lambda: build_data(cfg, self.log, progress))
         self.checkpointer = Checkpointer(cfg, self.parallel, self.data.tokenizer, self.run_dir)
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
-        self.model = self._build_model()
+        self.model = build_model(cfg, self.device)
         # 5. load: a resumed run's weights go in whole, before sharding splits the tensors
         resumed = self.checkpointer.load(resume, self.model)
-        # 6. grow: a fresh grown run copies its parent's weights, for the same reason, and tags
-        #    their origins
-        grown = self._grow(resumed)
+        # 6. grow: a fresh grown run copies its parent's weights (same reason) and tags origins
+        grown = grow_at_start(self.model, cfg, resumed and resumed.loaded.state["step"], self.data)
+        if grown is not None:
+            self.log(grown.summary())
         # 7. shard: FSDP replaces the parameters by DTensors, which the optimizer must hold
         self.parallel.shard_model(self.model, cfg.train.precision)
         # 8. optimizer: parameter groups from the sharded parameters and their origin tags, a
-        #    grown run's from 6, a resumed one's from its checkpoint (the schedule sets their
-        #    learning rates at each step)
+        #    grown run's from 6, a resumed one's from its checkpoint
         origin = grown.origin if grown is not None else resumed and resumed.loaded.origin
-        self.optimizer = self.parallel.shard_optimizer(self._build_optimizer(origin))
-        self.schedule = build_schedule(cfg.schedule)
+        optimizer = build_optimizer(cfg, self.model, origin=origin)
+        self.optimizer = self.parallel.shard_optimizer(optimizer)
         # 9. loader and state: this rank's slice of the data, and the run at step 0
         self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
         self.state = TrainState(self.loader.snapshot(), LossGuard(cfg.guard))
         self.state.guard.collapse = Collapse(cfg.model.vocab_size, cfg.guard.collapse_steps)
         # 10. measure: FLOPs per token and peak FLOP/s (a CPU's first probe draws random
         #     matrices from torch's RNG, so it comes before 11 sets the checkpoint's RNG state)
-        self._measure()
+        self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
+        self.flops_per_token = self.model.flops_per_token(cfg.train.seq_len)
+        self.peak = dev.peak_flops(self.device, precision=cfg.train.precision) * self.parallel.world
         # 11. resume: optimizer moments, RNG, counters, guard and data position, into the
         #     optimizer and loader of 8-9 (or a grown run's parent's data position)
-        self._resume(resumed, grown)
-        # 12. budget: a time or money budget checks it holds one step at the peak of 10 and
-        #     takes the time already spent from the checkpoint of 11 (or the run's ledger)
-        self._start_budget(resumed)
+        loaders = (self.loader, self._make_loader)  # this rank's, and one for any rank
+        self.checkpointer.resume(self.state, resumed, grown, self.optimizer, *loaders)
+        for line in resumed.describe(self.state, self.parallel.world) if resumed else ():
+            self.log(line)
+        # 12. budget: how far the run is and whether it is done (train/budget.py); a time or
+        #     money budget checks it holds one step at the peak of 10 and takes the time already
+        #     spent from the checkpoint of 11 (or the run's ledger); the schedule reads it
+        self.state.budget = self._build_budget(resumed)
+        self.schedule = build_schedule(cfg.schedule)  # (step, progress) -> lr multiplier
         # 13. wrap: DDP and torch.compile around the finished model; checkpoints, evaluation
         #     and sampling use the bare `self.model`
-        self.forward = self._wrap()
+        forward = self.parallel.wrap(self.model)
+        self.forward = torch.compile(forward) if cfg.train.compiles(self.device) else forward
 
-    # ------------------------------------------------------------------------------------------
-    # Construction steps (in the order __init__ calls them)
+    # ---- construction steps (in the order __init__ calls them) --------------------------------
 
     def _setup_process(self) -> None:
         cfg = self.cfg
@@ -160,46 +149,8 @@ class Trainer:
         self.parallel.agree_config(flatten(to_tree(cfg)))
         cfg.model.check_device(self.device)
         if self.device.type == "cpu":
-            tune_cpu_allocator()
+            dev.tune_cpu_allocator()
         seed_everything(cfg.run.seed)
-
-    def _build_data(self):
-        cfg = self.cfg
-        # data preparation shows progress on rank 0 only (the other ranks find it cached)
-        progress = self.progress if self.is_main else Progress(io.StringIO())
-        data = self.parallel.in_turns(lambda: build_data(cfg.data, self.log, progress))
-        if data.tokenizer.vocab_size != cfg.model.vocab_size:
-            raise ConfigError(
-                [
-                    f"model.vocab_size {cfg.model.vocab_size} differs from the tokenizer's "
-                    f"{data.tokenizer.vocab_size}; leave model.vocab_size null"
-                ]
-            )
-        warning = data.val_warning(cfg.train.seq_len) if cfg.eval.every or cfg.eval.at_end else None
-        if warning:  # said at start, instead of `val loss nan` at each evaluation
-            self.log(f"warning: {warning}")
-        cropped = data.crop_warning(cfg.train.seq_len)
-        if cropped:  # said at start, not only as the crop rate at the end
-            self.log(f"warning: {cropped}")
-        for note in data.chat_notes(cfg.train.seq_len):  # conversations too long for a row
-            self.log(f"warning: {note}")
-        return data
-
-    def _build_model(self) -> torch.nn.Module:
-        return build_model(self.cfg, self.device)
-
-    def _grow(self, resumed: Resumed | None) -> GrownFrom | None:
-        """A fresh grown run (or one resumed at step 0): the parent's weights and origin tags."""
-        cfg = self.cfg
-        if cfg.grow is None or (resumed is not None and resumed.loaded.state["step"] != 0):
-            return None
-        fingerprint = self.data.tokenizer.fingerprint
-        grown = grow_from_parent(self.model, cfg.grow, fingerprint, to_tree(cfg))
-        self.log(grown.summary())
-        return grown
-
-    def _build_optimizer(self, origin: dict[str, str] | None):
-        return build_optimizer(self.cfg, self.model, origin=origin)
 
     def _make_loader(self, rank: int, world: int):
         t = self.cfg.train
@@ -207,46 +158,18 @@ class Trainer:
             self.cfg.data, t.micro_batch_size, t.seq_len, self.cfg.run.seed, rank, world
         )
 
-    def _measure(self) -> None:
-        self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
-        self.flops_per_token = self.model.flops_per_token(self.cfg.train.seq_len)
-        self.peak = (
-            peak_flops(self.device, precision=self.cfg.train.precision) * self.parallel.world
+    def _build_budget(self, resumed: Resumed | None) -> Steps:
+        return build_budget(
+            self.cfg,
+            resumed.loaded.state if resumed is not None else None,
+            ledger=self.run_dir / "budget.json" if self.is_main else None,
+            agree=self.parallel.broadcast_object,
+            val_shards=self.data.val_shards,
+            flops_per_token=self.flops_per_token,
+            peak=self.peak,
+            device=self.device.type,
+            say=self.log,  # a changed budget refits the schedule, and says so
         )
-
-    def _resume(self, resumed: Resumed | None, grown: GrownFrom | None) -> None:
-        loader, make = self.loader, self._make_loader
-        if resumed is not None:
-            self.checkpointer.restore(self.state, resumed.loaded, self.optimizer, loader, make)
-            self._log_resumed(resumed)
-        if grown is not None and grown.loader_state is not None:  # grow.continue_data
-            self.checkpointer.restore_parent_data(self.state, grown.path, loader, make)
-
-    def _log_resumed(self, resumed: Resumed) -> None:
-        s, path = self.state, resumed.loaded.path
-        self.log(f"resumed from {path} (step {s.step}, {s.tokens:,} tokens)")
-        if resumed.changes:
-            self.log(f"resuming with changed settings: {'; '.join(resumed.changes)}")
-        saved_world = resumed.loaded.state.get("loader_world_size", 1)
-        if saved_world != self.parallel.world:
-            self.log(
-                f"the checkpoint was written by {saved_world} process(es), this run has "
-                f"{self.parallel.world}: the data order was re-dealt (docs/distributed.md)"
-            )
-
-    def _start_budget(self, resumed: Resumed | None) -> None:
-        loaded = resumed.loaded.state if resumed is not None else None
-        self.state.budget = budgeting.RunBudget.for_trainer(self, loaded)
-        if self.state.budget is not None and self.state.budget.finished:
-            self.max_steps = self.state.step
-
-    def _wrap(self):
-        forward = self.parallel.wrap(self.model)
-        on = compile_on(self.cfg.train.compile, run_backend(self.cfg.model, self.device))
-        return torch.compile(forward) if on else forward
-
-    # ------------------------------------------------------------------------------------------
-    # Helpers
 
     @property
     def is_main(self) -> bool:
@@ -254,8 +177,7 @@ class Trainer:
         return self.parallel.is_main
 
     @property
-    def step(self) -> int:
-        """Optimizer steps taken (read-only here; `self.state` holds the run's counters)."""
+    def step(self) -> int:  # read-only: `self.state` holds the run's counters
         return self.state.step
 
     @property
@@ -263,13 +185,9 @@ class Trainer:
         return self.state.tokens
 
     @property
-    def train_time(self) -> float:
-        return self.state.train_time
-
-    @property
-    def loader_state(self) -> LoaderSnapshot:
-        """The data position after the last batch trained on (a LoaderSnapshot)."""
-        return self.state.loader
+    def max_steps(self) -> float:
+        """The run's steps: train.max_steps, inf under a time budget until its last step."""
+        return self.state.budget.max_steps
 
     def log(self, text: str) -> None:
         if self.is_main:
@@ -283,7 +201,7 @@ class Trainer:
         return [cb for cb in self.callbacks if fsdp and cb.runs_model]
 
     def autocast(self):
-        return autocast(self.device, self.cfg.train.precision)
+        return dev.autocast(self.device, self.cfg.train.precision)
 
     # ------------------------------------------------------------------------------------------
     # The loop
@@ -292,95 +210,57 @@ class Trainer:
         """Train to max_steps (or `stop_after` more steps, then checkpoint: used by tests and
         benchmarks to simulate an interruption). Returns the final metrics. Holds the run
         directory's lock throughout; SIGTERM/SIGINT stop it cleanly after a save."""
-        with self._session():
+        with self.checkpointer.session(self.state, self.stop, self.log):
             return self._fit(stop_after)
-
-    @contextlib.contextmanager
-    def _session(self):
-        with contextlib.ExitStack() as stack:
-            # rank 0 holds the run lock and tidies the run directory; the others learn whether
-            # it could (a run directory in use stops every rank with the same error)
-            self.parallel.on_main(lambda: self._lock_run_dir(stack))
-            stack.enter_context(self.stop)
-            try:
-                yield
-            except KeyboardInterrupt:
-                newest = ckpt.latest_checkpoint(self.checkpointer.dir, warn=False)
-                self.log(f"aborted at step {self.step} without saving; newest checkpoint: {newest}")
-                raise
-
-    def _lock_run_dir(self, stack: contextlib.ExitStack) -> None:
-        stack.enter_context(RunLock(self.run_dir))
-        for note in ckpt.clean_incomplete(self.checkpointer.dir):
-            self.log(note)
 
     @property
     def stopping(self) -> str | None:
         """The signal that stops the run, agreed by every rank: under torchrun a signal counts
         from the step after it reached any rank (each step shares it), so all stop together."""
-        return self.stop.requested if self.parallel.world == 1 else self._agreed_stop
+        return self.stop.requested if self.parallel.world == 1 else self.stop.agreed
 
     def _fit(self, stop_after: int | None) -> dict:
-        s, c = self.state, self.cfg
-        if s.step >= self.max_steps:
+        s, c, budget = self.state, self.cfg, self.state.budget
+        if budget.done(s.step):  # resumed at its end
             return self._already_finished()
-        self._start()
-        end = self.max_steps if stop_after is None else min(self.max_steps, s.step + stop_after)
+        self.checkpointer.write_config()
+        for cb in self._my_callbacks():
+            cb.on_train_start(self)
+        stop_at = math.inf if stop_after is None else s.step + stop_after
         batches = Prefetcher(self.loader, c.data.prefetch)
         window = Window.starting_at(s, self.device)
-        first = FirstSteps(s.step, c.train.log_every)  # shown before the log cadence
-        if s.budget is not None:
-            s.budget.start()
+        budget.start()
         try:
-            while s.step < end and not self.stopping:
+            while not budget.done(s.step) and s.step < stop_at and not self.stopping:
                 step = self.train_step(batches)
-                if s.budget is not None and s.budget.stepped(s.step):
-                    end = self.max_steps = s.step  # the budget's last step, cooldown done
+                budget.stepped(s.step)
+                last = budget.done(s.step) or s.step >= stop_at
                 if step.verdict is Verdict.OK:
                     window.add(step.loss, step.grad_norm)
-                else:  # no update: say why (a STOP verdict raises here)
-                    self._skipped(step.verdict)
+                else:  # no update: say why; a STOP verdict ends the run
+                    self.log(s.guard.skip_note(s.step))
+                    if step.verdict is Verdict.STOP:
+                        raise TrainingError(s.guard.stop_message(s.step, s.last_checkpoint))
                 if step.verdict is Verdict.ROLLBACK:
                     self._rollback()  # to the last checkpoint; the data moves on
                     window.restart(s)  # the steps since the checkpoint are abandoned
                     continue
-                if self.is_main and first.wants(s.step):
-                    first.show(self.progress, s.step, self.max_steps, step.loss.item())
+                self.last_loss = step.loss
                 metrics = {"step": s.step, "tokens": s.tokens, "lr_mult": step.lr_mult}
-                if s.step % c.train.log_every == 0 or s.step == end:
-                    metrics.update(self._log_metrics(window, step.lr_mult))
+                if s.step % c.train.log_every == 0 or last:
+                    metrics.update(self._log_metrics(window))
                 for cb in self._my_callbacks():
                     cb.on_step_end(self, metrics)
-                if self._due(c.eval.every) and s.step < self.max_steps and not self.stopping:
+                if self._due(c.eval.every) and not budget.done(s.step) and not self.stopping:
                     self.evaluate()
-                if self._due(c.checkpoint.every) and s.step < end:
-                    t0 = time.perf_counter()
-                    self.save()
-                    if s.budget is not None:  # saves count against a time budget
-                        s.budget.note_save(time.perf_counter() - t0)
+                if self._due(c.checkpoint.every) and not last:
+                    with budget.aside("save"):  # saves count against a time budget
+                        self.save()
         except DataExhausted as e:
             self.log(f"stopping: {e}")
         finally:
             batches.close()
-        return self._finish(end)
-
-    def _start(self) -> None:
-        """The run directory's config, the start-up summary and the on_train_start hooks."""
-        self.checkpointer.write_config()
-        self._print_summary()
-        max_tokens = self.cfg.train.max_tokens
-        if max_tokens:  # a time budget does not know its tokens in advance
-            self.log(
-                f"data mixture ({max_tokens:,} training tokens):\n"
-                + "\n".join(self.data.mixture_plan(max_tokens))
-            )
-        if self.state.step:
-            self.log(f"data realised so far: {self.state.loader.report()}")
-        for cb in self._my_callbacks():
-            cb.on_train_start(self)
-        if math.isfinite(self.max_steps):  # a time budget sets the steps as it goes
-            for problem in schedule_warnings(self.cfg.schedule, self.max_steps):
-                self.log(f"warning: {problem}")
+        return self._finish()
 
     def _due(self, every: int) -> bool:
         """True at the steps that are multiples of `every` (0: never)."""
@@ -397,8 +277,7 @@ class Trainer:
         for i in range(t.grad_accum):
             batch: Batch = next(batches)
             trained += t.micro_batch_size * t.seq_len if batch.trained is None else batch.trained
-            x = batch.x.to(self.device, non_blocking=True)
-            y = batch.y.to(self.device, non_blocking=True)
+            x, y = (b.to(self.device, non_blocking=True) for b in (batch.x, batch.y))
             with self.parallel.no_sync(skip=i < t.grad_accum - 1):  # DDP: all-reduce on the last
                 total += micro_step(self.forward, x, y, t.grad_accum, self.autocast())
         s.loader = batch.state
@@ -412,43 +291,30 @@ class Trainer:
         # update, unless the guard left it out; the gradients are freed either way
         update(self.optimizer, apply=verdict is Verdict.OK)
         s.step += 1
-        s.tokens += t.batch_tokens if not self.data.masked else self._all_ranks(trained)
-        synchronize(self.device)
+        masked = self.data.masked  # a masked loss counts the targets it trained on (all ranks)
+        s.tokens += self.parallel.total(trained, self.device) if masked else t.batch_tokens
+        dev.synchronize(self.device)
         s.train_time += time.perf_counter() - t0
         return Step(loss, norm, verdict, lr_mult)
 
     def _judge(self, loss: torch.Tensor, norm: torch.Tensor) -> Verdict:
         """The loss guard's verdict on this step (one host sync for both numbers). Under torchrun
-        it judges the numbers every rank shares (Parallel.agree_step: the mean loss, non-finite
-        if any rank's is), and learns whether any rank received a stop signal, so every rank
-        skips, rolls back, stops and exits at the same step."""
+        every rank judges the same numbers and learns whether any rank received a stop signal
+        (StopSignals.share), so every rank skips, rolls back, stops and exits at the same step."""
         guard = self.state.guard
         if self.parallel.world > 1:
-            signum = signal.Signals[self.stop.requested].value if self.stop.requested else 0
-            value, norm_value, agreed = self.parallel.agree_step(loss, norm, signum)
-            if agreed and self._agreed_stop is None:
-                self._agreed_stop = signal.Signals(agreed).name
-                self.stop.agreed = self._agreed_stop  # its teardown ignores signals too
+            value, norm_value = self.stop.share(self.parallel, loss, norm)
         elif not guard.cfg.enabled:
             return Verdict.OK
         else:
             value, norm_value = torch.stack([loss.float(), norm.float().to(loss.device)]).tolist()
         return guard.verdict(value, norm_value) if guard.cfg.enabled else Verdict.OK
 
-    def _all_ranks(self, n: int) -> int:
-        """The sum of `n` over every rank (one all-reduce under torchrun)."""
-        if self.parallel.world == 1:
-            return n
-        total = self.parallel.mean(torch.tensor(float(n), device=self.device))
-        return round(total.item() * self.parallel.world)
-
     def _set_lr(self) -> float:
         """Set this step's learning rates (and Muon momentum); returns the multiplier."""
         s = self.state
-        if s.budget is not None:  # the budget says how far through the run this step is
-            mult = s.budget.multiplier(s.step)
-        else:
-            mult = self.schedule(s.step, step_progress(s.step, self.max_steps))
+        # the schedule at how far through the run this step is (the budget says)
+        mult = self.schedule(s.step, s.budget.progress(s.step))
         # a grown run's multiplier per origin tag at this step (grow.lr_multipliers; else 1)
         by_origin = origin_multipliers(self.cfg.grow and self.cfg.grow.lr_multipliers, s.step)
         m = self.cfg.optimizer.momentum_at(s.step)  # None: the Muon momentum is not scheduled
@@ -458,73 +324,19 @@ class Trainer:
                 g["momentum"] = m
         return mult
 
-    def _skipped(self, verdict: Verdict) -> None:
-        """Report an update the guard left out; raise when it gives up on the run."""
-        s, g = self.state, self.state.guard
-        self.log(
-            f"step {s.step}: update skipped, {g.reason} "
-            f"({g.in_a_row} in a row; {g.cfg.on_persistent} after {g.cfg.max_consecutive})"
-        )
-        if verdict is Verdict.STOP:
-            raise TrainingError(g.stop_message(s.step, s.last_checkpoint))
-
     def _rollback(self) -> None:
-        """Reload the last checkpoint after persistent bad steps, keeping the data loader where
-        it is so the batches since the checkpoint are skipped (train/guard.py explains)."""
-        s, g = self.state, self.state.guard
-        if s.last_checkpoint is None:
-            raise TrainingError(g.stop_message(s.step, s.last_checkpoint))
-        failed_at, reason = s.step, g.reason
-        loaded = self.checkpointer.rollback(s, self.model, self.optimizer)
-        info = {
-            "step": s.step,
-            "tokens": s.tokens,
-            "failed_at": failed_at,
-            "reason": reason,
-            "rollbacks": g.rollbacks,
-            "checkpoint": str(loaded.path),
-        }
-        self.log(
-            f"rolled back to {loaded.path} (step {s.step}) after {g.cfg.max_consecutive} "
-            f"skipped updates up to step {failed_at} ({reason}); the batches of steps "
-            f"{s.step + 1}-{failed_at} are skipped (rollback {g.rollbacks} of at most "
-            f"{g.cfg.max_rollbacks})"
-        )
+        """Reload the last checkpoint; the data moves on (train/guard.py explains)."""
+        info = self.checkpointer.rollback(self.state, self.model, self.optimizer)
+        self.log(self.state.guard.rollback_note(info))
         for cb in self._my_callbacks():
             cb.on_rollback(self, info)
 
-    def _log_metrics(self, window: Window, lr_mult: float) -> dict:
-        """The record of the steps since the last one (one host sync), shown on the progress
-        line; starts a new window."""
+    def _log_metrics(self, window: Window) -> dict:
+        """The record of the steps since the last one; starts a new window."""
         s = self.state
-        steps = max(1, s.step - window.step)
-        busy = max(1e-9, s.train_time - window.train_time)
-        tok_s = (s.tokens - window.tokens) / busy
-        skipped = s.guard.take_window()
-        loss_sum = self.parallel.mean(window.loss_sum)  # over every rank's micro-batches
-        loss = loss_sum.item() / (steps - skipped) if steps > skipped else math.nan
-        left = (self.max_steps - s.step) * busy / steps  # seconds per step so far
-        mfu = tok_s * self.flops_per_token / self.peak if math.isfinite(self.peak) else None
-        grad_norm = window.norm_sum.item() / (steps - skipped) if steps > skipped else math.nan
-        m = {
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "tok_per_s": tok_s,
-            "mfu": mfu,
-            "train_time": s.train_time,
-            "eta_s": left,
-            "mix": s.loader.proportions(),
-            "crop_rate": s.loader.crop_rate(),
-            "split_rate": s.loader.split_rate(),
-            **({"skipped": skipped} if skipped else {}),  # present only when there were skips
-        }
-        total, line = self.max_steps, {"step": s.step, "lr_mult": lr_mult}
-        if s.budget is not None:  # budget (train/budget.py): time spent, projected end
-            line["budget"], total = s.budget.log_metrics(s.step, m)
-        if self.is_main:
-            self.progress.update(progress_line({**line, **m}, total))
-        window.restart(s)
-        return m
+        per_step = window.seconds_per_step(s)  # before the record starts a new window
+        m = window.record(s, self.parallel.mean, self.flops_per_token, self.peak)
+        return {**m, **s.budget.record(s.step, per_step), **s.data_figures()}  # eta_s, time
 
     def save(self, final: bool = False) -> Path | None:
         """Checkpoint now. A failed periodic save stops the run, or with
@@ -545,155 +357,44 @@ class Trainer:
         c, s = self.cfg, self.state
         if not self.data.can_evaluate(c.train.seq_len):  # no held-out window: said at start
             return {}
-        t0 = time.perf_counter()
-        m = validation_metrics(  # the whole held-out data, and each of eval.sets
-            self.model, self.data, c, self.token_bytes, self.device, self.autocast()
-        )
-        m.update(
-            step=s.step,
-            tokens=s.tokens,
-            train_time=s.train_time,
-            eval_time=time.perf_counter() - t0,
-        )
-        self.log(f"eval step {s.step}: {validation_line(m)} | train time {s.train_time:.1f}s")
-        if s.budget is not None:
-            m["budget_spent"] = s.budget.spent()
-        self.last_eval = m
-        for cb in self._my_callbacks():
-            cb.on_eval(self, m)
-        if s.budget is not None:  # the evaluation and its callbacks (samples) took this long
-            s.budget.note_eval(time.perf_counter() - t0)
+        with s.budget.aside("eval"):  # the evaluation and its callbacks (samples) take this long
+            t0 = time.perf_counter()
+            m = validation_metrics(  # the whole held-out data, and each of eval.sets
+                self.model, self.data, c, self.token_bytes, self.device, self.autocast()
+            )
+            m.update(step=s.step, tokens=s.tokens, train_time=s.train_time)
+            m.update(eval_time=time.perf_counter() - t0, **s.budget.figures())
+            self.last_eval = m
+            for cb in self._my_callbacks():
+                cb.on_eval(self, m)
         return m
 
-    def _finish(self, end: int) -> dict:
+    def _finish(self) -> dict:
         s = self.state
-        done = s.step >= self.max_steps
+        done = s.budget.done(s.step)
         if done and self.cfg.eval.at_end:
             self.evaluate()
         if (self.cfg.checkpoint.at_end or not done) and s.saved_step != s.step:
             self.save(final=True)
         final = {
-            "step": s.step,
-            "tokens": s.tokens,
-            "train_time": s.train_time,
+            **self.state.counters(self.stopping),
             "finished": done,
             **{k: v for k, v in self.last_eval.items() if k.startswith("val_")},
-            "mix": s.loader.proportions(),
-            "crop_rate": s.loader.crop_rate(),
-            "split_rate": s.loader.split_rate(),
-            **self._fault_summary(),
+            **s.data_figures(),
         }
-        if s.budget is not None:  # the final evaluation and save count too
-            self.log(s.budget.close(s.step, final))
-        self.log(f"data realised: {s.loader.report()}")
-        if self.stopping:
-            self.log(
-                f"stopped by {self.stopping} at step {s.step}; newest checkpoint: "
-                f"{s.last_checkpoint}. Run the same command to resume"
-            )
+        final.update(s.budget.close(s.step))  # the final evaluation and save count too
         if done:
             for cb in self._my_callbacks():
                 cb.on_train_end(self, final)
-            self.log(
-                f"done: {s.step} steps, {s.tokens:,} tokens, {s.train_time:.1f}s training"
-                + (f", final val bpb {final['val_bpb']:.4f}" if "val_bpb" in final else "")
-            )
         return final
 
     def _already_finished(self) -> dict:
-        """A run resumed at or past max_steps: nothing to train, so nothing is written (no
-        second evaluation or checkpoint), except the end record when a kill left it out."""
-        s, b = self.state, self.cfg.train.budget
-        if b is not None and b.kind is not None:  # the budget set max_steps: raise the budget
-            kind = b.kind
-            more = f"train.budget.{kind}={2 * getattr(b, kind):g}"
-            why = f"its budget (train.budget.{kind}={getattr(b, kind):g}) is spent"
-        else:
-            more, why = f"train.max_steps={2 * s.step}", f"train.max_steps is {self.max_steps}"
-        self.log(
-            f"run {self.cfg.run.name!r} has already finished: {s.last_checkpoint} is at step "
-            f"{s.step} and {why}; nothing to do. To train further, raise it (e.g. add {more} "
-            "to the command); to start over, pick another run.name"
-        )
-        summary = {
-            "step": s.step,
-            "tokens": s.tokens,
-            "train_time": s.train_time,
-            "finished": True,
-            **self._fault_summary(),
-        }
+        """A run resumed at its end: nothing to train, so nothing is written (no second
+        evaluation or checkpoint), except the end record when a kill left it out."""
+        summary = {**self.state.counters(self.stopping), "finished": True}
         if self.is_main and complete_end_record(self.run_dir / "metrics.jsonl", summary):
             self.log(
                 "metrics.jsonl had no end record (the run stopped between its final checkpoint "
                 "and that write): appended it from the checkpoint"
             )
         return {**summary, "already_finished": True}
-
-    def _fault_summary(self) -> dict:
-        s = self.state
-        out = {
-            "skipped_steps": s.guard.skipped_total,
-            "rollbacks": s.guard.rollbacks,
-            "save_failures": s.save_failures,
-        }
-        if self.stopping:
-            out["stopped_by"] = self.stopping
-        return out
-
-    def _print_summary(self) -> None:
-        if not self.is_main:
-            return
-        from rich.console import Console
-        from rich.table import Table
-
-        counts = self.model.param_counts()
-        c = self.cfg
-        self.log(
-            f"model: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
-            f"{self.flops_per_token / 1e6:.1f} MFLOPs/token at seq {c.train.seq_len}; "
-            f"device {self.device}, {c.train.precision}; batch {c.train.batch_tokens:,} tokens "
-            f"= {c.train.micro_batch_size} × {c.train.seq_len} × {c.train.grad_accum} accum"
-            f"{f' × {self.parallel.world} ranks ({self.parallel.strategy})' if self.parallel.world > 1 else ''}; "
-            + (
-                f"{self.max_steps} steps"
-                if math.isfinite(self.max_steps)
-                else "steps set by the budget"
-            )
-        )
-        self.log(
-            f"speed: {speed_summary(c, self.device)}; MFU against {self.peak / 1e12:.3g} TFLOP/s"
-        )
-        if self.auto_fp32:
-            self.log(
-                f"precision auto -> fp32: this device ({self.device.type}) has no native bf16 "
-                "arithmetic, so bf16 would be emulated and slower than fp32 (train.precision=bf16 "
-                "forces it)"
-            )
-        table = Table(title="parameter groups", title_justify="left")
-        for col in ("group", "tensors", "parameters", "optimizer", "lr"):
-            table.add_column(
-                col, justify="right" if col in ("tensors", "parameters", "lr") else "left"
-            )
-        for name, n, numel, opt, lr in group_rows(self.optimizer.param_groups, c.grow):
-            table.add_row(name, str(n), f"{numel:,}", opt, lr)
-        if self.progress._open:
-            self.progress.message("")
-        Console(**self.progress.console_options()).print(table)
-
-
-def speed_summary(cfg: RunConfig, device: torch.device | str = "cpu") -> str:
-    """The speed and memory settings in force on `device`, in one line."""
-    t, m = cfg.train, cfg.model
-    backend = run_backend(m, device)
-    parts = [f"{backend.name} backend ({backend.kernels})"]
-    parts += [f"{t.precision} compute", f"{t.master_weights} weights"]
-    if t.stochastic_rounding:
-        parts.append("stochastic rounding")
-    parts += m.speed_settings(device)
-    if cfg.optimizer.traits().adamw_8bit:
-        parts.append("8-bit AdamW")
-    if t.activation_checkpointing:
-        parts.append("activation checkpointing")
-    if compile_on(t.compile, backend):
-        parts.append("torch.compile")
-    return ", ".join(parts)

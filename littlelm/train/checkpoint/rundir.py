@@ -1,6 +1,18 @@
-"""One trainer per run directory.
+"""The run directory: what may be one, and one trainer at a time in it (docs/reliability.md, "Run
+names and directories").
 
-Two processes training into the same run directory would prune each other's checkpoints and
+A run's directory is `run.out_dir/run.name`. littlelm writes into it, prunes checkpoints in it
+and (in `bench`) deletes scratch files, so it must never be a directory that belongs to someone
+else:
+
+- `run.name` is one non-empty path component: no `/` or `\\`, not `.` or `..`, no NUL, at most
+  200 bytes;
+- the directory is absent, empty, or a run (it holds `.lock`, which every `littlelm train`
+  creates before writing anything, or `checkpoints/`); any other non-empty directory is refused;
+- `littlelm bench` works only inside a directory it made itself, marked by `BENCH_MARKER`, and a
+  training run never uses such a directory.
+
+One trainer per run directory: Two processes training into the same run directory would prune each other's checkpoints and
 interleave their metrics, e.g. when a restart loop starts a new `littlelm train` while the old
 one is still saving. `RunLock` holds an exclusive `fcntl.flock` on RUN_DIR/.lock for the whole of
 `fit()`; the kernel releases it when the process dies, even by SIGKILL, so a crashed run never
@@ -16,6 +28,30 @@ import warnings
 from pathlib import Path
 
 from littlelm.errors import RunDirError
+
+RUN_MARKERS = (".lock", "checkpoints")  # what makes a directory a run
+BENCH_MARKER = ".littlelm-bench"  # written by `littlelm bench` into the directory it made
+
+
+def is_run_dir(path: Path) -> bool:
+    return any((path / m).exists() for m in RUN_MARKERS)
+
+
+def check_run_dir(path: Path) -> None:
+    """Refuse a run directory that holds something other than a run (module docstring)."""
+    if (path / BENCH_MARKER).exists():
+        raise RunDirError(
+            f"{path} is a scratch directory of `littlelm bench`, not a run; choose another "
+            "run.name (or delete the directory)"
+        )
+    if path.is_file():
+        raise RunDirError(f"{path} is a file, not a run directory; choose another run.name")
+    if not path.is_dir() or is_run_dir(path) or not any(path.iterdir()):
+        return
+    raise RunDirError(
+        f"{path} already exists and is not a littlelm run directory (it holds other files, and "
+        "no .lock or checkpoints/); choose another run.name or run.out_dir, or empty it"
+    )
 
 
 class RunLock:

@@ -28,7 +28,7 @@ import torch
 from littlelm.config import flatten, to_tree, validate
 from littlelm.errors import CheckpointError, ConfigError
 from littlelm.schema import RunConfig, resumable
-from littlelm.train import checkpoint as ckpt
+from littlelm.train.checkpoint import files as ckpt
 
 
 def config_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:

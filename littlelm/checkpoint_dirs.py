@@ -1,12 +1,12 @@
-"""Finding checkpoints in a run directory (names and lookup only; reading and writing them is
-littlelm/train/checkpoint.py).
+"""Where a run's checkpoints are: the names of their directories and finding the complete ones
+(reading and writing them is littlelm/train/checkpoint/files.py).
 
     RUN_DIR/checkpoints/step_000500/            complete (state.json is written last)
     RUN_DIR/checkpoints/step_000500.tmp-PID/    a save in progress, or one that was killed
     RUN_DIR/checkpoints/step_000500.replaced-PID/  an older copy moved aside by a re-save
 
-This sits in the bottom layer so that every layer (the growth section's resolution, `eval`,
-`sample`, the trainer) finds checkpoints the same way.
+This sits in the bottom layer so that every layer (a saved tokenizer read from a run directory,
+`eval`, `sample`, growth, the trainer) finds checkpoints the same way.
 """
 
 from __future__ import annotations

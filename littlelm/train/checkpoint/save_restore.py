@@ -1,9 +1,9 @@
-"""Saving and restoring a run's TrainState (train/state.py) together with its weights and
+"""Saving and restoring a run's TrainState (train/checkpoint/state.py) together with its weights and
 optimizer state: the run directory's side of the Trainer.
 
     save        gather the whole state on every rank; rank 0 writes one checkpoint
-                (train/checkpoint.py: atomic, whole tensors) and prunes the old ones
-    load        at start-up: the checkpoint to resume from (train/resume.py picks it and checks
+                (train/checkpoint/files.py: atomic, whole tensors) and prunes the old ones
+    load        at start-up: the checkpoint to resume from (train/checkpoint/resume.py picks it and checks
                 this run's config may continue it), its weights loaded into the unsharded model
     restore     after the optimizer and loader exist: optimizer state, RNG, counters, guard and
                 this rank's data position (re-dealt if the world size changed, data/reshard.py)
@@ -17,18 +17,20 @@ docs/reliability.md and docs/distributed.md describe the behaviour.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from littlelm.config import dump_yaml, to_tree
 from littlelm.data.reshard import MakeLoader, loader_state_for
-from littlelm.errors import RunDirError
+from littlelm.errors import RunDirError, TrainingError
 from littlelm.optim.groups import origin_tags
-from littlelm.train import checkpoint as ckpt
-from littlelm.train import resume as resuming
-from littlelm.train.distributed import Parallel
-from littlelm.train.state import TrainState
+from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.checkpoint import resume as resuming
+from littlelm.train.checkpoint.rundir import RunLock
+from littlelm.train.checkpoint.state import TrainState
+from littlelm.train.signals import StopSignals
 
 
 @dataclass
@@ -38,10 +40,25 @@ class Resumed:
     loaded: ckpt.Loaded
     changes: list[str]  # the config differences this run may make ('key: old -> new')
 
+    def describe(self, state: TrainState, world: int) -> list[str]:
+        """The resume, for the log: where from, what changed, whether the data was re-dealt."""
+        lines = [f"resumed from {self.loaded.path} (step {state.step}, {state.tokens:,} tokens)"]
+        if self.changes:
+            lines.append(f"resuming with changed settings: {'; '.join(self.changes)}")
+        saved_world = self.loaded.state.get("loader_world_size", 1)
+        if saved_world != world:
+            lines.append(
+                f"the checkpoint was written by {saved_world} process(es), this run has "
+                f"{world}: the data order was re-dealt (docs/distributed.md)"
+            )
+        return lines
+
 
 class Checkpointer:
     # cfg: the run's RunConfig (littlelm/schema.py)
-    def __init__(self, cfg, parallel: Parallel, tokenizer, run_dir: Path):
+    # parallel: train/distributed.py's Parallel (not imported: distributed.py reads checkpoint
+    # files, and the package must not import it back)
+    def __init__(self, cfg, parallel, tokenizer, run_dir: Path):
         self.cfg = cfg
         self.parallel = parallel
         self.tokenizer = tokenizer
@@ -63,6 +80,26 @@ class Checkpointer:
                 f"cannot write to the run directory {self.run_dir}: {e.strerror}; free disk "
                 "space, fix its permissions, or point run.out_dir elsewhere"
             ) from None
+
+    @contextlib.contextmanager
+    def session(self, state: TrainState, stop: StopSignals, log):
+        """A training session in the run directory: rank 0 holds its lock and tidies what
+        interrupted saves left (the other ranks learn whether it could: a directory in use stops
+        every rank with the same error); SIGTERM/SIGINT ask for a clean stop (train/signals.py)."""
+        with contextlib.ExitStack() as stack:
+            self.parallel.on_main(lambda: self._lock(stack, log))
+            stack.enter_context(stop)
+            try:
+                yield
+            except KeyboardInterrupt:
+                newest = ckpt.latest_checkpoint(self.dir, warn=False)
+                log(f"aborted at step {state.step} without saving; newest checkpoint: {newest}")
+                raise
+
+    def _lock(self, stack: contextlib.ExitStack, log) -> None:
+        stack.enter_context(RunLock(self.run_dir))
+        for note in ckpt.clean_incomplete(self.dir):
+            log(note)
 
     # ------------------------------------------------------------------------------------------
     # Saving
@@ -86,7 +123,7 @@ class Checkpointer:
         return path
 
     def _state_json(self, state: TrainState) -> dict:
-        """state.json's keys after format_version and step (train/state.py lists them)."""
+        """state.json's keys after format_version and step (train/checkpoint/state.py lists them)."""
         saved = {
             "tokens": state.tokens,
             "train_time": state.train_time,
@@ -95,8 +132,9 @@ class Checkpointer:
             "config": to_tree(self.cfg),
             "guard": state.guard.state_dict(),
         }
-        if state.budget is not None:  # time spent counts after a resume
-            saved["budget"] = state.budget.state_dict()
+        budget = state.budget.state_dict() if state.budget is not None else None
+        if budget is not None:  # a time budget: the time spent counts after a resume
+            saved["budget"] = budget
         if self.parallel.world > 1:  # a checkpoint resumes each rank exactly where it was
             saved["loader_world_size"] = self.parallel.world
             saved["loader_ranks"] = self.parallel.gather_objects(state.loader.state_dict())
@@ -128,6 +166,14 @@ class Checkpointer:
         loaded.model.release()  # the weights are in the model: unmap their file now
         return Resumed(loaded, changes)
 
+    def resume(self, state: TrainState, resumed, grown, optimizer, loader, make_loader) -> None:
+        """After the optimizer and loader exist: a resumed run's state (`restore`), or a fresh
+        grown run's parent's data position (grow.continue_data; `grown`: train/growth.py's)."""
+        if resumed is not None:
+            self.restore(state, resumed.loaded, optimizer, loader, make_loader)
+        if grown is not None and grown.loader_state is not None:
+            self.restore_parent_data(state, grown.path, loader, make_loader)
+
     def restore(self, state: TrainState, loaded: ckpt.Loaded, optimizer, loader, make_loader):
         """Everything but the weights (`load` put them in): optimizer state, RNG, counters,
         this rank's data position (re-dealt if the world size changed) and the guard."""
@@ -152,10 +198,13 @@ class Checkpointer:
         saved = json.loads((parent / "state.json").read_text())
         self.restore_data(state, saved, loader, make_loader)
 
-    def rollback(self, state: TrainState, model, optimizer) -> ckpt.Loaded:
+    def rollback(self, state: TrainState, model, optimizer) -> dict:
         """Reload state.last_checkpoint's weights, optimizer state, RNG, counters and loss
-        window; the data position and the time spent stay (train/guard.py explains why)."""
-        assert state.last_checkpoint is not None
+        window; the data position and the time spent stay (train/guard.py explains why).
+        Returns the on_rollback record; raises TrainingError when there is no checkpoint."""
+        if state.last_checkpoint is None:
+            raise TrainingError(state.guard.stop_message(state.step, None))
+        failed_at, reason = state.step, state.guard.reason
         loaded = ckpt.load_checkpoint(state.last_checkpoint)
         # every rank reads the same checkpoint (whole tensors; FSDP keeps its slice)
         self.parallel.load_model_state(model, loaded.model, loaded.path)
@@ -164,7 +213,14 @@ class Checkpointer:
         ckpt.set_rng_state(loaded.rng)
         state.restore_counters(loaded.state, keep_time=True)
         state.guard.rolled_back(loaded.state.get("guard", {}))
-        return loaded
+        return {
+            "step": state.step,
+            "tokens": state.tokens,
+            "failed_at": failed_at,
+            "reason": reason,
+            "rollbacks": state.guard.rollbacks,
+            "checkpoint": str(loaded.path),
+        }
 
 
 class Frozen:

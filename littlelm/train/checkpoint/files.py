@@ -1,4 +1,4 @@
-"""Atomic checkpoints.
+"""One checkpoint on disk: its files, written atomically and read back safely.
 
     RUN_DIR/checkpoints/step_000500/
         model.safetensors   weights (+ metadata: origin tags)
@@ -42,7 +42,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 # finding checkpoints lives in the bottom layer (every layer needs it); ckpt.* re-exports it
-from littlelm.checkpoints import (  # noqa: F401
+from littlelm.checkpoint_dirs import (  # noqa: F401
     STEP_DIR,
     checkpoint_step,
     latest_checkpoint,

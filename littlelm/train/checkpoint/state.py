@@ -1,6 +1,6 @@
 """The training state: everything a run carries from one step to the next besides its weights
 and its optimizer's state, declared in one object that the Trainer owns and the checkpointer
-(train/checkpointer.py) saves and restores.
+(save_restore.py) saves and restores.
 
     step, tokens, train_time      counters (train_time: seconds inside optimizer steps only)
     loader                        the data position just after the last batch trained on
@@ -15,20 +15,21 @@ process's generators, where every operation draws from them: a copy here would g
 next draw. The checkpointer reads them at each save (rng.pt) and sets them back on resume and
 rollback. The weights and the optimizer's moments live in the model and the optimizer.
 
-A checkpoint's state.json holds `format_version` and `step` (train/checkpoint.py), then
+A checkpoint's state.json holds `format_version` and `step` (train/checkpoint/files.py), then
 `tokens`, `train_time`, `loader`, `tokenizer` (fingerprint), `config` (the resolved config) and
 `guard`, plus `loader_world_size` and `loader_ranks` (every rank's data position) under torchrun.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from littlelm.data.loader import LoaderSnapshot
-from littlelm.train.budget import RunBudget
+from littlelm.train.budget import Steps
 from littlelm.train.guard import LossGuard
 
 
@@ -42,7 +43,29 @@ class TrainState:
     last_checkpoint: Path | None = None
     saved_step: int | None = None
     save_failures: int = 0
-    budget: RunBudget | None = None  # a time or money budget: time spent, measured speed
+    budget: Steps | None = None  # how far the run is (train/budget.py); set at start-up
+
+    def counters(self, stopped_by: str | None = None) -> dict:
+        """The counters of the end record: where the run is, what went wrong on the way, and
+        the signal that stopped it (if one did)."""
+        out = {
+            "step": self.step,
+            "tokens": self.tokens,
+            "train_time": self.train_time,
+            "skipped_steps": self.guard.skipped_total,
+            "rollbacks": self.guard.rollbacks,
+            "save_failures": self.save_failures,
+        }
+        return {**out, "stopped_by": stopped_by} if stopped_by else out
+
+    def data_figures(self) -> dict:
+        """The data realised so far, for metrics records: mixture, crop and split rates."""
+        loader = self.loader
+        return {
+            "mix": loader.proportions(),
+            "crop_rate": loader.crop_rate(),
+            "split_rate": loader.split_rate(),
+        }
 
     def restore_counters(self, saved: dict, keep_time: bool = False) -> None:
         """step, tokens and (unless `keep_time`: a rollback, where time spent is spent)
@@ -74,6 +97,29 @@ class Window:
     def add(self, loss: torch.Tensor, norm: torch.Tensor) -> None:
         self.loss_sum += loss
         self.norm_sum += norm
+
+    def seconds_per_step(self, state: TrainState) -> float:
+        """Training seconds per step over the window's steps."""
+        return max(1e-9, state.train_time - self.train_time) / max(1, state.step - self.step)
+
+    def record(self, state: TrainState, mean, flops_per_token: int, peak: float) -> dict:
+        """The metrics of the window's steps (one host sync; `mean` averages over the ranks),
+        then a new window from `state`."""
+        steps = max(1, state.step - self.step)
+        tok_s = (state.tokens - self.tokens) / max(1e-9, state.train_time - self.train_time)
+        skipped = state.guard.take_window()
+        kept = steps - skipped  # the updates the guard accepted
+        loss = mean(self.loss_sum).item() / kept if kept else math.nan  # every rank's batches
+        m = {
+            "loss": loss,
+            "grad_norm": self.norm_sum.item() / kept if kept else math.nan,
+            "tok_per_s": tok_s,
+            "mfu": tok_s * flops_per_token / peak if math.isfinite(peak) else None,
+            "train_time": state.train_time,
+            **({"skipped": skipped} if skipped else {}),  # present only when there were skips
+        }
+        self.restart(state)
+        return m
 
     def restart(self, state: TrainState) -> None:
         """A new window from `state` (after a record, or a rollback abandoned the steps)."""
