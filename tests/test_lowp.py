@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_tree, write_config
+from littlelm.console import Console
 from littlelm.errors import ConfigError
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.optim.groups import AdamWConfig, MuonConfig, build_optimizer
@@ -149,7 +150,7 @@ def test_every_speed_feature_at_once_trains(tmp_path, corpus, optimizer, capsys)
         },
     )
     cfg = load_run(write_config(tmp_path / "all.yaml", tree))
-    trainer = Trainer(cfg, resume="never")
+    trainer = Trainer(cfg, resume="never", callbacks=(Console(),))  # the CLI's output
     first = trainer.fit(stop_after=3)
     assert all(p.dtype == torch.bfloat16 for p in trainer.model.parameters())
     out = capsys.readouterr().out
