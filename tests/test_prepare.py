@@ -11,6 +11,7 @@ import yaml
 
 from conftest import WORDS, tiny_tree, write_config
 from littlelm.cli import main
+from littlelm.console import Console
 from littlelm.data import workers
 from littlelm.data.build import DataConfig, build_data, open_dataset, prepare_data
 from littlelm.data.prepare import read_manifest
@@ -308,7 +309,10 @@ def test_cli_prepare_prints_a_data_section_that_trains(tmp_path, raw, prepared, 
         "weight": 0.7,
     }
     cfg = load_run(write_config(tmp_path / "run.yaml", shards_run(tmp_path, prepared)))
-    result = Trainer(cfg, resume="never").fit()
+    console = Console()  # what the CLI prints: start-up, progress and the realised mixture
+    trainer = Trainer(cfg, resume="never", callbacks=(console,))
+    result = trainer.fit()
+    console.report(trainer, result)
     assert result["finished"] and set(result["mix"]) == {"web", "book"}
     records = [
         json.loads(line) for line in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()
