@@ -30,7 +30,6 @@ from pydantic import Field
 
 from littlelm.data.chat import conversation_problem
 from littlelm.data.hub import HFConfig, HubDataset
-from littlelm.data.records import open_lines
 
 
 class ChatConfig(HFConfig):
@@ -101,18 +100,8 @@ class ChatSource(HubDataset):
         self._rows_seen = 0
         yield from super()._arrow(path)
 
-    def _jsonl(self, path: Path) -> Iterator[str]:
-        for n, line in enumerate(open_lines(path), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                self.bad("malformed JSON", f"{path}:{n}")
-                continue
-            text = self._fill(row if isinstance(row, dict) else {}, f"{path}:{n}")
-            if text is not None:
-                yield text
+    def _where(self, path: Path, n: int) -> str:
+        return f"{path}:{n}"  # FILE:LINE, as editors and the issue's users read it
 
     def _fill(self, row: dict, where) -> str | None:
         """The row as canonical JSON messages, or None (counted, or an error) when it is bad."""

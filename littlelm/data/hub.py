@@ -379,6 +379,10 @@ class HubDataset(ParquetFiles):
             return self.bad(f"missing field {missing[0]!r}", where)
         return self.cfg.template.format_map(row)
 
+    def _where(self, path: Path, n: int) -> str:
+        """How a bad row's place is named in messages."""
+        return f"{path} (line {n})"
+
     def _jsonl(self, path: Path) -> Iterator[str]:
         for n, line in enumerate(open_lines(path), 1):
             if not line.strip():
@@ -386,9 +390,9 @@ class HubDataset(ParquetFiles):
             try:
                 row = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError):
-                self.bad("malformed JSON", f"{path} (line {n})")
+                self.bad("malformed JSON", self._where(path, n))
                 continue
-            text = self._fill(row if isinstance(row, dict) else {}, f"{path} (line {n})")
+            text = self._fill(row if isinstance(row, dict) else {}, self._where(path, n))
             if text is not None:
                 yield text
 
