@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from littlelm.model.attention import causal_attention
+from littlelm.model.kernels import causal_attention
 from littlelm.plan import speed
 from littlelm.plan.shapes import Dims
 from littlelm.train.device import tune_cpu_allocator
