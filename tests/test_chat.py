@@ -23,7 +23,7 @@ from littlelm.config import validate
 from littlelm.data.build import DataConfig, build_data
 from littlelm.data.chat import CHAT_TOKENS, assistant_mask, chat_format, conversation_problem
 from littlelm.errors import DataError
-from littlelm.model.loss import linear_cross_entropy
+from littlelm.model.kernels import linear_cross_entropy
 from littlelm.schema import load_run
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.trainer import Trainer
