@@ -1,4 +1,4 @@
-"""Kernel backends (model/backend.py): which kernels each device gets, the config field, the
+"""Kernel backends (model/kernels.py): which kernels each device gets, the config field, the
 start-up summary. The cuda backend's kernels are device-agnostic PyTorch, so they run here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from littlelm.console import speed_summary
 from littlelm.errors import ConfigError
-from littlelm.model import backend as be
+from littlelm.model import kernels as be
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.schema import load_run
 

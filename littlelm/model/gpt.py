@@ -16,11 +16,19 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from littlelm.config import RESUMABLE
-from littlelm.model.backend import Backend, BackendName, loss_impl, select_backend
 from littlelm.model.fp8 import check_fp8_device, linear
+from littlelm.model.kernels import (
+    Backend,
+    BackendName,
+    check_loss_impl,
+    compute_dtype,
+    linear_cross_entropy,
+    loss_impl,
+    rope_tables,
+    select_backend,
+    softcap,
+)
 from littlelm.model.kv_cache import KVCache
-from littlelm.model.loss import check_loss_impl, linear_cross_entropy, softcap
-from littlelm.model.ops import compute_dtype, rope_tables
 from littlelm.model.protocol import ROLES, ModelConfig
 
 
@@ -72,7 +80,7 @@ class GPTConfig(ModelConfig):
     )
     backend: BackendName = Field(
         "auto",
-        description="Kernel set (model/backend.py): cpu = littlelm's CPU-tuned kernels (blocked "
+        description="Kernel set (model/kernels.py): cpu = littlelm's CPU-tuned kernels (blocked "
         "attention, hand-written backward ops, chunked loss); cuda = PyTorch's (SDPA, F.rms_norm, "
         "autograd, Liger loss if installed); auto = cuda's on CUDA, else cpu's. (torch.compile is "
         "train.compile's choice.)",
@@ -285,7 +293,7 @@ class Attention(nn.Module):
             assert cache is None, "an explicit mask and a KV cache do not mix"
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         elif cache is None:
-            y = be.attention(q, k, v)  # cpu backend: a faster blocked kernel (model/attention.py)
+            y = be.attention(q, k, v)  # cpu backend: a faster blocked kernel (model/kernels.py)
         else:
             k, v, mask = cache.update(k, v)  # all cached positions; mask is None or (T, T_all)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
