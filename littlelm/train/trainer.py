@@ -322,7 +322,8 @@ class Trainer:
         """The record of the steps since the last one; starts a new window."""
         s = self.state
         per_step = window.seconds_per_step(s)  # before the record starts a new window
-        m = window.record(s, self.parallel.mean, self.flops_per_token, self.peak)
+        rows = self.cfg.train.batch_tokens  # MFU counts every row token, also those not trained
+        m = window.record(s, self.parallel.mean, self.flops_per_token, self.peak, rows)
         return {**m, **s.budget.record(s.step, per_step), **s.data_figures()}  # eta_s, time
 
     def save(self, final: bool = False) -> Path | None:
