@@ -307,3 +307,46 @@ def test_plan_answers_huge_batches_and_sequences_in_seconds(tiny_config):
     options = micro_batch_options(huge)
     assert time.perf_counter() - t0 < 1.0
     assert len(options) == 100 and options[:4] == [1, 2, 4, 5] and options[-1] == 10**9
+
+
+HOSTILE = {  # issue 36 item 15: each config the schema accepts, planned or refused within 30 s
+    "seq 1e9 beyond max_seq_len": (["train.seq_len=1000000000"], 2),
+    "seq 1e9": (["train.seq_len=1000000000", "model.max_seq_len=1000000000"], 0),
+    "seq 100000": (["train.seq_len=100000", "model.max_seq_len=100000"], 0),
+    "micro-batch 1e9": (["train.micro_batch_size=1000000000"], 0),
+    "grad accumulation 1e9": (["train.grad_accum=1000000000"], 0),
+}
+
+
+CPU_TOO = pytest.param(["--device", "cpu"], id="and this cpu", marks=pytest.mark.slow)  # probes
+
+
+@pytest.mark.parametrize("device", [pytest.param([], id="gpus"), CPU_TOO])
+@pytest.mark.parametrize("overrides,rc", HOSTILE.values(), ids=HOSTILE.keys())
+def test_plan_answers_or_refuses_hostile_sizes_within_30_s(
+    tiny_config, capsys, overrides, rc, device
+):
+    """`littlelm plan` (the CLI's main, every catalog GPU, the local CPU's probes too) gives a
+    plan (rc 0) or a config error naming the fix (rc 2, no traceback), within 30 s."""
+    import signal
+
+    def too_slow(*_):
+        raise TimeoutError(f"littlelm plan {' '.join(overrides)} ran past 30 s")
+
+    old = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(30)
+    try:
+        got = main(["plan", str(tiny_config), *overrides, *device, "--json"])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    out, err = capsys.readouterr()
+    assert got == rc, err
+    assert "Traceback" not in out + err
+    if rc == 0:
+        plan = json.loads(out)
+        assert plan["gpus"] and all(g["needed_gib"] > 0 for g in plan["gpus"])
+        assert (plan["local"] is not None) == bool(device)
+    else:
+        assert "train.seq_len 1000000000 exceeds model.max_seq_len" in err
+        assert "lower one or raise the other" in err

@@ -29,8 +29,8 @@ import torch
 from littlelm.config import to_tree
 from littlelm.data.build import build_data
 from littlelm.errors import RunDirError
-from littlelm.model.backend import run_backend
 from littlelm.model.gpt import flops_per_token
+from littlelm.model.kernels import run_backend
 from littlelm.plan import speed
 from littlelm.plan.accounting import PARAMS, STATE, MemoryAccountant
 from littlelm.plan.calibration import cuda_calibration, save_measurement, workload_key

@@ -7,7 +7,7 @@ search over micro-batch sizes and remedies, FSDP's shards, 8-bit AdamW (CUDA-onl
 and phase by phase, over five configs; a plan scales it by the trace's peak over its own at
 the configured micro-batch (`Dims.trace_scale`), so that the two never disagree in one plan.
 
-Every formula follows what littlelm's step allocates (model/gpt.py, model/loss.py,
+Every formula follows what littlelm's step allocates (model/gpt.py, model/kernels.py,
 train/step.py, optim/), tensor by tensor; docs/planning.md explains each. `estimate` returns
 the categories and the peak of each phase of a step:
 
@@ -18,7 +18,7 @@ the categories and the peak of each phase of a step:
 
 Attention is FlashAttention's, as a GPU runs it (and as the trace stands it in): it keeps a
 log-sum-exp per head and row, and its backward has an fp32 dq accumulator. The elementwise ops
-are the hand-written ones (model/ops.py), whose tensors CUDA's fused F.rms_norm and autograd
+are the hand-written ones (model/kernels.py), whose tensors CUDA's fused F.rms_norm and autograd
 versions keep too. Not modelled: FP8 linears (planned as bf16, an upper bound) and
 torch.compile (planned as eager).
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from littlelm.model.loss import group_rows
+from littlelm.model.kernels import group_rows
 from littlelm.plan.accounting import (
     ACT,
     BWD,
@@ -116,7 +116,7 @@ def weight_copy_bytes(d: Dims) -> int:
 
 
 def layer_activation_bytes(d: Dims, layer: int) -> float:
-    """Bytes per token that block `layer` keeps for backward (model/gpt.py, model/ops.py)."""
+    """Bytes per token that block `layer` keeps for backward (model/gpt.py, model/kernels.py)."""
     m, a, sb = d.model, (2 if d.bf16 else 4), d.param_bytes
     C, H, Hkv = m.d_model, m.n_head, m.kv_heads
     q, kv = H * m.head_dim, Hkv * m.head_dim
@@ -169,12 +169,12 @@ def activation_bytes(d: Dims) -> int:
 
 
 def loss_stage_bytes(d: Dims) -> dict[str, float]:
-    """Live bytes of the loss's own tensors at each of its expensive moments (model/loss.py)."""
+    """Live bytes of the loss's own tensors at each of its expensive moments (model/kernels.py)."""
     return plain_loss_stages(d) if d.loss == "plain" else chunked_loss_stages(d)
 
 
 def chunked_loss_stages(d: Dims) -> dict[str, float]:
-    """The chunked loss (model/loss.py) makes, during the forward pass, each chunk's logits
+    """The chunked loss (model/kernels.py) makes, during the forward pass, each chunk's logits
     and their gradient, written into a buffer (matmul dtype) shared by a group of chunks
     (group_rows); at a group's end one product makes d(x) for its rows (into the (N, C)
     d(x)) and one makes its (V, C) share of d(lm_head), which is summed in fp32. Beside the

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import platform
 import time
+from dataclasses import replace
 
 import torch
 
-from littlelm.model.attention import causal_attention
+from littlelm.model.kernels import causal_attention
 from littlelm.plan import speed
 from littlelm.plan.shapes import Dims
 from littlelm.train.device import tune_cpu_allocator
@@ -27,6 +28,22 @@ PROBE_SECONDS = 0.25  # per measurement: the best of repeats within it
 # a best of one or two calls (the attention probe's at seq 1024) read 10-15% slow too often on a
 # shared 2-core CPU, and a bench's calibration then moved the plan of another shape by as much
 MIN_REPEATS = 5
+
+
+# The largest shape the probe times: a GEMM's and attention's rates have flattened long before
+# (the demo's shapes are 8k rows of seq 512-1024), and a plan of a billion tokens per
+# micro-batch then probes in seconds, within a few hundred MiB, not for hours or out of memory.
+PROBE_MAX_ROWS = 16384  # tokens per micro-batch
+PROBE_MAX_SEQ = 4096
+PROBE_ELEMENTS = 1 << 27  # per operand (the lm_head's output: rows x vocabulary)
+
+
+def probe_dims(d: Dims) -> Dims:
+    """The shape the probe times for `d`: its own, or capped at the sizes above."""
+    seq = min(d.seq_len, PROBE_MAX_SEQ)
+    rows = min(PROBE_MAX_ROWS, PROBE_ELEMENTS // d.model.padded_vocab)
+    mb = max(1, min(d.micro_batch, rows // seq))
+    return d if (mb, seq) == (d.micro_batch, d.seq_len) else replace(d, micro_batch=mb, seq_len=seq)
 
 
 def device_key(device: torch.device) -> str:
@@ -132,19 +149,28 @@ def measure_rates_many(ds: list[Dims], device: torch.device | None = None) -> li
     plans = []
     for d in ds:
         dtype = torch.bfloat16 if d.bf16 else torch.float32
+        pd = probe_dims(d)
         gemms = {}
-        for g in speed.gemms(d):
-            shape = ("gemm", g.m, g.k, g.n, dtype)
+        for g, pg in zip(speed.gemms(d), speed.gemms(pd)):
+            shape = ("gemm", pg.m, pg.k, pg.n, dtype)
             if (*shape, "forward") not in calls:
-                for product, call in _gemm_calls(g.m, g.k, g.n, dtype).items():
+                for product, call in _gemm_calls(pg.m, pg.k, pg.n, dtype).items():
                     calls[(*shape, product)] = call
             for product in speed.PRODUCTS:
                 gemms[(g.m, g.k, g.n, product)] = (*shape, product)
-        m = d.model
-        attention = ("attention", d.micro_batch, d.seq_len, m.n_head, m.kv_heads, m.head_dim, dtype)
+        m = pd.model
+        attention = (
+            "attention",
+            pd.micro_batch,
+            pd.seq_len,
+            m.n_head,
+            m.kv_heads,
+            m.head_dim,
+            dtype,
+        )
         if attention not in calls:
-            calls[attention] = _attention_call(d, dtype)
-        plans.append((d, gemms, attention))
+            calls[attention] = _attention_call(pd, dtype)
+        plans.append((pd, gemms, attention))
     calls[("bandwidth",)] = _bandwidth_call()
     calls[("launch",)] = _launch_call()
     with torch.no_grad():  # the attention call enables grad itself
@@ -153,7 +179,7 @@ def measure_rates_many(ds: list[Dims], device: torch.device | None = None) -> li
     source = f"measured here ({device_key(device or torch.device('cpu'))})"
     out = []
     for d, gemms, attention in plans:
-        rate = {k: 2 * k[0] * k[1] * k[2] / t[key] for k, key in gemms.items()}
+        rate = {k: 2 * key[1] * key[2] * key[3] / t[key] for k, key in gemms.items()}
         out.append(
             speed.Rates(
                 matmul=max(rate.values()),

@@ -88,7 +88,8 @@ def memory_line(plan: Plan) -> str:
     who = "per GPU" + (f" ({plan.dims.strategy}, {plan.devices} GPUs)" if plan.devices > 1 else "")
     return (
         f"memory {who} at micro-batch {plan.dims.micro_batch}: peak "
-        f"{gib(plan.per_rank_peak() / GIB)} GiB in the {e.peak_phase} ({parts} GiB)"
+        f"{gib(plan.per_rank_peak() / GIB)} GiB in the {e.peak_phase}"
+        + (f" ({parts} GiB)" if parts else "")  # a tiny model: every category under 5 MiB
     )
 
 

@@ -128,7 +128,7 @@ class Dims:
 
     @property
     def loss(self) -> str:
-        """model.loss; `auto` is chunked or liger (model/backend.py), modelled alike."""
+        """model.loss; `auto` is chunked or liger (model/kernels.py), modelled alike."""
         return self.model.loss
 
     @property

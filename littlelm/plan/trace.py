@@ -34,7 +34,7 @@ from dataclasses import replace
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from littlelm.model import backend
+from littlelm.model import kernels
 from littlelm.plan import memory as mem
 from littlelm.plan.accounting import (
     ACT,
@@ -100,14 +100,14 @@ def flash_footprint(q, k, v):
 def gpu_kernels(on: bool) -> Iterator[None]:
     """The CPU backend's kernels with FlashAttention's footprint in place of the blocked
     attention, for every backend name, while tracing a GPU's step (`on`)."""
-    saved = dict(backend.BACKENDS)
+    saved = dict(kernels.BACKENDS)
     if on:
-        standin = replace(backend.CPU, attention=flash_footprint)
-        backend.BACKENDS.update(cpu=standin, cuda=standin)
+        standin = replace(kernels.CPU, attention=flash_footprint)
+        kernels.BACKENDS.update(cpu=standin, cuda=standin)
     try:
         yield
     finally:
-        backend.BACKENDS.update(saved)
+        kernels.BACKENDS.update(saved)
 
 
 @contextlib.contextmanager
