@@ -13,14 +13,18 @@ from littlelm.cli import main
 from littlelm.config import to_tree
 from littlelm.hardware import native_bf16
 from littlelm.plan import speed
-from littlelm.plan.bench import CPU_HEAP_MARGIN
-from littlelm.plan.calibration import cuda_calibration, load_points, point_ratio, save_measurement
-from littlelm.plan.catalog import load_catalog
-from littlelm.plan.cost import plan_gpu
-from littlelm.plan.planner import make_plan
-from littlelm.plan.probe import device_key, measure_rates
+from littlelm.plan.cost import load_catalog, plan_gpu
+from littlelm.plan.memory import Dims
+from littlelm.plan.planner import CPU_HEAP_MARGIN, make_plan
 from littlelm.plan.report import print_plan
-from littlelm.plan.shapes import Dims
+from littlelm.plan.speed import (
+    cuda_calibration,
+    device_key,
+    load_points,
+    measure_rates,
+    point_ratio,
+    save_measurement,
+)
 from littlelm.schema import load_run
 
 SEED_H200_TOK_S = 23_200  # the seed user's 3.12B fp32-AdamW run on an H200 (configs/plans)
@@ -108,7 +112,7 @@ def test_plan_on_this_cpu_probes_and_uses_a_bench_calibration(
     monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))  # no other test's benches
     cfg = load_run(tiny_config)
     d = Dims.of(cfg)
-    rates = measure_rates(d)
+    (rates,) = measure_rates([d])
     assert rates.matmul > 1e8 and rates.bandwidth > 1e8 and 0 < rates.launch < 1e-2
     assert main(["plan", str(tiny_config), "--device", "cpu", "--no-trace"]) == 0
     out = capsys.readouterr().out
@@ -128,17 +132,14 @@ def test_plan_on_this_cpu_probes_and_uses_a_bench_calibration(
     assert plan.local.tok_s > 0 and plan.local.process_peak > plan.local.tensor_peak
 
 
-def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
-    tiny_config, tmp_path, monkeypatch
-):
+def test_a_bench_here_calibrates_speed_at_its_own_shapes(tiny_config, tmp_path, monkeypatch):
     # the bench's ratio is re-taken against rates probed now at the bench's shapes (a shared
-    # CPU's probe drifts between processes), and its measured RSS growth per tensor byte
-    # replaces the default heap margin
+    # CPU's probe drifts between processes)
     from littlelm.plan import planner
 
     monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))
     fixed = speed.Rates(matmul=1e10, attention=5e9, bandwidth=1e10, launch=1e-5)
-    monkeypatch.setattr(planner, "measure_rates_many", lambda ds: [fixed] * len(ds))  # exact
+    monkeypatch.setattr(speed, "measure_rates", lambda ds: [fixed] * len(ds))  # exact
     bench_cfg = load_run(tiny_config, ["train.micro_batch_size=2"])  # another shape than the plan's
     bd = Dims.of(bench_cfg)
     modelled = speed.step_time(bd, fixed).raw
@@ -163,15 +164,13 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
     here = Dims.of(cfg.with_precision(native_bf16("cpu")))  # what this CPU computes in
     step = 1.5 * speed.step_time(here, fixed).raw
     assert local.tok_s == pytest.approx(here.tokens * here.grad_accum / step)
-    assert local.heap_margin == pytest.approx(2.0)
-    assert local.process_peak >= 2 * local.tensor_peak  # resident set at start + 2 x tensors
+    # resident set at start + the tensors x glibc's heap margin
+    assert local.process_peak > CPU_HEAP_MARGIN * local.tensor_peak
     # a record from a littlelm whose config no longer validates calibrates nothing
     stale = {**record, "config": {"model": {"no_such_field": 1}}, "speed_ratio": 3.0}
     save_measurement({**stale, "time": "2999-01-01T00:00:00"})  # the newest
-    rates, used = planner.local_calibration(planner.load_measurements(), record["device_key"], bd)
+    rates, used = planner.local_calibration(speed.load_measurements(), record["device_key"], bd)
     assert rates.calibration == pytest.approx(1.5) and [b["run"] for b in used] == ["b"]
-    # without a bench: the documented default margin
-    assert planner.heap_margin([]) == CPU_HEAP_MARGIN
 
 
 def test_local_calibration_is_the_median_of_the_newest_benches(tiny_config, monkeypatch):
@@ -181,34 +180,25 @@ def test_local_calibration_is_the_median_of_the_newest_benches(tiny_config, monk
 
     fixed = speed.Rates(matmul=1e10, attention=5e9, bandwidth=1e10, launch=1e-5)
     probes = []
-    monkeypatch.setattr(
-        planner, "measure_rates_many", lambda ds: probes.append(ds) or [fixed] * len(ds)
-    )
+    monkeypatch.setattr(speed, "measure_rates", lambda ds: probes.append(ds) or [fixed] * len(ds))
     cfg = load_run(tiny_config)
     modelled = speed.step_time(Dims.of(cfg), fixed).raw
-    gib = 2**30
     key = device_key(torch.device("cpu"))
 
-    def bench(run, ratio, heap):
+    def bench(run, ratio):
         return {
             "device_key": key,
             "run": run,
             "speed_ratio": 1.0,
             "step_s": ratio * modelled,
             "config": to_tree(cfg),
-            "peak_tensor": gib,
-            "rss_at_start": gib,
-            "peak_rss": gib + round(heap * gib),
-            "rss_peak_is_window": True,
         }
 
-    records = [bench("old", 9.0, 9.0), bench("a", 1.5, 1.2), bench("slow", 1.8, 1.3)]
-    records.append(bench("b", 1.45, 1.25))
+    records = [bench("old", 9.0), bench("a", 1.5), bench("slow", 1.8), bench("b", 1.45)]
     assert planner.LOCAL_BENCHES == 3
     target = Dims.of(load_run(tiny_config, ["train.micro_batch_size=2"]))
     rates, used = planner.local_calibration(records, key, target)
     assert rates.calibration == pytest.approx(1.5)
-    assert planner.heap_margin(used) == pytest.approx(1.25)
     assert [b["run"] for b in used] == ["a", "slow", "b"]
     # one round of probes: the planned shape with the one shape the three benches ran
     assert [len(ds) for ds in probes] == [2] and probes[0][0] is target
@@ -227,7 +217,7 @@ def test_muon_step_costs_bytes_per_parameter_and_newton_schulz_flops(tiny_config
 
 
 def test_probe_takes_the_best_of_several_calls_unless_one_call_is_long(monkeypatch):
-    from littlelm.plan import probe
+    from littlelm.plan import speed as probe
 
     class Clock:  # each call of the probed function takes `dt` seconds of this clock
         now, dt = 0.0, 0.0
@@ -252,7 +242,7 @@ def test_probe_takes_the_best_of_several_calls_unless_one_call_is_long(monkeypat
 def test_probes_are_timed_in_rounds_and_a_shared_shape_once(tiny_config, monkeypatch):
     # a busy spell of a shared machine slows one round of every measurement, not all the
     # repeats of a few; a plan's shapes and a bench's are timed in the same rounds
-    from littlelm.plan import probe
+    from littlelm.plan import speed as probe
 
     class Clock:  # each call takes a millisecond of this clock
         now = 0.0
@@ -274,7 +264,7 @@ def test_probes_are_timed_in_rounds_and_a_shared_shape_once(tiny_config, monkeyp
     d = Dims.of(load_run(tiny_config))
     longer = replace(d, micro_batch=d.micro_batch // 2, seq_len=2 * d.seq_len)  # same tokens
     assert longer.tokens == d.tokens
-    a, b = probe.measure_rates_many([d, longer])
+    a, b = probe.measure_rates([d, longer])
     for g in speed.gemms(d):  # the same GEMM shapes: one measurement serves both
         for product in speed.PRODUCTS:
             assert a.gemm(g, product) == b.gemm(g, product) > 0

@@ -1,15 +1,19 @@
-"""The plan as rich tables for a terminal, or as one JSON object (`--json`)."""
+"""The plan and bench results as rich tables for a terminal, as one JSON object (`--json`), or
+as a chart (`--chart OUT.png`)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from littlelm.plan.accounting import CATEGORIES, FB, OPT
+from littlelm.errors import LittleLMError
+from littlelm.plan import trace as cat
 from littlelm.plan.cost import GIB, GpuPlan
 from littlelm.plan.planner import Plan
+from littlelm.plan.trace import CATEGORIES, FB, OPT
 from littlelm.progress import human
 
 
@@ -310,3 +314,178 @@ def _gpu_json(p: GpuPlan) -> dict:
         "remedies": [r.__dict__ for r in p.remedies],
         "measured": p.measured,
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# bench's report
+
+
+def comparison_rows(r: dict) -> list[tuple[str, float | None, float | None, str]]:
+    """(what, measured, predicted, unit) rows."""
+    g = GIB
+    if r["kind"] == "cuda":
+        rows = [
+            ("peak allocated", r["peak_allocated"] / g, r["predicted_allocated"] / g, "GiB"),
+            ("peak reserved", r["peak_reserved"] / g, r["predicted_reserved"] / g, "GiB"),
+            ("outside PyTorch (context)", r["outside_pytorch"] / g, None, "GiB"),
+        ]
+    else:
+        peak = r.get("peak_tensor")
+        rows = [
+            (
+                "peak tensor memory",
+                peak / g if peak is not None else None,
+                r["predicted_tensor_peak"] / g,
+                "GiB",
+            ),
+            (
+                "peak RSS",
+                (r["peak_rss"] or 0) / g or None,
+                (r.get("predicted_rss") or 0) / g or None,
+                "GiB",
+            ),
+            ("host RAM for a resume", None, r["predicted_host_resume"] / g, "GiB"),
+        ]
+    rows.append(("tokens/s", r["tok_s"], r.get("predicted_tok_s"), ""))
+    rows.append(("MFU", r["mfu"], None, ""))
+    return rows
+
+
+def print_bench(r: dict) -> None:
+    t = Table(
+        title=f"bench on {r['device']}: {r['steps']} steps with a save and a resume "
+        f"(to step {r['resumed_to_step']}), {r['wall_s']:.1f} s",
+        title_justify="left",
+    )
+    for col in ("", "measured", "predicted", "measured / predicted"):
+        t.add_column(col, justify="left" if not col else "right")
+    for name, meas, pred, unit in comparison_rows(r):
+        ratio = f"{meas / pred:.3f}" if meas is not None and pred else "-"
+        t.add_row(name, _fmt(meas, unit), _fmt(pred, unit), ratio)
+    console = Console(width=120)
+    console.print(t)
+    if r["kind"] == "cpu":
+        console.print(
+            "  predicted tensor peak: the plan's trace (CPU kernels). "
+            + (
+                "peak RSS covers the bench window."
+                if r["rss_peak_is_window"]
+                else "peak RSS is the process's lifetime peak (could not reset it)."
+            )
+        )
+    console.print(
+        f"  stored: {r['stored']} (plan calibrates its speed on this device with it: "
+        f"measured step time = {r.get('speed_ratio') or float('nan'):.2f} x the step model's)"
+    )
+
+
+def _fmt(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    if unit == "GiB":
+        return f"{x:.3f} GiB"
+    if x < 1:
+        return f"{x:.1%}"
+    return f"{x:,.0f}"
+
+
+# ----------------------------------------------------------------------------------------------
+# --chart
+
+# each segment's colour: its index in the run reports' PALETTE (littlelm/report/plots.py)
+SEGMENTS = (cat.PARAMS, cat.ACT, cat.STATE, cat.GRADS, cat.COPIES, cat.LOSS, cat.BWD, cat.SCRATCH)
+SEGMENTS += ("CUDA context & workspaces", "allocator margin")
+
+
+def memory_segments(plan: Plan, gpu_index: int) -> dict[str, float]:
+    """GiB per segment of one GPU's bar: what is alive at the peak, then margin and context."""
+    p = plan.gpus[gpu_index]
+    seg = {k: v / GIB for k, v in plan.memory.peak_breakdown().items() if v}
+    seg["allocator margin"] = p.lines["allocator margin"]
+    seg["CUDA context & workspaces"] = p.lines["CUDA context & workspaces"]
+    for extra in ("DDP gradient buckets", "resume spike"):
+        if p.lines.get(extra):
+            seg[extra] = p.lines[extra]
+    return seg
+
+
+def plan_chart(plan: Plan, out: str | Path) -> Path:
+    """Memory by category on each GPU against its capacity, and dollars per billion tokens,
+    drawn with the run reports' helpers (littlelm/report/plots.py: object API, Agg canvas)."""
+    from littlelm.report.plots import new_figure, save_png
+
+    fig = new_figure(1, 2, width=12, row_height=0.45 * len(plan.gpus) + 1.6)
+    ax_mem, ax_cost = fig.subplots(1, 2, sharey=True, width_ratios=(3, 2))
+    names = [p.gpu.name for p in plan.gpus]
+    ys = list(range(len(names)))[::-1]
+    _memory_panel(ax_mem, plan, ys)
+    _cost_panel(ax_cost, plan, ys)
+    ax_mem.set_yticks(ys, names)
+    fig.suptitle(
+        f"{plan.cfg.run.name}: {plan.dims.n_params / 1e9:.3g}B parameters, micro-batch "
+        f"{plan.dims.micro_batch} x {plan.dims.seq_len}, {plan.tokens / 1e9:.3g}B tokens"
+    )
+    try:
+        return save_png(fig, out)
+    except OSError as e:
+        raise LittleLMError(f"cannot write the chart to {out}: {e}") from None
+
+
+def _memory_panel(ax, plan: Plan, ys: list[int]) -> None:
+    from littlelm.report.plots import PALETTE
+
+    labelled = set()
+    for i, y in enumerate(ys):
+        left = 0.0
+        for name, gib in memory_segments(plan, i).items():
+            label = name if name not in labelled else None
+            labelled.add(name)
+            color = PALETTE[SEGMENTS.index(name)] if name in SEGMENTS else "#444444"
+            ax.barh(y, gib, left=left, color=color, label=label)
+            left += gib
+        cap = plan.gpus[i].gpu.memory_gib
+        ax.plot([cap, cap], [y - 0.45, y + 0.45], color="black", linewidth=2.5)
+    ax.plot([], [], color="black", linewidth=2.5, label="GPU memory")
+    ax.set_xlabel("memory per GPU at the configured micro-batch (GiB)")
+    # outside the axes, below both panels: constrained layout makes room, clear of the x label
+    ax.figure.legend(fontsize=7, loc="outside lower center", ncols=6, frameon=False)
+    _style(ax)
+
+
+def _cost_panel(ax, plan: Plan, ys: list[int]) -> None:
+    for p, y in zip(plan.gpus, ys):
+        runs = p.dollars_per_btok is not None
+        if not runs:  # no bar: a run that cannot fit has no cost
+            ax.text(0, y, " does not fit at any micro-batch", va="center", fontsize=7)
+            continue
+        ax.barh(
+            y,
+            p.dollars_per_btok,
+            color="#2ca02c" if p.fits else "#ff7f0e",
+            hatch="" if p.fits else "//",
+            label="fits as configured" if p.fits else "fits at a smaller micro-batch",
+        )
+        note = "" if p.fits else f" at micro-batch {p.best_micro_batch}"
+        ax.text(
+            p.dollars_per_btok, y, f" ${p.dollars_per_btok:,.0f}{note}", va="center", fontsize=7
+        )
+    handles, labels = ax.get_legend_handles_labels()
+    keep = dict(zip(labels, handles))  # one entry per colour
+    if keep:
+        ax.legend(
+            keep.values(),
+            keep.keys(),
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.0, 1.0),
+            frameon=False,
+        )
+    ax.set_xlabel("USD per billion tokens (speed from the step model, plan/speed.py)")
+    _style(ax)
+
+
+def _style(ax) -> None:
+    from littlelm.report.plots import style_axes
+
+    style_axes(ax)
+    ax.grid(False, axis="y")
