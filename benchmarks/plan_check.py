@@ -10,9 +10,8 @@ read). Then each shape, one after another: the local plan in a fresh process, un
 in another (real steps, a save and a resume; stored in the bench cache like any bench, so a
 later `plan --device cpu` here is calibrated by the newest of them). The demo's row
 is checked against a bench that did not calibrate it. Columns: predicted tokens/s, measured
-tokens/s, and predicted and measured peak process memory (resident set: the process at start +
-the tensor peak x glibc's heap margin, `planner.CPU_HEAP_MARGIN`; the last column is the margin
-each bench measured).
+tokens/s, and predicted and measured peak process memory (resident set; the calibrated
+prediction uses the heap margin the calibrating benches measured).
 Acceptance (issue 21): calibrated speed within 10%, memory within 15%.
 """
 
@@ -36,8 +35,8 @@ SHAPES = {
 def one(name: str, steps: int, out_dir: str, calibration: list[str]) -> dict:
     """With `calibration`: the plan of one shape (uncalibrated, then calibrated), as `littlelm
     plan --device cpu` makes it in its own process. Without: `bench` of that shape, in a process
-    that ran nothing before it (a bench after the plan's probes reuses the heap they left, so
-    its resident set reads low)."""
+    that ran nothing before it (a bench after the plan's probes reuses the heap they left and
+    reads a low heap margin, which would then calibrate later plans)."""
     from littlelm.components import register_all
     from littlelm.hardware import native_bf16
     from littlelm.plan.bench import current_rss, run_bench

@@ -132,9 +132,12 @@ def test_plan_on_this_cpu_probes_and_uses_a_bench_calibration(
     assert plan.local.tok_s > 0 and plan.local.process_peak > plan.local.tensor_peak
 
 
-def test_a_bench_here_calibrates_speed_at_its_own_shapes(tiny_config, tmp_path, monkeypatch):
+def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
+    tiny_config, tmp_path, monkeypatch
+):
     # the bench's ratio is re-taken against rates probed now at the bench's shapes (a shared
-    # CPU's probe drifts between processes)
+    # CPU's probe drifts between processes), and its measured RSS growth per tensor byte
+    # replaces the default heap margin
     from littlelm.plan import planner
 
     monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))
@@ -164,13 +167,15 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes(tiny_config, tmp_path, 
     here = Dims.of(cfg.with_precision(native_bf16("cpu")))  # what this CPU computes in
     step = 1.5 * speed.step_time(here, fixed).raw
     assert local.tok_s == pytest.approx(here.tokens * here.grad_accum / step)
-    # resident set at start + the tensors x glibc's heap margin
-    assert local.process_peak > CPU_HEAP_MARGIN * local.tensor_peak
+    assert local.heap_margin == pytest.approx(2.0)
+    assert local.process_peak >= 2 * local.tensor_peak  # resident set at start + 2 x tensors
     # a record from a littlelm whose config no longer validates calibrates nothing
     stale = {**record, "config": {"model": {"no_such_field": 1}}, "speed_ratio": 3.0}
     save_measurement({**stale, "time": "2999-01-01T00:00:00"})  # the newest
     rates, used = planner.local_calibration(speed.load_measurements(), record["device_key"], bd)
     assert rates.calibration == pytest.approx(1.5) and [b["run"] for b in used] == ["b"]
+    # without a bench: the documented default margin
+    assert planner.heap_margin([]) == CPU_HEAP_MARGIN
 
 
 def test_local_calibration_is_the_median_of_the_newest_benches(tiny_config, monkeypatch):
@@ -183,22 +188,29 @@ def test_local_calibration_is_the_median_of_the_newest_benches(tiny_config, monk
     monkeypatch.setattr(speed, "measure_rates", lambda ds: probes.append(ds) or [fixed] * len(ds))
     cfg = load_run(tiny_config)
     modelled = speed.step_time(Dims.of(cfg), fixed).raw
+    gib = 2**30
     key = device_key(torch.device("cpu"))
 
-    def bench(run, ratio):
+    def bench(run, ratio, heap):
         return {
             "device_key": key,
             "run": run,
             "speed_ratio": 1.0,
             "step_s": ratio * modelled,
             "config": to_tree(cfg),
+            "peak_tensor": gib,
+            "rss_at_start": gib,
+            "peak_rss": gib + round(heap * gib),
+            "rss_peak_is_window": True,
         }
 
-    records = [bench("old", 9.0), bench("a", 1.5), bench("slow", 1.8), bench("b", 1.45)]
+    records = [bench("old", 9.0, 9.0), bench("a", 1.5, 1.2), bench("slow", 1.8, 1.3)]
+    records.append(bench("b", 1.45, 1.25))
     assert planner.LOCAL_BENCHES == 3
     target = Dims.of(load_run(tiny_config, ["train.micro_batch_size=2"]))
     rates, used = planner.local_calibration(records, key, target)
     assert rates.calibration == pytest.approx(1.5)
+    assert planner.heap_margin(used) == pytest.approx(1.25)
     assert [b["run"] for b in used] == ["a", "slow", "b"]
     # one round of probes: the planned shape with the one shape the three benches ran
     assert [len(ds) for ds in probes] == [2] and probes[0][0] is target

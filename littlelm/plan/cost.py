@@ -333,9 +333,8 @@ def config_changes(d: Dims) -> list[tuple[str, str, Dims]]:
     (override, why, the changed Dims)."""
     out = []
     if d.model.loss == "plain":
-        out.append(
-            ("model.loss=chunked", "the full logits never exist", replace_loss(d, "chunked"))
-        )
+        chunked = replace(d, model=d.model.model_copy(update={"loss": "chunked"}))
+        out.append(("model.loss=chunked", "the full logits never exist", chunked))
     if not d.adamw_8bit and not d.stochastic_rounding:
         why = "AdamW's two moments in 1 byte each, not 4 (CUDA, bitsandbytes)"
         out.append(("optimizer.adamw_8bit=true", why, replace(d, adamw_8bit=True)))
@@ -351,10 +350,6 @@ def config_changes(d: Dims) -> list[tuple[str, str, Dims]]:
         why = "each layer recomputed in the backward pass: about 1/3 more compute"
         out.append(("train.activation_checkpointing=true", why, replace(d, checkpointing=True)))
     return out
-
-
-def replace_loss(d: Dims, loss: str) -> Dims:
-    return replace(d, model=d.model.model_copy(update={"loss": loss}))
 
 
 def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Remedy]:
@@ -394,21 +389,15 @@ def _accum_note(d: Dims, dm: Dims) -> str:
     return f"grad_accum {d.grad_accum} -> {dm.grad_accum} keeps the tokens per step"
 
 
-def budget_seconds(budget, p: GpuPlan) -> float | None:
-    """Seconds `budget` buys on `p`'s GPUs (None for a tokens budget or none)."""
-    if budget is None or budget.kind not in ("hours", "dollars"):
-        return None
-    if budget.kind == "hours":
-        return budget.hours * 3600
-    return budget.dollars / (p.gpu.price_per_hour * p.devices) * 3600
-
-
 def apply_budget(p: GpuPlan, budget, batch_tokens: int, cap: int | None = None) -> GpuPlan:
-    """`p` with its time, cost, tokens and steps those of the budget (tokens at most `cap`,
-    train.max_tokens, which ends the run first when it is reached first)."""
-    seconds = budget_seconds(budget, p)
-    if seconds is None or p.tok_s is None:  # no time budget, or nothing runs on this GPU
-        return p
+    """`p` with its time, cost, tokens and steps those of a time or money budget (tokens at
+    most `cap`, train.max_tokens, which ends the run first when it is reached first)."""
+    if p.tok_s is None or budget is None or budget.kind not in ("hours", "dollars"):
+        return p  # nothing runs on this GPU, or no time budget
+    if budget.kind == "hours":
+        seconds = budget.hours * 3600
+    else:  # dollars buy hours at this GPU's price
+        seconds = budget.dollars / (p.gpu.price_per_hour * p.devices) * 3600
     tokens = int(p.tok_s * seconds)
     if cap is not None and tokens > cap:
         tokens, seconds = cap, cap / p.tok_s

@@ -64,6 +64,7 @@ class LocalPlan:
     dollars: float
     rates: speed.Rates  # as probed, with the benches' calibration if any
     precision: str = "bf16"  # what `precision: auto` computes in on this machine
+    heap_margin: float = CPU_HEAP_MARGIN  # RSS growth per byte of tensor peak
     memory_source: str = ""
 
 
@@ -231,6 +232,20 @@ def local_calibration(records: list[dict], key: str, d: Dims) -> tuple[speed.Rat
     return replace(rates, calibration=ratio), benches
 
 
+def heap_margin(benches: list[dict]) -> float:
+    """The median RSS growth per byte of tensor peak the benches here measured (where they could
+    reset the peak RSS at their start), else CPU_HEAP_MARGIN: it differs between machines and
+    their state (1.40-1.51 on 2026-12-01, 1.62-1.69 on 2026-12-02 on a CPU of the same name)."""
+    heaps = [
+        (b["peak_rss"] - b["rss_at_start"]) / b["peak_tensor"]
+        for b in benches
+        if b.get("rss_peak_is_window")
+        and b.get("peak_tensor")
+        and (b.get("peak_rss") or 0) > (b.get("rss_at_start") or 0)
+    ]
+    return statistics.median(heaps) if heaps else CPU_HEAP_MARGIN
+
+
 def local_plan(
     cfg: RunConfig,
     tokens: int,
@@ -257,6 +272,7 @@ def local_plan(
     tok_s = d.tokens * d.grad_accum / st.seconds
     tensors = trace_step(cfg, gpu=False) if trace else mem.estimate(d)
     resume = mem.checkpoint_bytes(tensors)
+    heap = heap_margin(benches)
     hours = tokens / tok_s / 3600
     return LocalPlan(
         device=key,
@@ -265,14 +281,16 @@ def local_plan(
         parts={k: v * st.calibration for k, v in st.parts.items()},
         tensor_peak=tensors.peak,
         # a resume reads the checkpoint, which may outgrow the step (the whole of it twice)
-        process_peak=base + round(max(tensors.peak * CPU_HEAP_MARGIN, 2 * resume)),
+        process_peak=base + round(max(tensors.peak * heap, 2 * resume)),
         resume=resume,
         hours=hours,
         dollars=hours * price_per_hour,
         rates=rates,
         precision="bf16" if d.bf16 else "fp32",
-        memory_source=f"resident set at start + tensor peak x heap margin {CPU_HEAP_MARGIN:.2f} "
-        f"(glibc's, measured on the demo); tensor peak: the {tensors.source}",
+        heap_margin=heap,
+        memory_source=f"resident set at start + tensor peak x heap margin {heap:.2f} ("
+        + ("the benches' median" if benches else "glibc's, measured on the demo")
+        + f"); tensor peak: the {tensors.source}",
     )
 
 

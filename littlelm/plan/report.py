@@ -35,6 +35,14 @@ def duration(hours: float) -> str:
     return f"{hours / 24:.1f} d"
 
 
+def table(title: str, *columns: str, left: int = 1) -> Table:
+    """A table titled on the left; its first `left` columns are text, the rest numbers."""
+    t = Table(title=title, title_justify="left")
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i < left else "right")
+    return t
+
+
 def print_plan(plan: Plan, console: Console | None = None, detail: bool = False) -> None:
     """The renter's view first: one table of the GPUs that can run it, cheapest per token
     first, one line for each that cannot (its best remedy), then memory and resume in a few
@@ -111,18 +119,13 @@ def resume_line(plan: Plan) -> str:
 
 def local_table(plan: Plan) -> Table:
     lp = plan.local
-    t = Table(title=f"this machine: {lp.device}, {lp.precision}", title_justify="left")
-    for col in ("tokens/s", "step (s)", "GEMMs", "attention", "elementwise", "optimizer"):
-        t.add_column(col, justify="right")
-    t.add_column("process memory", justify="right")
-    t.add_column("time", justify="right")
+    kinds = ("GEMMs", "attention", "elementwise", "optimizer")
+    title = f"this machine: {lp.device}, {lp.precision}"
+    t = table(title, "tokens/s", "step (s)", *kinds, "process memory", "time", left=0)
     t.add_row(
         f"{lp.tok_s:,.0f}",
         f"{sum(lp.parts.values()):.3f}",
-        *(
-            f"{lp.parts.get(k, 0.0):.3f}"
-            for k in ("GEMMs", "attention", "elementwise", "optimizer")
-        ),
+        *(f"{lp.parts.get(k, 0.0):.3f}" for k in kinds),
         f"{gib(lp.process_peak / GIB)} GiB",
         duration(lp.hours),
     )
@@ -156,12 +159,8 @@ def memory_table(plan: Plan) -> Table:
     """The plan's memory by category beside the trace and the analytic model of the same step
     (unscaled), with their ratio: the check that the formulas describe the code."""
     e, an, tr = plan.memory, plan.analytic, plan.trace
-    t = Table(
-        title=f"memory per GPU at micro-batch {plan.dims.micro_batch} (GiB)",
-        title_justify="left",
-    )
-    for col in ("category", "plan", "trace", "analytic", "trace / analytic"):
-        t.add_column(col, justify="left" if col == "category" else "right")
+    title = f"memory per GPU at micro-batch {plan.dims.micro_batch} (GiB)"
+    t = table(title, "category", "plan", "trace", "analytic", "trace / analytic")
     check = plan.trace_check()
     for k in CATEGORIES:
         traced = gib(tr.categories[k] / GIB) if tr else "-"
@@ -191,18 +190,11 @@ def _ratio(r: float | None) -> str:
 
 def gpu_table(plan: Plan) -> Table:
     runs = [p for p in plan.gpus if p.tok_s is not None]
-    t = Table(title="GPUs that can run it, cheapest per token first", title_justify="left")
-    for col, right in (
-        ("GPU", False),
-        ("needs / has (GiB)", True),
-        ("micro-batch (accum)", True),
-        ("tokens/s", True),
-        ("MFU", True),
-        ("time", True),
-        ("cost", True),
-        ("$/B tokens", True),
-    ):
-        t.add_column(col, justify="right" if right else "left")
+    t = table(
+        "GPUs that can run it, cheapest per token first",
+        *("GPU", "needs / has (GiB)", "micro-batch (accum)", "tokens/s", "MFU", "time", "cost"),
+        "$/B tokens",
+    )
     bought = bool(runs) and runs[0].budget_tokens is not None
     if bought:  # a time or money budget: what it buys on each GPU
         t.add_column("budget buys (tokens / steps)", justify="right")
@@ -330,20 +322,10 @@ def comparison_rows(r: dict) -> list[tuple[str, float | None, float | None, str]
             ("outside PyTorch (context)", r["outside_pytorch"] / g, None, "GiB"),
         ]
     else:
-        peak = r.get("peak_tensor")
+        peak, rss, predicted = r.get("peak_tensor"), r["peak_rss"], r.get("predicted_rss")
         rows = [
-            (
-                "peak tensor memory",
-                peak / g if peak is not None else None,
-                r["predicted_tensor_peak"] / g,
-                "GiB",
-            ),
-            (
-                "peak RSS",
-                (r["peak_rss"] or 0) / g or None,
-                (r.get("predicted_rss") or 0) / g or None,
-                "GiB",
-            ),
+            ("peak tensor memory", peak and peak / g, r["predicted_tensor_peak"] / g, "GiB"),
+            ("peak RSS", rss and rss / g, predicted and predicted / g, "GiB"),
             ("host RAM for a resume", None, r["predicted_host_resume"] / g, "GiB"),
         ]
     rows.append(("tokens/s", r["tok_s"], r.get("predicted_tok_s"), ""))
@@ -352,13 +334,11 @@ def comparison_rows(r: dict) -> list[tuple[str, float | None, float | None, str]
 
 
 def print_bench(r: dict) -> None:
-    t = Table(
-        title=f"bench on {r['device']}: {r['steps']} steps with a save and a resume "
-        f"(to step {r['resumed_to_step']}), {r['wall_s']:.1f} s",
-        title_justify="left",
+    title = (
+        f"bench on {r['device']}: {r['steps']} steps with a save and a resume "
+        f"(to step {r['resumed_to_step']}), {r['wall_s']:.1f} s"
     )
-    for col in ("", "measured", "predicted", "measured / predicted"):
-        t.add_column(col, justify="left" if not col else "right")
+    t = table(title, "", "measured", "predicted", "measured / predicted")
     for name, meas, pred, unit in comparison_rows(r):
         ratio = f"{meas / pred:.3f}" if meas is not None and pred else "-"
         t.add_row(name, _fmt(meas, unit), _fmt(pred, unit), ratio)

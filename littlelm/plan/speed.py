@@ -467,8 +467,9 @@ def point_ratio(p: Point, catalog) -> float:
     return predicted / p.tokens_per_s_per_gpu
 
 
-@cache
-def _cuda(catalog_id: int, catalog) -> Calibration:
+@cache  # per catalog (hashed by identity)
+def cuda_calibration(catalog) -> Calibration:
+    """The mean ratio of the packaged points."""
     points = load_points()
     ratios = [point_ratio(p, catalog) for p in points]
     if not ratios:
@@ -476,11 +477,6 @@ def _cuda(catalog_id: int, catalog) -> Calibration:
     mean = sum(ratios) / len(ratios)
     names = "; ".join(f"{p.name} ({r:.2f}x)" for p, r in zip(points, ratios))
     return Calibration(mean, f"calibrated from {names}")
-
-
-def cuda_calibration(catalog) -> Calibration:
-    """The mean ratio of the packaged points, computed once per catalog."""
-    return _cuda(id(catalog), catalog)
 
 
 # ----------------------------------------------------------------------------------------------
