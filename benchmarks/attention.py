@@ -1,4 +1,4 @@
-"""Causal attention: PyTorch's SDPA beside littlelm's blocked kernel (model/attention.py), forward
+"""Causal attention: PyTorch's SDPA beside littlelm's blocked kernel (model/kernels.py), forward
 and backward time and error against float64, at the shapes of the throughput benchmark.
 
     python benchmarks/attention.py                 # CPU, bf16: the shapes below
@@ -20,8 +20,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from littlelm.model.attention import BLOCK, blocked_causal_attention
-from littlelm.train.device import synchronize, tune_cpu_allocator
+from littlelm.model.kernels import BLOCK, blocked_causal_attention
+from littlelm.train.device import tune_cpu_allocator
+from littlelm.train.step import synchronize
 
 # name: (batch, seq, heads, kv heads, head dim)
 SHAPES = {

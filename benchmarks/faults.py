@@ -42,13 +42,32 @@
      `--nproc`), and once the stop's checkpoint is written, SIGTERM again every 10 ms until it
      exits: exit 0, as documented, with that checkpoint complete and every step logged once.
 
+5. Four cases on budgets and sweeps (issue 36), always one process per run, each on time
+   budgets of seconds (train.budget.hours), checking that nothing is lost (every step logged
+   once, the earlier records kept, one end record, the newest checkpoint at the last step):
+   - budget raised after its end: a 6 s budget run to its end, run again (nothing to do; it
+     advises a raised train.budget.hours), then with that advice: it resumes from its final
+     checkpoint, the lr back on the plateau, and trains further;
+   - stale budget.json: that run's checkpoints deleted, its budget.json (counting more than the
+     budget) left: the same command starts the budget afresh and trains a whole run (not one
+     step at lr 0 called done), saying why;
+   - budget raised in its cooldown: SIGTERM once progress passes 0.9 of 12 s, resumed with 36 s:
+     the start-up says the schedule is refitted; every resumed lr_mult is the trapezoid's at its
+     logged progress, and that progress follows the new budget's time (no lr frozen at the
+     cooldown's value);
+   - sweep kill before an end record: a sweep of two variants whose first is SIGKILLed after its
+     final checkpoint is in place and before its end record (the save pauses after its rename,
+     LITTLELM_FAULT_SAVE_DELAY): the sweep exits 2; the same command completes that variant
+     without training it again (weights bitwise as saved); a third run skips both.
+
 With `--sft` the two runs are supervised fine-tuning instead: a base run (BPE tokenizer with the
 chat tokens) is trained first, and both runs start from it (`grow.parent`) on synthetic
 conversations (the `chat` source), with the loss on the assistant's tokens only and
 conversations packed whole with padding; everything above is checked the same way.
 
 Exit status 0 only when every check passes. On 2 CPU cores the default run takes about one
-minute, `--nproc 2` (10 kills, 200 steps) about two. `--device cuda` trains on GPUs instead
+minute, `--nproc 2` (10 kills, 200 steps) about two, and the cases of steps 4 and 5 about three
+more. `--device cuda` trains on GPUs instead
 (for a borrowed GPU node): recoveries, lost steps and teardowns are checked the same way;
 weights and losses are compared and the largest difference printed, but bitwise equality is not
 required there, since some CUDA kernels are not deterministic. Linux only (reads /proc).
@@ -62,6 +81,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -467,7 +487,10 @@ def parse_args() -> argparse.Namespace:
         help="config override, e.g. train.precision=fp32",
     )
     ap.add_argument(
-        "--no-cases", dest="cases", action="store_false", help="skip the three extra cases (step 4)"
+        "--no-cases",
+        dest="cases",
+        action="store_false",
+        help="skip the extra cases (steps 4 and 5)",
     )
     args = ap.parse_args()
     multi = args.nproc > 1
@@ -585,10 +608,295 @@ def sigterm_in_teardown(args, live: Child, cfg: Path) -> tuple[str, str, bool]:
     return "second SIGTERM in teardown", text, ok
 
 
+# -- budgets and sweeps (issue 36): each case on runs of its own, one process -------------------
+
+ADVICE = re.compile(r"add (train\.budget\.hours=\S+) to the command")
+
+
+def budget_run(work: Path, name: str, args: argparse.Namespace, seconds: float) -> Path:
+    """The small config on a time budget of `seconds` (no max_steps), checkpointed at its end
+    (and at a stop) only, one process."""
+    cfg = make_run(work, name, args)
+    tree = yaml.safe_load(cfg.read_text())
+    tree["train"].pop("max_steps", None)
+    tree["train"]["budget"] = {"hours": seconds / 3600}
+    tree["checkpoint"] = {"every": 1_000_000, "keep_last": 2}
+    tree.pop("distributed", None)
+    cfg.write_text(yaml.safe_dump(tree))
+    return cfg
+
+
+def hours(seconds: float) -> str:
+    return f"train.budget.hours={seconds / 3600!r}"
+
+
+def records(run_dir: Path, kind: str | None = None) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+    return [r for r in rows if kind is None or r["kind"] == kind]
+
+
+def steps_once(train: list[dict]) -> bool:
+    """Every step from 1 to the last logged exactly once, in order."""
+    return [r["step"] for r in train] == list(range(1, len(train) + 1))
+
+
+def said(r: subprocess.CompletedProcess) -> str:
+    return r.stdout + r.stderr
+
+
+def budget_raised_after_its_end(args, work: Path, env: dict) -> tuple[str, str, bool]:
+    """Issue 36.1: a time-budget run trained to its end is run again (nothing to do: it advises
+    a raised train.budget.hours), then with that advice: it must resume from its final
+    checkpoint and train further, the first session's records kept."""
+    cfg, run_dir = budget_run(work, "budget-end", args, 6), work / "runs" / "budget-end"
+    first = littlelm(["train", str(cfg)], env)
+    before = records(run_dir, "train")
+    n1 = len(before)
+    again = littlelm(["train", str(cfg)], env)
+    advice = ADVICE.search(said(again))
+    idle = records(run_dir, "train") == before
+    if first.returncode or again.returncode or not advice:
+        why = f"exit {first.returncode} then {again.returncode}, advice {bool(advice)}"
+        return "budget raised after its end", f"setup: {why}: {last_error(again)}", False
+    more = littlelm(["train", str(cfg), advice.group(1)], env)
+    train, ends = records(run_dir, "train"), records(run_dir, "end")
+    newest = ckpt.latest_checkpoint(run_dir / "checkpoints", warn=False)
+    n2 = len(train)
+    resumed = f"(step {n1}," in said(more) and "refitted to the new budget" in said(more)
+    ok = (
+        idle
+        and more.returncode == 0
+        and resumed
+        and n2 > n1
+        and steps_once(train)
+        and train[:n1] == before  # the first session's records as they were
+        and train[n1]["lr_mult"] == 1.0  # back on the plateau, not at the cooldown's end
+        and len(ends) == 1
+        and ends[0]["step"] == n2
+        and ends[0]["finished"]
+        and newest is not None
+        and ckpt.checkpoint_step(newest) == n2
+    )
+    text = (
+        f"6s budget to step {n1}; rerun: exit {again.returncode}, "
+        f"{'nothing trained' if idle else 'TRAINED'}, advice `{advice.group(1)}`; with it: exit "
+        f"{more.returncode}, {'resumed from step ' + str(n1) if resumed else 'NOT RESUMED'}, lr "
+        f"x{train[n1]['lr_mult'] if n2 > n1 else float('nan'):.3f} at step {n1 + 1}, trained to "
+        f"step {n2} (steps 1..{n2} logged {'once' if steps_once(train) else 'NOT once'}, "
+        f"{len(ends)} end record(s)), newest checkpoint step {newest and ckpt.checkpoint_step(newest)}"
+    )
+    return "budget raised after its end", text, ok
+
+
+def trapezoid(progress: float, cooldown: float = 0.4) -> float:
+    """What the cases' schedule (trapezoidal, floor 0, past its warmup) gives at `progress`."""
+    return 1.0 if progress <= 1 - cooldown else 1.0 - (progress - (1 - cooldown)) / cooldown
+
+
+def budget_raised_in_cooldown(args, work: Path, env: dict) -> tuple[str, str, bool]:
+    """Issue 36.2: SIGTERM once the schedule's progress passes 0.9 of a 12 s budget, resumed with
+    36 s: the schedule refits to the new budget (the lr back to the plateau, not frozen at the
+    cooldown's multiplier), and the start-up says so. Every resumed step's lr_mult is checked
+    against the trapezoid at its logged progress, and that progress against the share of the
+    new budget's time spent (so the cooldown starts at 60% of it and ends at its end)."""
+    seconds, raised = 12, 36
+    cfg, run_dir = budget_run(work, "budget-cool", args, seconds), work / "runs" / "budget-cool"
+    live = Child(cfg, env, 1)
+
+    def cooling() -> bool:
+        with contextlib.suppress(OSError, ValueError):
+            lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+            return bool(lines) and json.loads(lines[-1]).get("budget_progress", 0) > 0.9
+        return False
+
+    hit = wait_for(live, cooling, 300)
+    if hit:
+        os.kill(live.p.pid, signal.SIGTERM)
+    rc = live.drain(120)
+    stop = next((int(m.group(1)) for x in live.out if (m := STOPPED.match(x))), None)
+    before = records(run_dir, "train")
+    if not hit or rc != 0 or stop is None or not before:
+        why = "the run ended before progress 0.9" if not hit else f"exit {rc}, stop {stop}"
+        return "budget raised in its cooldown", f"setup: {why}", False
+    p0, lr0 = before[-1]["budget_progress"], before[-1]["lr_mult"]
+    more = littlelm(["train", str(cfg), hours(raised)], env)
+    train = records(run_dir, "train")
+    resumed = train[len(before) :]
+    told = re.search(r"train\.budget changed \([^)]*\).*refitted[^\n]*", said(more))
+    off = [  # steps whose multiplier is not the schedule's at their progress
+        r["step"] for r in resumed if abs(r["lr_mult"] - trapezoid(r["budget_progress"])) > 1e-6
+    ]
+    # the time share of the new budget each step reached: what progress must follow (a progress
+    # stuck at the old budget's would pass the check above with a frozen lr)
+    share = [r["budget_spent"] / raised for r in resumed]
+    drift = max((abs(r["budget_progress"] - x) for r, x in zip(resumed, share)), default=1.0)
+    frozen = [r["step"] for r, x in zip(resumed, share) if x <= 0.55 and r["lr_mult"] < 1.0]
+    plateau = [r for r in resumed if r["lr_mult"] == 1.0]
+    end = records(run_dir, "end")
+    ok = (
+        more.returncode == 0
+        and f"(step {stop}," in said(more)
+        and told is not None
+        and "-> x1.000)" in told.group(0)
+        and len(resumed) > 0
+        and resumed[0]["lr_mult"] == 1.0
+        and not off
+        and not frozen
+        and drift < 0.03
+        and resumed[-1]["budget_progress"] == 1.0
+        and resumed[-1]["lr_mult"] == 0.0
+        and steps_once(train)
+        and train[: len(before)] == before
+        and len(end) == 1
+    )
+    cool_from = plateau[-1]["budget_progress"] if plateau else float("nan")
+    text = (
+        f"SIGTERM at progress {p0:.2f} (lr x{lr0:.3f}) of {seconds}s, stopped at step {stop}; "
+        f"resumed with {raised}s: exit {more.returncode}, start-up "
+        f"{'says ' + repr(told.group(0)[:90]) if told else 'SAYS NOTHING'}...; lr "
+        f"x{resumed[0]['lr_mult'] if resumed else float('nan'):.3f} at step {stop + 1}, plateau "
+        f"to progress {cool_from:.2f}, cooled to x{resumed[-1]['lr_mult'] if resumed else 0:.3f}"
+        f" at step {train[-1]['step']}; {len(resumed) - len(off)}/{len(resumed)} lr_mults are "
+        f"the trapezoid's at their progress, which follows the new budget's time (largest gap "
+        f"{drift:.3f}); {len(frozen)} step(s) below x1 before 55% of it"
+    )
+    return "budget raised in its cooldown", text, ok
+
+
+def stale_budget_ledger(args, work: Path, env: dict) -> tuple[str, str, bool]:
+    """Issue 36.3: the checkpoints of the finished run of `budget_raised_after_its_end` are
+    deleted, its budget.json (which counts more than the 6 s budget) left; the same command must
+    start the budget afresh and train a whole run, not one step at lr 0 called done."""
+    cfg, run_dir = work / "budget-end.yaml", work / "runs" / "budget-end"
+    if not records(run_dir, "end"):
+        return "stale budget.json", "setup: the run of the case before did not finish", False
+    ledger = json.loads((run_dir / "budget.json").read_text())
+    old = len(records(run_dir, "train"))
+    shutil.rmtree(run_dir / "checkpoints")
+    r = littlelm(["train", str(cfg)], env)
+    train, end = records(run_dir, "train"), records(run_dir, "end")
+    now = json.loads((run_dir / "budget.json").read_text())
+    told = "belongs to checkpoints that are gone" in said(r)
+    newest = ckpt.latest_checkpoint(run_dir / "checkpoints", warn=False)
+    ok = (
+        r.returncode == 0
+        and told
+        and ledger["spent"] > 6
+        and len(train) > 20
+        and steps_once(train)
+        and max(x["lr_mult"] for x in train) == 1.0
+        and len(end) == 1
+        and end[0]["finished"]
+        and now["spent"] < 2 * 6  # this run's own time, not the stale ledger's plus it
+        and newest is not None
+        and ckpt.checkpoint_step(newest) == len(train)
+    )
+    text = (
+        f"budget.json counted {ledger['spent']:.1f}s (to step {ledger['step']}) of a 6s budget; "
+        f"checkpoints deleted; same command: exit {r.returncode}, "
+        f"{'says the ledger belongs to gone checkpoints' if told else 'SAYS NOTHING'}, trained "
+        f"steps 1..{len(train)} afresh (lr up to x{max((x['lr_mult'] for x in train), default=0):.3f}; "
+        f"the old run's {old} step records replaced), spent {now['spent']:.1f}s, "
+        f"{'finished' if end and end[0]['finished'] else 'NOT FINISHED'}"
+    )
+    return "stale budget.json", text, ok
+
+
+def sweep_killed_before_end_record(args, work: Path, env: dict) -> tuple[str, str, bool]:
+    """Issue 36.8: a sweep of two variants (model.n_layer=1,2; 40 steps, saved at the end only)
+    whose first variant is SIGKILLed between its final checkpoint and its end record: the save
+    pauses after the rename (LITTLELM_FAULT_SAVE_DELAY), and the kill comes once step_000040 is
+    in place with no end record written. The sweep says that variant did not finish (exit 2);
+    the same command completes it without training it again (its weights bitwise as saved, each
+    step logged once, one end record), and a third run skips both."""
+    base = make_run(work, "sweep-base", args, steps=40)
+    tree = yaml.safe_load(base.read_text())
+    tree["checkpoint"] = {"every": 1_000_000, "keep_last": 2}
+    tree.pop("distributed", None)
+    base.write_text(yaml.safe_dump(tree))
+    cmd = [sys.executable, "-m", "littlelm", "sweep", str(base), "--set", "model.n_layer=1,2"]
+    cmd += ["--name", "sweep-kill"]
+    sweep_dir = work / "runs" / "sweep-kill"
+    victim_dir = sweep_dir / "n_layer=1"
+    final = victim_dir / "checkpoints" / "step_000040"
+    log = work / "sweep-kill.out"
+    with open(log, "w") as out:
+        sweep = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**env, ckpt.FAULT_DELAY_ENV: "1.0"},
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 300
+    while not final.is_dir() and sweep.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    variants = [c for c, (ppid, _) in process_table().items() if ppid == sweep.pid]
+    in_window = final.is_dir() and not records(victim_dir, "end") and len(variants) == 1
+    if in_window:
+        os.kill(variants[0], signal.SIGKILL)
+    try:
+        rc1 = sweep.wait(300)
+    except subprocess.TimeoutExpired:
+        os.killpg(sweep.pid, signal.SIGKILL)
+        rc1 = None
+    said1 = log.read_text()
+    if not in_window:
+        return "sweep kill before an end record", "setup: the kill missed its moment", False
+    saved = load_file(final / "model.safetensors")
+    train_before = records(victim_dir, "train")
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    third = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    after = load_file(ckpt.latest_checkpoint(victim_dir / "checkpoints") / "model.safetensors")
+    same = saved.keys() == after.keys() and all(torch.equal(saved[k], after[k]) for k in saved)
+    train, end = records(victim_dir, "train"), records(victim_dir, "end")
+    completed = "variant n_layer=1: finished" in said(again)
+    skipped = said(third).count("already finished, skipped") == 2
+    ok = (
+        rc1 == 2
+        and "did not finish" in said1
+        and again.returncode == 0
+        and completed
+        and third.returncode == 0
+        and skipped
+        and same
+        and train == train_before
+        and len(train) == 40
+        and steps_once(train)
+        and len(end) == 1
+        and end[0]["step"] == 40
+        and end[0].get("completed_on_resume") is True
+        and len(records(sweep_dir / "n_layer=2", "end")) == 1
+    )
+    text = (
+        f"variant n_layer=1 SIGKILLed with step_000040 saved, no end record: sweep exit {rc1} "
+        f"({'did not finish' if 'did not finish' in said1 else '?'}); same command: exit "
+        f"{again.returncode}, n_layer=1 {'finished' if completed else 'NOT FINISHED'} "
+        f"({'end record appended' if end and end[0].get('completed_on_resume') else 'no end record'}"
+        f", weights {'bitwise as saved' if same else 'CHANGED'}, steps 1..{len(train)} logged "
+        f"{'once' if steps_once(train) and train == train_before else 'NOT once'}); third run: "
+        f"exit {third.returncode}, {'both skipped' if skipped else 'NOT SKIPPED'}"
+    )
+    return "sweep kill before an end record", text, ok
+
+
 def extra_cases(args, work: Path, env: dict) -> list[tuple[str, str, bool]]:
-    """The three cases of step 4, each with its wall time."""
-    t0 = time.monotonic()
-    rows = [timed(disk_full_at_start(args, work, env), t0)]
+    """The cases of steps 4 and 5, each with its wall time."""
+    rows = []
+    for case in (
+        disk_full_at_start,
+        budget_raised_after_its_end,
+        stale_budget_ledger,  # on the run the case before finished
+        budget_raised_in_cooldown,
+        sweep_killed_before_end_record,
+    ):
+        t0 = time.monotonic()
+        try:
+            row = case(args, work, env)
+        except Exception as e:  # a case that breaks is a failed row; the others still run
+            row = case.__name__.replace("_", " "), f"CRASHED: {type(e).__name__}: {e}", False
+        rows.append(timed(row, t0))
     cfg = make_run(work, "prod-bench", args, steps=100_000)
     t0 = time.monotonic()
     live = Child(cfg, env, args.nproc)

@@ -22,7 +22,7 @@ away from the prediction. Tokens/s is reported against the catalog's assumed MFU
 the measured MFU is what bench stores for plan to use.
 
 The runs use `model.backend: auto`, which on CUDA must pick the cuda backend (PyTorch's SDPA,
-F.rms_norm and autograd; model/backend.py): the script checks that each bench ran it. They run
+F.rms_norm and autograd; model/kernels.py): the script checks that each bench ran it. They run
 eager (`train.compile=false`) because the planner models the eager step. Then, unless
 `--backends none`, `benchmarks/throughput.py --device cuda` times, interleaved at the --backends
 size, the cpu backend's kernels (blocked attention is CPU-only, so SDPA plus the hand-written

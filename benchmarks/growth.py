@@ -65,7 +65,7 @@ from littlelm.components import register_all
 from littlelm.data.build import build_data
 from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import flops_per_token
-from littlelm.model.grow_lr import DEFAULT_LR_MULTIPLIERS
+from littlelm.optim.schedule import DEFAULT_LR_MULTIPLIERS
 from littlelm.schema import RunConfig, load_run
 from littlelm.train.device import autocast
 from littlelm.train.trainer import Trainer

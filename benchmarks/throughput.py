@@ -60,8 +60,8 @@ from littlelm.hardware import auto_precision
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.registry import OPTIMIZERS
 from littlelm.train.build import PARAM_DTYPES
-from littlelm.train.device import autocast, peak_flops, synchronize, tune_cpu_allocator
-from littlelm.train.step import apply_update, micro_step
+from littlelm.train.device import autocast, peak_flops, tune_cpu_allocator
+from littlelm.train.step import apply_update, micro_step, synchronize
 
 register_all()  # an entry point: fill the registries before reading a config
 
@@ -101,7 +101,7 @@ VARIANTS = {
     "compile_fp8": Variant("compile_fp8", model={"fp8": True}, compile=True),
     "liger_loss": Variant("liger_loss", model={"loss": "liger"}, cuda_only=True),
     "adamw_8bit": Variant("adamw_8bit", adamw_8bit=True, cuda_only=True),
-    # the two kernel backends (model/backend.py), whatever the device would pick by itself
+    # the two kernel backends (model/kernels.py), whatever the device would pick by itself
     "cpu_backend": Variant("cpu_backend", model={"backend": "cpu"}),
     "cuda_backend": Variant("cuda_backend", model={"backend": "cuda"}),
     "cpu_backend_compile": Variant("cpu_backend_compile", model={"backend": "cpu"}, compile=True),
@@ -340,7 +340,7 @@ def run_size(name: str, variants: list[str], args, device: torch.device, peak: f
 def loss_child(impl: str, vocab: int, rows: int, width: int, device: torch.device) -> dict:
     """Peak memory above the inputs, and time, of the loss's forward + backward (one process per
     implementation on a CPU, so ru_maxrss is this implementation's high-water mark)."""
-    from littlelm.model.loss import linear_cross_entropy
+    from littlelm.model.kernels import linear_cross_entropy
 
     g = torch.Generator().manual_seed(0)
     padded = (vocab + 63) // 64 * 64
@@ -486,7 +486,7 @@ def bf16_eval_of_fp8(args, device: torch.device) -> float:
     batches = t.data.val_batches(
         c.eval.batch_size or c.train.micro_batch_size, c.train.seq_len, c.eval.max_tokens
     )
-    return evaluate_loss(t.model, batches, t.token_bytes, t.device, t.autocast())["val_loss"]
+    return evaluate_loss(t.model, batches, t.token_bytes, t.device, t.autocast)["val_loss"]
 
 
 def fp8_report(args, runs: dict[str, list[str]], device: torch.device) -> None:

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from littlelm.model.backend import run_backend
+from littlelm.model.kernels import run_backend
 from littlelm.optim.schedule_check import schedule_warnings
 from littlelm.progress import Progress, duration, human
 from littlelm.schema import RunConfig

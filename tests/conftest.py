@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -27,6 +28,16 @@ def _find_shared() -> Path:
 
 
 SHARED = _find_shared()
+
+
+def judge(module: str):
+    """Import another tool a test uses as the judge of our output; skip when it is not
+    installed, unless LITTLELM_REQUIRE names it (comma-separated; .ci/run sets it for what it
+    installs), where a missing judge fails the test instead of skipping it."""
+    if module in os.environ.get("LITTLELM_REQUIRE", "").split(","):
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
+
 
 WORDS = [
     "the",

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from littlelm.model import attention
-from littlelm.model.attention import blocked_causal_attention, causal_attention
+from littlelm.model import kernels
+from littlelm.model.kernels import blocked_causal_attention, causal_attention
 
 
 def qkv(B, T, H, Hkv, D, dtype, seed=0):
@@ -98,13 +98,13 @@ def test_keeps_only_its_inputs_and_output():
 
 def test_causal_attention_takes_the_blocked_kernel_on_the_cpu(monkeypatch):
     calls = []
-    real = attention.blocked_causal_attention
+    real = kernels.blocked_causal_attention
 
     def spy(*args, **kwargs):
         calls.append(args[0].shape)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(attention, "blocked_causal_attention", spy)
+    monkeypatch.setattr(kernels, "blocked_causal_attention", spy)
     q, k, v = (t.transpose(1, 2) for t in qkv(1, 12, 2, 2, 8, torch.float32))
     causal_attention(q, k, v)
     assert calls == [q.shape]

@@ -23,7 +23,7 @@ from littlelm.config import validate
 from littlelm.data.build import DataConfig, build_data
 from littlelm.data.chat import CHAT_TOKENS, assistant_mask, chat_format, conversation_problem
 from littlelm.errors import DataError
-from littlelm.model.loss import linear_cross_entropy
+from littlelm.model.kernels import linear_cross_entropy
 from littlelm.schema import load_run
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.trainer import Trainer
@@ -161,6 +161,8 @@ def test_alpaca_rows_become_one_exchange(tmp_path):
     # decode drops the special tokens: user text then the reply
     assert sorted(docs) == ["Add\n\n2 35", "Say hihi"]
     assert fmt.render([{"role": "user", "content": "x"}], True) == "<|user|>x<|end|><|assistant|>"
+    # the tokenizer was trained on what the conversations say, not on their JSON ("role", ...)
+    assert not any("ole" in (tok.tok.id_to_token(i) or "") for i in range(tok.vocab_size))
 
 
 def test_parquet_and_saved_dataset_sources(tmp_path):

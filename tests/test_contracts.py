@@ -117,8 +117,11 @@ def test_optimizer_configs_answer_for_their_options():
         True,
     )
     assert adamw.traits().kind == "adamw" and not adamw.traits().nesterov
-    assert muon.momentum_at(0) == pytest.approx(0.85) and muon.momentum_at(10_000) == 0.95
-    assert adamw.momentum_at(5) is None
+    assert (
+        muon.momentum_schedule()(0) == pytest.approx(0.85)
+        and muon.momentum_schedule()(10_000) == 0.95
+    )
+    assert adamw.momentum_schedule() is None
     traced, rounding = muon.traceable(True)
     assert not traced.adamw_8bit and rounding and muon.adamw_8bit  # a copy
     assert adamw.traceable(True)[1] is False

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from littlelm.errors import ConfigError
-from littlelm.model.loss import linear_cross_entropy
+from littlelm.model.kernels import linear_cross_entropy
 
 
 def inputs(n=37, c=24, vocab=70, padded=128, seed=0, dtype=torch.float32):

@@ -1,4 +1,4 @@
-"""The hand-written elementwise ops (model/ops.py) against the autograd composites they replace."""
+"""The hand-written elementwise ops (model/kernels.py) against the autograd composites they replace."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from littlelm.model import ops
+from littlelm.model import kernels as ops
 
 
 def check(fn, ref, inputs, rtol=1e-5, atol=1e-6):

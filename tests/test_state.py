@@ -12,6 +12,7 @@ from conftest import tiny_tree, write_config
 from littlelm.data.loader import Batch
 from littlelm.schema import load_run
 from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.checkpoint.state import Window
 from littlelm.train.guard import Verdict
 from littlelm.train.trainer import Trainer
 
@@ -93,3 +94,15 @@ def test_a_step_reports_its_verdict_and_leaves_a_rejected_update_out(tmp_path, c
 def _batch(trainer: Trainer) -> Batch:
     x, y = trainer.loader.next_batch()
     return Batch(x, y, trainer.loader.snapshot())
+
+
+def test_mfu_counts_every_row_token_while_tok_per_s_counts_the_trained_ones(tmp_path, corpus):
+    """An SFT step trains on a few tokens of its rows (the assistant's) but the model computes
+    on all of them: tok/s reports the trained tokens, MFU the work done."""
+    trainer = Trainer(run_cfg(tmp_path, corpus))
+    s = trainer.state
+    window = Window.starting_at(s, torch.device("cpu"))
+    s.step, s.tokens, s.train_time = s.step + 4, s.tokens + 100, s.train_time + 2.0  # 4 steps
+    m = window.record(s, lambda t: t, flops_per_token=10, peak=1e4, batch_tokens=1000)
+    assert m["tok_per_s"] == 50.0  # the 100 trained tokens over 2 s
+    assert m["mfu"] == 4 * 1000 / 2.0 * 10 / 1e4  # every row token of the 4 steps

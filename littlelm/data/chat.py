@@ -23,6 +23,7 @@ leading BOS the template writes itself.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -71,6 +72,19 @@ def conversation_problem(messages) -> tuple[str, str] | None:
     if expect == "assistant":
         return "roles out of order", "the last message is a user turn with no reply"
     return None
+
+
+def json_lines(lines, name: str, hint: str = "") -> Iterator[tuple[str, object]]:
+    """(where, row) of each non-blank JSON line, `where` being NAME:LINE; a line that is not
+    JSON is a DataError naming it (`hint`: what a line should be)."""
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{name}:{n}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not JSON ({e.msg}){hint}") from None
 
 
 def check_messages(messages, where: str = "conversation") -> list[dict]:

@@ -54,7 +54,7 @@ import torch
 from littlelm.data.shards import Shard
 from littlelm.errors import DataError
 
-IGNORE = -1  # a target the loss leaves out (model/loss.py's ignore index)
+IGNORE = -1  # a target the loss leaves out (model/kernels.py's ignore index)
 SEQ_BITS = 40  # a buffer key is length << SEQ_BITS | arrival number
 SEQ_MASK = (1 << SEQ_BITS) - 1
 

@@ -128,6 +128,8 @@ def _weighted_texts(
         for doc in train_documents(src, splits[label]):
             if seen >= share:
                 break
+            if src.conversations:  # canonical JSON: the tokenizer learns from the words said
+                doc = "\n".join(m["content"] for m in json.loads(doc))
             seen += len(doc)
             yield doc
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from littlelm.data.chat import chat_format, check_messages
+from littlelm.data.chat import chat_format, check_messages, json_lines
 from littlelm.errors import DataError, LittleLMError
 from littlelm.model.generate import stream
 
@@ -106,17 +106,10 @@ class Chat:
         return self.model(new, caches=self.caches)[:, -1]
 
 
-def conversations(lines: Iterator[str]) -> Iterator[tuple[int, list[dict]]]:
-    """(line number, messages) of JSON lines: {"messages": [...]} or a bare list; the last
+def conversations(lines: Iterator[str]) -> Iterator[list[dict]]:
+    """The messages of JSON lines: {"messages": [...]} or a bare list; the last
     message is the user's, the turn to answer. A bad line is a DataError naming it."""
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"stdin:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: not JSON ({e.msg}); one conversation per line") from None
+    for where, row in json_lines(lines, "stdin", "; one conversation per line"):
         messages = row.get("messages") if isinstance(row, dict) else row
         if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
             raise DataError(f'{where}: expected {{"messages": [...]}} ending with a user turn')
@@ -124,7 +117,7 @@ def conversations(lines: Iterator[str]) -> Iterator[tuple[int, list[dict]]]:
             raise DataError(f"{where}: the last message must be the user's (the turn to answer)")
         # the conversation checks need a reply at the end: check it with a stand-in one
         stand_in = [*messages, {"role": "assistant", "content": "-"}]
-        yield n, check_messages(stand_in, where)[:-1]
+        yield check_messages(stand_in, where)[:-1]
 
 
 def interactive(chat: Chat, read=input, write=None) -> None:
@@ -185,7 +178,7 @@ def run(
         elif sys.stdin.isatty():
             interactive(chat)
         else:
-            for _, messages in conversations(sys.stdin):
+            for messages in conversations(sys.stdin):
                 chat.reset()  # --system comes first unless the conversation has its own
                 own = messages[0]["role"] == "system"
                 chat.messages = messages if own else [*chat.messages, *messages]

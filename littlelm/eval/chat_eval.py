@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from littlelm.data.chat import check_messages
+from littlelm.data.chat import check_messages, json_lines
 from littlelm.errors import DataError
 
 KINDS = ("generative", "choice")
@@ -83,14 +83,7 @@ def load_tasks(root: Path) -> list[ChatTask]:
 def read_rows(path: Path, kind: str) -> list[dict]:
     """The task's rows, each with its `messages` (ending with the user turn), checked."""
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: not JSON ({e.msg})") from None
+    for where, row in json_lines(path.read_text().splitlines(), str(path)):
         if not isinstance(row, dict) or "answer" not in row:
             raise DataError(f"{where}: a row needs an answer")
         if kind == "choice":

@@ -7,7 +7,7 @@ littlelm writes itself, as llama.cpp's convert_hf_to_gguf.py would:
   the stock export's (the embedding norm folded into the table, gains of ones, padding rows
   cut); for `llama` the q and k rows are permuted from the half-split RoPE layout (littlelm's
   and transformers') to llama.cpp's interleaved one; qwen2/qwen3 use the half-split layout.
-- the tokenizer: model `gpt2` (byte-level BPE) with pre-tokenizer `gpt2`, the regex of the
+- the tokenizer: model `gpt2` (byte-level BPE) with pre-tokenizer `gpt-2`, the regex of the
   ByteLevel pre-tokenizer littlelm's BPE trains with (llama.cpp's converter identifies it by a
   hash of its output on a probe, which a tokenizer trained here never matches: it refused
   littlelm exports with "BPE pre-tokenizer was not recognized"); tokens, merges, the BOS token
@@ -101,7 +101,7 @@ def _tokenizer_keys(w, tok: Tokenizer) -> None:
     merges = spec["model"].get("merges") or []
     if spec["model"].get("type") != "BPE" or not _gpt2_pre_tokenizer(pre, merges):
         raise CheckpointError(
-            f"the {tok.kind} tokenizer splits text with a pre-tokenizer llama.cpp's `gpt2` does "
+            f"the {tok.kind} tokenizer splits text with a pre-tokenizer llama.cpp's `gpt-2` does "
             "not reproduce, so its GGUF would tokenize differently; export the Hugging Face "
             "directory (`--out DIR`) and convert it with llama.cpp's convert_hf_to_gguf.py, "
             "which knows the pre-tokenizers of published models, or train with data.tokenizer "
@@ -123,7 +123,7 @@ def _tokenizer_keys(w, tok: Tokenizer) -> None:
         (CONTROL if added[t]["special"] else USER_DEFINED) if t in added else NORMAL for t in tokens
     ]
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name for GPT-2's regex ("gpt2" is unknown)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])

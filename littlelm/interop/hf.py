@@ -35,7 +35,7 @@ from littlelm.interop import arch as A
 from littlelm.interop.hf_tokenizer import export_tokenizer, import_tokenizer
 from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import GPT, GPTConfig
-from littlelm.model.ops import rms_norm
+from littlelm.model.kernels import rms_norm
 from littlelm.schema import RunConfig
 from littlelm.train.checkpoint import files as ckpt
 

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from littlelm.errors import ConfigError
-from littlelm.model.ops import compute_dtype
+from littlelm.model.kernels import compute_dtype
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2

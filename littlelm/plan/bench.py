@@ -27,8 +27,8 @@ import torch
 from littlelm.config import to_tree
 from littlelm.data.build import build_data
 from littlelm.errors import RunDirError
-from littlelm.model.backend import run_backend
 from littlelm.model.gpt import flops_per_token
+from littlelm.model.kernels import run_backend
 from littlelm.plan import speed
 from littlelm.plan.cost import GIB, load_catalog
 from littlelm.plan.memory import Dims

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from littlelm.errors import ConfigError
-from littlelm.model.loss import group_rows
+from littlelm.model.kernels import group_rows
 from littlelm.plan.trace import (
     ACT,
     BWD,
@@ -267,7 +267,7 @@ def weight_copy_bytes(d: Dims) -> int:
 
 
 def layer_activation_bytes(d: Dims, layer: int) -> float:
-    """What block `layer` keeps for backward, per token (model/gpt.py, model/ops.py)."""
+    """What block `layer` keeps for backward, per token (model/gpt.py, model/kernels.py)."""
     m, a, sb = d.model, d.act_bytes, d.param_bytes
     C, H, Hkv = m.d_model, m.n_head, m.kv_heads
     q, kv = H * m.head_dim, Hkv * m.head_dim
@@ -321,7 +321,7 @@ BLOCK_SCALAR = 512  # a 0-d or tiny tensor takes one allocator block
 
 
 def loss_stage_bytes(d: Dims) -> dict[str, float]:
-    """Live bytes of the loss's own tensors at each of its expensive moments (model/loss.py)."""
+    """Live bytes of the loss's own tensors at each of its expensive moments (model/kernels.py)."""
     return plain_loss_stages(d) if d.model.loss == "plain" else chunked_loss_stages(d)
 
 

@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from littlelm.model import backend
+from littlelm.model import kernels
 from littlelm.train.build import build
 from littlelm.train.device import autocast
 from littlelm.train.step import apply_update, micro_step
@@ -222,15 +222,15 @@ def _traceable(gpu: bool):
     `.item()` for the bias corrections (a fake tensor cannot answer), handed a number."""
     import torch.optim.adam as adam
 
-    saved, real = dict(backend.BACKENDS), adam._get_value
+    saved, real = dict(kernels.BACKENDS), adam._get_value
     if gpu:
-        standin = replace(backend.CPU, attention=flash_footprint)
-        backend.BACKENDS.update(cpu=standin, cuda=standin)
+        standin = replace(kernels.CPU, attention=flash_footprint)
+        kernels.BACKENDS.update(cpu=standin, cuda=standin)
     adam._get_value = lambda x: 1.0 if isinstance(x, FakeTensor) else real(x)
     try:
         yield
     finally:
-        backend.BACKENDS.update(saved)
+        kernels.BACKENDS.update(saved)
         adam._get_value = real
 
 

@@ -26,7 +26,6 @@ from littlelm.config import flatten, marked, to_tree
 from littlelm.errors import CheckpointError, ConfigError, LittleLMError, TrainingError
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.grow import (
-    GrowConfig,
     check_growable,
     grow_into,
     grown_value_embed_layers,
@@ -34,9 +33,10 @@ from littlelm.model.grow import (
     logit_gap,
     parent_model_config,
 )
-from littlelm.model.grow_lr import OriginLR, OriginRamp, multiplier
 from littlelm.optim.groups import group_table
+from littlelm.optim.schedule import OriginLR, OriginRamp, multiplier
 from littlelm.schema import RunConfig
+from littlelm.sections import GrowConfig
 from littlelm.train.checkpoint import files as ckpt
 
 VERIFY_RTOL = 1e-4  # of the largest logit; fp32 growth lands near 1e-6

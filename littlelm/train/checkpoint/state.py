@@ -102,11 +102,15 @@ class Window:
         """Training seconds per step over the window's steps."""
         return max(1e-9, state.train_time - self.train_time) / max(1, state.step - self.step)
 
-    def record(self, state: TrainState, mean, flops_per_token: int, peak: float) -> dict:
+    def record(
+        self, state: TrainState, mean, flops_per_token: int, peak: float, batch_tokens: int
+    ) -> dict:
         """The metrics of the window's steps (one host sync; `mean` averages over the ranks),
-        then a new window from `state`."""
+        then a new window from `state`. `batch_tokens`: the row tokens of one step, for MFU."""
         steps = max(1, state.step - self.step)
-        tok_s = (state.tokens - self.tokens) / max(1e-9, state.train_time - self.train_time)
+        seconds = max(1e-9, state.train_time - self.train_time)
+        tok_s = (state.tokens - self.tokens) / seconds  # trained tokens (SFT: the assistant's)
+        row_tok_s = steps * batch_tokens / seconds  # MFU: the model computes on every row token
         skipped = state.guard.take_window()
         kept = steps - skipped  # the updates the guard accepted
         loss = mean(self.loss_sum).item() / kept if kept else math.nan  # every rank's batches
@@ -114,7 +118,7 @@ class Window:
             "loss": loss,
             "grad_norm": self.norm_sum.item() / kept if kept else math.nan,
             "tok_per_s": tok_s,
-            "mfu": tok_s * flops_per_token / peak if math.isfinite(peak) else None,
+            "mfu": row_tok_s * flops_per_token / peak if math.isfinite(peak) else None,
             "train_time": state.train_time,
             **({"skipped": skipped} if skipped else {}),  # present only when there were skips
         }
