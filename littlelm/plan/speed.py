@@ -30,7 +30,7 @@ from pydantic import Field
 
 from littlelm.config import Cfg, read_yaml, to_tree
 from littlelm.data.cache import cache_root, digest
-from littlelm.model.attention import causal_attention
+from littlelm.model.kernels import causal_attention
 from littlelm.plan.memory import Dims
 from littlelm.schema import load_run
 from littlelm.train.device import tune_cpu_allocator
