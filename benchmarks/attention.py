@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from littlelm.model.kernels import BLOCK, blocked_causal_attention
-from littlelm.train.device import synchronize, tune_cpu_allocator
+from littlelm.train.device import tune_cpu_allocator
+from littlelm.train.step import synchronize
 
 # name: (batch, seq, heads, kv heads, head dim)
 SHAPES = {

@@ -45,9 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from littlelm.components import register_all  # noqa: E402
-from littlelm.plan.catalog import load_catalog  # noqa: E402
-from littlelm.plan.cost import needed_gib  # noqa: E402
-from littlelm.plan.shapes import Dims  # noqa: E402
+from littlelm.plan.cost import load_catalog, needed_gib  # noqa: E402
+from littlelm.plan.memory import Dims  # noqa: E402
 from littlelm.schema import load_run  # noqa: E402
 
 register_all()  # an entry point: fill the registries before reading a config

@@ -65,7 +65,7 @@ from littlelm.components import register_all
 from littlelm.data.build import build_data
 from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import flops_per_token
-from littlelm.model.grow_lr import DEFAULT_LR_MULTIPLIERS
+from littlelm.optim.schedule import DEFAULT_LR_MULTIPLIERS
 from littlelm.schema import RunConfig, load_run
 from littlelm.train.device import autocast
 from littlelm.train.trainer import Trainer
@@ -109,6 +109,7 @@ EVAL_TOKENS = 16_384
 DEVICE = "cpu"  # --device
 SEED = 0  # --seed
 PRECISION = "auto"  # --precision
+LONG_DOCS = "split"  # --long-docs: data.sources.*.long_docs of every stage
 
 
 def tree(out: Path, name: str, model: dict, steps: int, eval_every: int) -> dict:
@@ -117,7 +118,9 @@ def tree(out: Path, name: str, model: dict, steps: int, eval_every: int) -> dict
         "model": {"name": "gpt", **model},
         "data": {
             "tokenizer": {"name": "byte"},
-            "sources": {"stdlib": {"name": "python_stdlib", "max_chars": 2000}},
+            "sources": {
+                "stdlib": {"name": "python_stdlib", "max_chars": 2000, "long_docs": LONG_DOCS}
+            },
             "val_fraction": 0.02,
         },
         # AdamW lrs not scaled by sqrt(768 / d_model) (x2.45 at this width): with that scaling
@@ -294,12 +297,13 @@ def newdata_tree(out: Path, name: str, steps: int, share: float) -> dict:
     nd = newdata_dir(out, share)
     t = tree(nd, name, GROWN, steps, NEW_EVAL_EVERY)
     t["data"]["sources"] = {
-        "stdlib": {"name": "python_stdlib", "max_chars": 2000, "weight": round(1 - share, 6)},
+        "stdlib": {**t["data"]["sources"]["stdlib"], "weight": round(1 - share, 6)},
         "shakespeare": {
             "name": "text",
             "path": str(SHAKESPEARE),
             "split": "paragraph",
             "weight": share,
+            "long_docs": LONG_DOCS,
         },
     }
     t["eval"] = {"every": NEW_EVAL_EVERY, "max_tokens": NEW_EVAL_TOKENS, "sets": SETS}
@@ -428,10 +432,20 @@ def main() -> None:
     )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
     ap.add_argument("--precision", default="auto", help="train.precision of every stage")
+    ap.add_argument(
+        "--long-docs",
+        default="split",
+        choices=["split", "crop"],
+        help="data.sources.*.long_docs: split (today's default) trains on every token; crop "
+        "(the default before 2026-12-02) on the first row of each 2,000-character piece only, "
+        "which is what the tables measured before then used",
+    )
     args = ap.parse_args()
-    global DEVICE, SEED, PRECISION, PARENT, GROWN
-    DEVICE, SEED, PRECISION = args.device, args.seed, args.precision
+    global DEVICE, SEED, PRECISION, LONG_DOCS, PARENT, GROWN
+    DEVICE, SEED, PRECISION, LONG_DOCS = args.device, args.seed, args.precision, args.long_docs
     out = Path(args.out)
+    if LONG_DOCS != "split":  # other data: its own parent and runs
+        out = out / f"long_docs-{LONG_DOCS}"
     if (args.d_model, args.parent_steps) != (WIDTH, PARENT_STEPS):  # another regime
         out = out / f"d{args.d_model}-p{args.parent_steps}"
     out = (out / f"seed{SEED}").resolve()

@@ -60,8 +60,8 @@ from littlelm.hardware import auto_precision
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.registry import OPTIMIZERS
 from littlelm.train.build import PARAM_DTYPES
-from littlelm.train.device import autocast, peak_flops, synchronize, tune_cpu_allocator
-from littlelm.train.step import apply_update, micro_step
+from littlelm.train.device import autocast, peak_flops, tune_cpu_allocator
+from littlelm.train.step import apply_update, micro_step, synchronize
 
 register_all()  # an entry point: fill the registries before reading a config
 
@@ -486,7 +486,7 @@ def bf16_eval_of_fp8(args, device: torch.device) -> float:
     batches = t.data.val_batches(
         c.eval.batch_size or c.train.micro_batch_size, c.train.seq_len, c.eval.max_tokens
     )
-    return evaluate_loss(t.model, batches, t.token_bytes, t.device, t.autocast())["val_loss"]
+    return evaluate_loss(t.model, batches, t.token_bytes, t.device, t.autocast)["val_loss"]
 
 
 def fp8_report(args, runs: dict[str, list[str]], device: torch.device) -> None:

@@ -318,7 +318,7 @@ def _share(text: str) -> float:
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
-    from littlelm.plan.catalog import load_catalog
+    from littlelm.plan.cost import load_catalog
     from littlelm.plan.planner import make_plan
     from littlelm.plan.report import plan_json, print_plan
     from littlelm.schema import load_run
@@ -339,7 +339,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             price_per_hour=args.price_per_hour or 0.0,
         )
         if args.chart:
-            from littlelm.plan.chart import plan_chart
+            from littlelm.plan.report import plan_chart
 
             plan_chart(plan, args.chart)
             print(f"chart written to {args.chart}")  # on stderr with --json
@@ -353,7 +353,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import json
 
-    from littlelm.plan.bench import print_bench, run_bench
+    from littlelm.plan.bench import run_bench
+    from littlelm.plan.report import print_bench
     from littlelm.schema import load_run
     from littlelm.train.growth import complete_growth
 

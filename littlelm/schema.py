@@ -52,13 +52,12 @@ from littlelm.config import (
 from littlelm.data.build import DataConfig
 from littlelm.data.tokenizer import vocab_size_of
 from littlelm.errors import ConfigError
-from littlelm.model.grow import GrowConfig
-from littlelm.model.grow_lr import resolve_lr_multipliers
 from littlelm.model.protocol import ModelConfig
 from littlelm.optim.base import OptimizerConfig
 from littlelm.optim.groups import ORIGINS
+from littlelm.optim.schedule import resolve_lr_multipliers
 from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
-from littlelm.sections import BudgetConfig, DistributedConfig, GuardConfig
+from littlelm.sections import BudgetConfig, DistributedConfig, GrowConfig, GuardConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 # Most filesystems allow 255 bytes per name; littlelm adds up to ~40 (`-bench`, `.log`, `.tmp`)
@@ -394,7 +393,7 @@ def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
 def _resolve_grow_lr(
     g: GrowConfig | None, optimizer: OptimizerConfig
 ) -> tuple[GrowConfig | None, list[str]]:
-    """grow.lr_multipliers made explicit (model/grow_lr.py says how)."""
+    """grow.lr_multipliers made explicit (optim/schedule.py says how)."""
     if g is None:
         return g, []
     constant = optimizer.origin_multipliers()

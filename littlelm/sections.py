@@ -1,7 +1,8 @@
 """Config sections whose components live in the train layer (the loss guard, distributed
-training, the budget). Their classes sit here, below train/, so that the schema can compose them into
-RunConfig without importing the trainer's modules; train/guard.py and train/distributed.py
-import them from here.
+training, the budget, growth). Their classes sit here, below train/, so that the schema can compose them into
+RunConfig without importing the trainer's modules; train/guard.py, train/distributed.py and
+train/growth.py import them from here. (`grow:` is read by model/grow.py, which copies the
+tensors, and optim/schedule.py, which ramps each origin's lr, too.)
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from littlelm.config import Cfg
+from littlelm.config import RESUMABLE, Cfg
+from littlelm.optim.schedule import OriginLR
 
 
 class GuardConfig(Cfg):
@@ -135,3 +137,43 @@ class BudgetConfig(Cfg):
         if not self.price_per_gpu_hour:
             return None
         return seconds / 3600 * self.price_per_gpu_hour * (self.gpus or world)
+
+
+class GrowConfig(Cfg):
+    """Start a run from a smaller trained checkpoint instead of random weights (docs/growth.md).
+    The run's `model` section is the grown shape."""
+
+    parent: str = Field(
+        ..., description="Checkpoint directory, or run directory (its newest checkpoint)."
+    )
+    placement: Literal["interleave", "end", "start"] | list[int | None] = Field(
+        "interleave",
+        description="Where parent blocks go: interleave (new blocks spread between them), end, "
+        "start, or a list giving each layer's parent block (null = new); resolved to the list.",
+    )
+    widened: Literal["old", "new"] = Field(
+        "old",
+        description="Origin tag of tensors only partly copied (widened matrices, per-layer "
+        "scalar vectors).",
+    )
+    continue_data: bool = Field(
+        True,
+        description="Continue the parent's data stream where it stopped (needs the parent's "
+        "data section and run.seed); false = start the data from the beginning.",
+    )
+    verify_tokens: int = Field(
+        64,
+        description="Tokens of a probe on which the grown model's logits must match the "
+        "parent's at the start (fp32); 0 = skip.",
+        ge=0,
+    )
+    lr_multipliers: dict[str, OriginLR] | None = Field(
+        None,
+        description="lr multiplier per origin tag (old, new, embedding) over the grown run's "
+        "steps: a number (constant) or {start, end, ramp_steps, shape} (a ramp, then the run's "
+        "schedule); null = the measured default (none yet: one lr for all; docs/growth.md), "
+        "or none when optimizer.lr_multipliers is set. Resolved to what the run uses.",
+        # a learning-rate setting like optimizer.lr: a pure function of the step, so a resumed
+        # run may change it (the new value applies from the resumed step on)
+        json_schema_extra=RESUMABLE,
+    )

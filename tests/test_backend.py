@@ -3,6 +3,8 @@ start-up summary. The cuda backend's kernels are device-agnostic PyTorch, so the
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -108,3 +110,16 @@ def test_backend_validates_and_shows_in_the_summary(tiny_config):
     assert "cpu backend" in speed_summary(forced, "cuda") and "compile" not in speed_summary(
         forced, "cuda"
     )
+
+
+def test_the_model_picks_its_kernels_when_placed_not_at_each_forward(monkeypatch):
+    """GPT.use_kernels: at construction, and again after every move of the parameters."""
+    model = GPT(GPTConfig(**SMALL))
+    assert model.kernels is be.CPU and model.loss_impl == "chunked"
+    standin = dataclasses.replace(be.CPU, name="standin", loss="plain")
+    monkeypatch.setitem(be.BACKENDS, "cpu", standin)
+    x = torch.randint(0, 256, (1, 8))
+    model(x, x)
+    assert model.kernels is be.CPU  # a forward picks nothing
+    model.to(torch.float32)  # a move (.to, .cuda, to_empty) picks for the parameters' device
+    assert model.kernels is standin and model.loss_impl == "plain"

@@ -9,7 +9,7 @@ import pytest
 from littlelm.cli import main
 from littlelm.errors import RunDirError
 from littlelm.plan.bench import bench_config, run_bench
-from littlelm.plan.calibration import load_measurements
+from littlelm.plan.speed import load_measurements
 from littlelm.schema import load_run
 
 

@@ -231,7 +231,7 @@ def test_trainer_follows_a_time_budget_and_resumes_it(tmp_path, corpus, monkeypa
 
 
 def test_plan_shows_what_a_budget_buys_on_each_gpu(tiny_config):
-    from littlelm.plan.catalog import load_catalog
+    from littlelm.plan.cost import load_catalog
     from littlelm.plan.planner import make_plan
 
     over = ["train.max_steps=null", "train.budget.price_per_gpu_hour=1"]

@@ -117,8 +117,11 @@ def test_optimizer_configs_answer_for_their_options():
         True,
     )
     assert adamw.traits().kind == "adamw" and not adamw.traits().nesterov
-    assert muon.momentum_at(0) == pytest.approx(0.85) and muon.momentum_at(10_000) == 0.95
-    assert adamw.momentum_at(5) is None
+    assert (
+        muon.momentum_schedule()(0) == pytest.approx(0.85)
+        and muon.momentum_schedule()(10_000) == 0.95
+    )
+    assert adamw.momentum_schedule() is None
     traced, rounding = muon.traceable(True)
     assert not traced.adamw_8bit and rounding and muon.adamw_8bit  # a copy
     assert adamw.traceable(True)[1] is False
@@ -141,7 +144,7 @@ def test_one_build_path_for_the_trainer_and_the_trace(tiny_config):
 
 
 def test_a_model_the_analytic_planner_does_not_cover_is_named(tiny_config):
-    from littlelm.plan.shapes import Dims
+    from littlelm.plan.memory import Dims
 
     cfg = load_run(tiny_config)
     object.__setattr__(cfg, "model", ModelConfig(name="other"))

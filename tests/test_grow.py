@@ -22,8 +22,8 @@ from littlelm.model.grow import (
     layer_map,
     logit_gap,
 )
-from littlelm.model.grow_lr import DEFAULT_LR_MULTIPLIERS, OriginRamp, origin_multipliers
 from littlelm.optim.groups import MuonConfig, origin_tags, plan_groups
+from littlelm.optim.schedule import DEFAULT_LR_MULTIPLIERS, OriginRamp, origin_multipliers
 from littlelm.schema import load_run, resumable
 from littlelm.train.callbacks import Callback
 from littlelm.train.checkpoint import files as ckpt
@@ -357,7 +357,7 @@ def test_ramp_shapes():
 
 
 def test_lr_multipliers_resolve(parent_run, tmp_path, monkeypatch):
-    import littlelm.model.grow_lr as grow_lr
+    import littlelm.optim.schedule as schedule
 
     root, corpus = parent_run
     run = grown_config(root, corpus, "r", tmp_path)  # sets optimizer.lr_multipliers
@@ -365,7 +365,7 @@ def test_lr_multipliers_resolve(parent_run, tmp_path, monkeypatch):
     default = load_run(run, ["optimizer.lr_multipliers={}"]).grow.lr_multipliers
     assert default == DEFAULT_LR_MULTIPLIERS  # none measured yet: one lr (docs/growth.md)
     measured = {"old": OriginRamp(start=0.1, ramp_steps=5)}
-    monkeypatch.setattr(grow_lr, "DEFAULT_LR_MULTIPLIERS", measured)
+    monkeypatch.setattr(schedule, "DEFAULT_LR_MULTIPLIERS", measured)
     assert load_run(run, ["optimizer.lr_multipliers={}"]).grow.lr_multipliers == measured
     assert load_run(run).grow.lr_multipliers == {}  # optimizer.lr_multipliers win
     ramp = "grow.lr_multipliers={old: {start: 0.1, ramp_steps: 3}, new: 2}"
@@ -405,7 +405,7 @@ def test_ramp_sets_each_steps_lrs_and_resumes_bitwise(parent_run, tmp_path):
     base = {g["name"]: g["base_lr"] for g in t.optimizer.param_groups}
     old = OriginRamp(start=0.05, ramp_steps=4)
     for step, lrs in straight.lrs.items():  # 6 steps: inside the ramp, then after it
-        sched = t.schedule(step, t.state.budget.progress(step))
+        sched = t.schedule.lr(step, t.state.budget.progress(step))
         assert lrs["matrix/new"] == base["matrix/new"] * sched
         assert lrs["matrix/old"] == pytest.approx(base["matrix/old"] * sched * old.at(step))
         assert lrs["embedding/embedding"] == pytest.approx(base["embedding/embedding"] * sched / 2)

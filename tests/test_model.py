@@ -68,7 +68,7 @@ def test_blocks_start_as_identity():
     x = torch.randn(2, 16, 32)
     cos, sin = model.rope_cos[:, :16], model.rope_sin[:, :16]
     for block in model.blocks:
-        torch.testing.assert_close(block(x, cos, sin), x)
+        torch.testing.assert_close(block(x, cos, sin, model.kernels), x)
 
 
 def test_initial_loss_is_near_uniform():

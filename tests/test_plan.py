@@ -13,22 +13,22 @@ from littlelm.cli import main
 from littlelm.errors import ConfigError
 from littlelm.plan import memory as mem
 from littlelm.plan import speed
-from littlelm.plan.calibration import (
-    cuda_calibration,
-    save_measurement,
-    speed_calibrations,
-    workload_key,
-)
-from littlelm.plan.catalog import load_catalog
 from littlelm.plan.cost import (
     largest_fitting,
+    load_catalog,
     micro_batch_options,
     needed_gib,
     plan_gpu,
     remedies,
 )
+from littlelm.plan.memory import Dims
 from littlelm.plan.planner import make_plan
-from littlelm.plan.shapes import Dims
+from littlelm.plan.speed import (
+    cuda_calibration,
+    save_measurement,
+    speed_calibrations,
+    workload_key,
+)
 from littlelm.schema import load_run
 
 GROW = "plans/3b_grow"

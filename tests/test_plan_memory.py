@@ -10,9 +10,8 @@ import torch
 
 from conftest import tiny_tree, write_config
 from littlelm.plan import memory as mem
-from littlelm.plan.accounting import CATEGORIES
-from littlelm.plan.shapes import Dims
-from littlelm.plan.trace import trace_step
+from littlelm.plan.memory import Dims
+from littlelm.plan.trace import CATEGORIES, trace_step
 from littlelm.schema import load_run
 
 TOLERANCE = 0.10  # analytic / trace - 1, per category and per phase peak

@@ -13,14 +13,18 @@ from littlelm.cli import main
 from littlelm.config import to_tree
 from littlelm.hardware import native_bf16
 from littlelm.plan import speed
-from littlelm.plan.bench import CPU_HEAP_MARGIN
-from littlelm.plan.calibration import cuda_calibration, load_points, point_ratio, save_measurement
-from littlelm.plan.catalog import load_catalog
-from littlelm.plan.cost import plan_gpu
-from littlelm.plan.planner import make_plan
-from littlelm.plan.probe import device_key, measure_rates
+from littlelm.plan.cost import load_catalog, plan_gpu
+from littlelm.plan.memory import Dims
+from littlelm.plan.planner import CPU_HEAP_MARGIN, make_plan
 from littlelm.plan.report import print_plan
-from littlelm.plan.shapes import Dims
+from littlelm.plan.speed import (
+    cuda_calibration,
+    device_key,
+    load_points,
+    measure_rates,
+    point_ratio,
+    save_measurement,
+)
 from littlelm.schema import load_run
 
 SEED_H200_TOK_S = 23_200  # the seed user's 3.12B fp32-AdamW run on an H200 (configs/plans)
@@ -108,7 +112,7 @@ def test_plan_on_this_cpu_probes_and_uses_a_bench_calibration(
     monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))  # no other test's benches
     cfg = load_run(tiny_config)
     d = Dims.of(cfg)
-    rates = measure_rates(d)
+    (rates,) = measure_rates([d])
     assert rates.matmul > 1e8 and rates.bandwidth > 1e8 and 0 < rates.launch < 1e-2
     assert main(["plan", str(tiny_config), "--device", "cpu", "--no-trace"]) == 0
     out = capsys.readouterr().out
@@ -138,7 +142,7 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
 
     monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))
     fixed = speed.Rates(matmul=1e10, attention=5e9, bandwidth=1e10, launch=1e-5)
-    monkeypatch.setattr(planner, "measure_rates_many", lambda ds: [fixed] * len(ds))  # exact
+    monkeypatch.setattr(speed, "measure_rates", lambda ds: [fixed] * len(ds))  # exact
     bench_cfg = load_run(tiny_config, ["train.micro_batch_size=2"])  # another shape than the plan's
     bd = Dims.of(bench_cfg)
     modelled = speed.step_time(bd, fixed).raw
@@ -168,7 +172,7 @@ def test_a_bench_here_calibrates_speed_at_its_own_shapes_and_the_heap_margin(
     # a record from a littlelm whose config no longer validates calibrates nothing
     stale = {**record, "config": {"model": {"no_such_field": 1}}, "speed_ratio": 3.0}
     save_measurement({**stale, "time": "2999-01-01T00:00:00"})  # the newest
-    rates, used = planner.local_calibration(planner.load_measurements(), record["device_key"], bd)
+    rates, used = planner.local_calibration(speed.load_measurements(), record["device_key"], bd)
     assert rates.calibration == pytest.approx(1.5) and [b["run"] for b in used] == ["b"]
     # without a bench: the documented default margin
     assert planner.heap_margin([]) == CPU_HEAP_MARGIN
@@ -181,9 +185,7 @@ def test_local_calibration_is_the_median_of_the_newest_benches(tiny_config, monk
 
     fixed = speed.Rates(matmul=1e10, attention=5e9, bandwidth=1e10, launch=1e-5)
     probes = []
-    monkeypatch.setattr(
-        planner, "measure_rates_many", lambda ds: probes.append(ds) or [fixed] * len(ds)
-    )
+    monkeypatch.setattr(speed, "measure_rates", lambda ds: probes.append(ds) or [fixed] * len(ds))
     cfg = load_run(tiny_config)
     modelled = speed.step_time(Dims.of(cfg), fixed).raw
     gib = 2**30
@@ -227,7 +229,7 @@ def test_muon_step_costs_bytes_per_parameter_and_newton_schulz_flops(tiny_config
 
 
 def test_probe_takes_the_best_of_several_calls_unless_one_call_is_long(monkeypatch):
-    from littlelm.plan import probe
+    from littlelm.plan import speed as probe
 
     class Clock:  # each call of the probed function takes `dt` seconds of this clock
         now, dt = 0.0, 0.0
@@ -252,7 +254,7 @@ def test_probe_takes_the_best_of_several_calls_unless_one_call_is_long(monkeypat
 def test_probes_are_timed_in_rounds_and_a_shared_shape_once(tiny_config, monkeypatch):
     # a busy spell of a shared machine slows one round of every measurement, not all the
     # repeats of a few; a plan's shapes and a bench's are timed in the same rounds
-    from littlelm.plan import probe
+    from littlelm.plan import speed as probe
 
     class Clock:  # each call takes a millisecond of this clock
         now = 0.0
@@ -274,7 +276,7 @@ def test_probes_are_timed_in_rounds_and_a_shared_shape_once(tiny_config, monkeyp
     d = Dims.of(load_run(tiny_config))
     longer = replace(d, micro_batch=d.micro_batch // 2, seq_len=2 * d.seq_len)  # same tokens
     assert longer.tokens == d.tokens
-    a, b = probe.measure_rates_many([d, longer])
+    a, b = probe.measure_rates([d, longer])
     for g in speed.gemms(d):  # the same GEMM shapes: one measurement serves both
         for product in speed.PRODUCTS:
             assert a.gemm(g, product) == b.gemm(g, product) > 0

@@ -9,7 +9,7 @@ any made by a different tokenizer.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -169,6 +169,11 @@ class PreparedSource:
 class RunData:
     tokenizer: Tokenizer
     sources: dict[str, PreparedSource]
+    # True when some targets are masked (conversations): the trainer counts trained tokens
+    masked: bool = field(init=False)
+
+    def __post_init__(self):
+        self.masked = any(s.mask is not None for s in self.sources.values())
 
     def loader(
         self, cfg: DataConfig, batch: int, seq_len: int, seed: int, rank: int = 0, world: int = 1
@@ -209,11 +214,6 @@ class RunData:
                 )
             notes.append(f"{what} are left out (on_error skip)")
         return notes
-
-    @property
-    def masked(self) -> bool:
-        """True when some targets are masked (conversations): the trainer counts trained tokens."""
-        return any(s.mask is not None for s in self.sources.values())
 
     def can_evaluate(self, seq_len: int) -> bool:
         return any(s.val_shortage(seq_len) is None for s in self.sources.values())

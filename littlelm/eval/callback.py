@@ -89,7 +89,7 @@ class CoreEval(Callback):
         c = self.cfg
         opts = EvalOptions(c.max_per_task, c.truncation, c.batch_tokens, c.warn_share)
         t0 = time.perf_counter()
-        with trainer.autocast():
+        with trainer.autocast:
             suite = evaluate_suite(
                 trainer.model, trainer.data.tokenizer, self.suite, opts, trainer.log
             )

@@ -216,25 +216,23 @@ class GPTConfig(ModelConfig):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, affine: bool, eps: float | None = None, backend: str = "auto"):
+    def __init__(self, dim: int, affine: bool, eps: float | None = None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
         self.eps = eps
-        self.backend = backend
 
-    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        be = select_backend(self.backend, x.device)
-        return be.rms_norm(x, self.weight, self.eps, out_dtype)
+    def forward(self, x: torch.Tensor, kernels: Backend, out_dtype=None) -> torch.Tensor:
+        return kernels.rms_norm(x, self.weight, self.eps, out_dtype)
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
         self.n_head, self.n_kv, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        self.qk_norm, self.eps, self.backend = cfg.qk_norm, cfg.norm_eps, cfg.backend
+        self.qk_norm, self.eps = cfg.qk_norm, cfg.norm_eps
         if cfg.qk_norm and cfg.qk_norm_affine:  # separate gains for q and k (Qwen3)
-            self.q_norm = RMSNorm(self.hd, True, backend=cfg.backend)
-            self.k_norm = RMSNorm(self.hd, True, backend=cfg.backend)
+            self.q_norm = RMSNorm(self.hd, True)
+            self.k_norm = RMSNorm(self.hd, True)
         C, q_dim, kv_dim = cfg.d_model, self.n_head * self.hd, self.n_kv * self.hd
         self.c_q = block_linear(cfg, C, q_dim)
         self.c_k = block_linear(cfg, C, kv_dim)
@@ -266,11 +264,10 @@ class Attention(nn.Module):
             qk, v = F.linear(x, w, b).split([qk_dim, self.c_v.out_features], dim=-1)
         return qk.view(B, T, self.n_head + self.n_kv, self.hd), v.view(B, T, self.n_kv, self.hd)
 
-    def forward(self, x, cos, sin, ve=None, cache=None, mask=None):
-        """x (B, T, C) already normalised and in the matmul dtype.
+    def forward(self, x, cos, sin, be: Backend, ve=None, cache=None, mask=None):
+        """x (B, T, C) already normalised and in the matmul dtype; `be` the model's kernels.
         mask: optional (B, 1, T, T) bool, True = may attend (replaces the causal mask)."""
         B, T, _ = x.shape
-        be = select_backend(self.backend, x.device)
         qk, v = self.qk_v(x)  # (B, T, H + Hkv, D), (B, T, Hkv, D)
         if ve is not None:
             # gate in (0, 2), exactly 1 at init: 2·sigmoid(0)
@@ -293,7 +290,7 @@ class Attention(nn.Module):
             assert cache is None, "an explicit mask and a KV cache do not mix"
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         elif cache is None:
-            y = be.attention(q, k, v)  # cpu backend: a faster blocked kernel (model/kernels.py)
+            y = be.attention(q, k, v)  # cpu backend: a faster blocked kernel
         else:
             k, v, mask = cache.update(k, v)  # all cached positions; mask is None or (T, T_all)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
@@ -306,10 +303,9 @@ class ReLU2MLP(nn.Module):
         super().__init__()
         self.c_fc = block_linear(cfg, cfg.d_model, cfg.hidden)
         self.c_proj = block_linear(cfg, cfg.hidden, cfg.d_model)
-        self.backend = cfg.backend
 
-    def forward(self, x):
-        return self.c_proj(select_backend(self.backend, x.device).relu_squared(self.c_fc(x)))
+    def forward(self, x, kernels: Backend):
+        return self.c_proj(kernels.relu_squared(self.c_fc(x)))
 
 
 class SwiGLUMLP(nn.Module):
@@ -319,7 +315,7 @@ class SwiGLUMLP(nn.Module):
         self.c_gate = block_linear(cfg, cfg.d_model, cfg.hidden)
         self.c_proj = block_linear(cfg, cfg.hidden, cfg.d_model)
 
-    def forward(self, x):
+    def forward(self, x, kernels: Backend):
         return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))
 
 
@@ -331,15 +327,15 @@ def block_linear(cfg: GPTConfig, in_features: int, out_features: int) -> nn.Line
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
-        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps, cfg.backend)
+        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
         self.attn = Attention(cfg, layer)
-        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps, cfg.backend)
+        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
         self.mlp = SwiGLUMLP(cfg) if cfg.mlp == "swiglu" else ReLU2MLP(cfg)
 
-    def forward(self, x, cos, sin, ve=None, cache=None, mask=None):
+    def forward(self, x, cos, sin, kernels: Backend, ve=None, cache=None, mask=None):
         dt = compute_dtype(x)  # normalise straight into the matmul dtype: one cast, not three
-        x = x + self.attn(self.norm1(x, dt), cos, sin, ve, cache, mask)
-        return x + self.mlp(self.norm2(x, dt))
+        x = x + self.attn(self.norm1(x, kernels, dt), cos, sin, kernels, ve, cache, mask)
+        return x + self.mlp(self.norm2(x, kernels, dt), kernels)
 
 
 class GPT(nn.Module):
@@ -368,7 +364,7 @@ class GPT(nn.Module):
             {str(i): nn.Embedding(V, kv_dim) for i in range(cfg.n_layer) if cfg.has_value_embed(i)}
         )
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.norm_f = RMSNorm(C, cfg.norm_affine, cfg.norm_eps, cfg.backend)
+        self.norm_f = RMSNorm(C, cfg.norm_affine, cfg.norm_eps)
         self.lm_head = nn.Linear(C, V, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -379,6 +375,7 @@ class GPT(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
+        self.use_kernels()  # for the device it was built on; again whenever it moves (_apply)
         # train.activation_checkpointing: recompute each layer in the backward pass
         self.activation_checkpointing = False
 
@@ -423,9 +420,18 @@ class GPT(nn.Module):
             return "matrix"
         return "scalar"
 
-    def kernels(self, device: torch.device) -> Backend:
-        """The kernel backend this model runs with on `device` (model.backend)."""
-        return select_backend(self.cfg.backend, device)
+    def use_kernels(self) -> None:
+        """Pick the kernels (model/kernels.py: model.backend, `auto` by device) and the loss
+        (model.loss, `auto`: the kernels') for the device the parameters are on: once, when
+        the model is placed, not at every forward."""
+        self.kernels = select_backend(self.cfg.backend, self.wte.weight.device)
+        self.loss_impl = loss_impl(self.cfg.loss, self.kernels)
+
+    def _apply(self, fn, recurse=True):
+        # every move of the parameters (.to, .cuda, to_empty) goes through here
+        super()._apply(fn, recurse)
+        self.use_kernels()
+        return self
 
     def shard_units(self) -> list[nn.Module]:
         """Modules sharded as their own FSDP unit (gathered just before they run, freed after):
@@ -463,7 +469,7 @@ class GPT(nn.Module):
                 c.vocab_size,
                 c.softcap,
                 reduction,
-                loss_impl(c.loss, self.kernels(x.device)),
+                self.loss_impl,
                 c.loss_chunk,
             )
         return self.head(x)
@@ -495,7 +501,7 @@ class GPT(nn.Module):
             sin = self.rope_sin[0, positions].to(dt)
         x = self.wte(idx)  # (B, T, C)
         if self.cfg.embed_norm:
-            x = self.kernels(idx.device).rms_norm(x, eps=self.cfg.norm_eps)
+            x = self.kernels.rms_norm(x, eps=self.cfg.norm_eps)
         x0 = x
         recompute = self.activation_checkpointing and torch.is_grad_enabled() and caches is None
         for i in range(self.cfg.n_layer):
@@ -506,7 +512,7 @@ class GPT(nn.Module):
                 )
             else:
                 x = self.layer(i, x, x0, idx, cos, sin, cache, attn_mask)
-        return self.norm_f(x, compute_dtype(x))  # (B, T, C) in the matmul dtype
+        return self.norm_f(x, self.kernels, compute_dtype(x))  # (B, T, C) in the matmul dtype
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (..., vocab_size) in fp32 from hidden states (..., C); padding rows cut."""
@@ -516,10 +522,9 @@ class GPT(nn.Module):
     def layer(self, i: int, x, x0, idx, cos, sin, cache=None, mask=None) -> torch.Tensor:
         """Layer i: residual scalars, value-embedding lookup, block (one checkpointing unit)."""
         if self.cfg.residual_scalars:
-            mix = self.kernels(x.device).residual_mix
-            x = mix(x, x0, self.resid_lambdas[i], self.x0_lambdas[i])
+            x = self.kernels.residual_mix(x, x0, self.resid_lambdas[i], self.x0_lambdas[i])
         ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
-        return self.blocks[i](x, cos, sin, ve, cache, mask)
+        return self.blocks[i](x, cos, sin, self.kernels, ve, cache, mask)
 
     def new_caches(self, batch: int, max_len: int | None = None) -> list[KVCache]:
         """Empty per-layer KV caches for incremental decoding (see model.generate)."""

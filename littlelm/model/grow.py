@@ -36,7 +36,7 @@ logits match the parent's to rounding (tests/test_grow.py checks each kind).
 
 Origin tags (for per-tag learning rates, optim/groups.py): a tensor copied whole is `old`; a
 tensor with no parent counterpart is `new`; a tensor partly copied (a widened matrix, the
-per-layer scalar vectors after depth growth) takes `GrowConfig.widened` (default `old`, which
+per-layer scalar vectors after depth growth) takes `grow.widened` (littlelm/sections.py; default `old`, which
 protects the parent's function); token-indexed tables and lm_head that hold copied weights are
 `embedding`.
 """
@@ -47,15 +47,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
-from pydantic import Field
 
-from littlelm.config import RESUMABLE, Cfg, validate
+from littlelm.config import validate
 from littlelm.errors import CheckpointError
 from littlelm.model.gpt import GPT, GPTConfig
-from littlelm.model.grow_lr import OriginLR
 
 PLACEMENTS = ("interleave", "end", "start")
 
@@ -75,46 +72,6 @@ SAME = (
     "norm_eps",
     "qk_norm_affine",
 )
-
-
-class GrowConfig(Cfg):
-    """Start a run from a smaller trained checkpoint instead of random weights (docs/growth.md).
-    The run's `model` section is the grown shape."""
-
-    parent: str = Field(
-        ..., description="Checkpoint directory, or run directory (its newest checkpoint)."
-    )
-    placement: Literal["interleave", "end", "start"] | list[int | None] = Field(
-        "interleave",
-        description="Where parent blocks go: interleave (new blocks spread between them), end, "
-        "start, or a list giving each layer's parent block (null = new); resolved to the list.",
-    )
-    widened: Literal["old", "new"] = Field(
-        "old",
-        description="Origin tag of tensors only partly copied (widened matrices, per-layer "
-        "scalar vectors).",
-    )
-    continue_data: bool = Field(
-        True,
-        description="Continue the parent's data stream where it stopped (needs the parent's "
-        "data section and run.seed); false = start the data from the beginning.",
-    )
-    verify_tokens: int = Field(
-        64,
-        description="Tokens of a probe on which the grown model's logits must match the "
-        "parent's at the start (fp32); 0 = skip.",
-        ge=0,
-    )
-    lr_multipliers: dict[str, OriginLR] | None = Field(
-        None,
-        description="lr multiplier per origin tag (old, new, embedding) over the grown run's "
-        "steps: a number (constant) or {start, end, ramp_steps, shape} (a ramp, then the run's "
-        "schedule); null = the measured default (none yet: one lr for all; docs/growth.md), "
-        "or none when optimizer.lr_multipliers is set. Resolved to what the run uses.",
-        # a learning-rate setting like optimizer.lr: a pure function of the step, so a resumed
-        # run may change it (the new value applies from the resumed step on)
-        json_schema_extra=RESUMABLE,
-    )
 
 
 def parent_model_config(state: dict, path: Path) -> GPTConfig:

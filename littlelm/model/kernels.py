@@ -643,16 +643,11 @@ CUDA = cuda_backend()
 BACKENDS = {"cpu": CPU, "cuda": CUDA}
 
 
-def backend_name(configured: str, device: torch.device | str) -> str:
-    """The backend `configured` (auto|cpu|cuda) means on `device`."""
-    if configured != "auto":
-        return configured
-    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
-    return "cuda" if kind == "cuda" else "cpu"
-
-
 def select_backend(configured: str, device: torch.device | str) -> Backend:
-    return BACKENDS[backend_name(configured, device)]
+    """The kernel set `configured` (auto|cpu|cuda) means on `device`."""
+    if configured == "auto":
+        configured = "cuda" if torch.device(device).type == "cuda" else "cpu"
+    return BACKENDS[configured]
 
 
 def run_backend(model_cfg, device: torch.device | str) -> Backend:

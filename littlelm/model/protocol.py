@@ -29,7 +29,7 @@ class ModelConfig(ComponentConfig):
 
     # model/grow.py can grow a trained checkpoint of this model into a larger one
     growable: ClassVar[bool] = False
-    # the planner's analytic memory model (plan/shapes.py, plan/memory.py) covers this model
+    # the planner's analytic memory model (plan/memory.py) covers this model
     # (its fake-tensor trace covers any model)
     analytic_plan: ClassVar[bool] = False
 

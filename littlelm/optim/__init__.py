@@ -1,8 +1,7 @@
 """Optimizers and schedules (registered by littlelm.components.register_all)."""
 
 from littlelm.optim.groups import build_optimizer, plan_groups
-from littlelm.optim.muon import orthogonalize
-from littlelm.optim.optimizer import MuonAdamW
+from littlelm.optim.optimizer import MuonAdamW, orthogonalize
 from littlelm.optim.schedule import build_schedule
 
 __all__ = [

@@ -5,6 +5,7 @@ and the schema ask, so that none of them tests for a concrete class or probes fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import Field
@@ -40,8 +41,9 @@ class OptimizerConfig(ComponentConfig):
         not) multiply bf16 in hardware (the default: nothing to make concrete)."""
         return self
 
-    def momentum_at(self, step: int) -> float | None:
-        """The momentum of the Muon groups at `step` (a warmup), or None: not scheduled."""
+    def momentum_schedule(self) -> Callable[[int], float] | None:
+        """The momentum of the Muon groups per step (a warmup: optim/schedule.py), or None:
+        not scheduled."""
         return None
 
     def origin_multipliers(self) -> dict[str, float]:

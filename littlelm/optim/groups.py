@@ -6,7 +6,7 @@ run's from model/grow.py, a resumed run's from its checkpoint, which takes them 
 `origin_tags`); a run that was never grown has the default tags. A group is one (role, origin)
 pair. Its base lr is the role's lr from the optimizer config times
 `lr_multipliers[origin]`; the schedule multiplies every base lr by the same factor each step,
-and in a grown run `grow.lr_multipliers` (model/grow_lr.py) by its origin's factor at that step.
+and in a grown run `grow.lr_multipliers` (optim/schedule.py) by its origin's factor at that step.
 
 Two optimizers are registered:
 - `muon`: Muon for the 2-D hidden matrices, AdamW for everything else (the modern recipe);
@@ -15,7 +15,9 @@ Two optimizers are registered:
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -133,8 +135,13 @@ class MuonConfig(AdamWConfig):
             return self
         return self.model_copy(update={"ns_dtype": "bf16" if native else "fp32"})
 
-    def momentum_at(self, step: int) -> float:
-        return momentum_warmup(step, self.momentum_start, self.momentum, self.momentum_warmup_steps)
+    def momentum_schedule(self) -> Callable[[int], float]:
+        return functools.partial(
+            momentum_warmup,
+            start=self.momentum_start,
+            end=self.momentum,
+            steps=self.momentum_warmup_steps,
+        )
 
     def traceable(self, stochastic_rounding: bool) -> tuple[OptimizerConfig, bool]:
         # Muon's rounding needs no .item(): only 8-bit AdamW is swapped for torch's
@@ -195,7 +202,7 @@ def plan_groups(
                 "params": buckets[role, origin],
                 "kind": kind,
                 "role": role,
-                "origin": origin,  # grow.lr_multipliers move each origin's lr (trainer._set_lr)
+                "origin": origin,  # grow.lr_multipliers move each origin's lr (GroupSchedule, optim/schedule.py)
                 "name": f"{role}/{origin}",
                 "lr": lr,
                 "base_lr": lr,

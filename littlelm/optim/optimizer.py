@@ -14,8 +14,8 @@ Each group carries, besides its `params`:
 An AdamW group steps with torch's own AdamW arithmetic (`torch.optim.adam.adam`: the fused kernel
 on CPU and CUDA, foreach elsewhere), with the stochastic-rounding AdamW of optim/lowp.py for bf16
 parameters, or with bitsandbytes' 8-bit AdamW. A Muon group updates its momentum, replaces each
-update by its nearest orthogonal matrix (optim/muon.py: same-shaped matrices in one batch) and
-scales it by sqrt(max(1, rows/cols)). All AdamW groups step before the Muon groups.
+update by its nearest orthogonal matrix (`orthogonalize`, at the end of this file: same-shaped
+matrices in one batch) and scales it by sqrt(max(1, rows/cols)). All AdamW groups step before the Muon groups.
 
 Several processes (`shard`, once, before the first step; one process is the plain path):
     ddp, shard_muon   within each Muon group, the matrices of one shape (N of them) give
@@ -39,6 +39,8 @@ layout written before this class (`{"optimizers": [...]}`, optim/migrate.py).
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from collections.abc import Iterator
 
 import torch
@@ -48,7 +50,6 @@ from torch.optim.adam import adam
 
 from littlelm.optim.lowp import stochastic_adamw_, stochastic_round_
 from littlelm.optim.migrate import from_parts
-from littlelm.optim.muon import orthogonalize, same_shape_buckets, shape_scale
 
 # torch 2.13 renamed all_gather_into_tensor; keep working with the older name on older torch
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -444,3 +445,47 @@ def _adamw_8bit(groups: list[dict]) -> torch.optim.Optimizer:
     import bitsandbytes as bnb  # optim/groups.py checked that it is installed
 
     return bnb.optim.AdamW8bit(groups, betas=groups[0]["betas"], eps=groups[0]["eps"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Muon's arithmetic: momentum SGD whose update for each 2-D matrix is replaced by its nearest
+# orthogonal matrix (computed with a Newton–Schulz iteration), so every direction of the update
+# moves at the same rate. Used for the hidden matrices of the transformer; embeddings, lm_head
+# and scalars go to AdamW (optim/groups.py).
+
+# Quintic Newton–Schulz coefficients chosen to push singular values towards 1 quickly from
+# anywhere in (0, 1]; five iterations land them in roughly [0.7, 1.2], which is all an update
+# direction needs. `ns_steps` trades accuracy for time.
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+def orthogonalize(
+    g: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """Approximate U·Vᵀ of the SVD of g (..., m, n), computed in `dtype` (bf16: the iteration
+    only needs singular values near 1, and bf16 runs at the hardware's fastest rate; fp32 where
+    bf16 is emulated in software, see littlelm/hardware.py)."""
+    a, b, c = NS_COEFFS
+    x = g.to(dtype)
+    tall = x.size(-2) > x.size(-1)
+    if tall:  # iterate on the smaller Gram matrix
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)  # spectral norm <= Frobenius norm <= 1
+    for _ in range(steps):
+        gram = x @ x.mT
+        poly = b * gram + c * (gram @ gram)
+        x = a * x + poly @ x
+    return x.mT if tall else x
+
+
+def shape_scale(shape: torch.Size) -> float:
+    """lr multiplier sqrt(max(1, rows/cols)): keeps the update's RMS size independent of aspect."""
+    return math.sqrt(max(1.0, shape[-2] / shape[-1]))
+
+
+def same_shape_buckets(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Parameters grouped by shape, in first-seen order (the same on every rank)."""
+    by_shape: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    for p in params:
+        by_shape[tuple(p.shape)].append(p)
+    return list(by_shape.values())

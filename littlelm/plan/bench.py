@@ -3,15 +3,13 @@
 Inside one measured window it runs the real Trainer: the data loader with its prefetch thread,
 the configured optimizer (its state populated by the first step), compile if configured,
 `steps` steps, a checkpoint save, a fresh Trainer that resumes from it (the optimizer state is
-loaded), and `steps` more steps. It reports peak allocated and reserved memory (CUDA) or peak
-tensor memory and peak RSS (CPU), tokens/s and MFU, each beside the plan's prediction, and
-stores the measurement (measurements.py) so that `plan` uses the measured MFU for this workload
-on this GPU.
+loaded), and `steps` more. It reports peak allocated and reserved memory (CUDA) or peak tensor
+memory and peak RSS (CPU), tokens/s and MFU, each beside the plan's prediction, and stores the
+measurement (plan/speed.py) so that `plan` calibrates its speed on this device with it.
 
-The bench keeps its result in a directory of its own making, `<run.name>-bench` (marked by
-`rundir.BENCH_MARKER`), and trains in a private temporary directory inside it, which it deletes
-at the end. It refuses a `<run.name>-bench` that it did not make (a run of that name, or other
-files), so it never deletes anything but its own scratch; the user's run is never touched.
+It works in a directory of its own making, `<run.name>-bench` (marked by
+`rundir.BENCH_MARKER`), and trains in a private temporary directory inside it, deleted at the
+end; it refuses a `<run.name>-bench` it did not make, so the user's run is never touched.
 """
 
 from __future__ import annotations
@@ -32,26 +30,14 @@ from littlelm.errors import RunDirError
 from littlelm.model.gpt import flops_per_token
 from littlelm.model.kernels import run_backend
 from littlelm.plan import speed
-from littlelm.plan.accounting import PARAMS, STATE, MemoryAccountant
-from littlelm.plan.calibration import cuda_calibration, save_measurement, workload_key
-from littlelm.plan.catalog import load_catalog
-from littlelm.plan.cost import GIB
-from littlelm.plan.probe import device_key, measure_rates
-from littlelm.plan.shapes import Dims
-from littlelm.plan.trace import optimizer_tensors, step_memory, trace_step
+from littlelm.plan.cost import GIB, load_catalog
+from littlelm.plan.memory import Dims
+from littlelm.plan.planner import current_rss, local_plan, proc_status_bytes, step_memory
+from littlelm.plan.trace import PARAMS, STATE, MemoryAccountant, optimizer_tensors
 from littlelm.progress import Progress
 from littlelm.train.callbacks import Callback
 from littlelm.train.checkpoint.rundir import BENCH_MARKER, is_run_dir
 from littlelm.train.device import peak_flops, pick_device, with_precision
-
-# What glibc's heap adds to a CPU run's tensors: freed blocks are kept for reuse
-# (train/device.tune_cpu_allocator) and the heap fragments, so the resident set grows past the
-# live tensors. Measured by this bench as (peak RSS - RSS at start) / peak tensor memory, in a
-# process that ran nothing big before (as a training run): 1.40-1.51 over 26 benches of the
-# demo and its d-512 and seq-1024 shapes on a 2-core EPYC, fp32 (benchmarks/plan_check.py and
-# by hand, 2026-12-01). A bench that runs after plan's probes in one process reads 0.95-1.35: it
-# reuses the heap the probes left. Benches on a machine replace it there with their median.
-CPU_HEAP_MARGIN = 1.42
 
 
 class StepTimer(Callback):
@@ -92,7 +78,7 @@ def run_bench(cfg, steps: int = 4, quiet: bool = True) -> dict:
         c.run.out_dir, c.run.name = str(result_dir), work.name
         result = _bench_in(c, steps, quiet)
     result["run"] = result_dir.name
-    result["stored"] = str(save_measurement(result, result_dir))
+    result["stored"] = str(speed.save_measurement(result, result_dir))
     return result
 
 
@@ -168,7 +154,7 @@ def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: i
     out = {
         "device": probe.device_name,
         "kind": device.type,
-        "workload": workload_key(c),
+        "workload": speed.workload_key(c),
         "run": c.run.name,
         "parameters": d.n_params,
         "micro_batch": c.train.micro_batch_size,
@@ -204,38 +190,32 @@ def predictions(c, device, probe, measured: dict) -> dict:
     """What the plan predicts for this bench, and the step model's ratio to the measurement
     (`speed_ratio`, measured / modelled step time), which `plan` uses on this device."""
     d = Dims.of(c)
-    if device.type == "cuda":
-        catalog = load_catalog()
-        gpu = catalog.identify(probe.device_name)
-        _, e, _, _ = step_memory(c)  # the trace of this step, as `plan` predicts it
-        margin = catalog.defaults.allocator_margin
-        allocated = e.peak + catalog.defaults.workspace_gib * GIB  # cuBLAS uses the allocator
-        pred = {
-            "gpu": gpu.name if gpu else None,
-            "device_key": device_key(device),
-            "predicted_allocated": allocated,
-            "predicted_reserved": allocated * (1 + margin),
+    if device.type == "cpu":  # the local plan, uncalibrated: this CPU's trace and rates
+        lp = local_plan(c, 1, [], 0.0, base_rss=measured.get("rss_at_start") or 0)
+        return {
+            "gpu": None,
+            "device_key": lp.device,
+            "predicted_tensor_peak": lp.tensor_peak,
+            "predicted_host_resume": lp.resume,
+            "predicted_rss": lp.process_peak,
+            "predicted_tok_s": lp.tok_s,
+            "speed_ratio": measured["step_s"] / sum(lp.parts.values()),
         }
-        if gpu:
-            modelled = speed.step_time(d, speed.catalog_rates(gpu, catalog, d)).raw
-            pred["predicted_tok_s"] = (
-                d.tokens * d.grad_accum / (modelled * cuda_calibration(catalog).ratio)
-            )
-            pred["speed_ratio"] = measured["step_s"] / modelled
-        return pred
-    traced = trace_step(c, gpu=False)  # this CPU's step exactly
-    resume = traced.categories[PARAMS] + traced.categories[STATE]
-    modelled = speed.step_time(d, measure_rates(d, device)).raw
-    return {
-        "gpu": None,
-        "device_key": device_key(device),
-        "predicted_tensor_peak": traced.peak,
-        "predicted_host_resume": resume,
-        "predicted_rss": (measured.get("rss_at_start") or 0)
-        + max(round(traced.peak * CPU_HEAP_MARGIN), 2 * resume),
-        "predicted_tok_s": d.tokens * d.grad_accum / modelled,
-        "speed_ratio": measured["step_s"] / modelled,
+    catalog = load_catalog()
+    gpu = catalog.identify(probe.device_name)
+    allocated = step_memory(c)[1].peak + catalog.defaults.workspace_gib * GIB  # cuBLAS's too
+    pred = {
+        "gpu": gpu.name if gpu else None,
+        "device_key": speed.device_key(device),
+        "predicted_allocated": allocated,
+        "predicted_reserved": allocated * (1 + catalog.defaults.allocator_margin),
     }
+    if gpu:
+        modelled = speed.step_time(d, speed.catalog_rates(gpu, catalog, d)).raw
+        ratio = speed.cuda_calibration(catalog).ratio
+        pred["predicted_tok_s"] = d.tokens * d.grad_accum / (modelled * ratio)
+        pred["speed_ratio"] = measured["step_s"] / modelled
+    return pred
 
 
 # ----------------------------------------------------------------------------------------------
@@ -301,9 +281,9 @@ class CpuProbe:
         if self.acct is None:
             return
         for p in trainer.model.parameters():
-            self.acct.track(p, "parameters")
+            self.acct.track(p, PARAMS)
         for t in optimizer_tensors(trainer.optimizer):
-            self.acct.track(t, "optimizer state")
+            self.acct.track(t, STATE)
 
     def results(self) -> dict:
         return {
@@ -312,14 +292,6 @@ class CpuProbe:
             "rss_at_start": self.rss_start,
             "rss_peak_is_window": self.rss_reset,
         }
-
-
-def _status_kib(field: str) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return None
 
 
 def reset_peak_rss() -> bool:
@@ -331,12 +303,8 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def current_rss() -> int | None:
-    return _status_kib("VmRSS")
-
-
 def peak_rss() -> int | None:
-    hwm = _status_kib("VmHWM")
+    hwm = proc_status_bytes("VmHWM")
     if hwm is not None:
         return hwm
     with contextlib.suppress(ImportError):
@@ -344,79 +312,3 @@ def peak_rss() -> int | None:
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return None
-
-
-# ----------------------------------------------------------------------------------------------
-# The report
-
-
-def comparison_rows(r: dict) -> list[tuple[str, float | None, float | None, str]]:
-    """(what, measured, predicted, unit) rows."""
-    g = GIB
-    if r["kind"] == "cuda":
-        rows = [
-            ("peak allocated", r["peak_allocated"] / g, r["predicted_allocated"] / g, "GiB"),
-            ("peak reserved", r["peak_reserved"] / g, r["predicted_reserved"] / g, "GiB"),
-            ("outside PyTorch (context)", r["outside_pytorch"] / g, None, "GiB"),
-        ]
-    else:
-        peak = r.get("peak_tensor")
-        rows = [
-            (
-                "peak tensor memory",
-                peak / g if peak is not None else None,
-                r["predicted_tensor_peak"] / g,
-                "GiB",
-            ),
-            (
-                "peak RSS",
-                (r["peak_rss"] or 0) / g or None,
-                (r.get("predicted_rss") or 0) / g or None,
-                "GiB",
-            ),
-            ("host RAM for a resume", None, r["predicted_host_resume"] / g, "GiB"),
-        ]
-    rows.append(("tokens/s", r["tok_s"], r.get("predicted_tok_s"), ""))
-    rows.append(("MFU", r["mfu"], None, ""))
-    return rows
-
-
-def print_bench(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(
-        title=f"bench on {r['device']}: {r['steps']} steps with a save and a resume "
-        f"(to step {r['resumed_to_step']}), {r['wall_s']:.1f} s",
-        title_justify="left",
-    )
-    for col in ("", "measured", "predicted", "measured / predicted"):
-        t.add_column(col, justify="left" if not col else "right")
-    for name, meas, pred, unit in comparison_rows(r):
-        ratio = f"{meas / pred:.3f}" if meas is not None and pred else "-"
-        t.add_row(name, _fmt(meas, unit), _fmt(pred, unit), ratio)
-    console = Console(width=120)
-    console.print(t)
-    if r["kind"] == "cpu":
-        console.print(
-            "  predicted tensor peak: the plan's trace (CPU kernels). "
-            + (
-                "peak RSS covers the bench window."
-                if r["rss_peak_is_window"]
-                else "peak RSS is the process's lifetime peak (could not reset it)."
-            )
-        )
-    console.print(
-        f"  stored: {r['stored']} (plan calibrates its speed on this device with it: "
-        f"measured step time = {r.get('speed_ratio') or float('nan'):.2f} x the step model's)"
-    )
-
-
-def _fmt(x: float | None, unit: str) -> str:
-    if x is None:
-        return "-"
-    if unit == "GiB":
-        return f"{x:.3f} GiB"
-    if x < 1:
-        return f"{x:.1%}"
-    return f"{x:,.0f}"

@@ -1,34 +1,199 @@
-"""Does it fit, how fast, how much: one GPU of the catalog against one planned run.
+"""The GPUs and what a run costs on each: the catalog, the fit, the micro-batch search, the
+remedies, speed and dollars.
 
-Pure functions of a resolved config's `Dims`, a catalog entry and the catalog's defaults:
+The catalog is the packaged gpus.yaml, overridden in order by ~/.config/littlelm/gpus.yaml (or
+$LITTLELM_GPUS) and each `--gpus FILE`: a later entry replaces the fields it names of one with
+the same key, or adds a GPU; its `defaults:` replace the defaults. Against one GPU:
 
     needed   = tensor peak x (1 + allocator margin) + CUDA context and workspaces
-    tokens/s = the step model (plan/speed.py) at the micro-batch that runs: the configured one
-               if it fits, else the largest that fits with the same tokens per step; none if
-               nothing fits
+    tokens/s = the step model at the micro-batch that runs: the configured one if it fits,
+               else the largest that fits with the same tokens per step; none if none fits
     cost     = hours x price x devices
 
-The tensor peak is the analytic model's (plan/memory.py) scaled to the trace by `Dims.trace_scale`:
-it is evaluated for every micro-batch and remedy, which the trace would take minutes for. A time
-or money budget (train.budget hours or dollars) buys tok/s × seconds tokens on each GPU; a
-dollars budget buys dollars / (the GPU's price × devices) hours there, so a cheaper GPU trains
-longer (`apply_budget`; the trainer schedules the end from measured speed: train/budget.py).
+The tensor peak is the analytic model's scaled to the trace (`Dims.trace_scale`): it is
+evaluated for every micro-batch and remedy, which the trace would take minutes for. A time or
+money budget buys tok/s x seconds tokens on each GPU (a dollars budget buys more hours on a
+cheaper GPU: `apply_budget`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from pydantic import Field, ValidationError, field_validator
+
+from littlelm.config import Cfg, parse_yaml
+from littlelm.errors import ConfigError, did_you_mean
 from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
 from littlelm.plan import speed
-from littlelm.plan.calibration import cuda_calibration
-from littlelm.plan.catalog import GPU, Catalog
-from littlelm.plan.shapes import Dims
+from littlelm.plan.memory import Dims
 
+PACKAGED = Path(__file__).with_name("gpus.yaml")
+USER = Path("~/.config/littlelm/gpus.yaml")
 GIB = 2**30
 FSDP_SIZES = (2, 4, 8)
+
+
+class Defaults(Cfg):
+    context_gib: float = Field(0.5, description="CUDA context outside PyTorch's allocator, GiB.")
+    workspace_gib: float = Field(0.0625, description="cuBLAS/cuBLASLt workspaces, GiB.", ge=0)
+    allocator_margin: float = Field(
+        0.05, description="Caching-allocator fragmentation: reserved/allocated - 1.", ge=0
+    )
+    matmul_ceiling: float = Field(
+        0.80,
+        description="Fraction of the datasheet matrix peak that large GEMMs reach (0-1).",
+        gt=0,
+        le=1,
+    )
+    attention_fraction: float = Field(
+        0.35,
+        description="Fraction of the datasheet matrix peak that fused causal attention "
+        "(forward + backward) reaches (0-1).",
+        gt=0,
+        le=1,
+    )
+    bandwidth_ceiling: float = Field(
+        0.90, description="Fraction of the datasheet memory bandwidth a copy reaches.", gt=0, le=1
+    )
+    launch_us: float = Field(
+        8.0, description="Host time per eager kernel (dispatch + launch), microseconds.", ge=0
+    )
+    interconnect_efficiency: float = Field(
+        0.80,
+        description="Fraction of the link bandwidth NCCL's ring collectives reach.",
+        gt=0,
+        le=1,
+    )
+
+
+class GPU(Cfg):
+    """One GPU model in the catalog."""
+
+    name: str = Field("", description="Catalog key (filled in from the mapping).")
+    match: list[str] = Field(
+        default_factory=list, description="Substrings of torch.cuda.get_device_name()."
+    )
+    memory_gib: float = Field(..., description="Total memory as PyTorch reports it, GiB.", gt=0)
+    bf16_tflops: float = Field(..., description="Dense bf16 tensor peak, TFLOP/s.", gt=0)
+    fp8_tflops: float | None = Field(None, description="Dense fp8 tensor peak, TFLOP/s.", gt=0)
+    fp32_tflops: float = Field(..., description="Plain fp32 peak (no TF32), TFLOP/s.", gt=0)
+    bandwidth_gbs: float = Field(..., description="Memory bandwidth, GB/s.", gt=0)
+    price_per_hour: float = Field(..., description="On-demand USD per GPU-hour.", ge=0)
+    price_date: str = Field(..., description="When that price was seen (YYYY-MM).")
+    price_source: str = Field("", description="Where the price comes from.")
+    interconnect_gbs: float | None = Field(
+        None,
+        description="GPU-to-GPU bandwidth within a node, one direction, GB/s (NVLink or PCIe); "
+        "null = unknown (multi-GPU plans then leave communication out and say so).",
+        gt=0,
+    )
+    attention_fraction: float | None = Field(
+        None, description="Override of defaults.attention_fraction for this GPU.", gt=0, le=1
+    )
+    mfu: float | None = Field(
+        None,
+        description="Fixed model FLOPs utilisation (0-1) to use instead of the step model; "
+        "null = predict it from the run's shapes.",
+        gt=0,
+        le=1,
+    )
+    context_gib: float | None = Field(
+        None, description="CUDA context, GiB; null = the catalog default.", ge=0
+    )
+
+    @field_validator("price_date", mode="before")
+    @classmethod
+    def _date_text(cls, v):
+        return str(v) if v is not None else v
+
+
+class Catalog:
+    def __init__(self, gpus: dict[str, GPU], defaults: Defaults, sources: list[Path]):
+        self.gpus = gpus
+        self.defaults = defaults
+        self.sources = sources
+
+    def select(self, names: list[str] | None) -> list[GPU]:
+        """The named GPUs (case-insensitive), or all of them."""
+        if not names:
+            return list(self.gpus.values())
+        by_lower = {k.lower(): v for k, v in self.gpus.items()}
+        missing = [n for n in names if n.lower() not in by_lower]
+        if missing:
+            known = ", ".join(self.gpus)
+            hints = "".join(did_you_mean(n, self.gpus) for n in missing)
+            raise ConfigError([f"unknown GPU {', '.join(missing)}{hints}; the catalog has {known}"])
+        return [by_lower[n.lower()] for n in names]
+
+    def identify(self, device_name: str) -> GPU | None:
+        """The catalog entry whose `match` names the device (the longest match wins)."""
+        best, length = None, 0
+        for gpu in self.gpus.values():
+            for m in gpu.match:
+                if m.lower() in device_name.lower() and len(m) > length:
+                    best, length = gpu, len(m)
+        return best
+
+    def context_gib(self, gpu: GPU) -> float:
+        ctx = gpu.context_gib if gpu.context_gib is not None else self.defaults.context_gib
+        return ctx + self.defaults.workspace_gib
+
+
+def user_files(extra: list[str | Path] = ()) -> list[Path]:
+    files = []
+    user = Path(os.environ.get("LITTLELM_GPUS", USER)).expanduser()
+    if user.is_file():
+        files.append(user)
+    for f in extra:
+        p = Path(f).expanduser()
+        if not p.is_file():
+            raise ConfigError([f"GPU catalog file not found: {p}"])
+        files.append(p)
+    return files
+
+
+def load_catalog(extra: list[str | Path] = ()) -> Catalog:
+    files = [PACKAGED, *user_files(extra)]
+    raw: dict[str, dict] = {}
+    defaults: dict = {}
+    for path in files:
+        tree = _read(path)
+        defaults.update(tree.get("defaults") or {})
+        for key, entry in (tree.get("gpus") or {}).items():
+            if not isinstance(entry, dict):
+                raise ConfigError([f"{path}: gpus.{key} must be a mapping of fields"])
+            raw.setdefault(str(key), {}).update(entry)
+    return Catalog(*_validate(raw, defaults, files), files)
+
+
+def _read(path: Path) -> dict:
+    try:
+        tree = parse_yaml(path.read_text()) or {}
+    except Exception as e:  # yaml errors carry line numbers
+        raise ConfigError([f"{path}: malformed YAML ({e})"]) from None
+    if not isinstance(tree, dict) or set(tree) - {"gpus", "defaults"}:
+        raise ConfigError([f"{path}: a GPU catalog has only `defaults:` and `gpus:` sections"])
+    return tree
+
+
+def _validate(raw: dict[str, dict], defaults: dict, files: list[Path]):
+    """The GPUs and the defaults, or every problem of them at once, each named by its key."""
+    out, problems = {}, []
+    trees = [("defaults", Defaults, defaults)]
+    trees += [(f"gpus.{k}", GPU, {**entry, "name": k}) for k, entry in raw.items()]
+    for where, kind, tree in trees:
+        try:
+            out[where] = kind(**tree)
+        except ValidationError as e:
+            problems += [f"{where}.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()]
+    if problems:
+        raise ConfigError(problems, ", ".join(map(str, files)))
+    return {k.removeprefix("gpus."): v for k, v in out.items() if k != "defaults"}, out["defaults"]
 
 
 @dataclass
@@ -69,7 +234,7 @@ def device_lines(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> dict[
     e = mem.estimate(d)
     fsdp = d.strategy == "fsdp" and devices > 1
     step_peak = mem.fsdp_peak(d, devices) if fsdp else e.peak  # per rank
-    resume = mem.resume_device_bytes(e) // (devices if fsdp else 1)
+    resume = mem.checkpoint_bytes(e) // (devices if fsdp else 1)
     tensor_peak = max(step_peak, resume)
     margin = tensor_peak * catalog.defaults.allocator_margin
     return {
@@ -85,7 +250,7 @@ def needed_gib(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> float:
     return device_lines(d, gpu, catalog, devices)["needed"]
 
 
-def micro_batch_options(d: Dims, devices: int = 1) -> list[int]:
+def micro_batch_options(d: Dims) -> list[int]:
     """Micro-batch sizes that keep the tokens per optimizer step exactly: the divisors of the
     sequences per device per step, found up to its square root (a billion takes 32k steps)."""
     seqs = d.micro_batch * d.grad_accum
@@ -94,12 +259,12 @@ def micro_batch_options(d: Dims, devices: int = 1) -> list[int]:
 
 
 def largest_fitting(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> int | None:
-    fitting = [
+    fits = (
         m
-        for m in micro_batch_options(d, devices)
+        for m in reversed(micro_batch_options(d))
         if needed_gib(d.with_micro_batch(m), gpu, catalog, devices) <= gpu.memory_gib
-    ]
-    return max(fitting) if fitting else None
+    )
+    return next(fits, None)
 
 
 def peak_tflops(gpu: GPU, d: Dims) -> float:
@@ -119,7 +284,7 @@ def gpu_speed(
     if measured and measured.get("speed_ratio"):
         ratio, source = measured["speed_ratio"], f"bench on this GPU {measured['time'][:10]}"
     else:
-        cal = cuda_calibration(catalog)
+        cal = speed.cuda_calibration(catalog)
         ratio, source = cal.ratio, cal.source
     rates = replace(rates, calibration=ratio, calibration_source=source)
     return speed.tokens_per_second(d, rates, devices), f"step model, {source}"
@@ -167,10 +332,9 @@ def config_changes(d: Dims) -> list[tuple[str, str, Dims]]:
     """Config changes that lower memory without changing the tokens per step, mildest first:
     (override, why, the changed Dims)."""
     out = []
-    if d.loss == "plain":
-        out.append(
-            ("model.loss=chunked", "the full logits never exist", replace_loss(d, "chunked"))
-        )
+    if d.model.loss == "plain":
+        chunked = replace(d, model=d.model.model_copy(update={"loss": "chunked"}))
+        out.append(("model.loss=chunked", "the full logits never exist", chunked))
     if not d.adamw_8bit and not d.stochastic_rounding:
         why = "AdamW's two moments in 1 byte each, not 4 (CUDA, bitsandbytes)"
         out.append(("optimizer.adamw_8bit=true", why, replace(d, adamw_8bit=True)))
@@ -186,10 +350,6 @@ def config_changes(d: Dims) -> list[tuple[str, str, Dims]]:
         why = "each layer recomputed in the backward pass: about 1/3 more compute"
         out.append(("train.activation_checkpointing=true", why, replace(d, checkpointing=True)))
     return out
-
-
-def replace_loss(d: Dims, loss: str) -> Dims:
-    return replace(d, model=d.model.model_copy(update={"loss": loss}))
 
 
 def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Remedy]:
@@ -229,21 +389,15 @@ def _accum_note(d: Dims, dm: Dims) -> str:
     return f"grad_accum {d.grad_accum} -> {dm.grad_accum} keeps the tokens per step"
 
 
-def budget_seconds(budget, p: GpuPlan) -> float | None:
-    """Seconds `budget` buys on `p`'s GPUs (None for a tokens budget or none)."""
-    if budget is None or budget.kind not in ("hours", "dollars"):
-        return None
-    if budget.kind == "hours":
-        return budget.hours * 3600
-    return budget.dollars / (p.gpu.price_per_hour * p.devices) * 3600
-
-
 def apply_budget(p: GpuPlan, budget, batch_tokens: int, cap: int | None = None) -> GpuPlan:
-    """`p` with its time, cost, tokens and steps those of the budget (tokens at most `cap`,
-    train.max_tokens, which ends the run first when it is reached first)."""
-    seconds = budget_seconds(budget, p)
-    if seconds is None or p.tok_s is None:  # no time budget, or nothing runs on this GPU
-        return p
+    """`p` with its time, cost, tokens and steps those of a time or money budget (tokens at
+    most `cap`, train.max_tokens, which ends the run first when it is reached first)."""
+    if p.tok_s is None or budget is None or budget.kind not in ("hours", "dollars"):
+        return p  # nothing runs on this GPU, or no time budget
+    if budget.kind == "hours":
+        seconds = budget.hours * 3600
+    else:  # dollars buy hours at this GPU's price
+        seconds = budget.dollars / (p.gpu.price_per_hour * p.devices) * 3600
     tokens = int(p.tok_s * seconds)
     if cap is not None and tokens > cap:
         tokens, seconds = cap, cap / p.tok_s

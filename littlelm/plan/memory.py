@@ -1,35 +1,26 @@
-"""The analytic memory model: bytes per category of one training step, as pure functions.
+"""The analytic memory model: bytes per category of one training step, as pure functions of a
+run's `Dims`.
 
-The trace (plan/trace.py) is the reference: it runs the real step on fake tensors. This model
-counts the same tensors with formulas where the trace would be too slow or cannot run: the
-search over micro-batch sizes and remedies, FSDP's shards, 8-bit AdamW (CUDA-only), plans with
---no-trace. tests/test_plan_memory.py holds it within 10% of the trace, category by category
-and phase by phase, over five configs; a plan scales it by the trace's peak over its own at
-the configured micro-batch (`Dims.trace_scale`), so that the two never disagree in one plan.
-
-Every formula follows what littlelm's step allocates (model/gpt.py, model/kernels.py,
-train/step.py, optim/), tensor by tensor; docs/planning.md explains each. `estimate` returns
-the categories and the peak of each phase of a step:
-
-    forward/backward  parameters + optimizer state + gradients (all of them from the second
-                      micro-batch on; only lm_head's when grad_accum = 1) + weight copies
-                      + activations + max(logits & loss, residual grad + backward temporaries)
-    optimizer step    parameters + optimizer state + gradients + optimizer scratch
-
-Attention is FlashAttention's, as a GPU runs it (and as the trace stands it in): it keeps a
-log-sum-exp per head and row, and its backward has an fp32 dq accumulator. The elementwise ops
-are the hand-written ones (model/kernels.py), whose tensors CUDA's fused F.rms_norm and autograd
-versions keep too. Not modelled: FP8 linears (planned as bf16, an upper bound) and
-torch.compile (planned as eager).
+The trace (plan/trace.py) is the reference. These formulas count the same tensors where the
+trace would be too slow or cannot run: the search over micro-batch sizes and remedies, FSDP's
+shards, 8-bit AdamW (CUDA-only), --no-trace. tests/test_plan_memory.py holds them within 10% of
+the trace, category by category and phase by phase; a plan scales them by the trace's peak over
+their own (`Dims.trace_scale`), so the two never disagree in one plan. Attention is
+FlashAttention's, as a GPU runs it (and as the trace stands it in). docs/planning.md explains
+each formula; not modelled: FP8 linears (planned as bf16, an upper bound) and torch.compile.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
+import torch
+
+from littlelm.errors import ConfigError
 from littlelm.model.kernels import group_rows
-from littlelm.plan.accounting import (
+from littlelm.plan.trace import (
     ACT,
     BWD,
     COPIES,
@@ -43,7 +34,173 @@ from littlelm.plan.accounting import (
     Memory,
     block_bytes,
 )
-from littlelm.plan.shapes import Dims
+from littlelm.registry import MODELS
+
+if TYPE_CHECKING:
+    from littlelm.model.gpt import GPTConfig
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    shape: tuple[int, ...]
+    role: str  # the model's role for it (model/protocol.py ROLES)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+_TENSORS: dict[str, tuple[tuple[Param, ...], tuple[int, ...]]] = {}
+
+
+def model_tensors(m) -> tuple[tuple[Param, ...], tuple[int, ...]]:
+    """The trainable parameters of the model config `m` builds (tied ones once) and the sizes of
+    its floating buffers (the RoPE tables), from the model built on the meta device; cached per
+    config, since a plan reads the same model many times."""
+    key = m.model_dump_json()
+    if key not in _TENSORS:
+        with torch.device("meta"):
+            model = MODELS.get(m.name)(m)
+        params = tuple(Param(n, tuple(p.shape), model.role(n)) for n, p in model.named_parameters())
+        buffers = tuple(b.numel() for b in model.buffers() if b.is_floating_point())
+        _TENSORS[key] = (params, buffers)
+    return _TENSORS[key]
+
+
+@dataclass(frozen=True)
+class Dims:
+    """What the memory and speed formulas read of a run: batch, precision, optimizer, layout, and
+    the model's own parameter list. `tokens` is one micro-batch (micro_batch × seq_len)."""
+
+    model: GPTConfig
+    micro_batch: int
+    seq_len: int
+    grad_accum: int
+    bf16: bool
+    optimizer: str  # "adamw" or "muon"
+    nesterov: bool
+    params: tuple[Param, ...]
+    buffers: tuple[int, ...] = ()  # elements of each floating buffer (stored in the param dtype)
+    master_bf16: bool = False  # train.master_weights: bf16 (parameters, grads, state in bf16)
+    ns_bf16: bool = True  # Muon's Newton–Schulz in bf16 (optimizer.ns_dtype), else fp32
+    adamw_8bit: bool = False  # optimizer.adamw_8bit (bitsandbytes, CUDA only)
+    checkpointing: bool = False  # train.activation_checkpointing
+    fp8: bool = False  # model.fp8
+    stochastic_rounding: bool = False  # train.stochastic_rounding
+    world: int = 1  # processes (distributed.world_size)
+    strategy: str = "ddp"  # distributed.strategy: "ddp" or "fsdp"
+    shard_muon: bool = True  # distributed.shard_muon (ddp): Muon momentum of owned matrices only
+    shard_adamw: bool = False  # distributed.shard_adamw (ddp): ZeRO-1, AdamW moments split
+    # the trace's peak over the analytic model's at the configured micro-batch: a plan scales
+    # every analytic figure by it (plan/planner.py), so the trace stays the one reference
+    trace_scale: float = 1.0
+
+    @classmethod
+    def of(cls, cfg, micro_batch: int | None = None) -> Dims:
+        """From a resolved RunConfig; `micro_batch` replaces train.micro_batch_size and keeps
+        the tokens per optimizer step (grad_accum follows)."""
+        if not cfg.model.analytic_plan:
+            raise ConfigError(
+                [f"model.name: the planner knows the gpt model only, not {cfg.model.name!r}"]
+            )
+        t, oc, dc = cfg.train, cfg.optimizer, cfg.distributed
+        mb = micro_batch or t.micro_batch_size
+        seqs = (t.grad_accum or 1) * t.micro_batch_size  # sequences per device per step
+        accum = max(1, seqs // mb)
+        traits = oc.traits()
+        params, buffers = model_tensors(cfg.model)
+        return cls(
+            model=cfg.model,
+            micro_batch=mb,
+            seq_len=t.seq_len,
+            grad_accum=accum,
+            bf16=t.precision in ("bf16", "auto"),  # auto: the plan's GPUs all compute bf16
+            ns_bf16=traits.ns_dtype in ("bf16", "auto"),
+            optimizer=traits.kind,
+            nesterov=traits.nesterov,
+            params=params,
+            buffers=buffers,
+            master_bf16=t.master_weights == "bf16",
+            adamw_8bit=traits.adamw_8bit,
+            checkpointing=t.activation_checkpointing,
+            fp8=cfg.model.fp8,
+            stochastic_rounding=t.stochastic_rounding,
+            world=dc.world_size or 1,
+            strategy=dc.strategy,
+            shard_muon=dc.shard_muon,
+            shard_adamw=dc.shard_adamw,
+        )
+
+    def with_micro_batch(self, mb: int) -> Dims:
+        steps = self.micro_batch * self.grad_accum
+        return replace(self, micro_batch=mb, grad_accum=max(1, steps // mb))
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes per element of parameters, gradients and optimizer state."""
+        return 2 if self.master_bf16 else 4
+
+    @property
+    def act_bytes(self) -> int:
+        """Bytes per element the matmuls compute in: bf16 under autocast, else fp32."""
+        return 2 if self.bf16 else 4
+
+    @property
+    def layer_numel(self) -> int:
+        """Parameters of one block (FSDP's unit)."""
+        blocks = sum(p.numel for p in self.params if p.name.startswith("blocks."))
+        return max(1, blocks // self.model.n_layer)
+
+    @property
+    def ns_bytes(self) -> int:
+        """Bytes per element of Muon's Newton–Schulz iterate."""
+        return 2 if self.ns_bf16 else 4
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel for p in self.params)
+
+    def numel(self, role: str) -> int:
+        return sum(p.numel for p in self.params if p.role == role)
+
+    def groups(self) -> dict[str, list[Param]]:
+        """Optimizer groups of a fresh run: one per role (growth's origins split them further,
+        but a planned run starts fresh)."""
+        out: dict[str, list[Param]] = {}
+        for p in self.params:
+            out.setdefault(p.role, []).append(p)
+        return out
+
+    def muon_param(self, p: Param) -> bool:
+        return self.optimizer == "muon" and p.role == "matrix"
+
+    @property
+    def ddp_ranks(self) -> int:
+        """Ranks of a ddp run (1 for one process or fsdp, whose sharding memory.fsdp_peak models)."""
+        return self.world if self.strategy == "ddp" else 1
+
+    def muon_owned(self, count: int) -> int:
+        """Matrices of a Muon bucket of `count` that rank 0 (which owns the most) steps."""
+        if self.ddp_ranks > 1 and self.shard_muon:
+            return -(-count // self.ddp_ranks)
+        return count
+
+    def muon_buckets(self) -> list[tuple[tuple[int, ...], int]]:
+        """(shape, count) of each Muon bucket: same-shaped matrices of one optimizer group."""
+        out = []
+        for params in self.groups().values():
+            shapes: dict[tuple[int, ...], int] = {}
+            for p in params:
+                if self.muon_param(p):
+                    shapes[p.shape] = shapes.get(p.shape, 0) + 1
+            out += list(shapes.items())
+        return out
+
 
 # ----------------------------------------------------------------------------------------------
 # Static: parameters, gradients, optimizer state, weight copies
@@ -52,8 +209,9 @@ from littlelm.plan.shapes import Dims
 def parameter_bytes(d: Dims) -> int:
     """Parameters and the RoPE tables, in train.master_weights' dtype (fp32 or bf16)."""
     pb = d.param_bytes
-    weights = sum(block_bytes(pb * p.numel) for p in d.params)
-    return weights + sum(block_bytes(pb * n) for n in d.buffers)
+    return sum(block_bytes(pb * p.numel) for p in d.params) + sum(
+        block_bytes(pb * n) for n in d.buffers
+    )
 
 
 def gradient_bytes(d: Dims) -> int:
@@ -75,9 +233,8 @@ def adamw_state_bytes(d: Dims, numel: int) -> int:
 
 
 def optimizer_state_bytes(d: Dims) -> int:
-    """AdamW (or 8-bit AdamW) for its parameters; Muon: one momentum buffer per matrix in the
-    parameters' dtype. Under ddp, rank 0's share: the Muon matrices it owns (sharded Muon) and
-    1/world of every AdamW tensor (ZeRO-1); fsdp is divided in fsdp_peak."""
+    """AdamW for its parameters; Muon one momentum buffer per matrix. Under ddp, rank 0's
+    share: the Muon matrices it owns (sharded Muon), 1/world of each AdamW tensor (ZeRO-1)."""
     w = d.ddp_ranks
     total = sum(
         block_bytes(d.param_bytes * math.prod(shape)) * d.muon_owned(count)
@@ -90,34 +247,28 @@ def optimizer_state_bytes(d: Dims) -> int:
 
 
 def weight_copy_bytes(d: Dims) -> int:
-    """Weights a matmul reads in another dtype than they are stored in, kept by autograd until
-    that matmul's backward: q, k and v run as one matmul against their weights concatenated
-    (a new tensor in every precision); under bf16 autocast with fp32 master weights every
-    other block matmul weight is cast to bf16 once per forward (the autocast cache), and the
-    plain loss casts lm_head's real rows. The chunked loss's bf16 lm_head is transient (it
-    is counted with the loss). bf16 master weights need no casts."""
+    """Weights a matmul reads in another dtype or layout, kept until its backward: q, k and v's
+    weights stacked for their one matmul; under bf16 autocast with fp32 master weights every
+    other block matmul weight cast once per forward, and the plain loss's lm_head rows."""
     m, C = d.model, d.model.d_model
     qkv = (m.n_head + 2 * m.kv_heads) * m.head_dim * C
-    a = 2 if d.bf16 else 4
     # under activation checkpointing the stack is remade with its layer in the backward pass
-    total = 0 if d.checkpointing else m.n_layer * block_bytes(a * qkv)
+    total = 0 if d.checkpointing else m.n_layer * block_bytes(d.act_bytes * qkv)
     if not d.bf16 or d.master_bf16:
         return total
     attn_in = ("attn.c_q.", "attn.c_k.", "attn.c_v.")
     mats = [p for p in d.params if p.role == "matrix" and not any(k in p.name for k in attn_in)]
     total += sum(block_bytes(2 * p.numel) for p in mats)
-    if d.loss == "plain":
-        total += block_bytes(2 * m.vocab_size * C)
-    return total
+    return total + (block_bytes(2 * m.vocab_size * C) if m.loss == "plain" else 0)
 
 
 # ----------------------------------------------------------------------------------------------
-# Activations: what the forward keeps for backward
+# Activations: what the forward keeps for backward, bytes per token
 
 
 def layer_activation_bytes(d: Dims, layer: int) -> float:
-    """Bytes per token that block `layer` keeps for backward (model/gpt.py, model/kernels.py)."""
-    m, a, sb = d.model, (2 if d.bf16 else 4), d.param_bytes
+    """What block `layer` keeps for backward, per token (model/gpt.py, model/kernels.py)."""
+    m, a, sb = d.model, d.act_bytes, d.param_bytes
     C, H, Hkv = m.d_model, m.n_head, m.kv_heads
     q, kv = H * m.head_dim, Hkv * m.head_dim
     ve = m.has_value_embed(layer)
@@ -142,58 +293,49 @@ def layer_activation_bytes(d: Dims, layer: int) -> float:
 
 
 def mlp_activation_bytes(d: Dims) -> int:
-    """Per token. SwiGLU keeps both projections, SiLU's output and the product; relu² (one
-    hand-written op) keeps relu's output and its square."""
-    a, h = (2 if d.bf16 else 4), d.model.hidden
-    return 4 * a * h if d.model.mlp == "swiglu" else 2 * a * h
+    """SwiGLU keeps both projections, SiLU's output and the product; relu² (one hand-written
+    op) relu's output and its square."""
+    return (4 if d.model.mlp == "swiglu" else 2) * d.act_bytes * d.model.hidden
 
 
 def activation_bytes(d: Dims) -> int:
     """All blocks (with activation checkpointing only their inputs), plus the embedding's
     lookup and its normalised x0, norm_f, the token ids and the RoPE tables cast to bf16."""
-    m, N, sb = d.model, d.tokens, d.param_bytes
+    m, sb = d.model, d.param_bytes
     if d.checkpointing:  # each layer keeps only its input; the last layer's output too
         per_token = m.n_layer * sb * m.d_model
     else:
         per_token = sum(layer_activation_bytes(d, i) for i in range(m.n_layer))
     per_token += 2 * sb * m.d_model + 2 * 4 + 8 * 2  # lookup, x0, 2 norms' 1/rms, ids
-    if d.loss == "plain":
-        per_token += (2 if d.bf16 else 4) * m.d_model  # norm_f's output, kept by lm_head
+    if m.loss == "plain":
+        per_token += d.act_bytes * m.d_model  # norm_f's output, kept by lm_head
     casts = d.bf16 and not d.master_bf16
     rope = 2 * block_bytes(2 * d.seq_len * m.head_dim) if casts else 0
-    return int(per_token * N) + rope
+    return int(per_token * d.tokens) + rope
 
 
 # ----------------------------------------------------------------------------------------------
 # The loss: logits, softcap, log-softmax, and their gradients
 
+BLOCK_SCALAR = 512  # a 0-d or tiny tensor takes one allocator block
+
 
 def loss_stage_bytes(d: Dims) -> dict[str, float]:
     """Live bytes of the loss's own tensors at each of its expensive moments (model/kernels.py)."""
-    return plain_loss_stages(d) if d.loss == "plain" else chunked_loss_stages(d)
+    return plain_loss_stages(d) if d.model.loss == "plain" else chunked_loss_stages(d)
 
 
 def chunked_loss_stages(d: Dims) -> dict[str, float]:
-    """The chunked loss (model/kernels.py) makes, during the forward pass, each chunk's logits
-    and their gradient, written into a buffer (matmul dtype) shared by a group of chunks
-    (group_rows); at a group's end one product makes d(x) for its rows (into the (N, C)
-    d(x)) and one makes its (V, C) share of d(lm_head), which is summed in fp32. Beside the
-    rows' tensors (mask, scale, d(x)) and the buffer, three moments:
-
-    - inside a chunk of n rows: the matmul's output, its fp32 copy and (soft cap) the copy's
-      sigmoid scaled anew; in fp32 the copy is the output itself, and the chunk's small
-      per-row tensors (targets, gathers, sums) are alive beside its fp32 rows. d(lm_head)
-      exists only from the end of the first group on;
-    - a group's end: the (V, C) product in the matmul dtype beside its fp32 sum (the first
-      group's cast, or the running sum of the earlier groups; in fp32 the first product is
-      the sum itself);
-    - the loss's backward: d(x) and d(lm_head) scaled by the incoming gradient (the latter
-      into a zero-padded tensor of lm_head's dtype when padded rows or dtypes differ)."""
-    m, N, a = d.model, d.tokens, (2 if d.bf16 else 4)
+    """The chunked loss makes each chunk's logits and their gradient in the forward pass, into a
+    buffer shared by a group of chunks (`group_rows`); at a group's end one product makes d(x)
+    for its rows and one its (V, C) share of d(lm_head), summed in fp32. Beside the rows'
+    tensors (mask, scale, d(x)) and the buffer: inside a chunk (its output, the fp32 copy and
+    with a soft cap the capped copy; d(lm_head) from the first group's end on), a group's end
+    (the product beside its fp32 sum), and the loss's backward (d(x), d(lm_head) scaled)."""
+    m, N, a = d.model, d.tokens, d.act_bytes
     C, V, Vp = m.d_model, m.vocab_size, m.padded_vocab
     n = min(d.model.loss_chunk, N)
-    rows = block_bytes(N) + block_bytes(4 * N) + block_bytes(a * N * C)  # mask, scale, d(x)
-    rows += BLOCK_SCALAR  # the running loss sum
+    rows = block_bytes(N) + block_bytes(4 * N) + block_bytes(a * N * C) + BLOCK_SCALAR
     dw = block_bytes(4 * V * C)
     group = min(group_rows(N, n, V, a), N)
     buf = block_bytes(a * group * V)
@@ -202,12 +344,11 @@ def chunked_loss_stages(d: Dims) -> dict[str, float]:
     logits_copy = block_bytes(a * n * V) if a != 4 else 0  # the matmul output, before .float()
     small = block_bytes(8 * n) + 6 * block_bytes(4 * n) + BLOCK_SCALAR  # per-row tensors
     chunk = fp32_rows * block_bytes(4 * n * V) + max(logits_copy, small)
-    product = block_bytes(a * V * C)
-    running = dw if (a != 4 or many_groups) else 0
-    padded = Vp != V or d.param_bytes != 4
+    running = dw if (a != 4 or many_groups) else 0  # in fp32 the first product is the sum
+    padded = Vp != V or d.param_bytes != 4  # d(lm_head) into a zero-padded tensor of its dtype
     return {
         "chunk": rows + buf + chunk + (dw if many_groups else 0),
-        "group": rows + buf + product + running,
+        "group": rows + buf + block_bytes(a * V * C) + running,
         "backward": rows
         + block_bytes(a * N * C)
         + 2 * dw
@@ -215,12 +356,9 @@ def chunked_loss_stages(d: Dims) -> dict[str, float]:
     }
 
 
-BLOCK_SCALAR = 512  # a 0-d or tiny tensor takes one allocator block
-
-
 def plain_loss_stages(d: Dims) -> dict[str, float]:
-    """The plain loss: lm_head over the real rows, its fp32 copy, the soft cap (tanh keeps
-    its output), log-softmax (keeps its output), and their gradients in the backward."""
+    """lm_head over the real rows, its fp32 copy, the soft cap (tanh keeps its output),
+    log-softmax (keeps its output), and their gradients in the backward."""
     m, N = d.model, d.tokens
     C, V = m.d_model, m.vocab_size
     cap = m.softcap is not None
@@ -233,12 +371,8 @@ def plain_loss_stages(d: Dims) -> dict[str, float]:
         "softcap": N * (4 * V + 8 * V) if cap else 0,
         "log-softmax": N * (saved + 4 * V + (0 if cap else (logits - 4 * V))),
         "backward": N * (saved + 8 * V),
-        "lm_head backward": N * (x + (2 if d.bf16 else 4) * V) + head_grad,
+        "lm_head backward": N * (x + d.act_bytes * V) + head_grad,
     }
-
-
-def loss_bytes(d: Dims) -> int:
-    return int(max(loss_stage_bytes(d).values()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,19 +380,18 @@ def loss_bytes(d: Dims) -> int:
 
 
 def block_backward_stages(d: Dims) -> dict[str, float]:
-    """Live backward temporaries (bytes, the stream's gradients included) at the expensive
-    moments of one block's backward: the MLP's hidden gradients; q and k's gradients (side by
-    side, one tensor) through RoPE (its output beside one temporary, the swapped halves) and
-    qk-norm (one output), with v's gradient waiting beside them; and the gradients of q, k, v stacked for the one matmul,
-    with that matmul's input gradient."""
-    m, N, a, sb = d.model, d.tokens, (2 if d.bf16 else 4), d.param_bytes
+    """Live backward temporaries (the stream's gradients included) at the expensive moments of
+    one block's backward: the MLP's hidden gradients; q and k's gradient (one tensor) through
+    RoPE and qk-norm, v's beside; q, k, v's gradients stacked for the one matmul with its input
+    gradient; FlashAttention's backward (flash_api.cpp, mha_bwd)."""
+    m, N, a, sb = d.model, d.tokens, d.act_bytes, d.param_bytes
     C, q, kv, h = m.d_model, m.n_head * m.head_dim, m.kv_heads * m.head_dim, m.hidden
-    base = residual_grad_bytes(d) / N
+    # the stream's gradient, accumulated in place; with residual scalars x0's beside it
+    base = sb * C * (2 if m.residual_scalars else 1)
     mlp = (3 if m.mlp == "swiglu" else 2) * a * h
     qkv = 2 * a * (q + 2 * kv) + a * C + (sb * C if m.residual_scalars else 0)
-    # FlashAttention's backward: the output's gradient, an fp32 accumulator for dq and the
-    # softmax row sums, dq, dk and dv; under GQA dk and dv at the query heads' width first,
-    # then summed into the key/value heads' (flash_api.cpp, mha_bwd)
+    # the output's gradient, an fp32 accumulator for dq and the softmax row sums, dq, dk and dv
+    # (under GQA at the query heads' width first, then summed into the key/value heads')
     gqa = m.kv_heads != m.n_head
     flash = a * q + 4 * q + 4 * m.n_head + a * q + 2 * a * kv + (2 * a * q if gqa else 0)
     fixed = 3 * BLOCK_SCALAR + (2 * BLOCK_SCALAR if m.residual_scalars else 0)
@@ -279,80 +412,43 @@ def block_backward_stages(d: Dims) -> dict[str, float]:
         stages["mlp"] -= a * h * N
         # by the attention's backward the MLP's recomputed tensors and norm2's output are freed
         for k in ("rope and qk-norm", "attention inputs", "attention kernel"):
-            if k in stages:
-                stages[k] -= (mlp_activation_bytes(d) + a * C) * N
+            stages[k] -= (mlp_activation_bytes(d) + a * C) * N
     return {k: v + fixed for k, v in stages.items()}
-
-
-def residual_grad_bytes(d: Dims) -> int:
-    """The stream's gradient passed down the blocks (the stream's dtype). Without residual
-    scalars it accumulates in place; with them x0's gradient accumulates beside it."""
-    m = d.model
-    return d.param_bytes * m.d_model * (2 if m.residual_scalars else 1) * d.tokens
-
-
-def backward_temp_bytes(d: Dims) -> int:
-    return int(max(block_backward_stages(d).values()))
 
 
 # ----------------------------------------------------------------------------------------------
 # Optimizer step scratch
 
 
-def adamw_scratch(d: Dims, numels: list[int]) -> int:
-    """torch's fused AdamW updates each tensor in one kernel, without temporaries. The
-    stochastic-rounding AdamW (optim/lowp.py) computes each tensor's update in fp32: three
-    tensors of the largest size at once."""
-    return 3 * block_bytes(4 * max(numels)) if d.stochastic_rounding else 0
-
-
-def clip_scratch(d: Dims) -> int:
-    """Gradient clipping (train/step.py) takes one fp32 norm per tensor before the step."""
-    return (len(d.params) + 2) * block_bytes(4)  # + their stack and the total
-
-
 def muon_scratch(shape: tuple[int, int], count: int, nesterov: bool, ns_bytes: int = 2) -> int:
     """Muon on `count` same-shaped matrices: the Nesterov direction (fp32), its stack (fp32),
-    then Newton–Schulz in `ns_bytes` per element (bf16: 2, fp32: 4): x, a·x, poly·x, their sum
-    and two Gram-sized matrices."""
+    then Newton–Schulz in `ns_bytes` per element: x, a·x, poly·x, their sum and two Grams."""
     rows, cols = shape
-    k = count * rows * cols
-    s = min(rows, cols)
-    directions = 4 * k if nesterov else 0
-    return directions + 4 * k + 4 * ns_bytes * k + 2 * ns_bytes * count * s * s
-
-
-def sharded_exchange_bytes(
-    shape: tuple[int, ...], owned: int, world: int, ns_bytes: int = 2
-) -> int:
-    """Sharded Muon under ddp: the updates of the owned matrices (in the Newton–Schulz dtype)
-    and the all-gather of every rank's (world x owned matrices)."""
-    return ns_bytes * (world + 1) * owned * math.prod(shape)
-
-
-def zero1_gather_bytes(d: Dims) -> int:
-    """ZeRO-1 AdamW: this rank's flat slices and the all-gather of every rank's (fp32)."""
-    w = d.ddp_ranks
-    slices = sum(-(-p.numel // w) for p in d.params if not d.muon_param(p))
-    return 4 * (w + 1) * slices
+    k, s = count * rows * cols, min(rows, cols)
+    return (4 * k if nesterov else 0) + 4 * k + 4 * ns_bytes * k + 2 * ns_bytes * count * s * s
 
 
 def optimizer_scratch_bytes(d: Dims) -> int:
-    peak = clip_scratch(d)
+    """The largest temporaries of clipping (one fp32 norm per tensor, their stack and total) and
+    of `optimizer.step()`: fused AdamW none, the stochastic-rounding AdamW (optim/lowp.py) three
+    fp32 tensors of the largest size; Muon's per bucket, plus under sharded Muon the owned
+    updates and their all-gather; ZeRO-1's slices and their fp32 all-gather."""
+    peak = (len(d.params) + 2) * block_bytes(4)
     w = d.ddp_ranks
     for params in d.groups().values():
         adam = [p.numel for p in params if not d.muon_param(p)]
-        if adam:
-            numels = [-(-n // w) for n in adam] if d.shard_adamw else adam
-            peak = max(peak, adamw_scratch(d, numels))
+        if adam and d.stochastic_rounding:
+            largest = max(adam)
+            peak = max(peak, 3 * block_bytes(4 * (-(-largest // w) if d.shard_adamw else largest)))
     for shape, count in d.muon_buckets():
         owned = d.muon_owned(count)
         need = muon_scratch(shape, owned, d.nesterov, d.ns_bytes)  # type: ignore[arg-type]
         if owned < count:
-            need += sharded_exchange_bytes(shape, owned, w, d.ns_bytes)
+            need += d.ns_bytes * (w + 1) * owned * math.prod(shape)
         peak = max(peak, need)
     if d.shard_adamw and w > 1:
-        peak = max(peak, zero1_gather_bytes(d))
+        slices = sum(-(-p.numel // w) for p in d.params if not d.muon_param(p))
+        peak = max(peak, 4 * (w + 1) * slices)
     return peak
 
 
@@ -368,8 +464,8 @@ def estimate(d: Dims) -> Memory:
         STATE: optimizer_state_bytes(d),
         COPIES: weight_copy_bytes(d),
         ACT: activation_bytes(d),
-        LOSS: loss_bytes(d),
-        BWD: backward_temp_bytes(d),
+        LOSS: int(max(loss_stage_bytes(d).values())),
+        BWD: int(max(block_backward_stages(d).values())),
         SCRATCH: optimizer_scratch_bytes(d),
     }
     f = d.trace_scale
@@ -383,14 +479,12 @@ def estimate(d: Dims) -> Memory:
 
 
 def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
-    """What is alive at the peak of each phase, by category (the sum is the phase's peak).
-
-    The forward/backward peak is the largest of three moments: the loss (every activation
-    alive; the chunked loss peaks inside the forward pass, before any gradient of this
-    micro-batch), the top block's backward (each of its stages), and (grad_accum = 1, where
-    gradients appear during backward) the bottom block's, with nearly every gradient made and
-    nearly every activation freed."""
-    m, N, L, a = d.model, d.tokens, d.model.n_layer, (2 if d.bf16 else 4)
+    """What is alive at the peak of each phase, by category. The forward/backward peak is the
+    largest of: the loss (every activation alive; the chunked loss peaks inside the forward,
+    before any gradient of this micro-batch), each stage of the top block's backward, and the
+    bottom block's (grad_accum = 1: nearly every gradient made, nearly every activation freed).
+    The optimizer step: parameters, state, gradients and scratch."""
+    m, N, L, a = d.model, d.tokens, d.model.n_layer, d.act_bytes
     kept = {PARAMS: c[PARAMS], STATE: c[STATE]}
     head_grad = block_bytes(d.param_bytes * m.padded_vocab * m.d_model)
     if d.checkpointing:
@@ -406,15 +500,15 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
         embeds = sum(block_bytes(4 * p.numel) for p in d.params if p.role.endswith("embedding"))
         grads_top, grads_bottom = head_grad, c[GRADS] - embeds
     loss = {**kept, COPIES: c[COPIES], ACT: c[ACT], LOSS: c[LOSS]}
-    if d.loss == "plain":
+    if m.loss == "plain":
         loss[GRADS] = grads_top
     else:  # norm_f's output and lm_head cast for the chunks are alive beside the loss
         loss[ACT] += block_bytes(a * N * m.d_model)
         if d.bf16 and not d.master_bf16:
             loss[COPIES] += block_bytes(2 * m.vocab_size * m.d_model)
         loss[GRADS] = c[GRADS] if accumulating else 0
-    # the top block's backward, at each of its moments: by the attention's, its MLP's
-    # tensors and norm2's output are freed (with checkpointing the stages count that already)
+    # by the top block's attention backward its MLP's tensors and norm2's output are freed
+    # (with checkpointing the stages count that already)
     freed = 0 if d.checkpointing else (mlp_activation_bytes(d) + a * m.d_model) * N
     top = [
         {
@@ -426,75 +520,51 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
         }
         for stage, temps in block_backward_stages(d).items()
     ]
-    moments = [
-        loss,
-        *top,
-        {
-            **kept,
-            COPIES: c[COPIES] // L if d.bf16 else 0,
-            ACT: c[ACT] - sum(layer) + layer[0],
-            GRADS: grads_bottom,
-            BWD: c[BWD],
-        },
-    ]
+    bottom = {
+        **kept,
+        COPIES: c[COPIES] // L if d.bf16 else 0,
+        ACT: c[ACT] - sum(layer) + layer[0],
+        GRADS: grads_bottom,
+        BWD: c[BWD],
+    }
     return {
-        FB: max(moments, key=lambda x: sum(x.values())),
+        FB: max([loss, *top, bottom], key=lambda x: sum(x.values())),
         OPT: {**kept, GRADS: c[GRADS], SCRATCH: c[SCRATCH]},
     }
 
 
-def resume_device_bytes(e: Memory) -> int:
-    """GPU memory while resuming. load_checkpoint reads the checkpoint into host RAM, then
-    load_state_dict copies the optimizer state to the GPU one tensor at a time (same dtype, so
-    no cast temporaries): the GPU holds the weights and one copy of the state, below the step's
-    peak. A loader that mapped the checkpoint straight to the GPU would hold the state twice."""
+def checkpoint_bytes(e: Memory) -> int:
+    """Weights + optimizer state: what a resume holds on the GPU (load_checkpoint copies the
+    state one tensor at a time, below the step's peak) and maps in host RAM once per node."""
     return e.categories[PARAMS] + e.categories[STATE]
 
 
-def resume_host_bytes(e: Memory, d: Dims, ranks_per_node: int = 1) -> tuple[int, int]:
-    """Host RAM of one node while resuming: (page cache, private memory of all its ranks).
-    load_checkpoint memory-maps the checkpoint (weights + optimizer state): its pages sit in
-    the page cache once per node whatever the number of ranks (they map the same files), and
-    the kernel can drop them under pressure; each rank owns only the tensor it is copying to
-    its GPU (the largest: the embedding or lm_head in fp32). Measured on the CPU at 100M
-    parameters: peak RSS per rank 0.49x at 2 ranks (0.56x at 1) of reading the whole
-    checkpoint into each rank (benchmarks/resume_memory.py --phase resume)."""
-    largest = max((p.numel for p in d.params), default=0) * 4
-    return e.categories[PARAMS] + e.categories[STATE], largest * ranks_per_node
-
-
 # ----------------------------------------------------------------------------------------------
-# FSDP (train/model_parallel.py; docs/distributed.md has the formulas). DDP needs nothing here:
-# its gradients live in the all-reduce buckets (`gradient_as_bucket_view=True`), and sharded
-# Muon and ZeRO-1 are in optimizer_state_bytes through `Dims.ddp_ranks`. FSDP2 (`fully_shard`
-# per block, bf16 `param_dtype`, reshard after forward) keeps 1/N of the parameters, gradients
-# and optimizer state per GPU, and gathers the units it is working on: the current one and the
-# prefetched next (bf16 weights, gradients in the parameters' dtype before their reduce-scatter).
-
-
-def layer_param_numel(d: Dims) -> int:
-    blocks = [p for p in d.params if p.name.startswith("blocks.")]
-    return max(1, sum(p.numel for p in blocks) // d.model.n_layer)
+# FSDP2 (train/model_parallel.py; docs/distributed.md): `fully_shard` per block, bf16
+# `param_dtype`, reshard after forward, keeps 1/N of the parameters, gradients and optimizer
+# state per GPU and gathers the unit it works on and the prefetched next (bf16 weights, and
+# gradients in the parameters' dtype before their reduce-scatter). DDP needs nothing here: its
+# gradients live in the buckets (`gradient_as_bucket_view=True`), and sharded Muon and ZeRO-1
+# are in the formulas above through `Dims.ddp_ranks`.
 
 
 def fsdp_categories(d: Dims, shards: int) -> dict[str, int]:
-    """Bytes per category on one GPU under FSDP over `shards` GPUs: parameters, gradients,
-    optimizer state and scratch split, the two gathered units counted as weight copies."""
+    """Bytes per category on one GPU under FSDP over `shards` GPUs, the gathered units counted
+    as weight copies."""
     c = dict(estimate(replace(d, strategy="fsdp", world=shards)).categories)
     for k in (PARAMS, GRADS, STATE, SCRATCH):
         c[k] //= shards
-    c[COPIES] += 2 * layer_param_numel(d) * (2 + d.param_bytes)
+    c[COPIES] += 2 * d.layer_numel * (2 + d.param_bytes)
     return c
 
 
 def fsdp_peak(d: Dims, shards: int) -> int:
-    """Peak tensor bytes per GPU under FSDP over `shards` GPUs (each runs its own micro-batch):
-    the sharded state, the two gathered units, and lm_head gathered while the loss runs (the
-    weights are gathered in bf16, so autocast makes no copies of them)."""
+    """Peak tensor bytes per GPU: the sharded state, the two gathered units, and lm_head
+    gathered while the loss runs (in bf16, so autocast makes no copies of it)."""
     c = estimate(replace(d, strategy="fsdp", world=shards)).categories
     sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards
     per = 2 + d.param_bytes  # bf16 weights gathered + gradients (the parameters' dtype)
-    gathered = 2 * layer_param_numel(d) * per
+    gathered = 2 * d.layer_numel * per
     head = d.model.padded_vocab * d.model.d_model * per
     forward_backward = sharded + gathered + c[ACT] + max(c[LOSS] + head, c[BWD] + gathered)
     return max(forward_backward, sharded + c[SCRATCH] // shards)

@@ -1,15 +1,19 @@
-"""The plan as rich tables for a terminal, or as one JSON object (`--json`)."""
+"""The plan and bench results as rich tables for a terminal, as one JSON object (`--json`), or
+as a chart (`--chart OUT.png`)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from littlelm.plan.accounting import CATEGORIES, FB, OPT
+from littlelm.errors import LittleLMError
+from littlelm.plan import trace as cat
 from littlelm.plan.cost import GIB, GpuPlan
 from littlelm.plan.planner import Plan
+from littlelm.plan.trace import CATEGORIES, FB, OPT
 from littlelm.progress import human
 
 
@@ -29,6 +33,14 @@ def duration(hours: float) -> str:
     if hours < 48:
         return f"{hours:.1f} h"
     return f"{hours / 24:.1f} d"
+
+
+def table(title: str, *columns: str, left: int = 1) -> Table:
+    """A table titled on the left; its first `left` columns are text, the rest numbers."""
+    t = Table(title=title, title_justify="left")
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i < left else "right")
+    return t
 
 
 def print_plan(plan: Plan, console: Console | None = None, detail: bool = False) -> None:
@@ -107,18 +119,13 @@ def resume_line(plan: Plan) -> str:
 
 def local_table(plan: Plan) -> Table:
     lp = plan.local
-    t = Table(title=f"this machine: {lp.device}, {lp.precision}", title_justify="left")
-    for col in ("tokens/s", "step (s)", "GEMMs", "attention", "elementwise", "optimizer"):
-        t.add_column(col, justify="right")
-    t.add_column("process memory", justify="right")
-    t.add_column("time", justify="right")
+    kinds = ("GEMMs", "attention", "elementwise", "optimizer")
+    title = f"this machine: {lp.device}, {lp.precision}"
+    t = table(title, "tokens/s", "step (s)", *kinds, "process memory", "time", left=0)
     t.add_row(
         f"{lp.tok_s:,.0f}",
         f"{sum(lp.parts.values()):.3f}",
-        *(
-            f"{lp.parts.get(k, 0.0):.3f}"
-            for k in ("GEMMs", "attention", "elementwise", "optimizer")
-        ),
+        *(f"{lp.parts.get(k, 0.0):.3f}" for k in kinds),
         f"{gib(lp.process_peak / GIB)} GiB",
         duration(lp.hours),
     )
@@ -152,12 +159,8 @@ def memory_table(plan: Plan) -> Table:
     """The plan's memory by category beside the trace and the analytic model of the same step
     (unscaled), with their ratio: the check that the formulas describe the code."""
     e, an, tr = plan.memory, plan.analytic, plan.trace
-    t = Table(
-        title=f"memory per GPU at micro-batch {plan.dims.micro_batch} (GiB)",
-        title_justify="left",
-    )
-    for col in ("category", "plan", "trace", "analytic", "trace / analytic"):
-        t.add_column(col, justify="left" if col == "category" else "right")
+    title = f"memory per GPU at micro-batch {plan.dims.micro_batch} (GiB)"
+    t = table(title, "category", "plan", "trace", "analytic", "trace / analytic")
     check = plan.trace_check()
     for k in CATEGORIES:
         traced = gib(tr.categories[k] / GIB) if tr else "-"
@@ -187,18 +190,11 @@ def _ratio(r: float | None) -> str:
 
 def gpu_table(plan: Plan) -> Table:
     runs = [p for p in plan.gpus if p.tok_s is not None]
-    t = Table(title="GPUs that can run it, cheapest per token first", title_justify="left")
-    for col, right in (
-        ("GPU", False),
-        ("needs / has (GiB)", True),
-        ("micro-batch (accum)", True),
-        ("tokens/s", True),
-        ("MFU", True),
-        ("time", True),
-        ("cost", True),
-        ("$/B tokens", True),
-    ):
-        t.add_column(col, justify="right" if right else "left")
+    t = table(
+        "GPUs that can run it, cheapest per token first",
+        *("GPU", "needs / has (GiB)", "micro-batch (accum)", "tokens/s", "MFU", "time", "cost"),
+        "$/B tokens",
+    )
     bought = bool(runs) and runs[0].budget_tokens is not None
     if bought:  # a time or money budget: what it buys on each GPU
         t.add_column("budget buys (tokens / steps)", justify="right")
@@ -310,3 +306,166 @@ def _gpu_json(p: GpuPlan) -> dict:
         "remedies": [r.__dict__ for r in p.remedies],
         "measured": p.measured,
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# bench's report
+
+
+def comparison_rows(r: dict) -> list[tuple[str, float | None, float | None, str]]:
+    """(what, measured, predicted, unit) rows."""
+    g = GIB
+    if r["kind"] == "cuda":
+        rows = [
+            ("peak allocated", r["peak_allocated"] / g, r["predicted_allocated"] / g, "GiB"),
+            ("peak reserved", r["peak_reserved"] / g, r["predicted_reserved"] / g, "GiB"),
+            ("outside PyTorch (context)", r["outside_pytorch"] / g, None, "GiB"),
+        ]
+    else:
+        peak, rss, predicted = r.get("peak_tensor"), r["peak_rss"], r.get("predicted_rss")
+        rows = [
+            ("peak tensor memory", peak and peak / g, r["predicted_tensor_peak"] / g, "GiB"),
+            ("peak RSS", rss and rss / g, predicted and predicted / g, "GiB"),
+            ("host RAM for a resume", None, r["predicted_host_resume"] / g, "GiB"),
+        ]
+    rows.append(("tokens/s", r["tok_s"], r.get("predicted_tok_s"), ""))
+    rows.append(("MFU", r["mfu"], None, ""))
+    return rows
+
+
+def print_bench(r: dict) -> None:
+    title = (
+        f"bench on {r['device']}: {r['steps']} steps with a save and a resume "
+        f"(to step {r['resumed_to_step']}), {r['wall_s']:.1f} s"
+    )
+    t = table(title, "", "measured", "predicted", "measured / predicted")
+    for name, meas, pred, unit in comparison_rows(r):
+        ratio = f"{meas / pred:.3f}" if meas is not None and pred else "-"
+        t.add_row(name, _fmt(meas, unit), _fmt(pred, unit), ratio)
+    console = Console(width=120)
+    console.print(t)
+    if r["kind"] == "cpu":
+        console.print(
+            "  predicted tensor peak: the plan's trace (CPU kernels). "
+            + (
+                "peak RSS covers the bench window."
+                if r["rss_peak_is_window"]
+                else "peak RSS is the process's lifetime peak (could not reset it)."
+            )
+        )
+    console.print(
+        f"  stored: {r['stored']} (plan calibrates its speed on this device with it: "
+        f"measured step time = {r.get('speed_ratio') or float('nan'):.2f} x the step model's)"
+    )
+
+
+def _fmt(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    if unit == "GiB":
+        return f"{x:.3f} GiB"
+    if x < 1:
+        return f"{x:.1%}"
+    return f"{x:,.0f}"
+
+
+# ----------------------------------------------------------------------------------------------
+# --chart
+
+# each segment's colour: its index in the run reports' PALETTE (littlelm/report/plots.py)
+SEGMENTS = (cat.PARAMS, cat.ACT, cat.STATE, cat.GRADS, cat.COPIES, cat.LOSS, cat.BWD, cat.SCRATCH)
+SEGMENTS += ("CUDA context & workspaces", "allocator margin")
+
+
+def memory_segments(plan: Plan, gpu_index: int) -> dict[str, float]:
+    """GiB per segment of one GPU's bar: what is alive at the peak, then margin and context."""
+    p = plan.gpus[gpu_index]
+    seg = {k: v / GIB for k, v in plan.memory.peak_breakdown().items() if v}
+    seg["allocator margin"] = p.lines["allocator margin"]
+    seg["CUDA context & workspaces"] = p.lines["CUDA context & workspaces"]
+    for extra in ("DDP gradient buckets", "resume spike"):
+        if p.lines.get(extra):
+            seg[extra] = p.lines[extra]
+    return seg
+
+
+def plan_chart(plan: Plan, out: str | Path) -> Path:
+    """Memory by category on each GPU against its capacity, and dollars per billion tokens,
+    drawn with the run reports' helpers (littlelm/report/plots.py: object API, Agg canvas)."""
+    from littlelm.report.plots import new_figure, save_png
+
+    fig = new_figure(1, 2, width=12, row_height=0.45 * len(plan.gpus) + 1.6)
+    ax_mem, ax_cost = fig.subplots(1, 2, sharey=True, width_ratios=(3, 2))
+    names = [p.gpu.name for p in plan.gpus]
+    ys = list(range(len(names)))[::-1]
+    _memory_panel(ax_mem, plan, ys)
+    _cost_panel(ax_cost, plan, ys)
+    ax_mem.set_yticks(ys, names)
+    fig.suptitle(
+        f"{plan.cfg.run.name}: {plan.dims.n_params / 1e9:.3g}B parameters, micro-batch "
+        f"{plan.dims.micro_batch} x {plan.dims.seq_len}, {plan.tokens / 1e9:.3g}B tokens"
+    )
+    try:
+        return save_png(fig, out)
+    except OSError as e:
+        raise LittleLMError(f"cannot write the chart to {out}: {e}") from None
+
+
+def _memory_panel(ax, plan: Plan, ys: list[int]) -> None:
+    from littlelm.report.plots import PALETTE
+
+    labelled = set()
+    for i, y in enumerate(ys):
+        left = 0.0
+        for name, gib in memory_segments(plan, i).items():
+            label = name if name not in labelled else None
+            labelled.add(name)
+            color = PALETTE[SEGMENTS.index(name)] if name in SEGMENTS else "#444444"
+            ax.barh(y, gib, left=left, color=color, label=label)
+            left += gib
+        cap = plan.gpus[i].gpu.memory_gib
+        ax.plot([cap, cap], [y - 0.45, y + 0.45], color="black", linewidth=2.5)
+    ax.plot([], [], color="black", linewidth=2.5, label="GPU memory")
+    ax.set_xlabel("memory per GPU at the configured micro-batch (GiB)")
+    # outside the axes, below both panels: constrained layout makes room, clear of the x label
+    ax.figure.legend(fontsize=7, loc="outside lower center", ncols=6, frameon=False)
+    _style(ax)
+
+
+def _cost_panel(ax, plan: Plan, ys: list[int]) -> None:
+    for p, y in zip(plan.gpus, ys):
+        runs = p.dollars_per_btok is not None
+        if not runs:  # no bar: a run that cannot fit has no cost
+            ax.text(0, y, " does not fit at any micro-batch", va="center", fontsize=7)
+            continue
+        ax.barh(
+            y,
+            p.dollars_per_btok,
+            color="#2ca02c" if p.fits else "#ff7f0e",
+            hatch="" if p.fits else "//",
+            label="fits as configured" if p.fits else "fits at a smaller micro-batch",
+        )
+        note = "" if p.fits else f" at micro-batch {p.best_micro_batch}"
+        ax.text(
+            p.dollars_per_btok, y, f" ${p.dollars_per_btok:,.0f}{note}", va="center", fontsize=7
+        )
+    handles, labels = ax.get_legend_handles_labels()
+    keep = dict(zip(labels, handles))  # one entry per colour
+    if keep:
+        ax.legend(
+            keep.values(),
+            keep.keys(),
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.0, 1.0),
+            frameon=False,
+        )
+    ax.set_xlabel("USD per billion tokens (speed from the step model, plan/speed.py)")
+    _style(ax)
+
+
+def _style(ax) -> None:
+    from littlelm.report.plots import style_axes
+
+    style_axes(ax)
+    ax.grid(False, axis="y")

@@ -1,4 +1,6 @@
-"""How long one optimizer step takes: the step's work, kind by kind, over the device's rates.
+"""How long one optimizer step takes: the step's work, kind by kind, over the device's rates;
+where the rates come from (a catalog GPU's datasheet, or this CPU's probe); and what calibrates
+them (published points, benches on disk).
 
     step  = grad_accum x micro-batch + optimizer + exposed communication
     micro = sum over GEMMs and their three products (forward, input gradient, weight gradient)
@@ -6,23 +8,32 @@
             + causal attention FLOPs / attention rate
             + max(elementwise bytes / bandwidth, elementwise kernels x launch)
 
-Every GEMM of the model is listed with its shape (forward one product, backward two), so the
-shape of a run (micro-batch, sequence, width) moves the prediction through the rates measured
-at those shapes, not through one assumed MFU. `Rates` say where each figure comes from: measured
-on this machine (plan/probe.py), the catalog's datasheet times the documented ceilings
-(gpus.yaml `defaults`), or a bench measurement's ratio (plan/calibration.py).
-
-Not modelled: torch.compile's fusions (planned as eager), the overlap of host dispatch with a
-previous kernel beyond the per-kernel max, and pipeline bubbles (littlelm has no pipeline
-parallelism).
+Every GEMM is listed at its shape, so the shape of a run moves the prediction through rates
+measured at those shapes, not through one assumed MFU. Not modelled: torch.compile's fusions
+(planned as eager), host dispatch overlapping a previous kernel beyond the per-kernel max.
+docs/planning.md "Speed and cost" has the sources of every figure.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import platform
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cache
+from pathlib import Path
 
-from littlelm.plan.shapes import Dims
+import torch
+from pydantic import Field
+
+from littlelm.config import Cfg, read_yaml, to_tree
+from littlelm.data.cache import cache_root, digest
+from littlelm.model.kernels import causal_attention
+from littlelm.plan.memory import Dims
+from littlelm.schema import load_run
+from littlelm.train.device import tune_cpu_allocator
 
 # Elementwise passes of one block, in vectors of d_model (D) and of the MLP's hidden width (H)
 # read plus written per token, forward; the backward moves about twice as much (each op reads
@@ -125,16 +136,12 @@ def attention_flops(d: Dims) -> float:
     return forward * 3.5 * m.n_layer
 
 
-def act_bytes(d: Dims) -> int:
-    return 2 if d.bf16 else 4
-
-
 def elementwise_bytes(d: Dims) -> float:
     """Bytes one micro-batch moves outside GEMMs and attention: norms, residuals, RoPE,
     activation functions, the loss's softmax, autocast's weight casts and the gradient
     accumulation into the parameters' dtype."""
     m, T = d.model, d.tokens
-    es = act_bytes(d)
+    es = d.act_bytes
     qk = (m.n_head + m.kv_heads) * m.head_dim
     per_token = BLOCK_PASSES_D * m.d_model + 2 * qk  # RoPE on q and k: read + write
     if m.qk_norm:
@@ -198,7 +205,7 @@ def step_time(d: Dims, rates: Rates, devices: int = 1, recompute: float | None =
     redo = (1.0 if d.checkpointing else 0.0) if recompute is None else recompute
     gemm_s = 0.0
     for g in gemms(d):
-        es = 1 if g.fp8 else act_bytes(d)
+        es = 1 if g.fp8 else d.act_bytes
         bytes_ = es * (g.m * g.k + g.k * g.n + g.m * g.n)
         for product in PRODUCTS:
             one = max(g.flops / g.count / rates.gemm(g, product), bytes_ / bw, rates.launch)
@@ -249,3 +256,300 @@ def catalog_rates(gpu, catalog, d: Dims) -> Rates:
         interconnect=link,
         source="datasheet x ceilings (gpus.yaml defaults)",
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# This CPU's rates, measured at a run's own shapes (`plan --device cpu`, `bench` on a CPU): each
+# GEMM in its three products with the model's operand layouts, causal attention forward +
+# backward as the model lays out q/k/v, a large add, a loop of tiny ops. Each is the best of
+# calls made in rounds over all of them (`best_of_rounds`), so the shapes of a plan and of the
+# benches that calibrate it are timed through the same busy spells of a shared machine.
+
+PROBE_SECONDS = 0.25  # per measurement: the best of repeats within it
+# a best of one or two calls (the attention probe's at seq 1024) read 10-15% slow too often on a
+# shared 2-core CPU, and a bench's calibration then moved the plan of another shape by as much
+MIN_REPEATS = 5
+
+
+# The largest shape the probe times: a GEMM's and attention's rates have flattened long before
+# (the demo's shapes are 8k rows of seq 512-1024), and a plan of a billion tokens per
+# micro-batch then probes in seconds, within a few hundred MiB, not for hours or out of memory.
+PROBE_MAX_ROWS = 16384  # tokens per micro-batch
+PROBE_MAX_SEQ = 4096
+PROBE_ELEMENTS = 1 << 27  # per operand (the lm_head's output: rows x vocabulary)
+
+
+def probe_dims(d: Dims) -> Dims:
+    """The shape the probe times for `d`: its own, or capped at the sizes above."""
+    seq = min(d.seq_len, PROBE_MAX_SEQ)
+    rows = min(PROBE_MAX_ROWS, PROBE_ELEMENTS // d.model.padded_vocab)
+    mb = max(1, min(d.micro_batch, rows // seq))
+    return d if (mb, seq) == (d.micro_batch, d.seq_len) else replace(d, micro_batch=mb, seq_len=seq)
+
+
+def device_key(device: torch.device) -> str:
+    """What a measurement on this machine is filed under: the CPU model and thread count, or
+    the CUDA device's name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    return f"cpu {cpu}, {torch.get_num_threads()} threads"
+
+
+def best_of_rounds(fns: list, seconds: float | None = None) -> list[float]:
+    """The fastest call of each of `fns` (after a warm-up), timed in rounds of one call each
+    for about `seconds` apiece and at least MIN_REPEATS rounds, unless one round outlasts the
+    window. A busy spell of a shared machine (seconds) then slows one round of every
+    measurement, which the best of each skips, rather than all the repeats of a few."""
+    for fn in fns:
+        fn()  # warm-up: first-call allocations and kernel selection
+    best = [float("inf")] * len(fns)
+    budget = (PROBE_SECONDS if seconds is None else seconds) * len(fns)
+    start, rounds = time.perf_counter(), 0
+
+    def more() -> bool:
+        if rounds == 0 or time.perf_counter() - start < budget:
+            return True
+        return rounds < MIN_REPEATS and sum(best) < budget  # unless one round outlasts it
+
+    while more():
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t)
+        rounds += 1
+    return best
+
+
+def _gemm_calls(m: int, k: int, n: int, dtype: torch.dtype) -> dict[str, object]:
+    """The three products of a linear layer, with its operand layouts: x (m, k) times the
+    weight W (n, k) transposed; the input gradient dy (m, n) times W; the weight gradient
+    dy^T x."""
+    x = torch.randn(m, k, dtype=dtype)
+    w = torch.randn(n, k, dtype=dtype)
+    dy = torch.randn(m, n, dtype=dtype)
+    return {
+        "forward": lambda: torch.nn.functional.linear(x, w),
+        "input_grad": lambda: dy @ w,
+        "weight_grad": lambda: dy.t() @ x,
+    }
+
+
+def _attention_call(d: Dims, dtype: torch.dtype):
+    """Causal attention forward + backward of one layer on q, k and v laid out as the model
+    passes them: (B, H, T, D) views of (B, T, H, D) storage."""
+    m = d.model
+    B, T, D = d.micro_batch, d.seq_len, m.head_dim
+
+    def heads(n: int) -> torch.Tensor:
+        return torch.randn(B, T, n, D, dtype=dtype).transpose(1, 2).requires_grad_(True)
+
+    q, k, v = heads(m.n_head), heads(m.kv_heads), heads(m.kv_heads)
+    grad = torch.randn(B, m.n_head, T, D, dtype=dtype)
+
+    def step():
+        with torch.enable_grad():
+            causal_attention(q, k, v).backward(grad)
+
+    return step
+
+
+BANDWIDTH_ELEMENTS = 8 << 20  # fp32: 32 MiB per operand, far past the caches
+
+
+def _bandwidth_call():
+    """A large out-of-place add: two reads and one write of 32 MiB each."""
+    a, b = torch.randn(BANDWIDTH_ELEMENTS), torch.randn(BANDWIDTH_ELEMENTS)
+    out = torch.empty_like(a)
+    return lambda: torch.add(a, b, out=out)
+
+
+LAUNCH_OPS = 200  # tiny adds per launch measurement: the dispatch is all there is
+
+
+def _launch_call():
+    x = torch.zeros(4)
+    return lambda: [x.add(1.0) for _ in range(LAUNCH_OPS)]
+
+
+def measure_rates(ds: list[Dims]) -> list[Rates]:
+    """This CPU's rates at the shapes of each of `ds` (capped: `probe_dims`), timed in the same
+    rounds; a measurement two of them share is timed once. (A GPU's: `catalog_rates`.)"""
+    # malloc as the Trainer sets it: with glibc's default the first probes of a process map
+    # fresh, zeroed pages for every large tensor and read 10-100% slow (4x on attention)
+    tune_cpu_allocator()
+    calls: dict[tuple, object] = {}  # each measurement once, however many shapes need it
+    plans = []
+    for d in ds:
+        dtype = torch.bfloat16 if d.bf16 else torch.float32
+        pd = probe_dims(d)
+        keys = {}  # (m, k, n, product) of d's GEMMs -> the measurement that times it
+        for g, pg in zip(gemms(d), gemms(pd)):
+            shape = ("gemm", pg.m, pg.k, pg.n, dtype)
+            if (*shape, "forward") not in calls:
+                for product, call in _gemm_calls(pg.m, pg.k, pg.n, dtype).items():
+                    calls[(*shape, product)] = call
+            for product in PRODUCTS:
+                keys[(g.m, g.k, g.n, product)] = (*shape, product)
+        m = pd.model
+        attention = ("attention", pd.micro_batch, pd.seq_len, m.n_head, m.kv_heads, m.head_dim)
+        attention += (dtype,)
+        if attention not in calls:
+            calls[attention] = _attention_call(pd, dtype)
+        plans.append((pd, keys, attention))
+    calls[("bandwidth",)] = _bandwidth_call()
+    calls[("launch",)] = _launch_call()
+    with torch.no_grad():  # the attention call enables grad itself
+        t = dict(zip(calls, best_of_rounds(list(calls.values()))))
+    del calls  # the operands go now
+    source = f"measured here ({device_key(torch.device('cpu'))})"
+    out = []
+    for d, keys, attention in plans:
+        rate = {k: 2 * key[1] * key[2] * key[3] / t[key] for k, key in keys.items()}
+        out.append(
+            Rates(
+                matmul=max(rate.values()),
+                attention=attention_flops(d) / d.model.n_layer / t[attention],
+                bandwidth=3 * BANDWIDTH_ELEMENTS * 4 / t[("bandwidth",)],
+                launch=t[("launch",)] / LAUNCH_OPS,
+                gemm_rate=lambda g, product, rate=rate: rate[(g.m, g.k, g.n, product)],
+                source=source,
+            )
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Calibration. A GPU without a bench of its own: the published points of calibration.yaml (a run
+# file of the same model and its measured tokens/s); CUDA predictions are divided by their mean
+# ratio (predicted / measured step time). `littlelm bench` writes one record per run to
+# CACHE/bench/ (CACHE = $LITTLELM_CACHE or ~/.cache/littlelm) and the run directory; its
+# `speed_ratio` (measured / modelled step time) calibrates every run on the same GPU model or
+# machine (`device_key`), its memory the same workload (`workload_key`) and micro-batch.
+
+POINTS = Path(__file__).with_name("calibration.yaml")
+PLANS = Path(__file__).parent.parent / "configs" / "plans"
+
+
+class Point(Cfg):
+    """One published measurement."""
+
+    name: str = Field(..., description="What was measured, in a few words.")
+    config: str = Field(..., description="Run file of the same model, in configs/plans/.")
+    gpu: str = Field(..., description="Catalog key of the GPU it ran on.")
+    overrides: dict[str, float] = Field(
+        default_factory=dict, description="Catalog fields of that GPU's variant that differ."
+    )
+    devices: int = Field(1, description="Data-parallel GPUs.", ge=1)
+    recompute: float = Field(0.0, description="Fraction of the forward recomputed.", ge=0, le=1)
+    tokens_per_s_per_gpu: float = Field(..., description="Measured speed per GPU.", gt=0)
+    source: str = Field(..., description="Where the figure is published.")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    ratio: float  # predicted / measured step time (divide predictions' speed by it)
+    source: str
+
+
+def load_points(path: Path = POINTS) -> list[Point]:
+    return [Point(**p) for p in read_yaml(path).get("points") or []]
+
+
+def point_ratio(p: Point, catalog) -> float:
+    """The step model's tokens/s for the point over the measured tokens/s."""
+    cfg = load_run(PLANS / p.config, world_size=1)
+    d = replace(Dims.of(cfg), world=p.devices)
+    gpu = catalog.gpus[p.gpu].model_copy(update=p.overrides)
+    rates = catalog_rates(gpu, catalog, d)
+    st = step_time(d, rates, p.devices, p.recompute)
+    predicted = d.tokens * d.grad_accum / st.raw
+    return predicted / p.tokens_per_s_per_gpu
+
+
+@cache  # per catalog (hashed by identity)
+def cuda_calibration(catalog) -> Calibration:
+    """The mean ratio of the packaged points."""
+    points = load_points()
+    ratios = [point_ratio(p, catalog) for p in points]
+    if not ratios:
+        return Calibration(1.0, "uncalibrated ceilings")
+    mean = sum(ratios) / len(ratios)
+    names = "; ".join(f"{p.name} ({r:.2f}x)" for p, r in zip(points, ratios))
+    return Calibration(mean, f"calibrated from {names}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Bench records
+
+
+def workload_key(cfg) -> str:
+    """What MFU depends on: the model's shape and features, seq_len, precision, compile."""
+    t = cfg.train
+    return digest(
+        {
+            "model": to_tree(cfg.model),
+            "seq_len": t.seq_len,
+            "precision": "bf16" if t.precision == "auto" else t.precision,  # as plans GPUs
+            "compile": t.compile,
+        }
+    )
+
+
+def bench_dir() -> Path:
+    return cache_root() / "bench"
+
+
+def save_measurement(record: dict, run_dir: Path | None = None) -> Path:
+    """Write `record` (plus a timestamp) to the bench cache and the run directory."""
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **record}
+    stamp = record["time"].replace(":", "")
+    who = str(record.get("gpu") or record["device"])
+    name = f"{stamp}-{who}-{digest(record)[:8]}.json".replace(" ", "_").replace("/", "_")
+    path = bench_dir() / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(record, indent=1)
+    path.write_text(text)
+    if run_dir is not None:
+        with contextlib.suppress(OSError):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "bench.json").write_text(text)
+    return path
+
+
+def load_measurements(directory: Path | None = None) -> list[dict]:
+    """Every readable measurement, oldest first (unreadable files are skipped)."""
+    d = directory or bench_dir()
+    out = []
+    for f in sorted(d.glob("*.json")) if d.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError):
+            rec = json.loads(f.read_text())
+            if isinstance(rec, dict) and ("mfu" in rec or "speed_ratio" in rec):
+                out.append(rec)
+    return sorted(out, key=lambda r: str(r.get("time", "")))
+
+
+def speed_calibrations(
+    records: list[dict], gpu: str | None = None, device_key: str | None = None
+) -> list[dict]:
+    """The measurements on this GPU (catalog key) or machine (`device_key`) with a
+    `speed_ratio`, oldest first: each calibrates every workload on that device."""
+    return [
+        r
+        for r in records
+        if (r.get("speed_ratio") or 0) > 0
+        and ((gpu and r.get("gpu") == gpu) or (device_key and r.get("device_key") == device_key))
+    ]
+
+
+def measured_memory(records: list[dict], gpu: str, workload: str, micro_batch: int) -> dict | None:
+    """The newest CUDA measurement of this workload at this micro-batch on `gpu`."""
+    hits = [
+        r
+        for r in records
+        if r.get("gpu") == gpu
+        and r.get("workload") == workload
+        and r.get("micro_batch") == micro_batch
+        and r.get("peak_reserved")
+    ]
+    return hits[-1] if hits else None

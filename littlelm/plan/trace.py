@@ -1,60 +1,181 @@
-"""Trace one whole training step under FakeTensorMode and count its memory by category.
+"""The plan's one reference for memory: one whole training step traced under FakeTensorMode.
 
-The model and optimizer come from the very function training uses (`train.build.build`),
-and the step is the trainer's own `micro_step` + `apply_update`, so a new model feature is
-planned the day it exists. Everything runs on fake CPU tensors: shapes, dtypes and storages
-are real, no memory is touched, and a 3B model traces in seconds. This is the plan's reference
-for memory; the analytic model (plan/memory.py) is held to it.
+The model and optimizer come from the function training uses (`train.build.build`) and the step
+is the trainer's own `micro_step` + `apply_update`, so a new model feature is planned the day it
+exists. Shapes, dtypes and storages are real, no memory is touched, and a 3B model traces in
+seconds. In order: build; one optimizer step on zero gradients (so the state exists, as in every
+step after the first); `min(grad_accum, 2)` micro-batches of forward + backward; clipping, the
+optimizer step and `zero_grad`. A TorchDispatchMode (`MemoryAccountant`) counts every storage an
+op returns, rounded up to the CUDA allocator's 512-byte blocks, under the category of the
+moment, which hooks at the model's seams switch.
 
-The fake `cuda` device does not survive backward on a CPU-only PyTorch, so the step runs the
-CPU backend's kernels. For a GPU's plan (`gpu=True`) attention is FlashAttention's footprint
-instead of the CPU's blocked kernel: the tensors SDPA's flash kernel returns, keeps and makes
-in its backward (`flash_footprint`), without its arithmetic. With `gpu=False` the trace is the
-CPU step exactly (`littlelm bench` on a CPU measures it to 0.01%).
-
-What is traced, in order:
-1. build the model and optimizer; give every parameter a zero gradient and take one optimizer
-   step, so the optimizer state exists as it does in every step after the first;
-2. `min(grad_accum, 2)` micro-batches of forward + backward (the second one runs with the
-   gradients of the first alive, as micro-batches 2..N of a real step do);
-3. gradient clipping, the optimizer step and `zero_grad`.
-
-The accountant labels each storage: parameters, optimizer state, weight copies (autocast's
-bf16 copies of weights), activations (what the blocks keep for backward), logits & loss (the
-loss's tensors, forward and backward), backward temporaries, gradients, optimizer scratch.
+Fake `cuda` tensors do not survive backward on a CPU-only PyTorch, so the step runs the cpu
+backend's kernels; for a GPU's plan (`gpu=True`) attention is FlashAttention's footprint instead
+of the CPU's blocked kernel. With `gpu=False` the trace is the CPU step exactly (bench on a CPU
+measures it to 0.01%). The analytic model (plan/memory.py) is held to this trace.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
-from dataclasses import replace
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from littlelm.model import kernels
-from littlelm.plan import memory as mem
-from littlelm.plan.accounting import (
-    ACT,
-    BWD,
-    COPIES,
-    FB,
-    GRADS,
-    LOSS,
-    OPT,
-    PARAMS,
-    SCRATCH,
-    STATE,
-    Memory,
-    MemoryAccountant,
-)
-from littlelm.plan.shapes import Dims
-from littlelm.schema import RunConfig
 from littlelm.train.build import build
 from littlelm.train.device import autocast
 from littlelm.train.step import apply_update, micro_step
+
+# The memory categories the trace, the analytic model, bench and the report share, in table order
+PARAMS, GRADS, STATE = "parameters", "gradients", "optimizer state"
+COPIES, ACT, LOSS = "weight copies", "activations", "logits & loss"
+BWD, SCRATCH = "backward temporaries", "optimizer scratch"
+CATEGORIES = (PARAMS, GRADS, STATE, COPIES, ACT, LOSS, BWD, SCRATCH)
+FB, OPT = "forward/backward", "optimizer step"  # the phases of a step
+WEIGHT_OPS = (torch.ops.aten._to_copy.default, torch.ops.aten.cat.default)
+BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
+
+
+def block_bytes(nbytes: int) -> int:
+    return -(-nbytes // BLOCK) * BLOCK if nbytes else 0
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Tensor memory of one step on one device: bytes per category (each at its own largest)
+    and, per phase, what is alive at that phase's peak by category."""
+
+    categories: dict[str, int]
+    breakdowns: dict[str, dict[str, int]]  # phase -> category -> bytes at the phase's peak
+    source: str  # where the figures come from, in words
+    seconds: float = 0.0  # how long the trace took
+
+    @property
+    def phases(self) -> dict[str, int]:
+        return {k: sum(v.values()) for k, v in self.breakdowns.items()}
+
+    @property
+    def peak_phase(self) -> str:
+        phases = self.phases
+        return max(phases, key=phases.get)
+
+    @property
+    def peak(self) -> int:
+        return self.phases[self.peak_phase]
+
+    def peak_breakdown(self) -> dict[str, int]:
+        return self.breakdowns[self.peak_phase]
+
+
+@dataclass
+class Snapshot:
+    total: int = 0
+    by_category: dict[str, int] = field(default_factory=dict)
+
+
+class MemoryAccountant(TorchDispatchMode):
+    """Live tensor storages by category, on real tensors (bench on a CPU) or fake ones. A new
+    storage is counted under `region` and uncounted when freed (a weakref callback); `peaks`
+    keeps the breakdown at each `phase`'s peak, `marks` named snapshots, `maxima` the highest
+    each category reached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.region = self.phase = "other"
+        self.live: dict[int, tuple[int, str]] = {}  # id(storage) -> (bytes, category)
+        self.total = 0
+        self.peak = Snapshot()
+        self.peaks: dict[str, Snapshot] = {}
+        self.marks: dict[str, Snapshot] = {}
+        self.maxima: Counter[str] = Counter()
+        self.param_storages: set[int] = set()
+        self._cat: Counter[str] = Counter()  # live bytes per category now
+        self._refs: dict[int, weakref.ref] = {}
+
+    def track(self, t: torch.Tensor, category: str) -> None:
+        """Count `t`'s storage under `category` (no-op when it is already counted)."""
+        st = t.untyped_storage()
+        key = id(st)
+        if key in self.live:
+            return
+        nbytes = block_bytes(st.nbytes())
+        self.live[key] = (nbytes, category)
+        self._refs[key] = weakref.ref(st, lambda _, key=key: self._free(key))
+        self._add(category, nbytes)
+
+    def relabel(self, t: torch.Tensor, category: str) -> None:
+        key = id(t.untyped_storage())
+        if key not in self.live:
+            self.track(t, category)
+        else:
+            self.relabel_key(key, category)
+
+    def relabel_key(self, key: int, category: str) -> None:
+        nbytes, old = self.live[key]
+        if old != category:
+            self.live[key] = (nbytes, category)
+            self._cat[old] -= nbytes
+            self._add(category, nbytes, count_total=False)
+
+    def _add(self, category: str, nbytes: int, count_total: bool = True) -> None:
+        self._cat[category] += nbytes
+        self.maxima[category] = max(self.maxima[category], self._cat[category])
+        self.total += nbytes if count_total else 0
+        if self.total > self.peak.total:
+            self.peak = self.snapshot()
+        best = self.peaks.get(self.phase)
+        if best is None or self.total > best.total:
+            self.peaks[self.phase] = self.snapshot()
+
+    def _free(self, key: int) -> None:
+        entry = self.live.pop(key, None)
+        self._refs.pop(key, None)
+        if entry is not None:
+            self._cat[entry[1]] -= entry[0]
+            self.total -= entry[0]
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.total, {k: v for k, v in self._cat.items() if v})
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = self.snapshot()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        category = self.region
+        if func in WEIGHT_OPS and self._from_weights(args[0]):
+            category = COPIES  # a weight cast (autocast) or stacked (q, k, v) for a matmul
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self.track(t, category)
+        return out
+
+    def _from_weights(self, arg) -> bool:
+        """Is `arg` (a tensor, or cat's list) made of parameters or copies of them only?"""
+        tensors = arg if isinstance(arg, (list, tuple)) else [arg]
+        return bool(tensors) and all(
+            isinstance(t, torch.Tensor)
+            and (
+                id(t.untyped_storage()) in self.param_storages
+                or self.live.get(id(t.untyped_storage()), (0, ""))[1] == COPIES
+            )
+            for t in tensors
+        )
+
+    def track_params(self, params, buffers=()) -> None:
+        """Count parameters and buffers; casts of parameters become weight copies."""
+        for t in params:
+            self.param_storages.add(id(t.untyped_storage()))
+            self.track(t, PARAMS)
+        for t in buffers:
+            self.track(t, PARAMS)
 
 
 class _FlashFootprint(torch.autograd.Function):
@@ -62,14 +183,13 @@ class _FlashFootprint(torch.autograd.Function):
     tensors: the forward returns the output in (B, T, H, D) storage and keeps q, k, v, the output
     and an fp32 log-sum-exp per head and row; the backward makes an fp32 dq accumulator, the
     fp32 row sums of dO·O, dq, and dk and dv (under GQA at the query heads' width first, then
-    summed into the key/value heads'). The values are never read: only the memory is traced."""
+    summed into the key/value heads'). Nothing is computed: only the memory is traced."""
 
     @staticmethod
     def forward(ctx, q, k, v):
         B, H, T, D = q.shape
         out = q.new_empty(B, T, H, D).transpose(1, 2)
-        lse = q.new_empty(B, H, T, dtype=torch.float32)
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, out, q.new_empty(B, H, T, dtype=torch.float32))
         return out
 
     @staticmethod
@@ -92,120 +212,79 @@ class _FlashFootprint(torch.autograd.Function):
         return dq, dk, dv
 
 
-def flash_footprint(q, k, v):
-    return _FlashFootprint.apply(q, k, v)
+flash_footprint = _FlashFootprint.apply
 
 
 @contextlib.contextmanager
-def gpu_kernels(on: bool) -> Iterator[None]:
-    """The CPU backend's kernels with FlashAttention's footprint in place of the blocked
-    attention, for every backend name, while tracing a GPU's step (`on`)."""
-    saved = dict(kernels.BACKENDS)
-    if on:
+def _traceable(gpu: bool):
+    """The cpu backend's kernels, with FlashAttention's footprint for attention on every backend
+    name for a GPU's plan; and torch's foreach Adam, which reads its step counters with
+    `.item()` for the bias corrections (a fake tensor cannot answer), handed a number."""
+    import torch.optim.adam as adam
+
+    saved, real = dict(kernels.BACKENDS), adam._get_value
+    if gpu:
         standin = replace(kernels.CPU, attention=flash_footprint)
         kernels.BACKENDS.update(cpu=standin, cuda=standin)
+    adam._get_value = lambda x: 1.0 if isinstance(x, FakeTensor) else real(x)
     try:
         yield
     finally:
         kernels.BACKENDS.update(saved)
-
-
-@contextlib.contextmanager
-def fake_safe_optimizers() -> Iterator[None]:
-    """torch's foreach Adam reads its step counters with `.item()` for the bias corrections,
-    which a fake tensor cannot answer; hand it a number instead (the memory is the same)."""
-    import torch.optim.adam as adam
-
-    real = adam._get_value
-
-    def value(x):
-        return 1.0 if isinstance(x, FakeTensor) else real(x)
-
-    adam._get_value = value
-    try:
-        yield
-    finally:
         adam._get_value = real
-
-
-def populate_state(model: torch.nn.Module, optimizer) -> None:
-    """One optimizer step on zero gradients: every state tensor now exists."""
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
 
 
 def optimizer_tensors(optimizer) -> list[torch.Tensor]:
     return [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
 
-def traced_dims(d: Dims) -> Dims:
-    """The Dims of what `trace_step` actually runs (for comparing with the analytic model)."""
-    rounding = d.stochastic_rounding and d.optimizer == "muon"  # as OptimizerConfig.traceable
-    return replace(d, adamw_8bit=False, stochastic_rounding=rounding, world=1)  # one process
-
-
-def trace_step(cfg: RunConfig, micro_batch: int | None = None, gpu: bool = True) -> Memory:
+def trace_step(cfg, micro_batch: int | None = None, gpu: bool = True) -> Memory:
     """Trace one optimizer step of `cfg` (at `micro_batch` sequences per micro-batch), with a
     GPU's attention (`gpu`) or as it runs on this CPU."""
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), torch.device("cpu")
     cfg = cfg.with_precision(True)  # `auto` as on the GPU it stands in for (Dims.of does too)
-    mb = micro_batch or cfg.train.micro_batch_size
-    accum = cfg.train.grad_accum or 1
-    with FakeTensorMode(), fake_safe_optimizers(), gpu_kernels(gpu):
-        model, optimizer = build(cfg, torch.device("cpu"), traced=True)
-        populate_state(model, optimizer)
+    mb, accum = micro_batch or cfg.train.micro_batch_size, cfg.train.grad_accum or 1
+    with FakeTensorMode(), _traceable(gpu):
+        model, optimizer = build(cfg, cpu, traced=True)
+        for p in model.parameters():  # one step on zero gradients: the state exists
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         acct = MemoryAccountant()
         handles = _install_hooks(model, acct)
         try:
             with acct:
-                _run_step(cfg, model, optimizer, acct, mb, accum)
+                acct.track_params(model.parameters(), model.buffers())
+                for t in optimizer_tensors(optimizer):
+                    acct.track(t, STATE)
+                for _ in range(min(accum, 2)):  # the second with the first's gradients alive
+                    acct.phase, acct.region = FB, ACT
+                    x = torch.zeros(mb, cfg.train.seq_len, dtype=torch.long)  # (B, T) ids
+                    micro_step(model, x, x.clone(), accum, autocast(cpu, cfg.train.precision))
+                    del x
+                acct.phase, acct.region = OPT, SCRATCH
+                apply_update(model, optimizer, cfg.train.grad_clip)
+                acct.phase = acct.region = "after"
         finally:
             for h in handles:
                 h.remove()
+    at_fwd = acct.marks["end of forward"].by_category if "end of forward" in acct.marks else {}
+    categories = {k: acct.maxima[k] for k in CATEGORIES}
+    categories[COPIES], categories[ACT] = at_fwd.get(COPIES, 0), at_fwd.get(ACT, 0)
     return Memory(
-        categories=_categories(acct),
+        categories=categories,
         breakdowns={k: acct.peaks[k].by_category for k in (FB, OPT)},
         source="trace" + (" (FlashAttention's footprint)" if gpu else " (this CPU's kernels)"),
         seconds=time.perf_counter() - t0,
     )
 
 
-def _run_step(cfg: RunConfig, model, optimizer, acct: MemoryAccountant, mb: int, accum: int):
-    acct.track_params(model.parameters(), model.buffers())
-    for t in optimizer_tensors(optimizer):
-        acct.track(t, STATE)
-    T = cfg.train.seq_len
-    device = torch.device("cpu")
-    for _ in range(min(accum, 2)):
-        acct.phase, acct.region = FB, ACT
-        x = torch.zeros(mb, T, dtype=torch.long)  # (B, T) token ids
-        y = torch.zeros(mb, T, dtype=torch.long)
-        micro_step(model, x, y, accum, autocast(device, cfg.train.precision))
-        del x, y
-    acct.phase, acct.region = OPT, SCRATCH
-    apply_update(model, optimizer, cfg.train.grad_clip)
-    acct.phase, acct.region = "after", "other"
-
-
 def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:
     """Region switches at the model's seams, and gradients labelled as they land."""
-
-    def to_region(name):
-        return lambda *_: setattr(acct, "region", name)
 
     def end_of_forward(*_):
         acct.mark("end of forward")
         acct.region = LOSS  # the loss's backward comes first
-
-    def grad_landed(p):
-        acct.relabel(p.grad, GRADS)
-
-    handles = [
-        model.register_forward_hook(end_of_forward),
-        model.norm_f.register_forward_hook(to_region(LOSS)),
-    ]
 
     def blocks_backward(*_):
         # what the loss leaves alive now (the stream's gradient) is the blocks' to carry
@@ -214,36 +293,11 @@ def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:
                 acct.relabel_key(key, BWD)
         acct.region = BWD
 
-    handles.append(model.blocks[-1].register_full_backward_pre_hook(blocks_backward))
+    handles = [
+        model.register_forward_hook(end_of_forward),
+        model.norm_f.register_forward_hook(lambda *_: setattr(acct, "region", LOSS)),
+        model.blocks[-1].register_full_backward_pre_hook(blocks_backward),
+    ]
     for p in model.parameters():
-        handles.append(p.register_post_accumulate_grad_hook(grad_landed))
+        handles.append(p.register_post_accumulate_grad_hook(lambda p: acct.relabel(p.grad, GRADS)))
     return handles
-
-
-def _categories(acct: MemoryAccountant) -> dict[str, int]:
-    fwd = acct.marks.get("end of forward")
-    at_fwd = fwd.by_category if fwd else {}
-    return {
-        PARAMS: acct.maxima[PARAMS],
-        GRADS: acct.maxima[GRADS],
-        STATE: acct.maxima[STATE],
-        COPIES: at_fwd.get(COPIES, 0),
-        ACT: at_fwd.get(ACT, 0),
-        LOSS: acct.maxima[LOSS],
-        BWD: acct.maxima[BWD],
-        SCRATCH: acct.maxima[SCRATCH],
-    }
-
-
-def step_memory(cfg: RunConfig, trace: bool = True) -> tuple[Dims, Memory, Memory | None, Memory]:
-    """What one GPU holds in a step of `cfg`: (its Dims, scaled so that the analytic model meets
-    the trace at the configured micro-batch; the memory: the trace, or the scaled analytic model
-    where the trace ran a stand-in (8-bit AdamW, one process of several) or did not run; the
-    trace; the analytic model of what the trace ran, unscaled)."""
-    d = Dims.of(cfg.with_precision(True))
-    traced = trace_step(cfg) if trace else None
-    analytic = mem.estimate(traced_dims(d))
-    if traced is not None:
-        d = replace(d, trace_scale=traced.peak / analytic.peak)
-    memory = traced if traced is not None and traced_dims(d) == d else mem.estimate(d)
-    return d, memory, traced, analytic

@@ -263,7 +263,7 @@ class Sampler(Callback):
         model = trainer.model
         was_training = model.training
         model.eval()
-        with trainer.autocast():
+        with trainer.autocast:
             ids = generate(
                 model,
                 [tok.bos_id, *tok.encode(c.prompt)],

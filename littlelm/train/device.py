@@ -161,8 +161,3 @@ def tune_cpu_allocator() -> bool:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3
     return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 1 << 30))
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -1,6 +1,7 @@
 """One optimizer step, shared by the trainer and the planner's trace (plan/trace.py), so the
 planner measures exactly the step that trains: `micro_step` per micro-batch, then `grad_norm`
-(which clips) and `update`; `apply_update` is those two for callers without a loss guard.
+(which clips) and `update`; `apply_update` is those two for callers without a loss guard;
+`synchronize` ends a timed step (the trainer's, the benchmarks').
 """
 
 from __future__ import annotations
@@ -52,3 +53,9 @@ def apply_update(model: torch.nn.Module, optimizer, grad_clip: float | None) -> 
     norm = grad_norm(model.parameters(), grad_clip)
     update(optimizer)
     return norm
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so a step's time is its own."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

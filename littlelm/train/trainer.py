@@ -33,8 +33,7 @@ import torch
 from littlelm.config import flatten, to_tree
 from littlelm.data.loader import Batch, DataExhausted, Prefetcher
 from littlelm.errors import CheckpointError, TrainingError
-from littlelm.model.grow_lr import origin_multipliers
-from littlelm.optim.schedule import build_schedule
+from littlelm.optim.schedule import GroupSchedule, build_schedule
 from littlelm.progress import Progress
 from littlelm.schema import RunConfig
 from littlelm.train import device as dev
@@ -48,7 +47,7 @@ from littlelm.train.distributed import Parallel
 from littlelm.train.growth import complete_growth, grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
 from littlelm.train.signals import StopSignals
-from littlelm.train.step import grad_norm, micro_step, seed_everything, update
+from littlelm.train.step import grad_norm, micro_step, seed_everything, synchronize, update
 from littlelm.train.validation import validation_metrics
 
 
@@ -133,7 +132,12 @@ class Trainer:
         #     money budget checks it holds one step at the peak of 10 and takes the time already
         #     spent from the checkpoint of 11 (or the run's ledger); the schedule reads it
         self.state.budget = self._build_budget(resumed)
-        self.schedule = build_schedule(cfg.schedule)  # (step, progress) -> lr multiplier
+        # the lrs at (step, progress), times a grown run's factor per origin; Muon's momentum
+        origins = (cfg.grow and cfg.grow.lr_multipliers) or {}
+        momentum = cfg.optimizer.momentum_schedule()
+        self.schedule = GroupSchedule(build_schedule(cfg.schedule), origins, momentum)
+        # bf16 autocast or nothing: one context (reusable) for every step and evaluation
+        self.autocast = dev.autocast(self.device, cfg.train.precision)
         # 13. wrap: DDP and torch.compile around the finished model; checkpoints, evaluation
         #     and sampling use the bare `self.model`
         forward = self.parallel.wrap(self.model)
@@ -199,9 +203,6 @@ class Trainer:
             return self.callbacks
         fsdp = self.parallel.strategy == "fsdp"
         return [cb for cb in self.callbacks if fsdp and cb.runs_model]
-
-    def autocast(self):
-        return dev.autocast(self.device, self.cfg.train.precision)
 
     # ------------------------------------------------------------------------------------------
     # The loop
@@ -279,21 +280,21 @@ class Trainer:
             trained += t.micro_batch_size * t.seq_len if batch.trained is None else batch.trained
             x, y = (b.to(self.device, non_blocking=True) for b in (batch.x, batch.y))
             with self.parallel.no_sync(skip=i < t.grad_accum - 1):  # DDP: all-reduce on the last
-                total += micro_step(self.forward, x, y, t.grad_accum, self.autocast())
+                total += micro_step(self.forward, x, y, t.grad_accum, self.autocast)
         s.loader = batch.state
         loss = total / t.grad_accum
         # clip: measure the gradient norm (before clipping) and clip to train.grad_clip
         norm = grad_norm(self.model.parameters(), t.grad_clip)
         # the loss guard's verdict on this step's loss and norm (one host sync)
         verdict = self._judge(loss, norm)
-        # schedule: this step's learning rates (and Muon momentum)
-        lr_mult = self._set_lr()
+        # schedule: this step's learning rates (and Muon momentum) at the budget's progress
+        lr_mult = self.schedule.set(self.optimizer, s.step, s.budget.progress(s.step))
         # update, unless the guard left it out; the gradients are freed either way
         update(self.optimizer, apply=verdict is Verdict.OK)
         s.step += 1
         masked = self.data.masked  # a masked loss counts the targets it trained on (all ranks)
         s.tokens += self.parallel.total(trained, self.device) if masked else t.batch_tokens
-        dev.synchronize(self.device)
+        synchronize(self.device)  # the step's time includes the device's work
         s.train_time += time.perf_counter() - t0
         return Step(loss, norm, verdict, lr_mult)
 
@@ -309,20 +310,6 @@ class Trainer:
         else:
             value, norm_value = torch.stack([loss.float(), norm.float().to(loss.device)]).tolist()
         return guard.verdict(value, norm_value) if guard.cfg.enabled else Verdict.OK
-
-    def _set_lr(self) -> float:
-        """Set this step's learning rates (and Muon momentum); returns the multiplier."""
-        s = self.state
-        # the schedule at how far through the run this step is (the budget says)
-        mult = self.schedule(s.step, s.budget.progress(s.step))
-        # a grown run's multiplier per origin tag at this step (grow.lr_multipliers; else 1)
-        by_origin = origin_multipliers(self.cfg.grow and self.cfg.grow.lr_multipliers, s.step)
-        m = self.cfg.optimizer.momentum_at(s.step)  # None: the Muon momentum is not scheduled
-        for g in self.optimizer.param_groups:
-            g["lr"] = g["base_lr"] * mult * by_origin.get(g["origin"], 1.0)
-            if m is not None and g["kind"] == "muon":
-                g["momentum"] = m
-        return mult
 
     def _rollback(self) -> None:
         """Reload the last checkpoint; the data moves on (train/guard.py explains)."""
@@ -361,7 +348,7 @@ class Trainer:
         with s.budget.aside("eval"):  # the evaluation and its callbacks (samples) take this long
             t0 = time.perf_counter()
             m = validation_metrics(  # the whole held-out data, and each of eval.sets
-                self.model, self.data, c, self.token_bytes, self.device, self.autocast()
+                self.model, self.data, c, self.token_bytes, self.device, self.autocast
             )
             m.update(step=s.step, tokens=s.tokens, train_time=s.train_time)
             m.update(eval_time=time.perf_counter() - t0, **s.budget.figures())
