@@ -169,3 +169,62 @@ def test_bpe_training_sample_is_bounded_and_says_so(tmp_path, capsys):
     assert f"cut into {MAX_RUN}-character pieces for tokenizer training" in out
     tok = load_tokenizer(tmp_path / "ds" / "row" / "tokenizer")
     assert tok.decode(tok.encode(row[:5000])) == row[:5000]
+
+
+def test_long_documents_are_encoded_in_pieces_with_the_same_tokens(bpe, monkeypatch):
+    """Issue 36.14: a document longer than ENCODE_CHARS is encoded in pieces cut where the
+    GPT-2 split cuts anyway (a space starting a word): the tokens are the whole text's. A run
+    without whitespace is cut at ENCODE_CHARS; it still decodes to itself."""
+    import random
+
+    import littlelm.data.tokenizer as tk
+
+    rng = random.Random(0)
+    words = ["the", "fox", "  ", "\n", "x.", "(a)", "123", "it's", "\t", "naïve", "日本語"]
+    text = "".join(rng.choice(words) + rng.choice([" ", "", "  ", "\n"]) for _ in range(20_000))
+    whole = bpe.encode(text)
+    monkeypatch.setattr(tk, "ENCODE_CHARS", 2000)
+    monkeypatch.setattr(tk, "BATCH_CHARS", 9000)
+    assert bpe._cuts_safely() and len(tk.encode_pieces(text, 2000)) > 30
+    flat, lengths = bpe.encode_docs(["a short one", text, text[:5000]])
+    want = [bpe.bos_id, *bpe.encode("a short one"), bpe.bos_id, *whole]
+    want += [bpe.bos_id, *bpe.encode(text[:5000])]
+    assert flat.tolist() == want and lengths.tolist() == [
+        12,
+        len(whole) + 1,
+        len(want) - 13 - len(whole),
+    ]
+    run = "".join(rng.choice("abcdefghij") for _ in range(9_000))
+    flat, lengths = bpe.encode_docs([run])
+    assert bpe.decode(flat[1:].tolist()) == run and lengths.tolist() == [len(flat)]
+
+
+MEASURE = """
+import resource, sys, numpy as np
+from littlelm.data.tokenizer import load_tokenizer
+tok = load_tokenizer(sys.argv[1])
+row = np.random.default_rng(0).choice(np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", np.uint8), 4_000_000).tobytes().decode()
+tok.encode_docs([row[:100_000]])  # the library's pools and caches, before the baseline
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+flat, lengths = tok.encode_docs([row])
+assert tok.decode(flat[1:20_001].tolist()) == tok.decode(tok.encode(row[:30_000])[:20_000])
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+
+
+def test_encoding_one_huge_row_is_bounded_in_memory(bpe, tmp_path):
+    """Issue 36.14: one 50 MB row without whitespace took 7.4 GB of peak memory to encode in
+    `data prepare` (the library keeps about 100 bytes per token of an encoding): a 4 MB row here
+    grew the peak by about 700 MB before, and must now stay under 120 MB."""
+    import subprocess
+    import sys
+
+    bpe.save(tmp_path / "tok")
+    r = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(tmp_path / "tok")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert float(r.stdout) < 120, f"peak memory grew by {float(r.stdout):.0f} MB"

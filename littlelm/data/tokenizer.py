@@ -223,6 +223,49 @@ class HFTokenizer(Tokenizer):
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
+    def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """As `Tokenizer.encode_docs`; a document longer than ENCODE_CHARS is encoded in pieces
+        (`encode_pieces`), each turned into an array at once: the library keeps about 100 bytes
+        per token of an encoding (its strings and offsets), so a 50 MB row took 9.4 GB."""
+        if all(len(t) <= ENCODE_CHARS for t in texts) or not self._cuts_safely():
+            return super().encode_docs(texts)
+        owner, pieces = [], []
+        for d, text in enumerate(texts):
+            for piece in encode_pieces(text, ENCODE_CHARS):
+                owner.append(d)
+                pieces.append(piece)
+        ids: list[np.ndarray] = []
+        i = 0
+        while i < len(pieces):  # about BATCH_CHARS at a time, on every core
+            j, size = i + 1, len(pieces[i])
+            while j < len(pieces) and size + len(pieces[j]) <= BATCH_CHARS:
+                size, j = size + len(pieces[j]), j + 1
+            batch = self.tok.encode_batch(pieces[i:j], add_special_tokens=False)
+            ids += [np.array(e.ids, dtype=np.int32) for e in batch]
+            i = j
+        lengths = np.ones(len(texts), dtype=np.int64)  # the BOS
+        np.add.at(lengths, owner, [len(x) for x in ids])
+        flat = np.empty(int(lengths.sum()), dtype=np.int64)
+        at = np.cumsum(lengths) - lengths
+        flat[at] = self.bos_id
+        at += 1
+        for d, x in zip(owner, ids, strict=True):
+            flat[at[d] : at[d] + len(x)] = x
+            at[d] += len(x)
+        return flat, lengths
+
+    def _cuts_safely(self) -> bool:
+        """Whether `encode_pieces`'s cuts leave every token as the whole text would have it
+        (outside runs without whitespace): a byte-level pre-tokenizer with the GPT-2 split
+        (no token spans a space that starts a word), no normalizer, no added prefix space, and
+        no special token holding whitespace (the library finds those before splitting)."""
+        spec = json.loads(self.tok.to_str())
+        pre = spec.get("pre_tokenizer") or {}
+        plain = pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
+        plain = plain and not pre.get("add_prefix_space") and spec.get("normalizer") is None
+        added = [t.content for t in self.tok.get_added_tokens_decoder().values()]
+        return plain and not any(c.isspace() for t in added for c in t)
+
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
@@ -367,6 +410,30 @@ class BPETokenizer(HFTokenizer):
 
 
 DOC_SHARE = 10  # one document gives at most 1/10 of the training sample
+ENCODE_CHARS = 1 << 16  # a longer document is encoded in pieces of at most this many characters
+BATCH_CHARS = 1 << 20  # characters of pieces encoded in one call (as data/workers.py batches)
+SAFE_CUT = re.compile(r"(?<=\S) (?=\S)")  # a space that starts a word: GPT-2's split is there
+
+
+def encode_pieces(text: str, size: int) -> list[str]:
+    """`text` in pieces of at most `size` characters, for encoding one at a time. Each cut is at
+    the last space that starts a word in the second half of a piece's span, where the GPT-2
+    pre-tokenizer splits anyway, so the tokens are those of the whole text; a span without one
+    (a run without whitespace) is cut at `size`, and no token crosses that cut (BPE training
+    never sees a run that long whole either: MAX_RUN)."""
+    pieces, start = [], 0
+    while len(text) - start > size:
+        end = start + size
+        cut = None
+        for m in SAFE_CUT.finditer(text, start + size // 2, end):
+            cut = m.start()
+        cut = cut or end
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
 MAX_RUN = 256  # characters without whitespace that BPE training sees as one piece
 LONG_RUN = re.compile(rf"\S{{{MAX_RUN + 1},}}")
 
