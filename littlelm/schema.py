@@ -16,7 +16,7 @@ Sections and who owns them:
     grow        start from a smaller trained checkpoint         (littlelm.model.grow)
 
 `resolve` returns a new config with the values derived from others filled in (vocabulary size
-from the tokenizer, sequence length, gradient accumulation, step count from a token budget), so
+from the tokenizer, which `load_run` looks up, so that resolving reads no file; sequence length, gradient accumulation, step count from a token budget), so
 the resolved config a run directory keeps says exactly what ran; the validated config it was
 given is left as it is.
 
@@ -332,10 +332,13 @@ def find_config(path: str | Path) -> Path:
 
 
 def load_run(path: str | Path, overrides: list[str] = (), world_size: int = 1) -> RunConfig:
-    """Read, merge, override, validate and resolve a run file."""
+    """Read, merge, override, validate and resolve a run file. The files it reads: the run
+    file with its includes, and, when model.vocab_size is not set, what the tokenizer's
+    vocabulary size needs (a saved, Hugging Face or tiktoken tokenizer's files)."""
     tree, origin, path = read_run(path, overrides)
     cfg = validate(RunConfig, tree, origin, str(path))
-    return resolve(cfg, world_size, str(path))
+    vocab = vocab_size_of(cfg.data.tokenizer) if cfg.model.vocab_size is None else None
+    return resolve(cfg, world_size, str(path), vocab_size=vocab)
 
 
 def load_data_config(path: str | Path, overrides: list[str] = ()) -> DataConfig:
@@ -360,12 +363,19 @@ def resumable(key: str, tree: dict | None = None) -> bool:
     return marked(RunConfig, tree or {}, key, "resumable")
 
 
-def resolve(cfg: RunConfig, world_size: int = 1, source: str = "") -> RunConfig:
+def resolve(
+    cfg: RunConfig, world_size: int = 1, source: str = "", vocab_size: int | None = None
+) -> RunConfig:
     """A new config with the derived values filled in (`cfg` is left as it is); every
-    inconsistency is reported at once."""
+    inconsistency is reported at once. Reads no file: `vocab_size` is the tokenizer's, for a
+    config without model.vocab_size (load_run looks it up; a tokenizer with files has it there)."""
     m = cfg.model
     if m.vocab_size is None:
-        m = m.model_copy(update={"vocab_size": vocab_size_of(cfg.data.tokenizer)})
+        if vocab_size is None:
+            raise ValueError(
+                "resolve: model.vocab_size is not set; pass the tokenizer's vocab_size"
+            )
+        m = m.model_copy(update={"vocab_size": vocab_size})
     train, problems = _resolve_train(cfg.train, m.max_seq_len, world_size)
     dist, more = _resolve_world(cfg, world_size)
     problems += more

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_tree
+from conftest import tiny_tree, write_config
 from littlelm.config import to_tree, validate
-from littlelm.errors import ConfigError
+from littlelm.data.tokenizer import vocab_size_of
+from littlelm.errors import ConfigError, DataError
 from littlelm.model.protocol import ModelConfig
 from littlelm.optim.base import OptimizerConfig
 from littlelm.optim.groups import AdamWConfig, MuonConfig
@@ -82,7 +83,9 @@ def test_resolve_returns_a_new_config_and_leaves_its_input(tiny_config, tmp_path
     tree = tiny_tree(corpus, tmp_path / "runs", train={"seq_len": None, "batch_tokens": 256})
     cfg = validate(RunConfig, tree)
     before = to_tree(cfg)
-    out = resolve(cfg, world_size=1)
+    with pytest.raises(ValueError, match="vocab_size"):  # resolving reads no tokenizer
+        resolve(cfg, world_size=1)
+    out = resolve(cfg, world_size=1, vocab_size=vocab_size_of(cfg.data.tokenizer))
     assert to_tree(cfg) == before  # untouched
     assert cfg.model.vocab_size is None and cfg.train.seq_len is None
     assert cfg.train.grad_accum is None and cfg.distributed.world_size is None
@@ -91,6 +94,16 @@ def test_resolve_returns_a_new_config_and_leaves_its_input(tiny_config, tmp_path
     assert out.train.max_tokens == 6 * 256
     out.model.n_layer = 99  # the new config shares nothing with the old one
     assert cfg.model.n_layer == 2
+
+
+def test_resolving_reads_no_file_even_for_a_saved_tokenizer(tmp_path, corpus):
+    """A saved tokenizer (a run's newest checkpoint's) is read by load_run, not by resolve."""
+    tree = tiny_tree(corpus, tmp_path / "runs")
+    tree["data"]["tokenizer"] = {"name": "saved", "path": str(tmp_path / "no-such-run")}
+    cfg = validate(RunConfig, tree)
+    assert resolve(cfg, world_size=1, vocab_size=300).model.vocab_size == 300
+    with pytest.raises(DataError, match="no tokenizer in"):  # load_run is where it is read
+        load_run(write_config(tmp_path / "run.yaml", tree))
 
 
 def test_resumable_is_declared_on_the_fields():
