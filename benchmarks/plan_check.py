@@ -29,6 +29,7 @@ SHAPES = {
     "demo": [],
     "wide": ["model.d_model=512", "model.n_head=8", "train.micro_batch_size=8"],
     "long": ["train.seq_len=1024", "model.max_seq_len=1024", "train.micro_batch_size=8"],
+    "deep": ["model.n_layer=12"],  # not looked at while the step model was mended: a check
 }
 
 

@@ -31,7 +31,9 @@ from pydantic import Field
 from littlelm.config import Cfg, read_yaml, to_tree
 from littlelm.data.cache import cache_root, digest
 from littlelm.model.kernels import causal_attention
-from littlelm.plan.memory import Dims
+from littlelm.optim.optimizer import orthogonalize
+from littlelm.plan.memory import Dims, model_tensors
+from littlelm.registry import MODELS
 from littlelm.schema import load_run
 from littlelm.train.device import tune_cpu_allocator
 
@@ -74,6 +76,10 @@ class Rates:
     attention: float  # FLOP/s of causal attention, forward + backward
     bandwidth: float  # bytes/s of elementwise work
     launch: float  # seconds of host time per kernel (dispatch + launch)
+    # this CPU's probe of the run's own work: bytes/s of its elementwise work (else bandwidth),
+    # seconds of Muon's Newton–Schulz per step (else its FLOPs at the matmul rate)
+    elementwise: float | None = None
+    newton_schulz: float | None = None
     fp8_matmul: float | None = None
     interconnect: float | None = None  # bytes/s of ring bus bandwidth between GPUs
     # FLOP/s measured per GEMM and product (PRODUCTS), where probed
@@ -213,7 +219,8 @@ def step_time(d: Dims, rates: Rates, devices: int = 1, recompute: float | None =
             times = 1 + (redo if product == "forward" and g.name != "lm_head" else 0)
             gemm_s += times * one * g.count
     attn_s = attention_flops(d) * (1 + redo / 3.5) / rates.attention
-    elem_s = max(elementwise_bytes(d) / bw, elementwise_kernels(d) * rates.launch)
+    elem_bw = rates.elementwise or bw
+    elem_s = max(elementwise_bytes(d) / elem_bw, elementwise_kernels(d) * rates.launch)
     elem_s *= 1 + redo / (1 + BACKWARD_FACTOR)
     opt_bytes, opt_flops = optimizer_work(d)
     backward = d.grad_accum * (gemm_s + attn_s + elem_s) * 2 / 3
@@ -229,7 +236,8 @@ def step_time(d: Dims, rates: Rates, devices: int = 1, recompute: float | None =
         "GEMMs": d.grad_accum * gemm_s,
         "attention": d.grad_accum * attn_s,
         "elementwise": d.grad_accum * elem_s,
-        "optimizer": opt_bytes / bw + opt_flops / rates.matmul,
+        "optimizer": opt_bytes / bw
+        + (opt_flops / rates.matmul if rates.newton_schulz is None else rates.newton_schulz),
         "communication": comm,
     }
     return StepTime(parts, rates.calibration)
@@ -372,6 +380,37 @@ def _launch_call():
     return lambda: [x.add(1.0) for _ in range(LAUNCH_OPS)]
 
 
+PROBE_LAYERS = 2  # one block with value embeddings, one without, as the model alternates them
+NS_ELEMENTS = 1 << 22  # per Newton–Schulz call: the matrices of a larger bucket are sampled
+
+
+def _layers_dims(d: Dims) -> Dims:
+    """`d` with the model cut to PROBE_LAYERS blocks: what `_model_call` runs."""
+    m = d.model.model_copy(update={"n_layer": PROBE_LAYERS})
+    params, buffers = model_tensors(m)
+    return replace(d, model=m, params=params, buffers=buffers, grad_accum=1)
+
+
+def _model_call(d: Dims):
+    """Forward + backward of the run's own model (its kernels, loss, embeddings, autocast and
+    autograd) at PROBE_LAYERS blocks: the elementwise work no probe of one op rates, which
+    on a CPU runs far below the bandwidth of one large add (mixed dtypes, strided views,
+    row reductions)."""
+    m = _layers_dims(d).model
+    model = MODELS.get(m.name)(m).to(torch.bfloat16 if d.master_bf16 else torch.float32)
+    model.activation_checkpointing = d.checkpointing
+    ids = torch.randint(m.vocab_size, (d.micro_batch, d.seq_len))
+    cast = torch.autocast("cpu", torch.bfloat16) if d.bf16 else contextlib.nullcontext()
+
+    def step():
+        with torch.enable_grad(), cast:
+            loss = model(ids, ids)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
 def measure_rates(ds: list[Dims]) -> list[Rates]:
     """This CPU's rates at the shapes of each of `ds` (capped: `probe_dims`), timed in the same
     rounds; a measurement two of them share is timed once. (A GPU's: `catalog_rates`.)"""
@@ -396,7 +435,20 @@ def measure_rates(ds: list[Dims]) -> list[Rates]:
         attention += (dtype,)
         if attention not in calls:
             calls[attention] = _attention_call(pd, dtype)
-        plans.append((pd, keys, attention))
+        layers = ("layers", pd.micro_batch, pd.seq_len, m.model_dump_json(), pd.bf16)
+        layers += (pd.master_bf16, pd.checkpointing)
+        if layers not in calls:
+            calls[layers] = _model_call(pd)
+        ns = []  # (measurement, matrices it times, matrices a step orthogonalises)
+        ns_dtype = torch.bfloat16 if d.ns_bf16 else torch.float32
+        for shape, count in d.muon_buckets() if d.optimizer == "muon" else []:
+            n = max(1, min(count, NS_ELEMENTS // (shape[-1] * shape[-2])))
+            key = ("newton-schulz", shape, n, ns_dtype)
+            if key not in calls:
+                g = torch.randn(n, *shape[-2:])
+                calls[key] = lambda g=g, t=ns_dtype: orthogonalize(g, 5, dtype=t)
+            ns.append((key, n, d.muon_owned(count)))
+        plans.append((pd, keys, attention, layers, ns))
     calls[("bandwidth",)] = _bandwidth_call()
     calls[("launch",)] = _launch_call()
     with torch.no_grad():  # the attention call enables grad itself
@@ -404,17 +456,23 @@ def measure_rates(ds: list[Dims]) -> list[Rates]:
     del calls  # the operands go now
     source = f"measured here ({device_key(torch.device('cpu'))})"
     out = []
-    for d, keys, attention in plans:
+    for d, keys, attention, layers, ns in plans:
         rate = {k: 2 * key[1] * key[2] * key[3] / t[key] for k, key in keys.items()}
+        r = Rates(
+            matmul=max(rate.values()),
+            attention=attention_flops(d) / d.model.n_layer / t[attention],
+            bandwidth=3 * BANDWIDTH_ELEMENTS * 4 / t[("bandwidth",)],
+            launch=t[("launch",)] / LAUNCH_OPS,
+            gemm_rate=lambda g, product, rate=rate: rate[(g.m, g.k, g.n, product)],
+            newton_schulz=sum(t[key] / n * owned for key, n, owned in ns),
+            source=source,
+        )
+        # the elementwise rate that makes the modelled step of the probed layers last as long
+        # as they ran: what the GEMM and attention probes do not account for is elementwise
+        p = step_time(_layers_dims(d), r).parts
+        rest = t[layers] - p["GEMMs"] - p["attention"]
         out.append(
-            Rates(
-                matmul=max(rate.values()),
-                attention=attention_flops(d) / d.model.n_layer / t[attention],
-                bandwidth=3 * BANDWIDTH_ELEMENTS * 4 / t[("bandwidth",)],
-                launch=t[("launch",)] / LAUNCH_OPS,
-                gemm_rate=lambda g, product, rate=rate: rate[(g.m, g.k, g.n, product)],
-                source=source,
-            )
+            replace(r, elementwise=r.bandwidth * p["elementwise"] / max(rest, p["elementwise"]))
         )
     return out
 
