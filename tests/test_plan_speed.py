@@ -228,6 +228,29 @@ def test_muon_step_costs_bytes_per_parameter_and_newton_schulz_flops(tiny_config
     assert speed.optimizer_work(adamw)[1] == 0.0
 
 
+def test_cpu_probe_rates_the_runs_own_elementwise_work_and_newton_schulz(monkeypatch):
+    # the model cut to two blocks is timed: whatever its GEMMs and attention (probed on their
+    # own) leave of that time is elementwise work, so a slower model call means a slower
+    # elementwise rate and a slower plan; each Newton-Schulz call counts per matrix it timed
+    d = Dims.of(load_run("demo").with_precision(True))
+    layers = object()
+    monkeypatch.setattr(speed, "_model_call", lambda d: layers)
+    plans = {}
+    for seconds in (0.5, 1.0):
+        times = lambda fns, s=seconds: [s if f is layers else 1e-4 for f in fns]  # noqa: E731
+        monkeypatch.setattr(speed, "best_of_rounds", times)
+        (r,) = measure_rates([d])
+        p = speed.step_time(speed._layers_dims(d), r).parts
+        assert p["GEMMs"] + p["attention"] + p["elementwise"] == pytest.approx(seconds)
+        assert r.newton_schulz == pytest.approx(1e-4 * len(d.muon_buckets()))
+        plans[seconds] = speed.step_time(d, r)
+    assert plans[1.0].parts["elementwise"] > 1.9 * plans[0.5].parts["elementwise"]
+    assert plans[1.0].parts["GEMMs"] == plans[0.5].parts["GEMMs"]
+    # a catalog GPU's rates have neither: its elementwise work runs at its bandwidth
+    gpu = speed.catalog_rates(load_catalog().gpus["H200-SXM"], load_catalog(), d)
+    assert gpu.elementwise is None and gpu.newton_schulz is None
+
+
 def test_probe_takes_the_best_of_several_calls_unless_one_call_is_long(monkeypatch):
     from littlelm.plan import speed as probe
 

@@ -6,7 +6,7 @@ them (published points, benches on disk).
     micro = sum over GEMMs and their three products (forward, input gradient, weight gradient)
                 of max(FLOPs / matmul rate, bytes / bandwidth, launch)
             + causal attention FLOPs / attention rate
-            + max(elementwise bytes / bandwidth, elementwise kernels x launch)
+            + max(elementwise bytes / elementwise rate, elementwise kernels x launch)
 
 Every GEMM is listed at its shape, so the shape of a run moves the prediction through rates
 measured at those shapes, not through one assumed MFU. Not modelled: torch.compile's fusions
@@ -269,7 +269,8 @@ def catalog_rates(gpu, catalog, d: Dims) -> Rates:
 # ----------------------------------------------------------------------------------------------
 # This CPU's rates, measured at a run's own shapes (`plan --device cpu`, `bench` on a CPU): each
 # GEMM in its three products with the model's operand layouts, causal attention forward +
-# backward as the model lays out q/k/v, a large add, a loop of tiny ops. Each is the best of
+# backward as the model lays out q/k/v, a large add, a loop of tiny ops, Newton-Schulz per Muon
+# bucket, the run's own model cut to two blocks (its elementwise rate). Each is the best of
 # calls made in rounds over all of them (`best_of_rounds`), so the shapes of a plan and of the
 # benches that calibrate it are timed through the same busy spells of a shared machine.
 
