@@ -386,8 +386,9 @@ NS_ELEMENTS = 1 << 22  # per Newton–Schulz call: the matrices of a larger buck
 
 
 def _layers_dims(d: Dims) -> Dims:
-    """`d` with the model cut to PROBE_LAYERS blocks: what `_model_call` runs."""
-    m = d.model.model_copy(update={"n_layer": PROBE_LAYERS})
+    """`d` with the model cut to PROBE_LAYERS blocks (and its RoPE tables to d's sequence, not
+    max_seq_len's): what `_model_call` runs."""
+    m = d.model.model_copy(update={"n_layer": PROBE_LAYERS, "max_seq_len": d.seq_len})
     params, buffers = model_tensors(m)
     return replace(d, model=m, params=params, buffers=buffers, grad_accum=1)
 
@@ -429,8 +430,9 @@ def measure_rates(ds: list[Dims]) -> list[Rates]:
             if (*shape, "forward") not in calls:
                 for product, call in _gemm_calls(pg.m, pg.k, pg.n, dtype).items():
                     calls[(*shape, product)] = call
-            for product in PRODUCTS:
-                keys[(g.m, g.k, g.n, product)] = (*shape, product)
+            for product in PRODUCTS:  # d's shapes, and the probe's (its layers' model)
+                probe = (*shape, product)
+                keys[(g.m, g.k, g.n, product)] = keys[(pg.m, pg.k, pg.n, product)] = probe
         m = pd.model
         attention = ("attention", pd.micro_batch, pd.seq_len, m.n_head, m.kv_heads, m.head_dim)
         attention += (dtype,)
