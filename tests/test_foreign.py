@@ -305,6 +305,21 @@ def test_three_steps_from_each_format(tmp_path, corpus, capsys, fmt):
     assert any("val_loss" in m and np.isfinite(m["val_loss"]) for m in metrics)
 
 
+def test_crop_packing_of_token_files_warns_what_it_drops(tmp_path, corpus, capsys):
+    """long_docs: crop on a `tokens` source: the start-up warning reads the token files' document
+    lengths as it does a littlelm shard's (it once read shard offsets, which they lack)."""
+    tree = tiny_tree(corpus, tmp_path / "runs", train={"max_steps": 1}, eval={"every": 0})
+    tree["eval"]["at_end"] = False
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, BOS, 299) for _ in range(40)]  # each 300 with its BOS, rows are 33
+    cfg = foreign_files(tmp_path, "nanogpt", docs)
+    tree["data"]["sources"] = {"theirs": {"name": "tokens", **cfg, "long_docs": "crop"}}
+    assert main(["train", str(write_config(tmp_path / "run.yaml", tree))]) == 0
+    out = capsys.readouterr().out
+    assert f"data.sources.theirs drops {(300 - 33) / 300:.1%}" in out, out
+    assert "done: 1 steps" in out, out
+
+
 def test_data_inspect_describes_token_files(tmp_path, capsys):
     docs = documents(30)
     (tmp_path / "n").mkdir()

@@ -127,9 +127,13 @@ class PreparedSource:
 
     def too_long(self, row_len: int) -> tuple[int, int]:
         """(conversations longer than a row of `row_len` tokens, the longest's length)."""
-        lengths = [np.diff(s.offsets) for s in self.train]
-        lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        lengths = self.doc_lengths()
         return int((lengths > row_len).sum()), int(lengths.max(initial=0))
+
+    def doc_lengths(self) -> np.ndarray:
+        """Every training document's length as trained on (a Shard and a TokenDocs alike)."""
+        lengths = [s.lengths() for s in self.train]
+        return np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
 
     @property
     def train_tokens(self) -> int:
@@ -140,10 +144,7 @@ class PreparedSource:
         holds beyond one row of seq_len + 1 (a lower bound: best-fit also crops row tails)."""
         if self.long_docs != "crop" or not self.train_tokens:
             return 0.0
-        row = seq_len + 1
-        beyond = sum(
-            int(np.maximum(np.diff(s.offsets.astype(np.int64)) - row, 0).sum()) for s in self.train
-        )
+        beyond = int(np.maximum(self.doc_lengths() - (seq_len + 1), 0).sum())
         return beyond / self.train_tokens
 
     def val_shortage(self, seq_len: int) -> str | None:
