@@ -47,6 +47,14 @@ FEATURES = {
         "train": {"batch_tokens": 512, "master_weights": "bf16"},
         "optimizer": {"name": "adamw"},
     },
+    # the stochastic-rounding AdamW reads its step counter as a number, which the trace hands it
+    "bf16 master weights, stochastic rounding, muon": {
+        "train": {"master_weights": "bf16", "stochastic_rounding": True},
+    },
+    "bf16 master weights, stochastic rounding, adamw": {
+        "train": {"master_weights": "bf16", "stochastic_rounding": True},
+        "optimizer": {"name": "adamw"},
+    },
 }
 
 

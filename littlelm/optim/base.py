@@ -51,10 +51,10 @@ class OptimizerConfig(ComponentConfig):
         applies (the default: none)."""
         return {}
 
-    def traceable(self, stochastic_rounding: bool) -> tuple[OptimizerConfig, bool]:
-        """The config and stochastic-rounding switch the planner's fake-tensor trace builds in
-        place of this one, when a part cannot run on fake CPU tensors (the default: itself)."""
-        return self, stochastic_rounding
+    def traceable(self) -> OptimizerConfig:
+        """The config the planner's fake-tensor trace builds in place of this one, when a part
+        cannot run on fake CPU tensors (the default: itself)."""
+        return self
 
     def check_world(self, world_size: int) -> list[str]:
         """Problems with running this optimizer in `world_size` processes (the default: none)."""

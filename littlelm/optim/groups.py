@@ -79,11 +79,10 @@ class AdamWConfig(OptimizerConfig):
     def origin_multipliers(self) -> dict[str, float]:
         return self.lr_multipliers
 
-    def traceable(self, stochastic_rounding: bool) -> tuple[OptimizerConfig, bool]:
+    def traceable(self) -> OptimizerConfig:
         # bitsandbytes is CUDA-only: the trace runs torch's AdamW (the same parameters and
-        # gradients, more state); the stochastic-rounding AdamW reads its step counter with
-        # .item(), which a fake tensor cannot answer, so it is traced without rounding
-        return self.model_copy(update={"adamw_8bit": False}), False
+        # gradients, more state)
+        return self.model_copy(update={"adamw_8bit": False})
 
     def check_world(self, world_size: int) -> list[str]:
         if world_size > 1 and self.adamw_8bit:
@@ -143,9 +142,8 @@ class MuonConfig(AdamWConfig):
             steps=self.momentum_warmup_steps,
         )
 
-    def traceable(self, stochastic_rounding: bool) -> tuple[OptimizerConfig, bool]:
-        # Muon's rounding needs no .item(): only 8-bit AdamW is swapped for torch's
-        return self.model_copy(update={"adamw_8bit": False}), stochastic_rounding
+    def traceable(self) -> OptimizerConfig:
+        return self.model_copy(update={"adamw_8bit": False})  # as AdamWConfig.traceable
 
 
 ORIGINS = ("embedding", "old", "new")

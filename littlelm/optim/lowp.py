@@ -25,13 +25,19 @@ def stochastic_round_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     return dst.copy_(src)  # exact: the low 16 bits are zero
 
 
+def step_count(step: torch.Tensor) -> float:
+    """The step counter as a number, for the bias corrections (the planner's fake-tensor trace,
+    whose counters hold no number, puts a stand-in here: plan/trace.py)."""
+    return step.item()
+
+
 def stochastic_adamw_(p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
     """One AdamW step of bf16 `p` (torch.optim.AdamW's arithmetic: decoupled weight decay, bias
     correction): moments kept in bf16, the update computed in fp32 and written back with
     stochastic rounding. `state` holds step (a CPU fp32 scalar), exp_avg and exp_avg_sq."""
     (b1, b2), lr = group["betas"], group["lr"]
     state["step"] += 1
-    t = state["step"].item()
+    t = step_count(state["step"])
     m, v = state["exp_avg"], state["exp_avg_sq"]
     m.lerp_(grad, 1 - b1)
     v.mul_(b2).addcmul_(grad, grad, value=1 - b2)

@@ -420,12 +420,18 @@ def block_backward_stages(d: Dims) -> dict[str, float]:
 # Optimizer step scratch
 
 
-def muon_scratch(shape: tuple[int, int], count: int, nesterov: bool, ns_bytes: int = 2) -> int:
-    """Muon on `count` same-shaped matrices: the Nesterov direction (fp32), its stack (fp32),
-    then Newton–Schulz in `ns_bytes` per element: x, a·x, poly·x, their sum and two Grams."""
+def muon_scratch(
+    shape: tuple[int, int], count: int, nesterov: bool, ns_bytes: int = 2, grad_bytes: int = 4
+) -> int:
+    """Muon on `count` same-shaped matrices: the Nesterov direction and its stack (in the
+    gradients' `grad_bytes` per element), then Newton–Schulz in `ns_bytes` per element: x, a·x,
+    poly·x, their sum and two Grams."""
     rows, cols = shape
     k, s = count * rows * cols, min(rows, cols)
-    return (4 * k if nesterov else 0) + 4 * k + 4 * ns_bytes * k + 2 * ns_bytes * count * s * s
+    direction = grad_bytes * k
+    return (
+        (direction if nesterov else 0) + direction + 4 * ns_bytes * k + 2 * ns_bytes * count * s * s
+    )
 
 
 def optimizer_scratch_bytes(d: Dims) -> int:
@@ -442,7 +448,7 @@ def optimizer_scratch_bytes(d: Dims) -> int:
             peak = max(peak, 3 * block_bytes(4 * (-(-largest // w) if d.shard_adamw else largest)))
     for shape, count in d.muon_buckets():
         owned = d.muon_owned(count)
-        need = muon_scratch(shape, owned, d.nesterov, d.ns_bytes)  # type: ignore[arg-type]
+        need = muon_scratch(shape, owned, d.nesterov, d.ns_bytes, d.param_bytes)  # type: ignore[arg-type]
         if owned < count:
             need += d.ns_bytes * (w + 1) * owned * math.prod(shape)
         peak = max(peak, need)

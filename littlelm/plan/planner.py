@@ -140,10 +140,9 @@ def check_plannable(cfg, trace: bool) -> bool:
 
 
 def traced_dims(d: Dims) -> Dims:
-    """The Dims of what `trace_step` runs: one process, torch's AdamW for 8-bit AdamW and the
-    stochastic-rounding AdamW (as OptimizerConfig.traceable)."""
-    rounding = d.stochastic_rounding and d.optimizer == "muon"
-    return replace(d, adamw_8bit=False, stochastic_rounding=rounding, world=1)
+    """The Dims of what `trace_step` runs: one process, torch's AdamW for 8-bit AdamW (as
+    OptimizerConfig.traceable)."""
+    return replace(d, adamw_8bit=False, world=1)
 
 
 def step_memory(cfg: RunConfig, trace: bool = True) -> tuple[Dims, Memory, Memory | None, Memory]:

@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from littlelm.model import kernels
+from littlelm.optim import lowp
 from littlelm.train.build import build
 from littlelm.train.device import autocast
 from littlelm.train.step import apply_update, micro_step
@@ -150,8 +151,10 @@ class MemoryAccountant(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         category = self.region
-        if func in WEIGHT_OPS and self._from_weights(args[0]):
-            category = COPIES  # a weight cast (autocast) or stacked (q, k, v) for a matmul
+        # a weight cast (autocast) or stacked (q, k, v) for a matmul; the optimizer's casts of
+        # the weights (bf16 master weights: fp32 updates) are its scratch
+        if self.phase != OPT and func in WEIGHT_OPS and self._from_weights(args[0]):
+            category = COPIES
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 self.track(t, category)
@@ -218,20 +221,22 @@ flash_footprint = _FlashFootprint.apply
 @contextlib.contextmanager
 def _traceable(gpu: bool):
     """The cpu backend's kernels, with FlashAttention's footprint for attention on every backend
-    name for a GPU's plan; and torch's foreach Adam, which reads its step counters with
-    `.item()` for the bias corrections (a fake tensor cannot answer), handed a number."""
+    name for a GPU's plan; and torch's foreach Adam and the stochastic-rounding AdamW, which
+    read their step counters with `.item()` for the bias corrections (a fake tensor cannot
+    answer), handed a number."""
     import torch.optim.adam as adam
 
-    saved, real = dict(kernels.BACKENDS), adam._get_value
+    saved, real, count = dict(kernels.BACKENDS), adam._get_value, lowp.step_count
     if gpu:
         standin = replace(kernels.CPU, attention=flash_footprint)
         kernels.BACKENDS.update(cpu=standin, cuda=standin)
     adam._get_value = lambda x: 1.0 if isinstance(x, FakeTensor) else real(x)
+    lowp.step_count = lambda x: 1.0 if isinstance(x, FakeTensor) else count(x)
     try:
         yield
     finally:
         kernels.BACKENDS.update(saved)
-        adam._get_value = real
+        adam._get_value, lowp.step_count = real, count
 
 
 def optimizer_tensors(optimizer) -> list[torch.Tensor]:

@@ -10,7 +10,7 @@ planned is what is trained.
 `traced=True` builds for the trace, under FakeTensorMode: the parameters are cast in place
 (Module.to swaps tensors, which fake ones refuse), and the optimizer config may stand in a
 variant that runs on fake CPU tensors (`OptimizerConfig.traceable`: 8-bit AdamW is traced as
-torch's AdamW, AdamW's stochastic rounding is left out).
+torch's AdamW).
 """
 
 from __future__ import annotations
@@ -52,10 +52,8 @@ def build_optimizer(
     """The registered optimizer of `cfg.optimizer` over `model`'s parameters (its groups and
     lrs: optim/groups.py) with growth's `origin` tags (None: a run never grown), rounding
     stochastically when train.stochastic_rounding is on."""
-    oc, rounding = cfg.optimizer, cfg.train.stochastic_rounding
-    if traced:
-        oc, rounding = oc.traceable(rounding)
-    return OPTIMIZERS.get(oc.name)(model, oc, rounding, origin)
+    oc = cfg.optimizer.traceable() if traced else cfg.optimizer
+    return OPTIMIZERS.get(oc.name)(model, oc, cfg.train.stochastic_rounding, origin)
 
 
 def build_data(cfg: RunConfig, log, progress=None):
