@@ -148,8 +148,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    import torch
-
     from littlelm.load import load_model
     from littlelm.model.generate import check_sampling, fit_prompt, generate
     from littlelm.train.device import autocast, inference_precision, pick_device
@@ -163,10 +161,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     )
     if note:
         print(f"warning: {note}", file=sys.stderr)
-    with (
-        torch.no_grad(),
-        autocast(device, inference_precision("auto", cfg.train.precision, device)),
-    ):
+    with autocast(device, inference_precision("auto", cfg.train.precision, device)):
         ids = generate(model, prompt, max_tokens, args.temperature, top_k, args.seed, tok.bos_id)
     print(args.prompt + tok.decode(ids))
     return 0
@@ -208,16 +203,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if len(args.run_dirs) == 1 and is_sweep_dir(args.run_dirs[0]):  # a sweep: its comparison
         path, table = write_sweep_report(args.run_dirs[0], args.price_per_hour)
-        print(f"{table}\nwrote {path} and its plots ({path.parent})")
-        return 0
-    path = write_report(args.run_dirs, args.out, args.price_per_hour)
+        print(table)
+    else:
+        path = write_report(args.run_dirs, args.out, args.price_per_hour)
     print(f"wrote {path} and its plots ({path.parent})")
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from littlelm.eval.core import EvalOptions
-    from littlelm.eval.run import parse_labels
+    from littlelm.eval.run import parse_labels, run_eval
 
     if args.chat is not None:
         from littlelm.eval.chat_eval import run_chat_eval
@@ -241,8 +236,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
             chat=args.apply_chat_template,
         )
         return 0
-    from littlelm.eval.run import run_eval
-
     opts = EvalOptions(
         max_per_task=args.max_per_task,
         truncation=args.truncation,
@@ -949,8 +942,6 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into `head` and the like
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
