@@ -109,7 +109,7 @@ class Console(Callback):
             self.say(already_finished(tr))
             return
         if "budget_seconds" in result:
-            self.say(budget_used(tr.cfg, result))
+            self.say(budget_used(result))
         self.say(f"data realised: {s.loader.report()}")
         if result.get("stopped_by"):
             self.say(
@@ -139,7 +139,7 @@ def already_finished(tr: Trainer) -> str:
     )
 
 
-def budget_used(cfg: RunConfig, result: dict) -> str:
+def budget_used(result: dict) -> str:
     spent, seconds = result["budget_spent"], result["budget_seconds"]
     cost = result.get("budget_dollars")
     return f"budget: {spent:.1f}s of {seconds:.1f}s used ({spent / seconds:.1%})" + (
@@ -189,7 +189,7 @@ class FirstSteps:
 
     def __init__(self, start_step: int, log_every: int, count: int = 3):
         self.start, self.log_every, self.count = start_step, log_every, count
-        self.t0 = self.last = time.perf_counter()
+        self.last = time.perf_counter()
 
     def wants(self, step: int) -> bool:
         """True for the session's first step, and for the next ones up to `count` that are not
@@ -199,18 +199,12 @@ class FirstSteps:
 
     def show(self, progress: Progress, step: int, max_steps: int | float, loss: float) -> None:
         """The first step as a line of its own (it stays on a terminal), the next in place."""
-        text = self.line(step, max_steps, loss)
-        if step - self.start == 1:
-            progress.message(text)
-        else:
-            progress.update(text)
-
-    def line(self, step: int, max_steps: int | float, loss: float) -> str:
         now = time.perf_counter()
         took, self.last = now - self.last, now
         if step - self.start == 1:
-            return (
+            progress.message(
                 f"step {step}/{max_steps} | loss {loss:.4f} | first step after {took:.1f}s "
                 "(data loading, warm-up and compilation included)"
             )
-        return f"step {step}/{max_steps} | loss {loss:.4f} | {took:.2f}s/step"
+        else:
+            progress.update(f"step {step}/{max_steps} | loss {loss:.4f} | {took:.2f}s/step")
