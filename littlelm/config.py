@@ -44,7 +44,20 @@ SAME_DATA = {"resumable": True, "same_data": True}
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads `3e-4` and `1e6` as floats (YAML 1.2), not strings."""
+    """SafeLoader that also reads `3e-4` and `1e6` as floats (YAML 1.2), not strings, and
+    refuses a key given twice in one mapping."""
+
+    def compose_mapping_node(self, anchor):
+        node = super().compose_mapping_node(anchor)
+        seen: dict[str, int] = {}
+        for key, _ in node.value:  # checked before merge keys (`<<`) are flattened in
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            line = key.start_mark.line + 1
+            if key.value in seen:
+                raise DuplicateKeyError(short(key.value), seen[key.value], line)
+            seen[key.value] = line
+        return node
 
 
 _Loader.add_implicit_resolver(
@@ -69,17 +82,6 @@ class AliasBombError(yaml.YAMLError):
     """Aliases (`*name`) that expand to more than MAX_NODES values ("billion laughs")."""
 
 
-def _check_duplicates(node: yaml.MappingNode) -> None:
-    seen: dict[str, int] = {}
-    for key, _ in node.value:
-        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
-            continue
-        line = key.start_mark.line + 1
-        if key.value in seen:
-            raise DuplicateKeyError(short(key.value), seen[key.value], line)
-        seen[key.value] = line
-
-
 def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     """Values in `node` once every alias is expanded (shared nodes are counted once each time
     they are used, but computed once, so this is linear in the document's size)."""
@@ -94,15 +96,6 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
         size = 1
     memo[id(node)] = size
     return size
-
-
-def _compose_mapping_node(self, anchor):
-    node = yaml.composer.Composer.compose_mapping_node(self, anchor)
-    _check_duplicates(node)  # checked before merge keys (`<<`) are flattened in
-    return node
-
-
-_Loader.compose_mapping_node = _compose_mapping_node
 
 
 def parse_yaml(text: str):
@@ -233,23 +226,24 @@ def _include_path(including: Path, inc: str, packaged: Path | None) -> Path:
         name = Path(inc) if Path(inc).suffix else Path(inc).with_suffix(".yaml")
         if (packaged / name).is_file():
             return packaged / name
-        names = sorted(
-            str(f.relative_to(packaged).with_suffix("")) for f in packaged.rglob("*.yaml")
-        )
         raise ConfigError(
             [
-                f"{including}: include: file not found: {local} (nor a packaged config: {', '.join(names)})"
+                f"{including}: include: file not found: {local} (nor a packaged config: "
+                f"{packaged_names(packaged)})"
             ]
         )
     raise ConfigError([f"{including}: include: file not found: {local}"])
 
 
+def packaged_names(packaged: Path) -> str:
+    """The configs under `packaged` by the names `include:` and the CLI take: `demo, plans/x`."""
+    return ", ".join(
+        sorted(str(f.relative_to(packaged).with_suffix("")) for f in packaged.rglob("*.yaml"))
+    )
+
+
 def merge_into(
-    base: dict,
-    new: dict,
-    origin: dict[str, str] | None = None,
-    components: Components | None = None,
-    at: tuple[str, ...] = (),
+    base: dict, new: dict, origin: dict[str, str], components: Components, at: tuple[str, ...] = ()
 ) -> None:
     """Deep-merge `new` into `base`: mappings merge key by key, anything else replaces. A
     component section whose `name` changes is replaced whole, not merged: the old component's
@@ -259,7 +253,7 @@ def merge_into(
         here = (*at, key)
         old = base.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
-            if _renamed(components or {}, here, old, value):
+            if _renamed(components, here, old, value):
                 _forget(origin, here)
                 base[key] = copy.deepcopy(value)
             else:
@@ -281,10 +275,8 @@ def _renamed(components: Components, here: tuple[str, ...], old: dict, new: dict
     return is_component and "name" in new and new["name"] != old.get("name", default)
 
 
-def _forget(origin: dict[str, str] | None, here: tuple[str, ...], keep: str | None = None) -> None:
+def _forget(origin: dict[str, str], here: tuple[str, ...], keep: str | None = None) -> None:
     """Drop the origin of every key under `here` (but those set by `keep`)."""
-    if origin is None:
-        return
     prefix = ".".join(here) + "."
     for k in [k for k in origin if k.startswith(prefix) and origin[k] != keep]:
         del origin[k]
@@ -416,13 +408,9 @@ def _nested_models(cls: type[BaseModel]) -> dict[str, type[BaseModel]]:
         ann = field.annotation
         candidates = typing.get_args(ann) or (ann,)
         for c in candidates:
-            if isinstance(c, type) and issubclass(c, Cfg) and _has_components(c):
+            if isinstance(c, type) and issubclass(c, Cfg) and (_registered(c) or _nested_models(c)):
                 out[name] = c
     return out
-
-
-def _has_components(cls: type[BaseModel]) -> bool:
-    return bool(_registered(cls)) or bool(_nested_models(cls))
 
 
 def _validate_model(cls: type[Cfg], data: Any, loc: tuple, errors: list) -> Any:

@@ -47,6 +47,7 @@ from littlelm.config import (
     component_paths,
     load_tree,
     marked,
+    packaged_names,
     validate,
 )
 from littlelm.data.build import DataConfig
@@ -322,12 +323,7 @@ def find_config(path: str | Path) -> Path:
     for packaged in (PACKAGED_CONFIGS / name, PACKAGED_CONFIGS / name.name):  # plans/x or x
         if packaged.is_file() and len(p.parts) <= 2:
             return packaged
-    known = ", ".join(
-        sorted(
-            str(f.relative_to(PACKAGED_CONFIGS).with_suffix(""))
-            for f in PACKAGED_CONFIGS.rglob("*.yaml")
-        )
-    )
+    known = packaged_names(PACKAGED_CONFIGS)
     raise ConfigError([f"config file not found: {path} (packaged configs: {known})"])
 
 
