@@ -112,11 +112,12 @@ class GPU(Cfg):
         return str(v) if v is not None else v
 
 
-class Catalog:
-    def __init__(self, gpus: dict[str, GPU], defaults: Defaults, sources: list[Path]):
-        self.gpus = gpus
-        self.defaults = defaults
-        self.sources = sources
+class Catalog(Cfg):
+    """The catalog files merged, validated at once: every problem named by its key."""
+
+    defaults: Defaults = Field(default_factory=Defaults, description="Catalog-wide defaults.")
+    gpus: dict[str, GPU] = Field(default_factory=dict, description="GPUs by catalog key.")
+    __hash__ = object.__hash__  # by identity: speed.cuda_calibration caches per catalog
 
     def select(self, names: list[str] | None) -> list[GPU]:
         """The named GPUs (case-insensitive), or all of them."""
@@ -168,7 +169,11 @@ def load_catalog(extra: list[str | Path] = ()) -> Catalog:
             if not isinstance(entry, dict):
                 raise ConfigError([f"{path}: gpus.{key} must be a mapping of fields"])
             raw.setdefault(str(key), {}).update(entry)
-    return Catalog(*_validate(raw, defaults, files), files)
+    try:
+        return Catalog(defaults=defaults, gpus={k: {**e, "name": k} for k, e in raw.items()})
+    except ValidationError as e:
+        problems = [f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()]
+        raise ConfigError(problems, ", ".join(map(str, files))) from None
 
 
 def _read(path: Path) -> dict:
@@ -179,21 +184,6 @@ def _read(path: Path) -> dict:
     if not isinstance(tree, dict) or set(tree) - {"gpus", "defaults"}:
         raise ConfigError([f"{path}: a GPU catalog has only `defaults:` and `gpus:` sections"])
     return tree
-
-
-def _validate(raw: dict[str, dict], defaults: dict, files: list[Path]):
-    """The GPUs and the defaults, or every problem of them at once, each named by its key."""
-    out, problems = {}, []
-    trees = [("defaults", Defaults, defaults)]
-    trees += [(f"gpus.{k}", GPU, {**entry, "name": k}) for k, entry in raw.items()]
-    for where, kind, tree in trees:
-        try:
-            out[where] = kind(**tree)
-        except ValidationError as e:
-            problems += [f"{where}.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()]
-    if problems:
-        raise ConfigError(problems, ", ".join(map(str, files)))
-    return {k.removeprefix("gpus."): v for k, v in out.items() if k != "defaults"}, out["defaults"]
 
 
 @dataclass
