@@ -223,7 +223,7 @@ def device_lines(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> dict[
     """The memory budget of one GPU in GiB: tensor peak, allocator margin, context."""
     e = mem.estimate(d)
     fsdp = d.strategy == "fsdp" and devices > 1
-    step_peak = mem.fsdp_peak(d, devices) if fsdp else e.peak  # per rank
+    step_peak = mem.fsdp_per_gpu(d, devices)[1] if fsdp else e.peak  # per rank
     resume = mem.checkpoint_bytes(e) // (devices if fsdp else 1)
     tensor_peak = max(step_peak, resume)
     margin = tensor_peak * catalog.defaults.allocator_margin
@@ -348,7 +348,7 @@ def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Reme
     base = needed_gib(d, gpu, catalog, devices)
     out: list[Remedy] = []
 
-    def add(name: str, dm: Dims, note: str) -> None:
+    def add(name: str, dm: Dims, note: str, devices: int = devices) -> None:
         need = needed_gib(dm, gpu, catalog, devices)
         out.append(Remedy(name, need, base - need, need <= gpu.memory_gib, note))
 
@@ -364,12 +364,10 @@ def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Reme
                 dm = changed.with_micro_batch(m)
                 add(f"{name} train.micro_batch_size={m}", dm, f"{why}; {_accum_note(d, dm)}")
     for n in FSDP_SIZES:
-        per_gpu = mem.fsdp_peak(d, n) * (1 + catalog.defaults.allocator_margin) / GIB
-        need = per_gpu + catalog.context_gib(gpu)
-        if need <= gpu.memory_gib or n == FSDP_SIZES[-1]:
+        sharded = replace(d, strategy="fsdp", world=n)
+        if needed_gib(sharded, gpu, catalog, n) <= gpu.memory_gib or n == FSDP_SIZES[-1]:
             note = "FSDP2: parameters, gradients and optimizer state split over the GPUs"
-            name = f"distributed.strategy=fsdp on {n} GPUs (--nproc {n})"
-            out.append(Remedy(name, need, base - need, need <= gpu.memory_gib, note))
+            add(f"distributed.strategy=fsdp on {n} GPUs (--nproc {n})", sharded, note, n)
             break
     # those that fit first, mildest change first (the order above); then the rest, closest first
     return sorted(out, key=lambda r: (not r.fits, 0.0 if r.fits else r.needed_gib))

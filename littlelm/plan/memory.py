@@ -147,12 +147,6 @@ class Dims:
         return 2 if self.bf16 else 4
 
     @property
-    def layer_numel(self) -> int:
-        """Parameters of one block (FSDP's unit)."""
-        blocks = sum(p.numel for p in self.params if p.name.startswith("blocks."))
-        return max(1, blocks // self.model.n_layer)
-
-    @property
     def ns_bytes(self) -> int:
         """Bytes per element of Muon's Newton–Schulz iterate."""
         return 2 if self.ns_bf16 else 4
@@ -181,7 +175,7 @@ class Dims:
 
     @property
     def ddp_ranks(self) -> int:
-        """Ranks of a ddp run (1 for one process or fsdp, whose sharding memory.fsdp_peak models)."""
+        """Ranks of a ddp run (1 for one process or fsdp, whose sharding fsdp_per_gpu models)."""
         return self.world if self.strategy == "ddp" else 1
 
     def muon_owned(self, count: int) -> int:
@@ -554,23 +548,17 @@ def checkpoint_bytes(e: Memory) -> int:
 # are in the formulas above through `Dims.ddp_ranks`.
 
 
-def fsdp_categories(d: Dims, shards: int) -> dict[str, int]:
-    """Bytes per category on one GPU under FSDP over `shards` GPUs, the gathered units counted
-    as weight copies."""
-    c = dict(estimate(replace(d, strategy="fsdp", world=shards)).categories)
-    for k in (PARAMS, GRADS, STATE, SCRATCH):
-        c[k] //= shards
-    c[COPIES] += 2 * d.layer_numel * (2 + d.param_bytes)
-    return c
-
-
-def fsdp_peak(d: Dims, shards: int) -> int:
-    """Peak tensor bytes per GPU: the sharded state, the two gathered units, and lm_head
+def fsdp_per_gpu(d: Dims, shards: int) -> tuple[dict[str, int], int]:
+    """Bytes per category on one GPU under FSDP over `shards` GPUs (the gathered units counted
+    as weight copies) and the peak: the sharded state, the two gathered units, and lm_head
     gathered while the loss runs (in bf16, so autocast makes no copies of it)."""
     c = estimate(replace(d, strategy="fsdp", world=shards)).categories
-    sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards
     per = 2 + d.param_bytes  # bf16 weights gathered + gradients (the parameters' dtype)
-    gathered = 2 * d.layer_numel * per
+    blocks = sum(p.numel for p in d.params if p.name.startswith("blocks."))
+    gathered = 2 * max(1, blocks // d.model.n_layer) * per  # two units (blocks)
+    per_gpu = {k: v // shards if k in (PARAMS, GRADS, STATE, SCRATCH) else v for k, v in c.items()}
+    per_gpu[COPIES] += gathered
+    sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards
     head = d.model.padded_vocab * d.model.d_model * per
     forward_backward = sharded + gathered + c[ACT] + max(c[LOSS] + head, c[BWD] + gathered)
-    return max(forward_backward, sharded + c[SCRATCH] // shards)
+    return per_gpu, max(forward_backward, sharded + c[SCRATCH] // shards)

@@ -86,17 +86,12 @@ class Plan:
     def flops_per_token(self) -> int:
         return flops_per_token(self.dims.model, self.dims.seq_len)
 
-    @property
-    def fsdp(self) -> bool:
-        return self.dims.strategy == "fsdp" and self.devices > 1
-
-    def per_rank_categories(self) -> dict[str, int]:
-        """Bytes per category on one GPU (FSDP splits the state; DDP's sharded optimizers are
-        in the memory already)."""
-        return mem.fsdp_categories(self.dims, self.devices) if self.fsdp else self.memory.categories
-
-    def per_rank_peak(self) -> int:
-        return mem.fsdp_peak(self.dims, self.devices) if self.fsdp else self.memory.peak
+    def per_rank(self) -> tuple[dict[str, int], int]:
+        """Bytes per category and the peak on one GPU (FSDP splits the state; DDP's sharded
+        optimizers are in the memory already)."""
+        if self.dims.strategy == "fsdp" and self.devices > 1:
+            return mem.fsdp_per_gpu(self.dims, self.devices)
+        return self.memory.categories, self.memory.peak
 
     def trace_check(self) -> dict[str, float | None]:
         """trace / analytic for every category both compute."""
