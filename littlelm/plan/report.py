@@ -220,12 +220,9 @@ def gpu_table(plan: Plan) -> Table:
 
 
 def remedy_table(plan: Plan) -> Table:
-    t = Table(
-        title="remedies where it does not fit (at the configured micro-batch unless named)",
-        title_justify="left",
-    )
-    for col in ("GPU", "change", "saves (GiB)", "needs (GiB)", "fits", "note"):
-        t.add_column(col, justify="right" if "GiB" in col else "left")
+    title = "remedies where it does not fit (at the configured micro-batch unless named)"
+    t = table(title, "GPU", "change", "saves (GiB)", "needs (GiB)", "fits", "note", left=2)
+    t.columns[4].justify = t.columns[5].justify = "left"  # fits, note
     for p in plan.gpus:
         if p.fits:
             continue
@@ -380,12 +377,12 @@ SEGMENTS += ("CUDA context & workspaces", "allocator margin")
 def memory_segments(plan: Plan, gpu_index: int) -> dict[str, float]:
     """GiB per segment of one GPU's bar: what is alive at the peak, then margin and context."""
     p = plan.gpus[gpu_index]
-    seg = {k: v / GIB for k, v in plan.memory.peak_breakdown().items() if v}
+    e = plan.memory
+    seg = {k: v / GIB for k, v in e.breakdowns[e.peak_phase].items() if v}
     seg["allocator margin"] = p.lines["allocator margin"]
     seg["CUDA context & workspaces"] = p.lines["CUDA context & workspaces"]
-    for extra in ("DDP gradient buckets", "resume spike"):
-        if p.lines.get(extra):
-            seg[extra] = p.lines[extra]
+    if p.lines["resume spike"]:
+        seg["resume spike"] = p.lines["resume spike"]
     return seg
 
 

@@ -71,9 +71,6 @@ class Memory:
     def peak(self) -> int:
         return self.phases[self.peak_phase]
 
-    def peak_breakdown(self) -> dict[str, int]:
-        return self.breakdowns[self.peak_phase]
-
 
 @dataclass
 class Snapshot:
