@@ -200,16 +200,14 @@ class Dims:
 # Static: parameters, gradients, optimizer state, weight copies
 
 
-def parameter_bytes(d: Dims) -> int:
-    """Parameters and the RoPE tables, in train.master_weights' dtype (fp32 or bf16)."""
-    pb = d.param_bytes
-    return sum(block_bytes(pb * p.numel) for p in d.params) + sum(
-        block_bytes(pb * n) for n in d.buffers
-    )
-
-
 def gradient_bytes(d: Dims) -> int:
     return sum(block_bytes(d.param_bytes * p.numel) for p in d.params)
+
+
+def parameter_bytes(d: Dims) -> int:
+    """Parameters (one gradient's size each) and the RoPE tables, in train.master_weights'
+    dtype (fp32 or bf16)."""
+    return gradient_bytes(d) + sum(block_bytes(d.param_bytes * n) for n in d.buffers)
 
 
 BNB_MIN_8BIT = 4096  # bitsandbytes keeps tensors smaller than this in 32-bit state
@@ -312,11 +310,6 @@ def activation_bytes(d: Dims) -> int:
 # The loss: logits, softcap, log-softmax, and their gradients
 
 BLOCK_SCALAR = 512  # a 0-d or tiny tensor takes one allocator block
-
-
-def loss_stage_bytes(d: Dims) -> dict[str, float]:
-    """Live bytes of the loss's own tensors at each of its expensive moments (model/kernels.py)."""
-    return plain_loss_stages(d) if d.model.loss == "plain" else chunked_loss_stages(d)
 
 
 def chunked_loss_stages(d: Dims) -> dict[str, float]:
@@ -458,13 +451,15 @@ def optimizer_scratch_bytes(d: Dims) -> int:
 
 def estimate(d: Dims) -> Memory:
     """The whole step, every figure times `d.trace_scale` (1 unless a plan anchored it)."""
+    # the loss's own tensors at the most expensive of its moments (model/kernels.py)
+    loss_stages = plain_loss_stages if d.model.loss == "plain" else chunked_loss_stages
     cats = {
         PARAMS: parameter_bytes(d),
         GRADS: gradient_bytes(d),
         STATE: optimizer_state_bytes(d),
         COPIES: weight_copy_bytes(d),
         ACT: activation_bytes(d),
-        LOSS: int(max(loss_stage_bytes(d).values())),
+        LOSS: int(max(loss_stages(d).values())),
         BWD: int(max(block_backward_stages(d).values())),
         SCRATCH: optimizer_scratch_bytes(d),
     }
