@@ -257,10 +257,6 @@ def largest_fitting(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> in
     return next(fits, None)
 
 
-def peak_tflops(gpu: GPU, d: Dims) -> float:
-    return gpu.bf16_tflops if d.bf16 else gpu.fp32_tflops
-
-
 def gpu_speed(
     d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1, measured: dict | None = None
 ) -> tuple[float, str]:
@@ -269,14 +265,14 @@ def gpu_speed(
     by the published points (calibration.yaml); or the catalog's fixed `mfu` where set."""
     if gpu.mfu is not None:
         fpt = flops_per_token(d.model, d.seq_len)
-        return gpu.mfu * peak_tflops(gpu, d) * 1e12 / fpt * devices, "catalog mfu"
+        return gpu.mfu * speed.peak_flops(gpu, d) / fpt * devices, "catalog mfu"
     rates = speed.catalog_rates(gpu, catalog, d)
     if measured and measured.get("speed_ratio"):
         ratio, source = measured["speed_ratio"], f"bench on this GPU {measured['time'][:10]}"
     else:
         cal = speed.cuda_calibration(catalog)
         ratio, source = cal.ratio, cal.source
-    rates = replace(rates, calibration=ratio, calibration_source=source)
+    rates = replace(rates, calibration=ratio)
     return speed.tokens_per_second(d, rates, devices), f"step model, {source}"
 
 
@@ -309,7 +305,7 @@ def plan_gpu(
         best_grad_accum=(d.micro_batch * d.grad_accum // best) if best else None,
         needed_at_best_gib=needed_gib(runs, gpu, catalog, devices) if runs else None,
         tok_s=tok_s,
-        mfu=tok_s / devices * fpt / (peak_tflops(gpu, d) * 1e12) if tok_s else None,
+        mfu=tok_s / devices * fpt / speed.peak_flops(gpu, d) if tok_s else None,
         mfu_source=source,
         hours=hours,
         dollars=hours * price if hours is not None else None,
