@@ -13,6 +13,7 @@ each formula; not modelled: FP8 linears (planned as bf16, an upper bound) and to
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -162,14 +163,6 @@ class Dims:
     def numel(self, role: str) -> int:
         return sum(p.numel for p in self.params if p.role == role)
 
-    def groups(self) -> dict[str, list[Param]]:
-        """Optimizer groups of a fresh run: one per role (growth's origins split them further,
-        but a planned run starts fresh)."""
-        out: dict[str, list[Param]] = {}
-        for p in self.params:
-            out.setdefault(p.role, []).append(p)
-        return out
-
     def muon_param(self, p: Param) -> bool:
         return self.optimizer == "muon" and p.role == "matrix"
 
@@ -185,15 +178,10 @@ class Dims:
         return count
 
     def muon_buckets(self) -> list[tuple[tuple[int, ...], int]]:
-        """(shape, count) of each Muon bucket: same-shaped matrices of one optimizer group."""
-        out = []
-        for params in self.groups().values():
-            shapes: dict[tuple[int, ...], int] = {}
-            for p in params:
-                if self.muon_param(p):
-                    shapes[p.shape] = shapes.get(p.shape, 0) + 1
-            out += list(shapes.items())
-        return out
+        """(shape, count) of each Muon bucket: same-shaped matrices of one optimizer group (a
+        fresh run has one per role, and Muon steps the matrices'; growth's origins split groups
+        further, but a planned run starts fresh)."""
+        return list(Counter(p.shape for p in self.params if self.muon_param(p)).items())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -428,11 +416,10 @@ def optimizer_scratch_bytes(d: Dims) -> int:
     updates and their all-gather; ZeRO-1's slices and their fp32 all-gather."""
     peak = (len(d.params) + 2) * block_bytes(4)
     w = d.ddp_ranks
-    for params in d.groups().values():
-        adam = [p.numel for p in params if not d.muon_param(p)]
-        if adam and d.stochastic_rounding:
-            largest = max(adam)
-            peak = max(peak, 3 * block_bytes(4 * (-(-largest // w) if d.shard_adamw else largest)))
+    adam = [p.numel for p in d.params if not d.muon_param(p)]
+    if adam and d.stochastic_rounding:
+        largest = max(adam)
+        peak = max(peak, 3 * block_bytes(4 * (-(-largest // w) if d.shard_adamw else largest)))
     for shape, count in d.muon_buckets():
         owned = d.muon_owned(count)
         need = muon_scratch(shape, owned, d.nesterov, d.ns_bytes, d.param_bytes)  # type: ignore[arg-type]
