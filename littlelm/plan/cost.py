@@ -145,21 +145,14 @@ class Catalog(Cfg):
         return ctx + self.defaults.workspace_gib
 
 
-def user_files(extra: list[str | Path] = ()) -> list[Path]:
-    files = []
+def load_catalog(extra: list[str | Path] = ()) -> Catalog:
     user = Path(os.environ.get("LITTLELM_GPUS", USER)).expanduser()
-    if user.is_file():
-        files.append(user)
+    files = [PACKAGED, *([user] if user.is_file() else [])]
     for f in extra:
         p = Path(f).expanduser()
         if not p.is_file():
             raise ConfigError([f"GPU catalog file not found: {p}"])
         files.append(p)
-    return files
-
-
-def load_catalog(extra: list[str | Path] = ()) -> Catalog:
-    files = [PACKAGED, *user_files(extra)]
     raw: dict[str, dict] = {}
     defaults: dict = {}
     for path in files:

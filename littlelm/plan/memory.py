@@ -395,20 +395,6 @@ def block_backward_stages(d: Dims) -> dict[str, float]:
 # Optimizer step scratch
 
 
-def muon_scratch(
-    shape: tuple[int, int], count: int, nesterov: bool, ns_bytes: int = 2, grad_bytes: int = 4
-) -> int:
-    """Muon on `count` same-shaped matrices: the Nesterov direction and its stack (in the
-    gradients' `grad_bytes` per element), then Newton–Schulz in `ns_bytes` per element: x, a·x,
-    poly·x, their sum and two Grams."""
-    rows, cols = shape
-    k, s = count * rows * cols, min(rows, cols)
-    direction = grad_bytes * k
-    return (
-        (direction if nesterov else 0) + direction + 4 * ns_bytes * k + 2 * ns_bytes * count * s * s
-    )
-
-
 def optimizer_scratch_bytes(d: Dims) -> int:
     """The largest temporaries of clipping (one fp32 norm per tensor, their stack and total) and
     of `optimizer.step()`: fused AdamW none, the stochastic-rounding AdamW (optim/lowp.py) three
@@ -422,9 +408,14 @@ def optimizer_scratch_bytes(d: Dims) -> int:
         peak = max(peak, 3 * block_bytes(4 * (-(-largest // w) if d.shard_adamw else largest)))
     for shape, count in d.muon_buckets():
         owned = d.muon_owned(count)
-        need = muon_scratch(shape, owned, d.nesterov, d.ns_bytes, d.param_bytes)  # type: ignore[arg-type]
+        rows, cols = shape
+        k, s = owned * rows * cols, min(rows, cols)
+        # Muon on the bucket's matrices this rank owns: the Nesterov direction and its stack
+        # (in the gradients' dtype), then Newton–Schulz: x, a·x, poly·x, their sum and two Grams
+        need = (2 if d.nesterov else 1) * d.param_bytes * k
+        need += 4 * d.ns_bytes * k + 2 * d.ns_bytes * owned * s * s
         if owned < count:
-            need += d.ns_bytes * (w + 1) * owned * math.prod(shape)
+            need += d.ns_bytes * (w + 1) * k
         peak = max(peak, need)
     if d.shard_adamw and w > 1:
         slices = sum(-(-p.numel // w) for p in d.params if not d.muon_param(p))
