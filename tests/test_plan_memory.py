@@ -1,5 +1,5 @@
 """The analytic memory model against the FakeTensorMode trace of the real builders and step,
-the plan's reference: within TOLERANCE on every category and phase peak, over five configs."""
+the plan's reference: within TOLERANCE on every category and phase peak, over eight configs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from littlelm.schema import load_run
 
 TOLERANCE = 0.10  # analytic / trace - 1, per category and per phase peak
 
-# Five configs across the features the formulas branch on. Each is small enough to trace in
+# Eight configs across the features the formulas branch on. Each is small enough to trace in
 # about a second, with enough tokens per micro-batch (2 x 128) that per-token terms dominate.
 FEATURES = {
     "default: relu2, value embeds, qk-norm, softcap, chunked loss, muon": {},

@@ -81,9 +81,9 @@ def test_multi_gpu_speed_pays_for_communication():
 def test_fsdp_plan_shows_per_gpu_memory(tiny_config):
     cfg = load_run(tiny_config, ["distributed.strategy=fsdp"], world_size=8)
     plan = make_plan(cfg, load_catalog(), ["H100-SXM"], devices=8, trace=False)
-    per_rank = plan.per_rank_categories()
+    per_rank, peak = plan.per_rank()
     assert per_rank["parameters"] < plan.memory.categories["parameters"] / 4
-    assert plan.per_rank_peak() < plan.memory.peak
+    assert peak < plan.memory.peak
     out = io.StringIO()
     print_plan(plan, Console(file=out, width=140))
     assert "memory per GPU (fsdp, 8 GPUs)" in out.getvalue()

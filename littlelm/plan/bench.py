@@ -148,9 +148,10 @@ def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: i
     step_s = statistics.median(times)
     tok_s = c.train.batch_tokens / step_s
     fpt = flops_per_token(c.model, c.train.seq_len)
-    peak = catalog_peak(c, probe.device_name) if device.type == "cuda" else None
-    peak = peak or peak_flops(device, precision=c.train.precision)
     d = Dims.of(c)
+    gpu = load_catalog().identify(probe.device_name) if device.type == "cuda" else None
+    # the catalog's peak for a GPU it knows, so that plan's MFU x peak gives back the tokens/s
+    peak = speed.peak_flops(gpu, d) if gpu else peak_flops(device, precision=c.train.precision)
     out = {
         "device": probe.device_name,
         "kind": device.type,
@@ -173,23 +174,13 @@ def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: i
         **probe.results(),
         "config": to_tree(c),  # its shapes: plan re-models them to calibrate (planner.py)
     }
-    out.update(predictions(c, device, probe, out))
+    out.update(predictions(c, d, device, probe, out))
     return out
 
 
-def catalog_peak(c, device_name: str) -> float | None:
-    """The catalog's peak FLOP/s for this GPU, so that plan's MFU x peak gives back the
-    measured tokens/s."""
-    gpu = load_catalog().identify(device_name)
-    if gpu is None:
-        return None
-    return (gpu.bf16_tflops if c.train.precision == "bf16" else gpu.fp32_tflops) * 1e12
-
-
-def predictions(c, device, probe, measured: dict) -> dict:
+def predictions(c, d: Dims, device, probe, measured: dict) -> dict:
     """What the plan predicts for this bench, and the step model's ratio to the measurement
     (`speed_ratio`, measured / modelled step time), which `plan` uses on this device."""
-    d = Dims.of(c)
     if device.type == "cpu":  # the local plan, uncalibrated: this CPU's trace and rates
         lp = local_plan(c, 1, [], 0.0, base_rss=measured.get("rss_at_start") or 0)
         return {

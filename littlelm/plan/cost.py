@@ -112,11 +112,12 @@ class GPU(Cfg):
         return str(v) if v is not None else v
 
 
-class Catalog:
-    def __init__(self, gpus: dict[str, GPU], defaults: Defaults, sources: list[Path]):
-        self.gpus = gpus
-        self.defaults = defaults
-        self.sources = sources
+class Catalog(Cfg):
+    """The catalog files merged, validated at once: every problem named by its key."""
+
+    defaults: Defaults = Field(default_factory=Defaults, description="Catalog-wide defaults.")
+    gpus: dict[str, GPU] = Field(default_factory=dict, description="GPUs by catalog key.")
+    __hash__ = object.__hash__  # by identity: speed.cuda_calibration caches per catalog
 
     def select(self, names: list[str] | None) -> list[GPU]:
         """The named GPUs (case-insensitive), or all of them."""
@@ -144,21 +145,14 @@ class Catalog:
         return ctx + self.defaults.workspace_gib
 
 
-def user_files(extra: list[str | Path] = ()) -> list[Path]:
-    files = []
+def load_catalog(extra: list[str | Path] = ()) -> Catalog:
     user = Path(os.environ.get("LITTLELM_GPUS", USER)).expanduser()
-    if user.is_file():
-        files.append(user)
+    files = [PACKAGED, *([user] if user.is_file() else [])]
     for f in extra:
         p = Path(f).expanduser()
         if not p.is_file():
             raise ConfigError([f"GPU catalog file not found: {p}"])
         files.append(p)
-    return files
-
-
-def load_catalog(extra: list[str | Path] = ()) -> Catalog:
-    files = [PACKAGED, *user_files(extra)]
     raw: dict[str, dict] = {}
     defaults: dict = {}
     for path in files:
@@ -168,7 +162,11 @@ def load_catalog(extra: list[str | Path] = ()) -> Catalog:
             if not isinstance(entry, dict):
                 raise ConfigError([f"{path}: gpus.{key} must be a mapping of fields"])
             raw.setdefault(str(key), {}).update(entry)
-    return Catalog(*_validate(raw, defaults, files), files)
+    try:
+        return Catalog(defaults=defaults, gpus={k: {**e, "name": k} for k, e in raw.items()})
+    except ValidationError as e:
+        problems = [f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()]
+        raise ConfigError(problems, ", ".join(map(str, files))) from None
 
 
 def _read(path: Path) -> dict:
@@ -179,21 +177,6 @@ def _read(path: Path) -> dict:
     if not isinstance(tree, dict) or set(tree) - {"gpus", "defaults"}:
         raise ConfigError([f"{path}: a GPU catalog has only `defaults:` and `gpus:` sections"])
     return tree
-
-
-def _validate(raw: dict[str, dict], defaults: dict, files: list[Path]):
-    """The GPUs and the defaults, or every problem of them at once, each named by its key."""
-    out, problems = {}, []
-    trees = [("defaults", Defaults, defaults)]
-    trees += [(f"gpus.{k}", GPU, {**entry, "name": k}) for k, entry in raw.items()]
-    for where, kind, tree in trees:
-        try:
-            out[where] = kind(**tree)
-        except ValidationError as e:
-            problems += [f"{where}.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()]
-    if problems:
-        raise ConfigError(problems, ", ".join(map(str, files)))
-    return {k.removeprefix("gpus."): v for k, v in out.items() if k != "defaults"}, out["defaults"]
 
 
 @dataclass
@@ -233,7 +216,7 @@ def device_lines(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> dict[
     """The memory budget of one GPU in GiB: tensor peak, allocator margin, context."""
     e = mem.estimate(d)
     fsdp = d.strategy == "fsdp" and devices > 1
-    step_peak = mem.fsdp_peak(d, devices) if fsdp else e.peak  # per rank
+    step_peak = mem.fsdp_per_gpu(d, devices)[1] if fsdp else e.peak  # per rank
     resume = mem.checkpoint_bytes(e) // (devices if fsdp else 1)
     tensor_peak = max(step_peak, resume)
     margin = tensor_peak * catalog.defaults.allocator_margin
@@ -267,10 +250,6 @@ def largest_fitting(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> in
     return next(fits, None)
 
 
-def peak_tflops(gpu: GPU, d: Dims) -> float:
-    return gpu.bf16_tflops if d.bf16 else gpu.fp32_tflops
-
-
 def gpu_speed(
     d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1, measured: dict | None = None
 ) -> tuple[float, str]:
@@ -279,14 +258,14 @@ def gpu_speed(
     by the published points (calibration.yaml); or the catalog's fixed `mfu` where set."""
     if gpu.mfu is not None:
         fpt = flops_per_token(d.model, d.seq_len)
-        return gpu.mfu * peak_tflops(gpu, d) * 1e12 / fpt * devices, "catalog mfu"
+        return gpu.mfu * speed.peak_flops(gpu, d) / fpt * devices, "catalog mfu"
     rates = speed.catalog_rates(gpu, catalog, d)
     if measured and measured.get("speed_ratio"):
         ratio, source = measured["speed_ratio"], f"bench on this GPU {measured['time'][:10]}"
     else:
         cal = speed.cuda_calibration(catalog)
         ratio, source = cal.ratio, cal.source
-    rates = replace(rates, calibration=ratio, calibration_source=source)
+    rates = replace(rates, calibration=ratio)
     return speed.tokens_per_second(d, rates, devices), f"step model, {source}"
 
 
@@ -319,7 +298,7 @@ def plan_gpu(
         best_grad_accum=(d.micro_batch * d.grad_accum // best) if best else None,
         needed_at_best_gib=needed_gib(runs, gpu, catalog, devices) if runs else None,
         tok_s=tok_s,
-        mfu=tok_s / devices * fpt / (peak_tflops(gpu, d) * 1e12) if tok_s else None,
+        mfu=tok_s / devices * fpt / speed.peak_flops(gpu, d) if tok_s else None,
         mfu_source=source,
         hours=hours,
         dollars=hours * price if hours is not None else None,
@@ -358,7 +337,7 @@ def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Reme
     base = needed_gib(d, gpu, catalog, devices)
     out: list[Remedy] = []
 
-    def add(name: str, dm: Dims, note: str) -> None:
+    def add(name: str, dm: Dims, note: str, devices: int = devices) -> None:
         need = needed_gib(dm, gpu, catalog, devices)
         out.append(Remedy(name, need, base - need, need <= gpu.memory_gib, note))
 
@@ -374,12 +353,10 @@ def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Reme
                 dm = changed.with_micro_batch(m)
                 add(f"{name} train.micro_batch_size={m}", dm, f"{why}; {_accum_note(d, dm)}")
     for n in FSDP_SIZES:
-        per_gpu = mem.fsdp_peak(d, n) * (1 + catalog.defaults.allocator_margin) / GIB
-        need = per_gpu + catalog.context_gib(gpu)
-        if need <= gpu.memory_gib or n == FSDP_SIZES[-1]:
+        sharded = replace(d, strategy="fsdp", world=n)
+        if needed_gib(sharded, gpu, catalog, n) <= gpu.memory_gib or n == FSDP_SIZES[-1]:
             note = "FSDP2: parameters, gradients and optimizer state split over the GPUs"
-            name = f"distributed.strategy=fsdp on {n} GPUs (--nproc {n})"
-            out.append(Remedy(name, need, base - need, need <= gpu.memory_gib, note))
+            add(f"distributed.strategy=fsdp on {n} GPUs (--nproc {n})", sharded, note, n)
             break
     # those that fit first, mildest change first (the order above); then the rest, closest first
     return sorted(out, key=lambda r: (not r.fits, 0.0 if r.fits else r.needed_gib))

@@ -13,6 +13,7 @@ each formula; not modelled: FP8 linears (planned as bf16, an upper bound) and to
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -147,12 +148,6 @@ class Dims:
         return 2 if self.bf16 else 4
 
     @property
-    def layer_numel(self) -> int:
-        """Parameters of one block (FSDP's unit)."""
-        blocks = sum(p.numel for p in self.params if p.name.startswith("blocks."))
-        return max(1, blocks // self.model.n_layer)
-
-    @property
     def ns_bytes(self) -> int:
         """Bytes per element of Muon's Newton–Schulz iterate."""
         return 2 if self.ns_bf16 else 4
@@ -168,20 +163,12 @@ class Dims:
     def numel(self, role: str) -> int:
         return sum(p.numel for p in self.params if p.role == role)
 
-    def groups(self) -> dict[str, list[Param]]:
-        """Optimizer groups of a fresh run: one per role (growth's origins split them further,
-        but a planned run starts fresh)."""
-        out: dict[str, list[Param]] = {}
-        for p in self.params:
-            out.setdefault(p.role, []).append(p)
-        return out
-
     def muon_param(self, p: Param) -> bool:
         return self.optimizer == "muon" and p.role == "matrix"
 
     @property
     def ddp_ranks(self) -> int:
-        """Ranks of a ddp run (1 for one process or fsdp, whose sharding memory.fsdp_peak models)."""
+        """Ranks of a ddp run (1 for one process or fsdp, whose sharding fsdp_per_gpu models)."""
         return self.world if self.strategy == "ddp" else 1
 
     def muon_owned(self, count: int) -> int:
@@ -191,31 +178,24 @@ class Dims:
         return count
 
     def muon_buckets(self) -> list[tuple[tuple[int, ...], int]]:
-        """(shape, count) of each Muon bucket: same-shaped matrices of one optimizer group."""
-        out = []
-        for params in self.groups().values():
-            shapes: dict[tuple[int, ...], int] = {}
-            for p in params:
-                if self.muon_param(p):
-                    shapes[p.shape] = shapes.get(p.shape, 0) + 1
-            out += list(shapes.items())
-        return out
+        """(shape, count) of each Muon bucket: same-shaped matrices of one optimizer group (a
+        fresh run has one per role, and Muon steps the matrices'; growth's origins split groups
+        further, but a planned run starts fresh)."""
+        return list(Counter(p.shape for p in self.params if self.muon_param(p)).items())
 
 
 # ----------------------------------------------------------------------------------------------
 # Static: parameters, gradients, optimizer state, weight copies
 
 
-def parameter_bytes(d: Dims) -> int:
-    """Parameters and the RoPE tables, in train.master_weights' dtype (fp32 or bf16)."""
-    pb = d.param_bytes
-    return sum(block_bytes(pb * p.numel) for p in d.params) + sum(
-        block_bytes(pb * n) for n in d.buffers
-    )
-
-
 def gradient_bytes(d: Dims) -> int:
     return sum(block_bytes(d.param_bytes * p.numel) for p in d.params)
+
+
+def parameter_bytes(d: Dims) -> int:
+    """Parameters (one gradient's size each) and the RoPE tables, in train.master_weights'
+    dtype (fp32 or bf16)."""
+    return gradient_bytes(d) + sum(block_bytes(d.param_bytes * n) for n in d.buffers)
 
 
 BNB_MIN_8BIT = 4096  # bitsandbytes keeps tensors smaller than this in 32-bit state
@@ -320,11 +300,6 @@ def activation_bytes(d: Dims) -> int:
 BLOCK_SCALAR = 512  # a 0-d or tiny tensor takes one allocator block
 
 
-def loss_stage_bytes(d: Dims) -> dict[str, float]:
-    """Live bytes of the loss's own tensors at each of its expensive moments (model/kernels.py)."""
-    return plain_loss_stages(d) if d.model.loss == "plain" else chunked_loss_stages(d)
-
-
 def chunked_loss_stages(d: Dims) -> dict[str, float]:
     """The chunked loss makes each chunk's logits and their gradient in the forward pass, into a
     buffer shared by a group of chunks (`group_rows`); at a group's end one product makes d(x)
@@ -420,20 +395,6 @@ def block_backward_stages(d: Dims) -> dict[str, float]:
 # Optimizer step scratch
 
 
-def muon_scratch(
-    shape: tuple[int, int], count: int, nesterov: bool, ns_bytes: int = 2, grad_bytes: int = 4
-) -> int:
-    """Muon on `count` same-shaped matrices: the Nesterov direction and its stack (in the
-    gradients' `grad_bytes` per element), then Newton–Schulz in `ns_bytes` per element: x, a·x,
-    poly·x, their sum and two Grams."""
-    rows, cols = shape
-    k, s = count * rows * cols, min(rows, cols)
-    direction = grad_bytes * k
-    return (
-        (direction if nesterov else 0) + direction + 4 * ns_bytes * k + 2 * ns_bytes * count * s * s
-    )
-
-
 def optimizer_scratch_bytes(d: Dims) -> int:
     """The largest temporaries of clipping (one fp32 norm per tensor, their stack and total) and
     of `optimizer.step()`: fused AdamW none, the stochastic-rounding AdamW (optim/lowp.py) three
@@ -441,16 +402,20 @@ def optimizer_scratch_bytes(d: Dims) -> int:
     updates and their all-gather; ZeRO-1's slices and their fp32 all-gather."""
     peak = (len(d.params) + 2) * block_bytes(4)
     w = d.ddp_ranks
-    for params in d.groups().values():
-        adam = [p.numel for p in params if not d.muon_param(p)]
-        if adam and d.stochastic_rounding:
-            largest = max(adam)
-            peak = max(peak, 3 * block_bytes(4 * (-(-largest // w) if d.shard_adamw else largest)))
+    adam = [p.numel for p in d.params if not d.muon_param(p)]
+    if adam and d.stochastic_rounding:
+        largest = max(adam)
+        peak = max(peak, 3 * block_bytes(4 * (-(-largest // w) if d.shard_adamw else largest)))
     for shape, count in d.muon_buckets():
         owned = d.muon_owned(count)
-        need = muon_scratch(shape, owned, d.nesterov, d.ns_bytes, d.param_bytes)  # type: ignore[arg-type]
+        rows, cols = shape
+        k, s = owned * rows * cols, min(rows, cols)
+        # Muon on the bucket's matrices this rank owns: the Nesterov direction and its stack
+        # (in the gradients' dtype), then Newton–Schulz: x, a·x, poly·x, their sum and two Grams
+        need = (2 if d.nesterov else 1) * d.param_bytes * k
+        need += 4 * d.ns_bytes * k + 2 * d.ns_bytes * owned * s * s
         if owned < count:
-            need += d.ns_bytes * (w + 1) * owned * math.prod(shape)
+            need += d.ns_bytes * (w + 1) * k
         peak = max(peak, need)
     if d.shard_adamw and w > 1:
         slices = sum(-(-p.numel // w) for p in d.params if not d.muon_param(p))
@@ -464,13 +429,15 @@ def optimizer_scratch_bytes(d: Dims) -> int:
 
 def estimate(d: Dims) -> Memory:
     """The whole step, every figure times `d.trace_scale` (1 unless a plan anchored it)."""
+    # the loss's own tensors at the most expensive of its moments (model/kernels.py)
+    loss_stages = plain_loss_stages if d.model.loss == "plain" else chunked_loss_stages
     cats = {
         PARAMS: parameter_bytes(d),
         GRADS: gradient_bytes(d),
         STATE: optimizer_state_bytes(d),
         COPIES: weight_copy_bytes(d),
         ACT: activation_bytes(d),
-        LOSS: int(max(loss_stage_bytes(d).values())),
+        LOSS: int(max(loss_stages(d).values())),
         BWD: int(max(block_backward_stages(d).values())),
         SCRATCH: optimizer_scratch_bytes(d),
     }
@@ -554,23 +521,17 @@ def checkpoint_bytes(e: Memory) -> int:
 # are in the formulas above through `Dims.ddp_ranks`.
 
 
-def fsdp_categories(d: Dims, shards: int) -> dict[str, int]:
-    """Bytes per category on one GPU under FSDP over `shards` GPUs, the gathered units counted
-    as weight copies."""
-    c = dict(estimate(replace(d, strategy="fsdp", world=shards)).categories)
-    for k in (PARAMS, GRADS, STATE, SCRATCH):
-        c[k] //= shards
-    c[COPIES] += 2 * d.layer_numel * (2 + d.param_bytes)
-    return c
-
-
-def fsdp_peak(d: Dims, shards: int) -> int:
-    """Peak tensor bytes per GPU: the sharded state, the two gathered units, and lm_head
+def fsdp_per_gpu(d: Dims, shards: int) -> tuple[dict[str, int], int]:
+    """Bytes per category on one GPU under FSDP over `shards` GPUs (the gathered units counted
+    as weight copies) and the peak: the sharded state, the two gathered units, and lm_head
     gathered while the loss runs (in bf16, so autocast makes no copies of it)."""
     c = estimate(replace(d, strategy="fsdp", world=shards)).categories
-    sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards
     per = 2 + d.param_bytes  # bf16 weights gathered + gradients (the parameters' dtype)
-    gathered = 2 * d.layer_numel * per
+    blocks = sum(p.numel for p in d.params if p.name.startswith("blocks."))
+    gathered = 2 * max(1, blocks // d.model.n_layer) * per  # two units (blocks)
+    per_gpu = {k: v // shards if k in (PARAMS, GRADS, STATE, SCRATCH) else v for k, v in c.items()}
+    per_gpu[COPIES] += gathered
+    sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards
     head = d.model.padded_vocab * d.model.d_model * per
     forward_backward = sharded + gathered + c[ACT] + max(c[LOSS] + head, c[BWD] + gathered)
-    return max(forward_backward, sharded + c[SCRATCH] // shards)
+    return per_gpu, max(forward_backward, sharded + c[SCRATCH] // shards)

@@ -86,17 +86,12 @@ class Plan:
     def flops_per_token(self) -> int:
         return flops_per_token(self.dims.model, self.dims.seq_len)
 
-    @property
-    def fsdp(self) -> bool:
-        return self.dims.strategy == "fsdp" and self.devices > 1
-
-    def per_rank_categories(self) -> dict[str, int]:
-        """Bytes per category on one GPU (FSDP splits the state; DDP's sharded optimizers are
-        in the memory already)."""
-        return mem.fsdp_categories(self.dims, self.devices) if self.fsdp else self.memory.categories
-
-    def per_rank_peak(self) -> int:
-        return mem.fsdp_peak(self.dims, self.devices) if self.fsdp else self.memory.peak
+    def per_rank(self) -> tuple[dict[str, int], int]:
+        """Bytes per category and the peak on one GPU (FSDP splits the state; DDP's sharded
+        optimizers are in the memory already)."""
+        if self.dims.strategy == "fsdp" and self.devices > 1:
+            return mem.fsdp_per_gpu(self.dims, self.devices)
+        return self.memory.categories, self.memory.peak
 
     def trace_check(self) -> dict[str, float | None]:
         """trace / analytic for every category both compute."""
@@ -139,12 +134,6 @@ def check_plannable(cfg, trace: bool) -> bool:
     return trace and not why
 
 
-def traced_dims(d: Dims) -> Dims:
-    """The Dims of what `trace_step` runs: one process, torch's AdamW for 8-bit AdamW (as
-    OptimizerConfig.traceable)."""
-    return replace(d, adamw_8bit=False, world=1)
-
-
 def step_memory(cfg: RunConfig, trace: bool = True) -> tuple[Dims, Memory, Memory | None, Memory]:
     """What one GPU holds in a step of `cfg`: (its Dims, scaled so that the analytic model meets
     the trace at the configured micro-batch; the memory: the trace, or the scaled analytic model
@@ -152,10 +141,12 @@ def step_memory(cfg: RunConfig, trace: bool = True) -> tuple[Dims, Memory, Memor
     trace; the analytic model of what the trace ran, unscaled)."""
     d = Dims.of(cfg.with_precision(True))
     traced = trace_step(cfg) if trace else None
-    analytic = mem.estimate(traced_dims(d))
+    # what trace_step runs: one process, torch's AdamW for 8-bit AdamW (OptimizerConfig.traceable)
+    analytic = mem.estimate(replace(d, adamw_8bit=False, world=1))
     if traced is not None:
         d = replace(d, trace_scale=traced.peak / analytic.peak)
-    memory = traced if traced is not None and traced_dims(d) == d else mem.estimate(d)
+    stand_in = d.adamw_8bit or d.world > 1
+    memory = traced if traced is not None and not stand_in else mem.estimate(d)
     return d, memory, traced, analytic
 
 

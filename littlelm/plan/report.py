@@ -95,19 +95,19 @@ def no_fit_lines(plan: Plan) -> list[str]:
 
 def memory_line(plan: Plan) -> str:
     e = plan.memory
-    per_rank = plan.per_rank_categories()
+    per_rank, peak = plan.per_rank()
     parts = ", ".join(f"{k} {gib(v / GIB)}" for k, v in per_rank.items() if v >= 0.005 * GIB)
     who = "per GPU" + (f" ({plan.dims.strategy}, {plan.devices} GPUs)" if plan.devices > 1 else "")
     return (
         f"memory {who} at micro-batch {plan.dims.micro_batch}: peak "
-        f"{gib(plan.per_rank_peak() / GIB)} GiB in the {e.peak_phase}"
+        f"{gib(peak / GIB)} GiB in the {e.peak_phase}"
         + (f" ({parts} GiB)" if parts else "")  # a tiny model: every category under 5 MiB
     )
 
 
 def resume_line(plan: Plan) -> str:
     r = plan.resume
-    step = plan.per_rank_peak() / GIB
+    step = plan.per_rank()[1] / GIB
     where = "below" if r["device_gib"] <= step else "[red]above[/red]"
     return (
         f"resume: {gib(r['device_gib'])} GiB per GPU while loading, {where} the step's peak; "
@@ -220,12 +220,9 @@ def gpu_table(plan: Plan) -> Table:
 
 
 def remedy_table(plan: Plan) -> Table:
-    t = Table(
-        title="remedies where it does not fit (at the configured micro-batch unless named)",
-        title_justify="left",
-    )
-    for col in ("GPU", "change", "saves (GiB)", "needs (GiB)", "fits", "note"):
-        t.add_column(col, justify="right" if "GiB" in col else "left")
+    title = "remedies where it does not fit (at the configured micro-batch unless named)"
+    t = table(title, "GPU", "change", "saves (GiB)", "needs (GiB)", "fits", "note", left=2)
+    t.columns[4].justify = t.columns[5].justify = "left"  # fits, note
     for p in plan.gpus:
         if p.fits:
             continue
@@ -266,7 +263,7 @@ def plan_json(plan: Plan) -> dict:
         "trace_seconds": tr.seconds if tr else None,
         "trace_over_analytic": plan.trace_check(),
         "resume_gib": plan.resume,
-        "memory_per_rank_bytes": plan.per_rank_categories(),
+        "memory_per_rank_bytes": plan.per_rank()[0],
         "local": (
             {k: v for k, v in plan.local.__dict__.items() if k != "rates"} if plan.local else None
         ),
@@ -380,12 +377,12 @@ SEGMENTS += ("CUDA context & workspaces", "allocator margin")
 def memory_segments(plan: Plan, gpu_index: int) -> dict[str, float]:
     """GiB per segment of one GPU's bar: what is alive at the peak, then margin and context."""
     p = plan.gpus[gpu_index]
-    seg = {k: v / GIB for k, v in plan.memory.peak_breakdown().items() if v}
+    e = plan.memory
+    seg = {k: v / GIB for k, v in e.breakdowns[e.peak_phase].items() if v}
     seg["allocator margin"] = p.lines["allocator margin"]
     seg["CUDA context & workspaces"] = p.lines["CUDA context & workspaces"]
-    for extra in ("DDP gradient buckets", "resume spike"):
-        if p.lines.get(extra):
-            seg[extra] = p.lines[extra]
+    if p.lines["resume spike"]:
+        seg["resume spike"] = p.lines["resume spike"]
     return seg
 
 

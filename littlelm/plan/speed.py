@@ -86,7 +86,6 @@ class Rates:
     gemm_rate: Callable[[Gemm, str], float] | None = None
     source: str = "assumed"
     calibration: float = 1.0  # measured / predicted step time of a bench on this device
-    calibration_source: str = ""
 
     def gemm(self, g: Gemm, product: str = "forward") -> float:
         if g.fp8 and self.fp8_matmul:
@@ -248,10 +247,15 @@ def tokens_per_second(d: Dims, rates: Rates, devices: int = 1) -> float:
     return devices * d.tokens * d.grad_accum / step_time(d, rates, devices).seconds
 
 
+def peak_flops(gpu, d: Dims) -> float:
+    """A catalog GPU's datasheet FLOP/s in the run's compute dtype."""
+    return (gpu.bf16_tflops if d.bf16 else gpu.fp32_tflops) * 1e12
+
+
 def catalog_rates(gpu, catalog, d: Dims) -> Rates:
     """A catalog GPU's rates: its datasheet times the documented ceilings (gpus.yaml)."""
     c = catalog.defaults
-    peak = (gpu.bf16_tflops if d.bf16 else gpu.fp32_tflops) * 1e12
+    peak = peak_flops(gpu, d)
     fp8 = gpu.fp8_tflops * 1e12 * c.matmul_ceiling if gpu.fp8_tflops else None
     attention = gpu.attention_fraction or c.attention_fraction
     link = gpu.interconnect_gbs * 1e9 * c.interconnect_efficiency if gpu.interconnect_gbs else None

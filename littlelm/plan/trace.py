@@ -71,9 +71,6 @@ class Memory:
     def peak(self) -> int:
         return self.phases[self.peak_phase]
 
-    def peak_breakdown(self) -> dict[str, int]:
-        return self.breakdowns[self.peak_phase]
-
 
 @dataclass
 class Snapshot:
@@ -84,8 +81,7 @@ class Snapshot:
 class MemoryAccountant(TorchDispatchMode):
     """Live tensor storages by category, on real tensors (bench on a CPU) or fake ones. A new
     storage is counted under `region` and uncounted when freed (a weakref callback); `peaks`
-    keeps the breakdown at each `phase`'s peak, `marks` named snapshots, `maxima` the highest
-    each category reached."""
+    keeps the breakdown at each `phase`'s peak, `maxima` the highest each category reached."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -94,7 +90,7 @@ class MemoryAccountant(TorchDispatchMode):
         self.total = 0
         self.peak = Snapshot()
         self.peaks: dict[str, Snapshot] = {}
-        self.marks: dict[str, Snapshot] = {}
+        self.at_forward_end: dict[str, int] = {}  # live bytes by category as the forward returned
         self.maxima: Counter[str] = Counter()
         self.param_storages: set[int] = set()
         self._cat: Counter[str] = Counter()  # live bytes per category now
@@ -144,9 +140,6 @@ class MemoryAccountant(TorchDispatchMode):
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.total, {k: v for k, v in self._cat.items() if v})
-
-    def mark(self, name: str) -> None:
-        self.marks[name] = self.snapshot()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -273,7 +266,7 @@ def trace_step(cfg, micro_batch: int | None = None, gpu: bool = True) -> Memory:
         finally:
             for h in handles:
                 h.remove()
-    at_fwd = acct.marks["end of forward"].by_category if "end of forward" in acct.marks else {}
+    at_fwd = acct.at_forward_end
     categories = {k: acct.maxima[k] for k in CATEGORIES}
     categories[COPIES], categories[ACT] = at_fwd.get(COPIES, 0), at_fwd.get(ACT, 0)
     return Memory(
@@ -288,7 +281,7 @@ def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:
     """Region switches at the model's seams, and gradients labelled as they land."""
 
     def end_of_forward(*_):
-        acct.mark("end of forward")
+        acct.at_forward_end = acct.snapshot().by_category
         acct.region = LOSS  # the loss's backward comes first
 
     def blocks_backward(*_):
