@@ -1,4 +1,4 @@
-"""Reading a run directory for a report: config.yaml, metrics.jsonl, samples.txt, checkpoints/.
+"""Reading a run directory for a report: config.yaml, metrics.jsonl and samples.txt.
 
 Nothing here depends on a fixed metrics schema. Records are grouped by their `kind`; any numeric
 field of any kind becomes a series (nested mappings flattened to `field.key`); a field that is
@@ -34,10 +34,6 @@ class Series:
     tokens: np.ndarray
     value: np.ndarray
 
-    @property
-    def finite(self) -> np.ndarray:
-        return self.value[np.isfinite(self.value)]
-
 
 @dataclass
 class RunData:
@@ -48,7 +44,6 @@ class RunData:
     records: dict[str, list[dict]]
     notes: list[str] = field(default_factory=list)
     sample: str | None = None
-    checkpoints: list[str] = field(default_factory=list)
 
     def run_config(self):
         """config.yaml loaded as a RunConfig with this littlelm (None, and a note, if it does not
@@ -75,9 +70,6 @@ class RunData:
             if isinstance(start, dict) and is_number(start.get("tokens")):
                 return {"checkpoint": "?", "step": 0, **start}
         return None
-
-    def kinds(self) -> list[str]:
-        return list(self.records)
 
     def fields(self, kind: str) -> list[str]:
         """Every field of `kind` records that holds a number (or null) somewhere, in order."""
@@ -163,7 +155,6 @@ def load_run_dir(path: str | Path) -> RunData:
         records=records,
         notes=notes,
         sample=last_sample(path / "samples.txt"),
-        checkpoints=sorted(p.name for p in (path / "checkpoints").glob("step_*") if p.is_dir()),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from littlelm.report.runs import RunData, is_number
 
@@ -35,7 +35,6 @@ class Facts:
     flops_per_token: float | None = None
     cost: float | None = None
     cost_per_btok: float | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def finite(values) -> list[float]:
