@@ -243,11 +243,11 @@ def task_items(task: TaskSpec, data_dir: Path) -> list[dict]:
 
 
 def evaluate_task(
-    model, tokenizer, task: TaskSpec, data: list[dict], opts: EvalOptions, device=None
+    model, tokenizer, task: TaskSpec, data: list[dict], opts: EvalOptions
 ) -> TaskResult:
     """Score the first `max_per_task` items of `data` (already shuffled; examples come from all)."""
     t0 = time.perf_counter()
-    device = device or next(model.parameters()).device
+    device = next(model.parameters()).device
     builder = PromptBuilder(task, data, tokenizer, model.cfg.max_seq_len, opts.truncation)
     n = len(data) if opts.max_per_task is None else min(opts.max_per_task, len(data))
     items = [builder.build(i) for i in range(n)]
@@ -282,7 +282,6 @@ def evaluate_suite(
     suite: list[tuple[TaskSpec, list[dict]]],
     opts: EvalOptions,
     log: Callable[[str], None] = print,
-    device=None,
 ) -> SuiteResult:
     """Every task of `load_suite` in turn (model in eval mode; the caller chooses autocast)."""
     was_training = model.training
@@ -290,7 +289,7 @@ def evaluate_suite(
     results = []
     try:
         for task, data in suite:
-            res = evaluate_task(model, tokenizer, task, data, opts, device)
+            res = evaluate_task(model, tokenizer, task, data, opts)
             results.append(res)
             for line in truncation_warnings(res, model.cfg.max_seq_len, opts):
                 log(line)
