@@ -163,14 +163,11 @@ def load_run_dir(path: str | Path) -> RunData:
 EVENT_FIELD = {"rollback": "failed_at"}
 
 
-def read_metrics(
-    path: Path, notes: list[str], bad: list[tuple[int, str]] | None = None
-) -> dict[str, list[dict]]:
+def read_metrics(path: Path, notes: list[str], bad: list[tuple[int, str]]) -> dict[str, list[dict]]:
     """Records by kind, in file order, the last one kept where a (kind, step) repeats. Lines
     that are not JSON objects, and train or eval records without a numeric step, are skipped
     (noted, and listed in `bad` as (line number, what is wrong))."""
     by_key: dict[tuple, dict] = {}
-    bad = [] if bad is None else bad
     for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue
