@@ -203,8 +203,7 @@ def eval_table(run: RunData) -> str | None:
 
 def eval_label(col: str) -> str:
     """'val_bpb' -> 'val_bpb (bits/byte)': the field name, as in metrics.jsonl, and its unit."""
-    metric = describe("eval", col)
-    return f"{col} ({metric.unit})" if metric else col
+    return f"{col} ({describe('eval', col).unit})"  # eval_table shows described fields only
 
 
 def cell(value) -> str:
