@@ -106,7 +106,7 @@ def shifted(series: Series | None, start: dict | None) -> Series | None:
 def schedule_series(run: RunData, points: int = 2000) -> Series | None:
     """The lr multiplier of every step, from the config's schedule (a pure function): the logged
     values are only every log_every steps, which hides a short warmup."""
-    cfg = run.run_config()
+    cfg = run.run_config
     if cfg is None or not cfg.train.max_steps or not cfg.train.batch_tokens:
         return None
     if cfg.train.budget is not None and cfg.train.budget.kind in ("hours", "dollars"):

@@ -14,6 +14,7 @@ import math
 import re
 import warnings
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -45,22 +46,19 @@ class RunData:
     notes: list[str] = field(default_factory=list)
     sample: str | None = None
 
+    @cached_property
     def run_config(self):
         """config.yaml loaded as a RunConfig with this littlelm (None, and a note, if it does not
         load: a run from another version). Loaded once."""
-        if not hasattr(self, "_run_config"):
-            self._run_config = None
-            if self.config:
-                try:
-                    from littlelm.schema import load_run
+        from littlelm.schema import load_run
 
-                    self._run_config = load_run(self.path / "config.yaml")
-                except LittleLMError as e:
-                    self.notes.append(
-                        f"config.yaml does not load with this littlelm version, so the parameter "
-                        f"count and the schedule curve are left out ({e})"
-                    )
-        return self._run_config
+        try:
+            return load_run(self.path / "config.yaml") if self.config else None
+        except LittleLMError as e:
+            self.notes.append(
+                f"config.yaml does not load with this littlelm version, so the parameter "
+                f"count and the schedule curve are left out ({e})"
+            )
 
     def grown_start(self) -> dict | None:
         """Where a grown run starts on its parent's axes ({step, tokens, checkpoint}), as its

@@ -130,7 +130,7 @@ def model_size(run: RunData, start: dict) -> tuple[dict | None, float | None]:
     config.yaml on the meta device (no memory, no compute)."""
     if isinstance(start.get("params"), dict):
         return start["params"], start.get("flops_per_token")
-    cfg = run.run_config()
+    cfg = run.run_config
     if cfg is None:
         return None, None
     import torch
