@@ -74,7 +74,7 @@ def session() -> requests.Session:
     return s
 
 
-def fetch(url: str, part: Path, progress: Callable[[int], None] | None = None) -> None:
+def fetch(url: str, part: Path) -> None:
     """Download `url` into `part`, resuming from what `part` already holds.
 
     Returns when `part` holds the whole file; otherwise raises EvalError naming the URL, what
@@ -88,7 +88,7 @@ def fetch(url: str, part: Path, progress: Callable[[int], None] | None = None) -
             if attempt:
                 time.sleep(BACKOFF * 2 ** (attempt - 1))
             try:
-                transfer(s, url, part, progress)
+                transfer(s, url, part)
                 return
             except (InvalidURL, InvalidSchema, MissingSchema) as e:
                 raise EvalError(f"could not download {url}: {e}; check --url") from None
@@ -107,7 +107,7 @@ def kept(part: Path) -> str:
     )
 
 
-def transfer(s: requests.Session, url: str, part: Path, progress) -> None:
+def transfer(s: requests.Session, url: str, part: Path) -> None:
     """One GET of the rest of the file (a Range request when `part` holds a start)."""
     have = part.stat().st_size if part.exists() else 0
     # identity: the bytes on disk must be the file's bytes, so that a Range continues them
@@ -136,8 +136,6 @@ def transfer(s: requests.Session, url: str, part: Path, progress) -> None:
             for chunk in r.iter_content(CHUNK):
                 out.write(chunk)
                 have += len(chunk)
-                if progress:
-                    progress(have)
     if total is not None and have != total:
         raise Cut(f"got {have:,} of {total:,} bytes")
 

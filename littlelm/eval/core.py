@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from littlelm.eval.prompts import ItemPrompts, PromptBuilder, Truncation
+from littlelm.eval.prompts import ItemPrompts, PromptBuilder, Truncation, common_prefix
 from littlelm.eval.tasks import CORE_TASKS, TaskSpec, load_items, load_task_list, shuffled
 
 TIE_TOLERANCE = 1e-5  # relative; mean losses closer than this count as a tie
@@ -146,7 +146,7 @@ class Row:
 
 def tree_row(item: ItemPrompts) -> Row:
     prompts = item.tokens
-    shared = _shared_len(prompts)
+    shared = common_prefix(prompts)
     row = Row(list(prompts[0][:shared]), list(range(shared)), [-1] * shared, [], [], [])
     for i, (p, (start, end)) in enumerate(zip(prompts, item.spans)):
         offset = len(row.tokens) - shared  # row index of position j >= shared is j + offset
@@ -158,15 +158,6 @@ def tree_row(item: ItemPrompts) -> Row:
             row.targets.append(p[j])
             row.owner.append(i)
     return row
-
-
-def _shared_len(prompts: list[list[int]]) -> int:
-    n = min(len(p) for p in prompts)
-    first = prompts[0]
-    for i in range(n):
-        if any(p[i] != first[i] for p in prompts[1:]):
-            return i
-    return n
 
 
 def batches(rows: list[Row], batch_tokens: int) -> list[list[int]]:
@@ -252,11 +243,11 @@ def task_items(task: TaskSpec, data_dir: Path) -> list[dict]:
 
 
 def evaluate_task(
-    model, tokenizer, task: TaskSpec, data: list[dict], opts: EvalOptions, device=None
+    model, tokenizer, task: TaskSpec, data: list[dict], opts: EvalOptions
 ) -> TaskResult:
     """Score the first `max_per_task` items of `data` (already shuffled; examples come from all)."""
     t0 = time.perf_counter()
-    device = device or next(model.parameters()).device
+    device = next(model.parameters()).device
     builder = PromptBuilder(task, data, tokenizer, model.cfg.max_seq_len, opts.truncation)
     n = len(data) if opts.max_per_task is None else min(opts.max_per_task, len(data))
     items = [builder.build(i) for i in range(n)]
@@ -291,7 +282,6 @@ def evaluate_suite(
     suite: list[tuple[TaskSpec, list[dict]]],
     opts: EvalOptions,
     log: Callable[[str], None] = print,
-    device=None,
 ) -> SuiteResult:
     """Every task of `load_suite` in turn (model in eval mode; the caller chooses autocast)."""
     was_training = model.training
@@ -299,7 +289,7 @@ def evaluate_suite(
     results = []
     try:
         for task, data in suite:
-            res = evaluate_task(model, tokenizer, task, data, opts, device)
+            res = evaluate_task(model, tokenizer, task, data, opts)
             results.append(res)
             for line in truncation_warnings(res, model.cfg.max_seq_len, opts):
                 log(line)

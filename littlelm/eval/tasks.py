@@ -263,13 +263,11 @@ def bundle_differences(bundle: Path, specs: list[TaskSpec]) -> list[str]:
         t = theirs.get(s.label)
         if t is None:
             continue
-        shots = t.get("num_fewshot")
-        shots = shots[0] if isinstance(shots, list) and len(shots) == 1 else shots
         mine = (s.dataset_uri, s.icl_task_type, s.num_fewshot, s.continuation_delimiter)
         other = (
             t.get("dataset_uri"),
             t.get("icl_task_type"),
-            shots,
+            TaskSpec._one_shot_count(t.get("num_fewshot")),  # llm-foundry's [N]
             t.get("continuation_delimiter", " "),
         )
         if mine != other:

@@ -166,10 +166,9 @@ def remote_config(m: GPTConfig, bos_id: int) -> dict:
     }
 
 
-def _refuse(source: str, feature: str, fix: str = "") -> CheckpointError:
+def _refuse(source: str, feature: str, fix: str) -> CheckpointError:
     return CheckpointError(
-        f"{source}: {feature}, which littlelm's model does not have; it cannot be imported"
-        + (f" ({fix})" if fix else "")
+        f"{source}: {feature}, which littlelm's model does not have; it cannot be imported ({fix})"
     )
 
 

@@ -20,7 +20,7 @@ import torch
 from littlelm.config import to_tree, validate
 from littlelm.data.chat import CHAT_TOKENS
 from littlelm.errors import ConfigError, LittleLMError
-from littlelm.interop.hf import _NoOptimizer, staged
+from littlelm.interop.hf import NO_OPTIMIZER, staged
 from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import GPT
 from littlelm.schema import RunConfig
@@ -77,7 +77,7 @@ def add_chat_tokens(source: str | Path, out: str | Path) -> dict:
         state = {"tokens": 0, "tokenizer": new_tok.fingerprint, "config": to_tree(new_cfg)}
         state["chat_tokens_from"] = str(path.resolve())
         saved = ckpt.save_checkpoint(
-            tmp / "checkpoints", 0, new, _NoOptimizer(), state, origin, new_tok
+            tmp / "checkpoints", 0, new, NO_OPTIMIZER, state, origin, new_tok
         )
     return {
         "out": Path(out),

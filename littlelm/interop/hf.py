@@ -25,6 +25,7 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import yaml
@@ -213,7 +214,7 @@ def import_model(source: str | Path, out: str | Path) -> dict:
     with staged(Path(out)) as tmp:
         state = {"tokens": 0, "tokenizer": tok.fingerprint, "config": to_tree(cfg)}
         state["imported_from"] = str(src.resolve())
-        path = ckpt.save_checkpoint(tmp / "checkpoints", 0, model, _NoOptimizer(), state, {}, tok)
+        path = ckpt.save_checkpoint(tmp / "checkpoints", 0, model, NO_OPTIMIZER, state, {}, tok)
         (tmp / "train.yaml").write_text(train_yaml(cfg, Path(out), path.name, src))
     return {
         "arch": arch,
@@ -225,11 +226,8 @@ def import_model(source: str | Path, out: str | Path) -> dict:
     }
 
 
-class _NoOptimizer:
-    """An imported model has no optimizer state; the checkpoint format wants a file."""
-
-    def state_dict(self) -> dict:
-        return {}
+# An imported model has no optimizer state; the checkpoint format wants a file (of {}).
+NO_OPTIMIZER = SimpleNamespace(state_dict=dict)
 
 
 def read_config(src: Path) -> dict:

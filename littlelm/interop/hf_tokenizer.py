@@ -32,8 +32,7 @@ PROBE = "Hello, world! It's 2026 -- naïve café, 東京, emoji 🙂\n\tdef f(x)
 
 def export_tokenizer(tok: Tokenizer, out: Path) -> None:
     """tokenizer.json + tokenizer_config.json for `tok` in `out`, or a CheckpointError."""
-    raw, bos = _raw(tok)
-    _check_same_ids(raw, tok)
+    raw, bos = raw_tokenizer(tok)
     from tokenizers.processors import Sequence, TemplateProcessing
 
     if raw.encode("a").ids[:1] != [tok.bos_id]:  # BOS first, as in training (littlelm's
@@ -74,25 +73,25 @@ def chat_config(tok: Tokenizer) -> dict:
 def raw_tokenizer(tok: Tokenizer):
     """(the tokenizers.Tokenizer with littlelm's ids, the BOS token's text), checked to encode
     as littlelm does; without the BOS post-processor (the GGUF export reads its vocabulary)."""
-    raw, bos = _raw(tok)
-    _check_same_ids(raw, tok)
-    return raw, bos
-
-
-def _raw(tok: Tokenizer):
-    """(a tokenizers.Tokenizer with littlelm's ids, the BOS token's text)."""
     from tokenizers import Tokenizer as Raw
 
     if isinstance(tok, HFTokenizer):
-        return Raw.from_str(tok.tok.to_str()), tok.bos_token
-    if isinstance(tok, ByteTokenizer):
-        return _byte_level(tok), "<|bos|>"
-    if tok.kind == "tiktoken":
-        return _from_tiktoken(tok), tok.bos_token
-    raise CheckpointError(
-        f"cannot export a {tok.kind} tokenizer to tokenizer.json; train with data.tokenizer "
-        "name bpe, huggingface, tiktoken or byte to export the model"
-    )
+        raw, bos = Raw.from_str(tok.tok.to_str()), tok.bos_token
+    elif isinstance(tok, ByteTokenizer):
+        raw, bos = _byte_level(tok), "<|bos|>"
+    elif tok.kind == "tiktoken":
+        raw, bos = _from_tiktoken(tok), tok.bos_token
+    else:
+        raise CheckpointError(
+            f"cannot export a {tok.kind} tokenizer to tokenizer.json; train with data.tokenizer "
+            "name bpe, huggingface, tiktoken or byte to export the model"
+        )
+    if raw.encode(PROBE, add_special_tokens=False).ids != list(tok.encode(PROBE)):
+        raise CheckpointError(
+            f"the {tok.kind} tokenizer converted to tokenizer.json encodes differently from "
+            "littlelm's; train with data.tokenizer name bpe or huggingface to export this model"
+        )
+    return raw, bos
 
 
 def _byte_level(tok: ByteTokenizer):
@@ -129,15 +128,6 @@ def _from_tiktoken(tok: Tokenizer):
             "bpe or huggingface to export this model"
         )
     return raw
-
-
-def _check_same_ids(raw, tok: Tokenizer) -> None:
-    got = raw.encode(PROBE, add_special_tokens=False).ids
-    if got != list(tok.encode(PROBE)):
-        raise CheckpointError(
-            f"the {tok.kind} tokenizer converted to tokenizer.json encodes differently from "
-            "littlelm's; train with data.tokenizer name bpe or huggingface to export this model"
-        )
 
 
 def import_tokenizer(src: Path, hf_config: dict) -> HFTokenizer:

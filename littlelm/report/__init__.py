@@ -11,21 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from littlelm.config import flatten
 from littlelm.report.figures import render_figures
-from littlelm.report.markdown import (
-    eval_table,
-    fence,
-    figures_section,
-    header,
-    kv_table,
-    missing_notes,
-    model_rows,
-    summary_rows,
-    table,
-)
+from littlelm.report.markdown import render_markdown
 from littlelm.report.runs import ReportError, RunData, load_run_dir
-from littlelm.report.summary import facts
 
 __all__ = ["ReportError", "default_out", "write_report"]
 
@@ -65,56 +53,3 @@ def label_runs(runs: list[RunData]) -> list[RunData]:
         if names.count(r.name) > 1:
             r.name = str(r.path)
     return runs
-
-
-def render_markdown(runs: list[RunData], figs, price: float | None) -> str:
-    all_facts = [facts(r, price) for r in runs]
-    names = [r.name for r in runs]
-    parts = [
-        header(runs),
-        "## Summary\n\n" + kv_table(names, summary_rows(all_facts, price)),
-        "## Model\n\n" + kv_table(names, known_rows(model_rows(runs, all_facts))),
-        figures_section(figs),
-    ]
-    evals = [(r, eval_table(r)) for r in runs]
-    if any(t for _, t in evals):
-        parts.append("## Evaluations")
-        for run, t in evals:
-            if t:
-                parts.append((f"### {run.name}\n\n" if len(runs) > 1 else "") + t)
-    samples = [(r, r.sample) for r in runs if r.sample]
-    if samples:
-        parts.append("## Last sample")
-        for run, text in samples:
-            parts.append((f"### {run.name}\n\n" if len(runs) > 1 else "") + fence(text))
-    notes = [(r, [*r.notes, *missing_notes(r)]) for r in runs]
-    if any(n for _, n in notes):
-        lines = [f"- {r.name}: {' '.join(n.split())}" for r, ns in notes for n in ns]
-        parts.append("## Notes\n\n" + "\n".join(lines))
-    parts.append(config_section(runs))
-    return "\n\n".join(parts) + "\n"
-
-
-def known_rows(rows: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
-    """Rows where at least one run has a value (a config from another version may lack some)."""
-    return [(label, vals) for label, vals in rows if any(v != "n/a" for v in vals)]
-
-
-def config_section(runs: list[RunData]) -> str:
-    parts = ["## Configuration"]
-    if len(runs) > 1:
-        flats = [flatten(r.config) for r in runs]
-        keys = sorted({k for f in flats for k in f})
-        differ = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
-        if differ:
-            rows = [[f"`{k}`", *(str(f.get(k, "(absent)")) for f in flats)] for k in differ]
-            parts.append(
-                "Settings that differ:\n\n" + table(["key", *(r.name for r in runs)], rows)
-            )
-        else:
-            parts.append("The runs' resolved configurations are identical.")
-    for run in runs:
-        title = f"Resolved config of {run.name}" if len(runs) > 1 else "Resolved config"
-        text = run.config_text or "(config.yaml missing)"
-        parts.append(f"### {title} (`{run.path / 'config.yaml'}`)\n\n" + fence(text, "yaml"))
-    return "\n\n".join(parts)

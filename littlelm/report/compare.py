@@ -17,6 +17,7 @@ from pathlib import Path
 
 from littlelm.report.plots import LINESTYLES, PALETTE, Line, Panel, line_figure, save_png
 from littlelm.report.runs import ReportError, RunData, load_run_dir
+from littlelm.report.summary import last_value
 
 MANIFEST = "sweep.json"
 
@@ -40,20 +41,13 @@ class Row:
     finished: bool = False
 
 
-def last(run: RunData, kind: str, key: str):
-    for rec in reversed(run.records.get(kind, [])):
-        if rec.get(key) is not None:
-            return rec[key]
-    return None
-
-
 def seconds_of(run: RunData) -> float | None:
     """Training wall-clock: the budget's count, else the pure step time of the last record."""
     for kind in ("end", "train", "eval"):
-        value = last(run, kind, "budget_spent")
+        value = last_value(run, kind, "budget_spent")
         if value is not None:
             return value
-    return last(run, "end", "train_time") or last(run, "train", "train_time")
+    return last_value(run, "end", "train_time") or last_value(run, "train", "train_time")
 
 
 def row_of(variant: dict, sweep_dir: Path, price: float | None) -> Row:
@@ -64,16 +58,16 @@ def row_of(variant: dict, sweep_dir: Path, price: float | None) -> Row:
     except ReportError:
         return Row(name, group, None)
     r = Row(name, group, run, finished=bool(run.records.get("end")))
-    r.val_loss, r.val_bpb = last(run, "eval", "val_loss"), last(run, "eval", "val_bpb")
-    r.score = last(run, "icl", "core")
+    r.val_loss, r.val_bpb = last_value(run, "eval", "val_loss"), last_value(run, "eval", "val_bpb")
+    r.score = last_value(run, "icl", "core")
     if r.score is None:
-        r.score = last(run, "icl", "mean_centered")
-    r.tokens = last(run, "end", "tokens") or last(run, "train", "tokens")
+        r.score = last_value(run, "icl", "mean_centered")
+    r.tokens = last_value(run, "end", "tokens") or last_value(run, "train", "tokens")
     r.seconds = seconds_of(run)
-    train_time = last(run, "end", "train_time") or last(run, "train", "train_time")
+    train_time = last_value(run, "end", "train_time") or last_value(run, "train", "train_time")
     if r.tokens and train_time:
         r.tok_s = r.tokens / train_time
-    r.dollars = last(run, "end", "budget_dollars")
+    r.dollars = last_value(run, "end", "budget_dollars")
     if r.dollars is None and price is not None and r.seconds is not None:
         r.dollars = r.seconds / 3600 * price
     return r

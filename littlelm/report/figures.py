@@ -47,7 +47,6 @@ CAPTIONS = {
 class Entry:
     run: int
     kind: str
-    field: str
     metric: Metric
     series: Series
 
@@ -68,7 +67,7 @@ def collect(runs: list[RunData]) -> dict[str, dict[tuple[str, str], list[Entry]]
     figures: dict[str, dict[tuple[str, str], list[Entry]]] = {}
     for i, run in enumerate(runs):
         start = run.grown_start() if len(runs) > 1 else None
-        for kind in run.kinds():
+        for kind in run.records:
             if kind in ("start", "end"):
                 continue
             names = run.fields(kind)
@@ -79,7 +78,7 @@ def collect(runs: list[RunData]) -> dict[str, dict[tuple[str, str], list[Entry]]
                     continue
                 panel = (metric.panel or f"{kind}:{name}", metric.unit)
                 figures.setdefault(metric.figure, {}).setdefault(panel, []).append(
-                    Entry(i, kind, name, metric, series)
+                    Entry(i, kind, metric, series)
                 )
         schedule = shifted(schedule_series(run), start)
         if schedule is not None:
@@ -88,7 +87,7 @@ def collect(runs: list[RunData]) -> dict[str, dict[tuple[str, str], list[Entry]]
                 (metric.panel, metric.unit), []
             )
             first = next((n for n, e in enumerate(entries) if e.run == i), len(entries))
-            entries.insert(first, Entry(i, "config", "lr_mult", metric, schedule))
+            entries.insert(first, Entry(i, "config", metric, schedule))
     return dict(sorted(figures.items(), key=lambda kv: figure_order(kv[0])))
 
 
@@ -107,7 +106,7 @@ def shifted(series: Series | None, start: dict | None) -> Series | None:
 def schedule_series(run: RunData, points: int = 2000) -> Series | None:
     """The lr multiplier of every step, from the config's schedule (a pure function): the logged
     values are only every log_every steps, which hides a short warmup."""
-    cfg = run.run_config()
+    cfg = run.run_config
     if cfg is None or not cfg.train.max_steps or not cfg.train.batch_tokens:
         return None
     if cfg.train.budget is not None and cfg.train.budget.kind in ("hours", "dollars"):

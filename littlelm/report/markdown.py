@@ -6,11 +6,12 @@ import re
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
+from littlelm.config import flatten
 from littlelm.progress import duration
 from littlelm.report.catalog import NOT_PLOTTED, describe
 from littlelm.report.figures import FigureFile
 from littlelm.report.runs import RunData, flat, is_number
-from littlelm.report.summary import Facts
+from littlelm.report.summary import Facts, facts
 
 # Metrics a reader expects; when a run lacks one, the notes say so instead of a silent gap.
 EXPECTED = {
@@ -23,6 +24,60 @@ EXPECTED = {
     "gradient norm": ("train", "grad_norm"),
 }
 MAX_EVAL_ROWS = 25
+
+
+def render_markdown(runs: list[RunData], figs: list[FigureFile], price: float | None) -> str:
+    """The whole page: summary, model, plots, evaluations, last sample, notes and config."""
+    all_facts = [facts(r, price) for r in runs]
+    names = [r.name for r in runs]
+    parts = [
+        header(runs),
+        "## Summary\n\n" + kv_table(names, summary_rows(all_facts, price)),
+        "## Model\n\n" + kv_table(names, known_rows(model_rows(runs, all_facts))),
+        figures_section(figs),
+    ]
+    evals = [(r, eval_table(r)) for r in runs]
+    if any(t for _, t in evals):
+        parts.append("## Evaluations")
+        for run, t in evals:
+            if t:
+                parts.append((f"### {run.name}\n\n" if len(runs) > 1 else "") + t)
+    samples = [(r, r.sample) for r in runs if r.sample]
+    if samples:
+        parts.append("## Last sample")
+        for run, text in samples:
+            parts.append((f"### {run.name}\n\n" if len(runs) > 1 else "") + fence(text))
+    notes = [(r, [*r.notes, *missing_notes(r)]) for r in runs]
+    if any(n for _, n in notes):
+        lines = [f"- {r.name}: {' '.join(n.split())}" for r, ns in notes for n in ns]
+        parts.append("## Notes\n\n" + "\n".join(lines))
+    parts.append(config_section(runs))
+    return "\n\n".join(parts) + "\n"
+
+
+def known_rows(rows: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """Rows where at least one run has a value (a config from another version may lack some)."""
+    return [(label, vals) for label, vals in rows if any(v != "n/a" for v in vals)]
+
+
+def config_section(runs: list[RunData]) -> str:
+    parts = ["## Configuration"]
+    if len(runs) > 1:
+        flats = [flatten(r.config) for r in runs]
+        keys = sorted({k for f in flats for k in f})
+        differ = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+        if differ:
+            rows = [[f"`{k}`", *(str(f.get(k, "(absent)")) for f in flats)] for k in differ]
+            parts.append(
+                "Settings that differ:\n\n" + table(["key", *(r.name for r in runs)], rows)
+            )
+        else:
+            parts.append("The runs' resolved configurations are identical.")
+    for run in runs:
+        title = f"Resolved config of {run.name}" if len(runs) > 1 else "Resolved config"
+        text = run.config_text or "(config.yaml missing)"
+        parts.append(f"### {title} (`{run.path / 'config.yaml'}`)\n\n" + fence(text, "yaml"))
+    return "\n\n".join(parts)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
@@ -203,8 +258,7 @@ def eval_table(run: RunData) -> str | None:
 
 def eval_label(col: str) -> str:
     """'val_bpb' -> 'val_bpb (bits/byte)': the field name, as in metrics.jsonl, and its unit."""
-    metric = describe("eval", col)
-    return f"{col} ({metric.unit})" if metric else col
+    return f"{col} ({describe('eval', col).unit})"  # eval_table shows described fields only
 
 
 def cell(value) -> str:

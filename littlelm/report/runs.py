@@ -1,4 +1,4 @@
-"""Reading a run directory for a report: config.yaml, metrics.jsonl, samples.txt, checkpoints/.
+"""Reading a run directory for a report: config.yaml, metrics.jsonl and samples.txt.
 
 Nothing here depends on a fixed metrics schema. Records are grouped by their `kind`; any numeric
 field of any kind becomes a series (nested mappings flattened to `field.key`); a field that is
@@ -14,6 +14,7 @@ import math
 import re
 import warnings
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +35,6 @@ class Series:
     tokens: np.ndarray
     value: np.ndarray
 
-    @property
-    def finite(self) -> np.ndarray:
-        return self.value[np.isfinite(self.value)]
-
 
 @dataclass
 class RunData:
@@ -48,24 +45,20 @@ class RunData:
     records: dict[str, list[dict]]
     notes: list[str] = field(default_factory=list)
     sample: str | None = None
-    checkpoints: list[str] = field(default_factory=list)
 
+    @cached_property
     def run_config(self):
         """config.yaml loaded as a RunConfig with this littlelm (None, and a note, if it does not
         load: a run from another version). Loaded once."""
-        if not hasattr(self, "_run_config"):
-            self._run_config = None
-            if self.config:
-                try:
-                    from littlelm.schema import load_run
+        from littlelm.schema import load_run
 
-                    self._run_config = load_run(self.path / "config.yaml")
-                except LittleLMError as e:
-                    self.notes.append(
-                        f"config.yaml does not load with this littlelm version, so the parameter "
-                        f"count and the schedule curve are left out ({e})"
-                    )
-        return self._run_config
+        try:
+            return load_run(self.path / "config.yaml") if self.config else None
+        except LittleLMError as e:
+            self.notes.append(
+                f"config.yaml does not load with this littlelm version, so the parameter "
+                f"count and the schedule curve are left out ({e})"
+            )
 
     def grown_start(self) -> dict | None:
         """Where a grown run starts on its parent's axes ({step, tokens, checkpoint}), as its
@@ -75,9 +68,6 @@ class RunData:
             if isinstance(start, dict) and is_number(start.get("tokens")):
                 return {"checkpoint": "?", "step": 0, **start}
         return None
-
-    def kinds(self) -> list[str]:
-        return list(self.records)
 
     def fields(self, kind: str) -> list[str]:
         """Every field of `kind` records that holds a number (or null) somewhere, in order."""
@@ -163,7 +153,6 @@ def load_run_dir(path: str | Path) -> RunData:
         records=records,
         notes=notes,
         sample=last_sample(path / "samples.txt"),
-        checkpoints=sorted(p.name for p in (path / "checkpoints").glob("step_*") if p.is_dir()),
     )
 
 
@@ -172,14 +161,11 @@ def load_run_dir(path: str | Path) -> RunData:
 EVENT_FIELD = {"rollback": "failed_at"}
 
 
-def read_metrics(
-    path: Path, notes: list[str], bad: list[tuple[int, str]] | None = None
-) -> dict[str, list[dict]]:
+def read_metrics(path: Path, notes: list[str], bad: list[tuple[int, str]]) -> dict[str, list[dict]]:
     """Records by kind, in file order, the last one kept where a (kind, step) repeats. Lines
     that are not JSON objects, and train or eval records without a numeric step, are skipped
     (noted, and listed in `bad` as (line number, what is wrong))."""
     by_key: dict[tuple, dict] = {}
-    bad = [] if bad is None else bad
     for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue

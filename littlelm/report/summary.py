@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from littlelm.report.runs import RunData, is_number
 
@@ -35,7 +35,6 @@ class Facts:
     flops_per_token: float | None = None
     cost: float | None = None
     cost_per_btok: float | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def finite(values) -> list[float]:
@@ -131,7 +130,7 @@ def model_size(run: RunData, start: dict) -> tuple[dict | None, float | None]:
     config.yaml on the meta device (no memory, no compute)."""
     if isinstance(start.get("params"), dict):
         return start["params"], start.get("flops_per_token")
-    cfg = run.run_config()
+    cfg = run.run_config
     if cfg is None:
         return None, None
     import torch

@@ -29,7 +29,6 @@ from littlelm.sweep.spec import (
     parse_set,
     read_base,
 )
-from littlelm.train.device import peak_flops, pick_device, with_precision
 
 __all__ = ["SweepError", "SweepOptions", "plan_sweep", "run_sweep"]
 
@@ -86,7 +85,7 @@ def plan_sweep(opts: SweepOptions) -> tuple[Path, list[Job]]:
     )
     sweep_dir = Path(base_cfg.run.out_dir) / name
     configs = load_variants(opts.base, opts.overrides, variants, sweep_dir, budget_override(budget))
-    check_budgets(configs, [v.name for v in variants], _peak)
+    check_budgets(configs, [v.name for v in variants])
     jobs, shared = [], [*opts.overrides, *budget_override(budget)]
     for v, cfg in zip(variants, configs, strict=True):
         overrides = [*shared, *v.overrides]
@@ -94,11 +93,6 @@ def plan_sweep(opts: SweepOptions) -> tuple[Path, list[Job]]:
         log = sweep_dir / "logs" / f"{v.name}.log"
         jobs.append(Job(v, cfg.run_dir(), log, train_command(opts.base, overrides), shared))
     return sweep_dir, jobs
-
-
-def _peak(cfg) -> tuple[float, str]:
-    device = pick_device(cfg.run.device)
-    return peak_flops(device, precision=with_precision(cfg, device).train.precision), device.type
 
 
 def run_sweep(opts: SweepOptions, say=print) -> Path:

@@ -28,6 +28,7 @@ from littlelm.errors import ConfigError, LittleLMError
 from littlelm.model.gpt import flops_per_token
 from littlelm.schema import MAX_NAME_BYTES, RunConfig, find_config, load_run, run_name_problem
 from littlelm.train.budget import check_budget_fits
+from littlelm.train.device import peak_flops, pick_device, with_precision
 
 RESERVED = ("run.name", "run.out_dir")  # the sweep sets these for each variant
 TIME_UNITS = {"s": 1 / 3600, "m": 1 / 60, "min": 1 / 60, "h": 1.0, "d": 24.0}  # lower case
@@ -218,7 +219,7 @@ def load_variants(
     return configs
 
 
-def check_budgets(configs: list[RunConfig], names: list[str], peak_of) -> None:
+def check_budgets(configs: list[RunConfig], names: list[str]) -> None:
     """A time budget too small for one step of a variant, at its device's peak: an error."""
     problems = []
     for cfg, name in zip(configs, names, strict=True):
@@ -226,9 +227,10 @@ def check_budgets(configs: list[RunConfig], names: list[str], peak_of) -> None:
         seconds = b.seconds(cfg.distributed.world_size or 1) if b is not None else None
         if seconds is None or not cfg.model.analytic_plan:  # FLOPs are counted for gpt only
             continue
-        peak, device = peak_of(cfg)
+        device = pick_device(cfg.run.device)
+        peak = peak_flops(device, precision=with_precision(cfg, device).train.precision)
         fpt = flops_per_token(cfg.model, cfg.train.seq_len)
-        problem = check_budget_fits(seconds, cfg.train.batch_tokens, fpt, peak, device)
+        problem = check_budget_fits(seconds, cfg.train.batch_tokens, fpt, peak, device.type)
         if problem:
             problems.append(f"variant {name}: {problem}")
     if problems:
