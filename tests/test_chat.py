@@ -739,3 +739,28 @@ def test_a_model_from_before_the_chat_tokens_gets_them_and_fine_tunes(tmp_path, 
     # a second time: it has them already
     assert main(["chat-tokens", str(tmp_path / "runs" / "chat"), "--out", str(tmp_path / "x")]) != 0
     assert "has the chat tokens already" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("answer", ["AB", "é", "", True, 4, -1, "E", 1.0])
+def test_chat_eval_choice_answers_that_name_no_choice_are_clear(tmp_path, answer):
+    # a raw ValueError ('substring not found') came out of "AB" or "é" before
+    from littlelm.eval.chat_eval import read_rows
+
+    f = tmp_path / "mc.jsonl"
+    f.write_text(
+        json.dumps({"question": "Pick", "choices": ["p", "q", "r", "s"], "answer": answer})
+    )
+    with pytest.raises(
+        DataError,
+        match=r"mc\.jsonl:1: answer .* is not one of the choices: give one letter A-D or an index 0-3",
+    ):
+        read_rows(f, "choice")
+
+
+def test_chat_eval_choice_answer_letters_in_either_case(tmp_path):
+    from littlelm.eval.chat_eval import read_rows
+
+    f = tmp_path / "mc.jsonl"
+    rows = [{"question": "Pick", "choices": ["p", "q", "r"], "answer": a} for a in ("b", " C", 0)]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [r["gold"] for r in read_rows(f, "choice")] == [1, 2, 0]

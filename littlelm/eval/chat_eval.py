@@ -90,10 +90,16 @@ def read_rows(path: Path, kind: str) -> list[dict]:
             choices = row.get("choices")
             if not isinstance(choices, list) or not 2 <= len(choices) <= 26:
                 raise DataError(f"{where}: a choice row needs 2-26 choices")
-            gold = row["answer"]
-            gold = string.ascii_uppercase.index(gold) if isinstance(gold, str) else gold
-            if not isinstance(gold, int) or not 0 <= gold < len(choices):
-                raise DataError(f"{where}: answer {row['answer']!r} is not one of the choices")
+            gold, last = row["answer"], string.ascii_uppercase[len(choices) - 1]
+            if isinstance(gold, str):  # a letter, either case ("b" is B); anything else is wrong
+                letter = gold.strip().upper()
+                ok = len(letter) == 1 and letter in string.ascii_uppercase
+                gold = string.ascii_uppercase.index(letter) if ok else None
+            if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
+                raise DataError(
+                    f"{where}: answer {row['answer']!r} is not one of the choices: give one "
+                    f"letter A-{last} or an index 0-{len(choices) - 1}"
+                )
             letters = "\n".join(f"{string.ascii_uppercase[i]}. {c}" for i, c in enumerate(choices))
             question = f"{row.get('question', '')}\n{letters}\nAnswer with the letter."
             messages = [{"role": "user", "content": question}]
