@@ -23,6 +23,7 @@ pauses that long between the writes of a save, so a kill can be landed inside th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -84,16 +85,12 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _write(path: Path, write) -> None:
@@ -329,7 +326,10 @@ class LazyTensors(Mapping):
 def load_model_tensors(model: torch.nn.Module, tensors: Mapping, source: Path) -> None:
     """Copy checkpoint tensors into `model`; shapes and names must match (tied copies aside)."""
     own = model.state_dict()
-    shapes = tensors.shapes if isinstance(tensors, LazyTensors) else _shapes(tensors)
+    if isinstance(tensors, LazyTensors):
+        shapes = tensors.shapes
+    else:
+        shapes = {k: tuple(v.shape) for k, v in tensors.items()}
     missing = [k for k in own if k not in shapes and not _is_tied_copy(model, k)]
     unexpected = [k for k in shapes if k not in own]
     wrong = [
@@ -348,10 +348,6 @@ def load_model_tensors(model: torch.nn.Module, tensors: Mapping, source: Path) -
             "the model section of the config must match the checkpoint's"
         )
     model.load_state_dict(tensors, strict=False)
-
-
-def _shapes(tensors: Mapping) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v.shape) for k, v in tensors.items()}
 
 
 def _is_tied_copy(model: torch.nn.Module, key: str) -> bool:
