@@ -61,10 +61,6 @@ class UnreadableCheckpoint(CheckpointError):
     """A checkpoint whose files cannot be read (truncated, corrupt, or not a checkpoint)."""
 
 
-def dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
 def _fault_pause() -> None:
     """Test hook: sleep LITTLELM_FAULT_SAVE_DELAY seconds (unset: no-op)."""
     delay = float(os.environ.get(FAULT_DELAY_ENV) or 0)
@@ -120,17 +116,13 @@ def _fsync_tree(path: Path) -> None:
 
 
 def rng_state() -> dict:
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "numpy": _numpy_state(),
+        "numpy": [keys.tolist(), int(pos), int(has_gauss), float(gauss)],
         "python": list(random.getstate()[1]),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
-
-
-def _numpy_state() -> list:
-    _, keys, pos, has_gauss, gauss = np.random.get_state()
-    return [keys.tolist(), int(pos), int(has_gauss), float(gauss)]
 
 
 def set_rng_state(state: dict) -> None:
@@ -211,7 +203,7 @@ def _check_free_space(root: Path, step: int) -> None:
     newest = latest_checkpoint(root, warn=False)
     if newest is None:
         return
-    need = dir_bytes(newest)
+    need = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())
     usage = shutil.disk_usage(root)
     if usage.total and usage.free < need:
         raise CheckpointError(
