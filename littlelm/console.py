@@ -20,7 +20,7 @@ import time
 import torch
 
 from littlelm.model.kernels import run_backend
-from littlelm.optim.schedule_check import schedule_warnings
+from littlelm.optim.schedule import schedule_warnings
 from littlelm.progress import Progress, duration, human
 from littlelm.schema import RunConfig
 from littlelm.train.callbacks import Callback

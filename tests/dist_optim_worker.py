@@ -19,7 +19,6 @@ from littlelm.errors import DistributedError
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.optim.groups import MuonConfig, build_optimizer
 from littlelm.train.distributed import DistEnv, DistributedConfig, Parallel
-from littlelm.train.model_parallel import fully_shard_model
 
 # Odd sizes on purpose: 3 heads of 12, ve_gate (3, 32) and 3-element scalars split unevenly over
 # 2 ranks; 12 attention matrices, 3 MLP matrices of each shape, 2 gates per Muon bucket.
@@ -88,7 +87,9 @@ def variants(base: GPT) -> dict:
     m = copy.deepcopy(base)
     out["ddp"] = (m, build_optimizer(m, OPT).shard(False, True, True))
     m = copy.deepcopy(base)
-    fully_shard_model(m, dist.get_world_size(), "cpu", "fp32", DistributedConfig())
+    env = DistEnv(dist.get_rank(), dist.get_world_size())
+    fsdp = Parallel(DistributedConfig(strategy="fsdp"), env, torch.device("cpu"))
+    fsdp.shard_model(m, "fp32")
     out["fsdp"] = (m, build_optimizer(m, OPT).shard(True, True, False))
     return out
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from littlelm.console import Console, FirstSteps
-from littlelm.optim.schedule_check import schedule_warnings
+from littlelm.optim.schedule import schedule_warnings
 from littlelm.progress import Progress
 from littlelm.registry import SCHEDULES
 from littlelm.schema import load_run

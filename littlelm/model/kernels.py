@@ -220,9 +220,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     queries share a key/value head as in SDPA's enable_gqa). Returns (B, H, T, D)."""
     if q.device.type == "cpu" and q.size(-2) > 1:
         return blocked_causal_attention(q, k, v)
-    return F.scaled_dot_product_attention(
-        q, k, v, is_causal=True, enable_gqa=k.size(1) != q.size(1)
-    )
+    return sdpa_causal(q, k, v)
 
 
 def blocked_causal_attention(

@@ -142,23 +142,19 @@ class MuonConfig(AdamWConfig):
             steps=self.momentum_warmup_steps,
         )
 
-    def traceable(self) -> OptimizerConfig:
-        return self.model_copy(update={"adamw_8bit": False})  # as AdamWConfig.traceable
-
 
 ORIGINS = ("embedding", "old", "new")
 NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def role_lr(cfg: AdamWConfig, role: str) -> float:
-    lr = {
+    return {
         "matrix": cfg.lr,
         "embedding": cfg.embedding_lr or cfg.lr,
         "value_embedding": cfg.value_embedding_lr or cfg.embedding_lr or cfg.lr,
         "lm_head": cfg.lm_head_lr or cfg.lr,
         "scalar": cfg.scalar_lr or cfg.lr,
     }[role]
-    return lr
 
 
 def default_origin(role: str) -> str:

@@ -213,11 +213,11 @@ class MuonAdamW(torch.optim.Optimizer):
             live = [p for p in bucket if p.grad is not None]
             if not live:
                 continue
-            if self.fsdp:
+            if self.shard_muon:  # fsdp too
                 self._stepped.update(id(p) for p in live)
+            if self.fsdp:
                 self._muon_fsdp(group, live)
             elif self.shard_muon:
-                self._stepped.update(id(p) for p in live)
                 self._muon_owned(group, live)
             else:
                 self._muon(group, live)
@@ -261,16 +261,11 @@ class MuonAdamW(torch.optim.Optimizer):
             torch._foreach_mul_(params, decay)
         torch._foreach_add_(params, [u.to(params[0].dtype) for u in updates], alpha=-lr)
 
-    def _owned(self, n: int) -> tuple[int, int]:
-        """[lo, hi) of the n same-shaped matrices this rank orthogonalises."""
-        k = -(-n // self.world)
-        return min(self.rank * k, n), min(self.rank * k + k, n)
-
     def _muon_owned(self, group: dict, params: list[torch.Tensor]) -> None:
         """ddp: orthogonalise the matrices this rank owns, all-gather every update."""
         n, shape = len(params), params[0].shape
         k = -(-n // self.world)
-        lo, hi = self._owned(n)
+        lo, hi = chunk_bounds(n, self.rank, self.world)
         local = params[0].new_zeros((k, *shape), dtype=self.ns_dtype)
         if hi > lo:
             mine = params[lo:hi]
@@ -297,7 +292,7 @@ class MuonAdamW(torch.optim.Optimizer):
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send)  # recv[j]: rank j's rows of my k matrices
         whole = recv.view(w, k, c, cols).transpose(0, 1).reshape(k, w * c, cols)
-        lo, hi = self._owned(n)
+        lo, hi = chunk_bounds(n, self.rank, self.world)
         upd = torch.zeros_like(whole)
         if hi > lo:
             upd[: hi - lo, :m] = orthogonalize(
@@ -322,7 +317,7 @@ class MuonAdamW(torch.optim.Optimizer):
         if self.fsdp:
             return [_full(self.state[p]["momentum_buffer"], p) for p in bucket]
         n, k = len(bucket), -(-len(bucket) // self.world)
-        lo, hi = self._owned(n)
+        lo, hi = chunk_bounds(n, self.rank, self.world)
         local = bucket[0].new_zeros((k, *bucket[0].shape))
         for j, p in enumerate(bucket[lo:hi]):
             local[j] = self.state[p]["momentum_buffer"]
@@ -379,7 +374,7 @@ class MuonAdamW(torch.optim.Optimizer):
         if self.shard_muon:
             self._stepped = {id(params[i]) for i in saved if i in muon}
             for bucket in self._stepped_buckets():
-                lo, hi = self._owned(len(bucket))
+                lo, hi = chunk_bounds(len(bucket), self.rank, self.world)
                 for j, p in enumerate(bucket):
                     i = index[id(p)]
                     buf = saved[i]["momentum_buffer"]

@@ -513,7 +513,7 @@ def checkpoint_bytes(e: Memory) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# FSDP2 (train/model_parallel.py; docs/distributed.md): `fully_shard` per block, bf16
+# FSDP2 (train/distributed.py; docs/distributed.md): `fully_shard` per block, bf16
 # `param_dtype`, reshard after forward, keeps 1/N of the parameters, gradients and optimizer
 # state per GPU and gathers the unit it works on and the prefetched next (bf16 weights, and
 # gradients in the parameters' dtype before their reduce-scatter). DDP needs nothing here: its

@@ -217,14 +217,6 @@ class Budget:
         total = step + max(0, math.floor(n + 1 - LAST_BELOW) + 1) if not self.finished else step
         return int(min(total, self.max_steps))
 
-    def summary(self, now: float, world: int = 1, cfg: BudgetConfig | None = None) -> str:
-        """'budget 1m02s of 2m00s (52%), ends in ~58s': for the progress line."""
-        used = self.elapsed(now)
-        text = f"budget {duration(used)}/{duration(self.seconds)} ({used / self.seconds:.0%})"
-        if cfg is not None and cfg.price_per_gpu_hour:
-            text += f" ${cfg.dollars_for(used, world):.2f}"
-        return text
-
     # -- checkpoint -----------------------------------------------------------------------------
 
     def state_dict(self, now: float | None = None) -> dict:
@@ -430,7 +422,12 @@ class TimeBudget(Steps):
         return self.budget.projected_total(step, now()) or "?"
 
     def describe(self) -> str:
-        return self.budget.summary(now(), self.world, self.cfg)
+        """'budget 1m02s/2m00s (52%) $1.23': for the progress line."""
+        b, used = self.budget, self.budget.elapsed(now())
+        text = f"budget {duration(used)}/{duration(b.seconds)} ({used / b.seconds:.0%})"
+        if self.cfg.price_per_gpu_hour:
+            text += f" ${self.cfg.dollars_for(used, self.world):.2f}"
+        return text
 
     def opening(self) -> str:
         b = self.budget

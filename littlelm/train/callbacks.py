@@ -97,13 +97,10 @@ class JSONLLogger(Callback):
     def on_train_start(self, trainer: TrainerView) -> None:
         self.path = trainer.run_dir / "metrics.jsonl"
         truncate_metrics(self.path, trainer.step)
-        self._write({"kind": "start", **run_facts(trainer)})
+        self.write({"kind": "start", **run_facts(trainer)})
 
     def write(self, record: dict) -> None:
-        """Append a record of another kind (e.g. the `core` callback's `icl` records)."""
-        self._write(record)
-
-    def _write(self, record: dict) -> None:
+        """Append a record (of any kind: e.g. the `core` callback's `icl` records)."""
         assert self.path is not None
         clean = {
             k: (None if isinstance(v, float) and not math.isfinite(v) else v)
@@ -122,19 +119,19 @@ class JSONLLogger(Callback):
 
     def on_step_end(self, trainer: TrainerView, metrics: dict) -> None:
         if "loss" in metrics:
-            self._write({"kind": "train", **metrics})
+            self.write({"kind": "train", **metrics})
 
     def on_eval(self, trainer: TrainerView, metrics: dict) -> None:
-        self._write({"kind": "eval", **metrics})
+        self.write({"kind": "eval", **metrics})
 
     def on_train_end(self, trainer: TrainerView, metrics: dict) -> None:
-        self._write({"kind": "end", **metrics})
+        self.write({"kind": "end", **metrics})
 
     def on_rollback(self, trainer: TrainerView, info: dict) -> None:
         """The records after the checkpoint describe abandoned weights: drop them, note why."""
         assert self.path is not None
         truncate_metrics(self.path, info["step"])
-        self._write({"kind": "rollback", **info})
+        self.write({"kind": "rollback", **info})
 
 
 def numeric_fields(record: dict, prefix: str = "") -> dict[str, float]:
@@ -203,7 +200,7 @@ def complete_end_record(path: Path, summary: dict) -> bool:
             last_eval = {k: v for k, v in rec.items() if k.startswith("val_")}
     logger = JSONLLogger()
     logger.path = path
-    logger._write({"kind": "end", **summary, **last_eval, "completed_on_resume": True})
+    logger.write({"kind": "end", **summary, **last_eval, "completed_on_resume": True})
     return not logger.failed
 
 

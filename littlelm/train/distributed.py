@@ -8,8 +8,8 @@ torchrun starts one process per device and sets RANK, WORLD_SIZE, LOCAL_RANK, LO
 MASTER_ADDR and MASTER_PORT; `detect_env` reads them and refuses a partial or inconsistent set.
 `session` joins the process group (NCCL on GPUs, gloo on CPUs) and leaves it at the end. The
 `Parallel` it yields is everything the trainer needs: which rank it is, the device, DDP or FSDP2
-wrapping (model_parallel.py), the optimizer's sharding (optim/optimizer.py), and a few collectives. A
-single process gets the same object with every operation a no-op. See docs/distributed.md.
+wrapping, the optimizer's sharding (optim/optimizer.py), and a few collectives. A single
+process gets the same object with every operation a no-op. See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import inspect
 import json
 import math
 import os
@@ -104,20 +105,6 @@ def detect_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv(rank, world, local_rank, local_world, master)
 
 
-def torchrun_argv(nproc: int, args: list[str]) -> list[str]:
-    """The command that runs `littlelm ARGS` as `nproc` processes on this machine."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",  # a rendezvous on a free local port: runs can share a machine
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "littlelm",
-        *args,
-    ]
-
-
 def launch(nproc: int, args: list[str], device: str = "auto") -> NoReturn:
     """Replace this process by torchrun running `littlelm ARGS` on `nproc` local processes."""
     if detect_env().distributed:
@@ -133,17 +120,18 @@ def launch(nproc: int, args: list[str], device: str = "auto") -> NoReturn:
             f"--nproc {nproc} but {gpus} GPU(s) are visible: use --nproc {gpus} or fewer "
             "(one process per GPU), or run.device=cpu"
         )
-    argv = torchrun_argv(nproc, args)
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",  # a rendezvous on a free local port: runs can share a machine
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "littlelm",
+        *args,
+    ]
     sys.stdout.flush()
     os.execv(argv[0], argv)
-
-
-def device_type(device: torch.device, world: int) -> str:
-    if world > 1 and device.type not in ("cuda", "cpu"):
-        raise DistributedError(
-            f"run.device {device.type} cannot be shared by several processes; use cuda or cpu"
-        )
-    return device.type
 
 
 def pick_backend(requested: str, dev_type: str) -> str:
@@ -166,7 +154,11 @@ def session(
         yield Parallel(cfg, env, device)
         return
     stop_with_launcher()
-    dev_type = device_type(device, env.world_size)
+    dev_type = device.type
+    if dev_type not in ("cuda", "cpu"):
+        raise DistributedError(
+            f"run.device {dev_type} cannot be shared by several processes; use cuda or cpu"
+        )
     backend = pick_backend(cfg.backend, dev_type)
     if dev_type == "cuda":
         visible = torch.cuda.device_count()
@@ -370,22 +362,49 @@ class Parallel:
         return result
 
     # ------------------------------------------------------------------------------------------
-    # Model and optimizer (see model_parallel.py and optim/optimizer.py)
+    # Model and optimizer: DDP (every rank holds the whole model) or FSDP2 (fully_shard: every
+    # rank holds a 1/world slice of each parameter and gathers whole ones only while a unit
+    # computes); which modules become FSDP units, and why, the model says (`shard_units`,
+    # model/gpt.py); the memory each rank holds is written out in docs/distributed.md. The
+    # optimizer's sharding is optim/optimizer.py's. torch's FSDP, DDP and checkpoint modules
+    # are imported only by a run that uses them (they are slow to import).
 
     def shard_model(self, model: torch.nn.Module, precision: str) -> None:
-        """FSDP2: split the model's parameters across ranks, in place. Nothing for ddp."""
-        if self.strategy == "fsdp":
-            from littlelm.train.model_parallel import fully_shard_model
+        """FSDP2: split the model's parameters across ranks, in place: each unit, then the root.
+        Under bf16 the gathered weights are cast to bf16 for compute while the sharded fp32
+        weights stay the master copy, and gradients are reduce-scattered in fp32. Nothing for
+        ddp."""
+        if self.strategy != "fsdp":
+            return
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-            fully_shard_model(model, self.world, self._device.type, precision, self.cfg)
+        if precision == "bf16":
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        else:
+            mp = MixedPrecisionPolicy()
+        mesh = init_device_mesh(self._device.type, (self.world,))
+        reshard = self.cfg.reshard_after_forward
+        for unit in [*model.shard_units(), model]:  # the model says which (shard_units)
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module to call for training steps: DDP around the model, or the model itself."""
+        """The module to call for training steps: DDP around the model, or the model itself.
+        DDP's gradients live in its all-reduce buckets (no second copy of the gradients);
+        buffers (RoPE tables) are identical on every rank, so they are not re-broadcast."""
         if self.strategy != "ddp":
             return model
-        from littlelm.train.model_parallel import ddp_wrap
+        from torch.nn.parallel import DistributedDataParallel as DDP
 
-        self.ddp = ddp_wrap(model, self._device, self.cfg.bucket_cap_mb)
+        # torch 2.13 renamed broadcast_buffers to forward_sync_buffers
+        new_name = "forward_sync_buffers" in inspect.signature(DDP).parameters
+        self.ddp = DDP(
+            model,
+            device_ids=[self._device.index] if self._device.type == "cuda" else None,
+            bucket_cap_mb=self.cfg.bucket_cap_mb,
+            gradient_as_bucket_view=True,
+            **{"forward_sync_buffers" if new_name else "broadcast_buffers": False},
+        )
         return self.ddp
 
     def no_sync(self, skip: bool):
@@ -402,28 +421,48 @@ class Parallel:
         c = self.cfg
         return optimizer.shard(c.strategy == "fsdp", c.shard_muon, c.shard_adamw)
 
+    @torch.no_grad()
     def load_model_state(
         self, model: torch.nn.Module, tensors: dict[str, torch.Tensor], source: Path
     ) -> None:
         """Load whole checkpoint tensors into the (possibly sharded) model: every rank holds the
-        same `tensors` and FSDP keeps each rank's slice."""
+        same `tensors` and FSDP keeps each rank's slice. In place matters: the optimizer holds
+        these very parameters (set_model_state_dict may swap in new ones). Tied copies are
+        absent from `tensors` and skipped."""
         from littlelm.train.checkpoint import files as ckpt
 
         if self.strategy != "fsdp":
             ckpt.load_model_tensors(model, tensors, source)
             return
-        from littlelm.train.model_parallel import load_full_state_dict
+        from torch.distributed.tensor import DTensor, distribute_tensor
 
-        load_full_state_dict(model, tensors)
+        for name, t in model.state_dict().items():
+            src = tensors.get(name)
+            if src is None:
+                continue
+            if isinstance(t, DTensor):
+                src = distribute_tensor(
+                    src.to(t.device, t.dtype), t.device_mesh, t.placements, src_data_rank=None
+                )
+                t.to_local().copy_(src.to_local())
+            else:
+                t.copy_(src)
 
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """The whole model's state dict on rank 0 (FSDP: gathered by every rank, a collective;
-        the other ranks get an empty dict)."""
+        """The whole model's state dict on rank 0 (FSDP: gathered onto rank 0's CPU by every
+        rank, a collective; the other ranks get an empty dict), without tied duplicates."""
         if self.strategy != "fsdp":
             return model.state_dict()
-        from littlelm.train.model_parallel import full_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
 
-        return full_state_dict(model)
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_model_state_dict(model, options=opts)
+        every = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+        unique = {n for n, _ in model.named_parameters()}
+        return {k: v for k, v in full.items() if k not in every - unique}
 
 
 def _short(value: Any, limit: int = 200) -> str:

@@ -37,6 +37,7 @@ from littlelm.optim.groups import group_table
 from littlelm.optim.schedule import OriginLR, OriginRamp, multiplier
 from littlelm.schema import RunConfig
 from littlelm.sections import GrowConfig
+from littlelm.train.build import build_optimizer
 from littlelm.train.checkpoint import files as ckpt
 
 VERIFY_RTOL = 1e-4  # of the largest logit; fp32 growth lands near 1e-6
@@ -224,14 +225,11 @@ def preview_growth(cfg: Any) -> list[str]:
     """What `littlelm grow` prints: the parent, the grown shape, where each block comes from,
     the logit check and the parameter groups with their learning rates. Builds the grown model
     on the CPU exactly as training would; trains nothing and writes nothing."""
-    from littlelm.registry import OPTIMIZERS
-
     cfg = complete_growth(cfg)
     torch.manual_seed(cfg.run.seed)
     model = GPT(cfg.model)
     grown = grow_from_parent(model, cfg.grow, None, None)
-    groups = OPTIMIZERS.get(cfg.optimizer.name)(model, cfg.optimizer, origin=grown.origin)
-    groups = groups.param_groups
+    groups = build_optimizer(cfg, model, origin=grown.origin).param_groups
     m = model.cfg
     where = " ".join("new" if p is None else str(p) for p in grown.layers)
     lines = [

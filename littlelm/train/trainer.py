@@ -37,11 +37,11 @@ from littlelm.optim.schedule import GroupSchedule, build_schedule
 from littlelm.progress import Progress
 from littlelm.schema import RunConfig
 from littlelm.train import device as dev
-from littlelm.train.budget import Steps, build_budget
+from littlelm.train.budget import build_budget
 from littlelm.train.build import build_data, build_model, build_optimizer
 from littlelm.train.callbacks import Callback, JSONLLogger, build_callback, complete_end_record
 from littlelm.train.checkpoint.rundir import check_run_dir
-from littlelm.train.checkpoint.save_restore import Checkpointer, Resumed
+from littlelm.train.checkpoint.save_restore import Checkpointer
 from littlelm.train.checkpoint.state import TrainState, Window
 from littlelm.train.distributed import Parallel
 from littlelm.train.growth import complete_growth, grow_at_start
@@ -131,7 +131,17 @@ class Trainer:
         # 12. budget: how far the run is and whether it is done (train/budget.py); a time or
         #     money budget checks it holds one step at the peak of 10 and takes the time already
         #     spent from the checkpoint of 11 (or the run's ledger); the schedule reads it
-        self.state.budget = self._build_budget(resumed)
+        self.state.budget = build_budget(
+            cfg,
+            resumed.loaded.state if resumed is not None else None,
+            ledger=self.run_dir / "budget.json" if self.is_main else None,
+            agree=self.parallel.broadcast_object,
+            val_shards=self.data.val_shards,
+            flops_per_token=self.flops_per_token,
+            peak=self.peak,
+            device=self.device.type,
+            say=self.log,  # a changed budget refits the schedule, and says so
+        )
         # the lrs at (step, progress), times a grown run's factor per origin; Muon's momentum
         origins = (cfg.grow and cfg.grow.lr_multipliers) or {}
         momentum = cfg.optimizer.momentum_schedule()
@@ -160,19 +170,6 @@ class Trainer:
         t = self.cfg.train
         return self.data.loader(
             self.cfg.data, t.micro_batch_size, t.seq_len, self.cfg.run.seed, rank, world
-        )
-
-    def _build_budget(self, resumed: Resumed | None) -> Steps:
-        return build_budget(
-            self.cfg,
-            resumed.loaded.state if resumed is not None else None,
-            ledger=self.run_dir / "budget.json" if self.is_main else None,
-            agree=self.parallel.broadcast_object,
-            val_shards=self.data.val_shards,
-            flops_per_token=self.flops_per_token,
-            peak=self.peak,
-            device=self.device.type,
-            say=self.log,  # a changed budget refits the schedule, and says so
         )
 
     @property

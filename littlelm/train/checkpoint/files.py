@@ -23,6 +23,7 @@ pauses that long between the writes of a save, so a kill can be landed inside th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -60,10 +61,6 @@ class UnreadableCheckpoint(CheckpointError):
     """A checkpoint whose files cannot be read (truncated, corrupt, or not a checkpoint)."""
 
 
-def dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
 def _fault_pause() -> None:
     """Test hook: sleep LITTLELM_FAULT_SAVE_DELAY seconds (unset: no-op)."""
     delay = float(os.environ.get(FAULT_DELAY_ENV) or 0)
@@ -84,16 +81,12 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _write(path: Path, write) -> None:
@@ -123,17 +116,13 @@ def _fsync_tree(path: Path) -> None:
 
 
 def rng_state() -> dict:
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "numpy": _numpy_state(),
+        "numpy": [keys.tolist(), int(pos), int(has_gauss), float(gauss)],
         "python": list(random.getstate()[1]),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
-
-
-def _numpy_state() -> list:
-    _, keys, pos, has_gauss, gauss = np.random.get_state()
-    return [keys.tolist(), int(pos), int(has_gauss), float(gauss)]
 
 
 def set_rng_state(state: dict) -> None:
@@ -214,7 +203,7 @@ def _check_free_space(root: Path, step: int) -> None:
     newest = latest_checkpoint(root, warn=False)
     if newest is None:
         return
-    need = dir_bytes(newest)
+    need = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())
     usage = shutil.disk_usage(root)
     if usage.total and usage.free < need:
         raise CheckpointError(
@@ -329,7 +318,10 @@ class LazyTensors(Mapping):
 def load_model_tensors(model: torch.nn.Module, tensors: Mapping, source: Path) -> None:
     """Copy checkpoint tensors into `model`; shapes and names must match (tied copies aside)."""
     own = model.state_dict()
-    shapes = tensors.shapes if isinstance(tensors, LazyTensors) else _shapes(tensors)
+    if isinstance(tensors, LazyTensors):
+        shapes = tensors.shapes
+    else:
+        shapes = {k: tuple(v.shape) for k, v in tensors.items()}
     missing = [k for k in own if k not in shapes and not _is_tied_copy(model, k)]
     unexpected = [k for k in shapes if k not in own]
     wrong = [
@@ -348,10 +340,6 @@ def load_model_tensors(model: torch.nn.Module, tensors: Mapping, source: Path) -
             "the model section of the config must match the checkpoint's"
         )
     model.load_state_dict(tensors, strict=False)
-
-
-def _shapes(tensors: Mapping) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v.shape) for k, v in tensors.items()}
 
 
 def _is_tied_copy(model: torch.nn.Module, key: str) -> bool:

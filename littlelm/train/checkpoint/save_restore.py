@@ -5,7 +5,7 @@ optimizer state: the run directory's side of the Trainer.
                 (train/checkpoint/files.py: atomic, whole tensors) and prunes the old ones
     load        at start-up: the checkpoint to resume from (train/checkpoint/resume.py picks it and checks
                 this run's config may continue it), its weights loaded into the unsharded model
-    restore     after the optimizer and loader exist: optimizer state, RNG, counters, guard and
+    resume      after the optimizer and loader exist: optimizer state, RNG, counters, guard and
                 this rank's data position (re-dealt if the world size changed, data/reshard.py)
     rollback    mid-run: the last checkpoint's weights, optimizer state, RNG, counters and loss
                 window, keeping the data position and the time spent
@@ -167,24 +167,23 @@ class Checkpointer:
         return Resumed(loaded, changes)
 
     def resume(self, state: TrainState, resumed, grown, optimizer, loader, make_loader) -> None:
-        """After the optimizer and loader exist: a resumed run's state (`restore`), or a fresh
-        grown run's parent's data position (grow.continue_data; `grown`: train/growth.py's)."""
+        """After the optimizer and loader exist: a resumed run's state, everything but the
+        weights (`load` put them in): optimizer state, RNG, counters, this rank's data position
+        (re-dealt if the world size changed) and the guard; or a fresh grown run's parent's data
+        position (grow.continue_data; `grown`: train/growth.py's)."""
         if resumed is not None:
-            self.restore(state, resumed.loaded, optimizer, loader, make_loader)
+            loaded = resumed.loaded
+            resuming.load_optimizer_state(optimizer, loaded.optimizer)
+            ckpt.set_rng_state(loaded.rng)
+            state.restore_counters(loaded.state)
+            self.restore_data(state, loaded.state, loader, make_loader)
+            state.guard.load_state_dict(loaded.state.get("guard", {}))
+            state.last_checkpoint = loaded.path
+            if loaded.path.parent.resolve() == self.dir.resolve():
+                state.saved_step = state.step
         if grown is not None and grown.loader_state is not None:
-            self.restore_parent_data(state, grown.path, loader, make_loader)
-
-    def restore(self, state: TrainState, loaded: ckpt.Loaded, optimizer, loader, make_loader):
-        """Everything but the weights (`load` put them in): optimizer state, RNG, counters,
-        this rank's data position (re-dealt if the world size changed) and the guard."""
-        resuming.load_optimizer_state(optimizer, loaded.optimizer)
-        ckpt.set_rng_state(loaded.rng)
-        state.restore_counters(loaded.state)
-        self.restore_data(state, loaded.state, loader, make_loader)
-        state.guard.load_state_dict(loaded.state.get("guard", {}))
-        state.last_checkpoint = loaded.path
-        if loaded.path.parent.resolve() == self.dir.resolve():
-            state.saved_step = state.step
+            saved = json.loads((grown.path / "state.json").read_text())
+            self.restore_data(state, saved, loader, make_loader)
 
     def restore_data(self, state: TrainState, saved: dict, loader, make_loader: MakeLoader):
         """Move `loader` to this rank's position in `saved` (a state.json: this run's
@@ -192,11 +191,6 @@ class Checkpointer:
         p = self.parallel
         loader.load_state_dict(loader_state_for(saved, p.rank, p.world, make_loader))
         state.loader = loader.snapshot()
-
-    def restore_parent_data(self, state: TrainState, parent: Path, loader, make_loader) -> None:
-        """grow.continue_data: start at the parent checkpoint's data position."""
-        saved = json.loads((parent / "state.json").read_text())
-        self.restore_data(state, saved, loader, make_loader)
 
     def rollback(self, state: TrainState, model, optimizer) -> dict:
         """Reload state.last_checkpoint's weights, optimizer state, RNG, counters and loss
