@@ -318,3 +318,21 @@ def test_sweep_names_and_devices_are_checked(tiny_config, tmp_path, capsys, args
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "tiny.yaml"]
+
+
+def test_a_base_that_includes_a_packaged_config_plans(tmp_path):
+    # read_base read the file without packaged includes: "include: file not found: .../demo"
+    # where `littlelm train BASE.yaml` trains it
+    base = write_config(
+        tmp_path / "b.yaml",
+        {
+            "include": ["demo"],
+            "run": {"out_dir": str(tmp_path / "runs")},
+            "train": {"max_steps": 2},
+        },
+    )
+    sweep_dir, jobs = sweep.plan_sweep(
+        SweepOptions(str(base), sets=["model.n_layer=1,2"], budget="30m")
+    )
+    assert [j.run_dir.name for j in jobs] == ["n_layer=1", "n_layer=2"]
+    assert sweep_dir == tmp_path / "runs" / "sweep-b"

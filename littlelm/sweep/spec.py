@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from littlelm.config import apply_overrides, load_tree, parse_yaml, validate
+from littlelm.config import parse_yaml, validate
 from littlelm.errors import ConfigError, LittleLMError
 from littlelm.model.gpt import flops_per_token
-from littlelm.schema import MAX_NAME_BYTES, RunConfig, find_config, load_run, run_name_problem
+from littlelm.schema import MAX_NAME_BYTES, RunConfig, load_run, read_run, run_name_problem
 from littlelm.train.budget import check_budget_fits
 from littlelm.train.device import peak_flops, pick_device, with_precision
 
@@ -193,9 +193,7 @@ def check_devices(devices: list[str] | None) -> None:
 def read_base(base: str, overrides: list[str]) -> RunConfig:
     """The base config validated but not resolved: its price and seed, before --budget (which
     may be what ends its runs) is applied; the full check comes with the budget."""
-    path = find_config(base)
-    tree, origin = load_tree(path)
-    apply_overrides(tree, origin, overrides)
+    tree, origin, path = read_run(base, overrides)  # as `littlelm train` reads it
     return validate(RunConfig, tree, origin, str(path))
 
 
