@@ -470,7 +470,9 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
     if accumulating:
         grads_top = grads_bottom = c[GRADS]
     else:
-        embeds = sum(block_bytes(4 * p.numel) for p in d.params if p.role.endswith("embedding"))
+        embeds = sum(
+            block_bytes(d.param_bytes * p.numel) for p in d.params if p.role.endswith("embedding")
+        )
         grads_top, grads_bottom = head_grad, c[GRADS] - embeds
     loss = {**kept, COPIES: c[COPIES], ACT: c[ACT], LOSS: c[LOSS]}
     if m.loss == "plain":
