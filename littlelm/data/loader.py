@@ -135,9 +135,6 @@ class DocStream:
     def start_of(self, s: int, d: int) -> int:
         return int(self.shards[s].starts[d])
 
-    def doc(self, s: int, d: int) -> np.ndarray:
-        return self.shards[s].doc(d)
-
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "shard_pos": self.shard_pos, "doc_pos": self.doc_pos}
 
@@ -385,15 +382,16 @@ class LoaderSnapshot:
         total = max(1, sum(self.rows))
         return {k: n / total for k, n in zip(self.labels, self.rows)}
 
+    def stats(self) -> PackStats:
+        """Every source's packing counts, summed."""
+        return PackStats(*map(sum, zip(*(p[4] for p in self.packers.values()))))
+
     def crop_rate(self) -> float:
-        stats = [p[4] for p in self.packers.values()]
-        cropped, tokens = sum(s[2] for s in stats), sum(s[1] for s in stats)
-        return cropped / max(1, tokens + cropped)
+        return self.stats().crop_rate
 
     def split_rate(self) -> float:
         """Share of row tokens that continue a document split across rows (split mode)."""
-        stats = [p[4] for p in self.packers.values()]
-        return sum(s[3] for s in stats) / max(1, sum(s[1] for s in stats))
+        return self.stats().split_rate
 
     def report(self) -> str:
         """'web 0.601 (target 0.600), math 0.149 (0.150); 1.20% of document tokens cropped,
@@ -403,13 +401,11 @@ class LoaderSnapshot:
             f"{k} {p:.3f} (target {w:.3f})"
             for (k, p), w in zip(self.proportions().items(), self.weights)
         )
-        stats = [p[4] for p in self.packers.values()]
-        padded = sum(s[4] for s in stats if len(s) > 4)
-        long = sum(s[5] for s in stats if len(s) > 5)
+        st = self.stats()
         chat = (
-            f", {100 * padded / max(1, sum(s[1] for s in stats)):.2f}% of row tokens padding, "
-            f"{long:,} skip(s) of a conversation longer than a row (each epoch counts)"
-            if padded or long
+            f", {100 * st.padded / max(1, st.tokens):.2f}% of row tokens padding, "
+            f"{st.too_long:,} skip(s) of a conversation longer than a row (each epoch counts)"
+            if st.padded or st.too_long
             else ""
         )
         return (
