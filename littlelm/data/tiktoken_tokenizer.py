@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import Field
 
 from littlelm.config import ComponentConfig
-from littlelm.data.tokenizer import Tokenizer
+from littlelm.data.tokenizer import Tokenizer, join_docs
 from littlelm.errors import DataError
 
 RANKS = "ranks.tiktoken"
@@ -102,11 +102,7 @@ class TiktokenTokenizer(Tokenizer):
             arrays = [None] * len(texts)
             for i, part in enumerate(done):
                 arrays[i::n] = part
-        lengths = np.fromiter((len(a) + 1 for a in arrays), dtype=np.int64, count=len(arrays))
-        bos = np.array([self.bos_id], dtype=np.uint32)
-        parts = [p for a in arrays for p in (bos, a)]
-        tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
-        return tokens, lengths
+        return join_docs(arrays, self.bos_id)
 
     def _encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
         encode = self.enc.encode_to_numpy  # releases the GIL while it encodes

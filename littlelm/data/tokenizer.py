@@ -19,7 +19,6 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -66,10 +65,9 @@ class Tokenizer:
 
     def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Documents ready for a shard: (tokens, lengths), each document BOS first, flattened."""
-        ids = self.encode_batch(texts)
-        lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
-        flat = chain.from_iterable((self.bos_id, *x) for x in ids)
-        return np.fromiter(flat, dtype=np.int64, count=int(lengths.sum())), lengths
+        return join_docs(
+            [np.asarray(x, dtype=np.int64) for x in self.encode_batch(texts)], self.bos_id
+        )
 
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
@@ -143,6 +141,15 @@ class Tokenizer:
     def cache_identity(cls, cfg: ComponentConfig) -> dict:
         """What the cache key of a trained tokenizer digests from its config."""
         return cfg.model_dump()
+
+
+def join_docs(docs: list[np.ndarray], bos: int) -> tuple[np.ndarray, np.ndarray]:
+    """Documents given as arrays of ids, ready for a shard: (tokens, lengths), each document
+    BOS first, flattened."""
+    lengths = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
+    head = np.array([bos], dtype=np.int64)
+    parts = [p for d in docs for p in (head, d)]
+    return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), lengths
 
 
 class ByteConfig(ComponentConfig):
@@ -243,16 +250,10 @@ class HFTokenizer(Tokenizer):
             batch = self.tok.encode_batch(pieces[i:j], add_special_tokens=False)
             ids += [np.array(e.ids, dtype=np.int32) for e in batch]
             i = j
-        lengths = np.ones(len(texts), dtype=np.int64)  # the BOS
-        np.add.at(lengths, owner, [len(x) for x in ids])
-        flat = np.empty(int(lengths.sum()), dtype=np.int64)
-        at = np.cumsum(lengths) - lengths
-        flat[at] = self.bos_id
-        at += 1
+        docs: list[list[np.ndarray]] = [[] for _ in texts]
         for d, x in zip(owner, ids, strict=True):
-            flat[at[d] : at[d] + len(x)] = x
-            at[d] += len(x)
-        return flat, lengths
+            docs[d].append(x)
+        return join_docs([np.concatenate(x) for x in docs], self.bos_id)
 
     def _cuts_safely(self) -> bool:
         """Whether `encode_pieces`'s cuts leave every token as the whole text would have it
