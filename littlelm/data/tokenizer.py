@@ -51,7 +51,7 @@ class Tokenizer:
 
     def template_tokens(self) -> dict[str, str]:
         """Special-token strings a chat template may use (eos_token, ...), besides bos_token."""
-        return {}
+        return dict(self._template_tokens)
 
     def with_special_tokens(self, tokens: Iterable[str]) -> Tokenizer:
         """A new tokenizer: this one plus `tokens` as special tokens after its last id."""
@@ -206,9 +206,6 @@ class HFTokenizer(Tokenizer):
 
     def special_id(self, token: str) -> int | None:
         return self.special_tokens().get(token)
-
-    def template_tokens(self) -> dict[str, str]:
-        return dict(self._template_tokens)
 
     def with_special_tokens(self, tokens: Iterable[str]) -> HFTokenizer:
         from tokenizers import AddedToken
@@ -365,9 +362,6 @@ class BPETokenizer(HFTokenizer):
     kind = "bpe"
     trainable = True
 
-    def __init__(self, tok, bos_token: str = BOS):
-        super().__init__(tok, bos_token)
-
     @classmethod
     def train(cls, cfg: BPEConfig, texts: Iterator[str]) -> BPETokenizer:
         from tokenizers import Tokenizer as RawTokenizer
@@ -384,13 +378,13 @@ class BPETokenizer(HFTokenizer):
         )
         sample = Sample(cfg.train_chars)
         tok.train_from_iterator(sample.take(texts), trainer=trainer)
-        out = cls(tok)
+        out = cls(tok, BOS)
         out.notes = tuple(sample.notes())
         return out
 
     @classmethod
     def from_dir(cls, directory: Path, meta: dict) -> BPETokenizer:
-        return cls(_read_tokenizer_json(directory / "tokenizer.json"))
+        return cls(_read_tokenizer_json(directory / "tokenizer.json"), BOS)
 
     @classmethod
     def vocab_size_for(cls, cfg: BPEConfig) -> int:
