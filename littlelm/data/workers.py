@@ -200,8 +200,7 @@ def run_units(
     on_progress: Callable[[int, int], None],
     on_done: Callable[[UnitJob, dict], None],
 ) -> None:
-    """Tokenize every job: in this process if there is one job or one worker, else in a pool."""
-    workers = max(1, min(workers, len(jobs)))
+    """Tokenize every job: in this process with one worker (`pool_size`), else in a pool."""
     if workers == 1:
         for job in jobs:
             on_done(job, tokenize_unit(job, tok, on_progress))
