@@ -189,25 +189,21 @@ def _encoding(cfg: TiktokenConfig):
             f"data.tokenizer.encoding: unknown tiktoken encoding {cfg.encoding!r}; known: "
             f"{', '.join(tiktoken.list_encoding_names())}"
         )
+    if not cfg.file:
+        try:
+            return tiktoken.get_encoding(name)
+        except Exception as e:  # network or cache errors from inside tiktoken
+            raise DataError(
+                f"tiktoken could not load {name!r} from its cache or the internet "
+                f"({type(e).__name__}: {e}); download the .tiktoken file and set "
+                "data.tokenizer.file=PATH, or put it in $TIKTOKEN_CACHE_DIR"
+            ) from None
     try:
-        return _from_file(name, Path(cfg.file).expanduser()) if cfg.file else _from_cache(name)
+        return _from_file(name, Path(cfg.file).expanduser())
     except DataError:
         raise
-    except Exception as e:  # network or file errors from inside tiktoken
+    except Exception as e:  # file errors from inside tiktoken
         raise DataError(f"cannot load tiktoken encoding {name}: {e}") from None
-
-
-def _from_cache(name: str):
-    import tiktoken
-
-    try:
-        return tiktoken.get_encoding(name)
-    except Exception as e:
-        raise DataError(
-            f"tiktoken could not load {name!r} from its cache or the internet ({type(e).__name__}: "
-            f"{e}); download the .tiktoken file and set data.tokenizer.file=PATH, or put it in "
-            "$TIKTOKEN_CACHE_DIR"
-        ) from None
 
 
 def _from_file(name: str, path: Path):

@@ -167,11 +167,7 @@ class ByteTokenizer(Tokenizer):
         return list(text.encode("utf-8"))
 
     def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        raw = [t.encode("utf-8") for t in texts]
-        lengths = np.fromiter((len(b) + 1 for b in raw), dtype=np.int64, count=len(raw))
-        flat = np.frombuffer(b"\0".join([b"", *raw]), dtype=np.uint8).astype(np.int64)
-        flat[np.cumsum(lengths) - lengths] = self.bos_id  # each document's first slot
-        return flat, lengths
+        return join_docs([np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts], self.bos_id)
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")

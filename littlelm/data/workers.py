@@ -96,7 +96,11 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
         "duplicates": len(job.duplicates),
         "shards": shards,
     }
-    _write_json(unit_record_path(out, job.uid), record)
+    path = unit_record_path(out, job.uid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    _io(path, tmp.write_text, json.dumps(record))
+    os.replace(tmp, path)
     return record
 
 
@@ -169,13 +173,6 @@ def _io(path: Path, fn, *args):
             f"cannot write {path}: {e.strerror or e}; free disk space (or fix permissions) and run "
             "again: finished units are kept and not redone"
         ) from None
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    _io(path, tmp.write_text, json.dumps(obj))
-    os.replace(tmp, path)
 
 
 # -- running units --------------------------------------------------------------------------------
