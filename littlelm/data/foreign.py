@@ -466,8 +466,7 @@ class TokenDocs:
     `bos`, len(); data/loader.py)."""
 
     def __init__(self, file: TokenFile, first: int, stop: int):
-        self.file, self.path, self.bos = file, file.path, file.bos
-        self.tokens = file.tokens
+        self.path, self.bos, self.tokens = file.path, file.bos, file.tokens
         self.starts = np.asarray(file.starts[first:stop])
         self.ends = np.asarray(file.ends[first:stop])
 
