@@ -103,12 +103,6 @@ class PreparedShards(Source):
     def directory(self) -> Path:
         return Path(self.cfg.path).expanduser()
 
-    def files(self) -> list[Path]:
-        return [self.directory()]
-
-    def identity(self) -> dict:
-        return {"shards": str(self.directory().resolve())}
-
 
 @dataclass
 class PreparedSource:

@@ -67,8 +67,15 @@ class ChatSource(HubDataset):
 
     def __init__(self, cfg: ChatConfig, label: str):
         super().__init__(cfg, label)
-        self.columns = list(ALPACA) if cfg.rows == "alpaca" else [cfg.field]
         self._rows_seen = 0  # rows of the file before the batch being read (FILE:ROW)
+
+    @property
+    def columns(self) -> list[str]:
+        return list(ALPACA) if self.cfg.rows == "alpaca" else [self.cfg.field]
+
+    @property
+    def text_column(self) -> None:
+        return None  # messages (or Alpaca columns), made into a conversation
 
     def local(self) -> Path | None:
         p = Path(self.cfg.dataset).expanduser()

@@ -122,13 +122,23 @@ def _size(path: Path) -> int:
     return size
 
 
-def _read(path: Path, n: int, offset: int = 0) -> bytes:
+def _read(path: Path, n: int) -> bytes:
     try:
         with open(path, "rb") as f:
-            f.seek(offset)
             return f.read(n)
     except OSError as e:
         raise DataError(f"cannot read {path}: {e.strerror}") from None
+
+
+def _checked(path: Path, size: int, layout: Layout, by: str = "its header") -> Layout:
+    """`layout`, once the file has the size it promises."""
+    want = layout.offset + layout.count * np.dtype(layout.dtype).itemsize
+    if size != want:
+        raise DataError(
+            f"{path} is truncated or damaged: {size:,} bytes, {by} promises {layout.count:,} "
+            f"tokens ({want:,} bytes); write it again"
+        )
+    return layout
 
 
 def nanogpt_layout(path: Path) -> Layout:
@@ -148,14 +158,7 @@ def nanogpt_layout(path: Path) -> Layout:
         raise DataError(
             f"{path}: llm.c .bin version {int(version)} is not known (1 = uint16, 2 = uint32)"
         )
-    dtype = NANOGPT_DTYPES[int(version)]
-    want = NANOGPT_HEADER + int(count) * np.dtype(dtype).itemsize
-    if size != want:
-        raise DataError(
-            f"{path} is truncated or damaged: {size:,} bytes, its header promises {int(count):,} "
-            f"tokens ({want:,} bytes); write it again"
-        )
-    return Layout(NANOGPT_HEADER, int(count), dtype)
+    return _checked(path, size, Layout(NANOGPT_HEADER, int(count), NANOGPT_DTYPES[int(version)]))
 
 
 def array_layout(path: Path, dtype: str | None) -> Layout:
@@ -180,13 +183,7 @@ def array_layout(path: Path, dtype: str | None) -> Layout:
             )
         if dt.byteorder == ">":
             raise DataError(f"{path}: big-endian {dt}; save it little-endian")
-        want = offset + shape[0] * dt.itemsize
-        if size != want:
-            raise DataError(
-                f"{path} is truncated or damaged: {size:,} bytes, its header promises "
-                f"{shape[0]:,} tokens ({want:,} bytes); write it again"
-            )
-        return Layout(offset, shape[0], dt.type)
+        return _checked(path, size, Layout(offset, shape[0], dt.type))
     if dtype is None:
         raise DataError(
             f"{path}: a headerless token array needs its dtype; set dtype: uint16 or uint32 on "
@@ -243,13 +240,10 @@ def megatron_index(idx: Path, bin_: Path) -> tuple[Layout, np.ndarray, np.ndarra
         raise DataError(f"{idx}: sequences are not stored back to back in {bin_}; not supported")
     if n_doc < 1 or doc_idx[0] != 0 or doc_idx[-1] != n_seq or np.any(np.diff(doc_idx) < 0):
         raise DataError(f"{idx}: its document indices are inconsistent; write it again")
-    bin_size = _size(bin_)
-    if bin_size != int(tok_off[-1]) * item:
-        raise DataError(
-            f"{bin_} is truncated or damaged: {bin_size:,} bytes, its index {idx.name} promises "
-            f"{int(tok_off[-1]):,} tokens ({int(tok_off[-1]) * item:,} bytes); write it again"
-        )
-    return Layout(0, int(tok_off[-1]), dtype), tok_off[doc_idx[:-1]], tok_off[doc_idx[1:]]
+    layout = _checked(
+        bin_, _size(bin_), Layout(0, int(tok_off[-1]), dtype), f"its index {idx.name}"
+    )
+    return layout, tok_off[doc_idx[:-1]], tok_off[doc_idx[1:]]
 
 
 def map_tokens(path: Path, layout: Layout) -> np.ndarray:
@@ -472,8 +466,7 @@ class TokenDocs:
     `bos`, len(); data/loader.py)."""
 
     def __init__(self, file: TokenFile, first: int, stop: int):
-        self.file, self.path, self.bos = file, file.path, file.bos
-        self.tokens = file.tokens
+        self.path, self.bos, self.tokens = file.path, file.bos, file.tokens
         self.starts = np.asarray(file.starts[first:stop])
         self.ends = np.asarray(file.ends[first:stop])
 
@@ -532,9 +525,6 @@ class TokenFiles(Source):
         if fmt == "megatron":
             found = list(dict.fromkeys(p.with_suffix(".idx") for p in found))
         return found
-
-    def identity(self) -> dict:
-        return {"tokens": [str(f.resolve()) for f in self.files()]}
 
     def directory(self) -> Path:
         return self.files()[0].parent

@@ -27,6 +27,7 @@ import os
 import string
 import time
 from collections.abc import Iterator
+from functools import cached_property
 from pathlib import Path
 
 from pydantic import Field, field_validator
@@ -95,9 +96,16 @@ class HubDataset(ParquetFiles):
 
     def __init__(self, cfg: HFConfig, label: str):
         super().__init__(cfg, label)
-        self.columns = template_fields(cfg.template) if cfg.template else [cfg.field]
         self._files: list[Path] | None = None
         self._record: dict | None = None
+
+    @cached_property
+    def columns(self) -> list[str]:
+        return template_fields(self.cfg.template) if self.cfg.template else [self.cfg.field]
+
+    @property
+    def text_column(self) -> str | None:
+        return None if self.cfg.template else self.cfg.field
 
     @property
     def key(self) -> str:
@@ -325,40 +333,19 @@ class HubDataset(ParquetFiles):
             except (OSError, EOFError, ValueError, pa.ArrowException) as e:
                 self.bad(f"unreadable file ({type(e).__name__}: {e})", path)
 
-    def _parquet(self, path: Path, start: int, stop: int | None) -> Iterator[str]:
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(path)
-        if self._has_columns(pf.schema_arrow.names, path):
-            groups = range(start, pf.metadata.num_row_groups if stop is None else stop)
-            for batch in pf.iter_batches(self.BATCH_ROWS, row_groups=groups, columns=self.columns):
-                yield from self._batch_texts(batch, path)
-
     def _arrow(self, path: Path) -> Iterator[str]:
         """A `datasets` Arrow file (the IPC stream format), memory-mapped."""
         import pyarrow as pa
 
         with pa.memory_map(str(path)) as source:
             reader = pa.ipc.open_stream(source)
-            if self._has_columns(reader.schema.names, path):
+            if self._usable(reader.schema, path):
                 for batch in reader:
                     yield from self._batch_texts(batch.select(self.columns), path)
 
-    def _has_columns(self, names: list[str], path: Path) -> bool:
-        lacking = [c for c in self.columns if c not in names]
-        if lacking:
-            self.bad(f"missing column {lacking[0]!r} (columns: {', '.join(names)})", path)
-        return not lacking
-
     def _batch_texts(self, batch, path: Path) -> Iterator[str]:
-        import pyarrow as pa
-
         if self.cfg.template is None:
-            column = batch.column(0)
-            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-                self.bad(f"column {self.cfg.field!r} holds {column.type}, not text", path)
-                return
-            yield from self._texts(column, path, self.cfg.field)
+            yield from super()._batch_texts(batch, path)
             return
         columns = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
         for values in zip(*columns):

@@ -135,9 +135,6 @@ class DocStream:
     def start_of(self, s: int, d: int) -> int:
         return int(self.shards[s].starts[d])
 
-    def doc(self, s: int, d: int) -> np.ndarray:
-        return self.shards[s].doc(d)
-
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "shard_pos": self.shard_pos, "doc_pos": self.doc_pos}
 
@@ -203,7 +200,6 @@ class BestFitPacker:
 
     def _set_mode(self, long_docs: str) -> None:
         self.mode, self.split, self.pad = long_docs, long_docs == "split", long_docs == "pad"
-        self.fill = self.fill_split if self.split else self.fill_crop
 
     def _refill(self) -> None:
         keys, where, nxt, split = self.keys, self.where, self.stream.next, self.split
@@ -232,45 +228,20 @@ class BestFitPacker:
         self.offs[seq] = off
         return start + off, n
 
-    def fill_crop(self, row: np.ndarray) -> None:
-        """Fill `row` (row_len,) in place, cropping (`fill` is this or `fill_split`)."""
-        keys, where, tokens, bos = self.keys, self.where, self.stream.tokens, self.stream.bos
-        pos, row_len, cropped = 0, self.row_len, 0
-        while pos < row_len:
-            if len(keys) < self.buffer_docs:
-                self._refill()
-            room = row_len - pos
-            i = bisect_right(keys, ((room + 1) << SEQ_BITS) - 1) - 1
-            if i < 0 and self.pad and pos:  # nothing fits: the rest of the row is padding
-                row[pos:] = self.pad_id
-                self.stats.padded += room
-                break
-            key = keys.pop(i if i >= 0 else 0)
-            n = key >> SEQ_BITS
-            s, _, start = where.pop(key & SEQ_MASK)
-            take = n if n <= room else room
-            # a document starts with BOS: littlelm's shards hold it there, other tools' files
-            # their separator or the token before (data/foreign.py)
-            row[pos] = bos
-            row[pos + 1 : pos + take] = tokens[s][start + 1 : start + take]
-            pos += take
-            cropped += n - take
-        st = self.stats
-        st.rows, st.tokens, st.cropped = st.rows + 1, st.tokens + row_len, st.cropped + cropped
-
-    def fill_split(self, row: np.ndarray) -> None:
-        """Fill `row` (row_len,) in place, dropping nothing: a whole-row piece if one waits,
-        else best fit, the rest of a document that fills the end of the row kept for later."""
+    def fill(self, row: np.ndarray) -> None:
+        """Fill `row` (row_len,) in place: a whole-row piece if one waits (split), else best
+        fit. The rest of a document that fills the end of the row is dropped (crop, pad) or
+        kept for later (split); pad pads a row when no buffered document fits its rest."""
         keys, where, tokens, offs = self.keys, self.where, self.stream.tokens, self.offs
-        bos = self.stream.bos
-        pos, row_len, cont = 0, self.row_len, 0
-        if len(keys) < self.buffer_docs:
+        bos, split, pad = self.stream.bos, self.split, self.pad
+        pos, row_len, cont, cropped = 0, self.row_len, 0, 0
+        if split and len(keys) < self.buffer_docs:
             self._refill()
-        if self.pieces:  # a whole-row piece of a long document
+        if self.pieces:  # a whole-row piece of a long document (split)
             _, s, _, start, off = self.pieces.popleft()
             if off:
                 row[:] = tokens[s][start : start + row_len]
-            else:  # the document's first piece: BOS, as in fill_crop
+            else:  # the document's first piece: BOS, as below
                 row[0] = bos
                 row[1:] = tokens[s][start + 1 : start + row_len]
             pos, cont = row_len, row_len if off else 0
@@ -279,24 +250,33 @@ class BestFitPacker:
                 self._refill()
             room = row_len - pos
             i = bisect_right(keys, ((room + 1) << SEQ_BITS) - 1) - 1
+            if i < 0 and pad and pos:  # nothing fits: the rest of the row is padding
+                row[pos:] = self.pad_id
+                self.stats.padded += room
+                break
             key = keys.pop(i if i >= 0 else 0)
             n, seq = key >> SEQ_BITS, key & SEQ_MASK
             s, d, start = where.pop(seq)
             take = n if n <= room else room
-            off = offs.pop(seq, 0) if offs else 0
+            off = offs.pop(seq, 0) if offs else 0  # split: where a rest starts in its document
             if off:
                 row[pos : pos + take] = tokens[s][start : start + take]
                 cont += take
             else:
+                # a document starts with BOS: littlelm's shards hold it there, other tools'
+                # files their separator or the token before (data/foreign.py)
                 row[pos] = bos
                 row[pos + 1 : pos + take] = tokens[s][start + 1 : start + take]
             pos += take
-            if take < n:  # the rest waits, from the last token placed here
+            if take < n and split:  # the rest waits, from the last token placed here
                 insort(keys, ((n - take + 1) << SEQ_BITS) | seq)
                 where[seq] = (s, d, start + take - 1)
                 offs[seq] = off + take - 1
+            else:
+                cropped += n - take
         st = self.stats
-        st.rows, st.tokens, st.split = st.rows + 1, st.tokens + row_len, st.split + cont
+        st.rows, st.tokens = st.rows + 1, st.tokens + row_len
+        st.cropped, st.split = st.cropped + cropped, st.split + cont
 
     def snapshot(self) -> tuple:
         """A cheap copy of the state; `state_from_snapshot` turns it into plain data."""
@@ -385,15 +365,16 @@ class LoaderSnapshot:
         total = max(1, sum(self.rows))
         return {k: n / total for k, n in zip(self.labels, self.rows)}
 
+    def stats(self) -> PackStats:
+        """Every source's packing counts, summed."""
+        return PackStats(*map(sum, zip(*(p[4] for p in self.packers.values()))))
+
     def crop_rate(self) -> float:
-        stats = [p[4] for p in self.packers.values()]
-        cropped, tokens = sum(s[2] for s in stats), sum(s[1] for s in stats)
-        return cropped / max(1, tokens + cropped)
+        return self.stats().crop_rate
 
     def split_rate(self) -> float:
         """Share of row tokens that continue a document split across rows (split mode)."""
-        stats = [p[4] for p in self.packers.values()]
-        return sum(s[3] for s in stats) / max(1, sum(s[1] for s in stats))
+        return self.stats().split_rate
 
     def report(self) -> str:
         """'web 0.601 (target 0.600), math 0.149 (0.150); 1.20% of document tokens cropped,
@@ -403,13 +384,11 @@ class LoaderSnapshot:
             f"{k} {p:.3f} (target {w:.3f})"
             for (k, p), w in zip(self.proportions().items(), self.weights)
         )
-        stats = [p[4] for p in self.packers.values()]
-        padded = sum(s[4] for s in stats if len(s) > 4)
-        long = sum(s[5] for s in stats if len(s) > 5)
+        st = self.stats()
         chat = (
-            f", {100 * padded / max(1, sum(s[1] for s in stats)):.2f}% of row tokens padding, "
-            f"{long:,} skip(s) of a conversation longer than a row (each epoch counts)"
-            if padded or long
+            f", {100 * st.padded / max(1, st.tokens):.2f}% of row tokens padding, "
+            f"{st.too_long:,} skip(s) of a conversation longer than a row (each epoch counts)"
+            if st.padded or st.too_long
             else ""
         )
         return (
@@ -507,7 +486,6 @@ class MixtureLoader:
                     f"data.sources.{k}.long_docs to choose explicitly)",
                     stacklevel=2,
                 )
-        self._fills = [self.packers[k].fill for k in self.labels]
 
 
 @dataclass

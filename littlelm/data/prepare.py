@@ -54,22 +54,15 @@ FORMAT = 2
 
 def make_split(source: Source, fraction: float, mode: str, seed: int) -> ValSplit:
     """The source's split; 'tail' counts its documents first (one reading pass)."""
-    n = (
-        sum(1 for u in source.units(1 << 30) for _ in source.unit_documents(u))
-        if mode == "tail"
-        else None
-    )
+    n = sum(1 for _ in source.documents()) if mode == "tail" else None
     return ValSplit(fraction, mode, seed, n)
 
 
 def train_documents(source: Source, split: ValSplit) -> Iterator[str]:
     """The pieces of the source's training documents, in order."""
-    i = 0
-    for unit in source.units(1 << 30):
-        for doc in source.unit_documents(unit):
-            if not split.is_val(i, doc.encode("utf-8")):
-                yield from source.pieces(doc)
-            i += 1
+    for i, doc in enumerate(source.documents()):
+        if not split.is_val(i, doc.encode("utf-8")):
+            yield from source.pieces(doc)
 
 
 # -- tokenizer -------------------------------------------------------------------------------------
@@ -442,14 +435,10 @@ def _finished_units(partial: Path, n_units: int) -> dict[int, dict]:
     for uid in range(n_units):
         try:
             record = json.loads(unit_record_path(partial, uid).read_text())
-            for shard in (s for shards in record["shards"].values() for s in shards):
-                h = read_header(partial / shard["file"])
-                if (
-                    h.checksum != shard["sha256"]
-                    or (partial / shard["file"]).stat().st_size != h.file_size
-                ):
-                    raise DataError("changed")
-        except (OSError, json.JSONDecodeError, KeyError, DataError):
+            shards = [s for shards in record["shards"].values() for s in shards]
+            if any(_shard_problem(partial / s["file"], s, full=False) for s in shards):
+                continue
+        except (OSError, json.JSONDecodeError, KeyError):
             continue
         out[uid] = record
     return out

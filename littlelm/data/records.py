@@ -170,41 +170,58 @@ class ParquetFiles(Source):
         except Exception:  # unreadable here is reported (or skipped) when the unit is read
             return None
 
-    def _read_unit(self, unit: Unit) -> Iterator[str]:
-        for f in unit.files:
-            yield from self._read_file(Path(f), unit.start, unit.stop)
+    @property
+    def columns(self) -> list[str]:
+        """The columns read of each row."""
+        return [self.cfg.column]
 
-    def _read_file(self, path: Path, start: int, stop: int | None) -> Iterator[str]:
+    @property
+    def text_column(self) -> str | None:
+        """The column whose text each row gives, checked to hold text; None: not one column's."""
+        return self.cfg.column
+
+    def _read_unit(self, unit: Unit) -> Iterator[str]:
         import pyarrow as pa
+
+        for f in unit.files:
+            try:
+                yield from self._parquet(Path(f), unit.start, unit.stop)
+            except (OSError, pa.ArrowException) as e:
+                self.bad(f"unreadable file ({type(e).__name__}: {e})", Path(f))
+
+    def _parquet(self, path: Path, start: int, stop: int | None) -> Iterator[str]:
         import pyarrow.parquet as pq
 
-        try:
-            pf = pq.ParquetFile(path)
-            schema = pf.schema_arrow
-            if self.cfg.column not in schema.names:
-                self.bad(
-                    f"missing column {self.cfg.column!r} (columns: {', '.join(schema.names)})", path
-                )
-                return
-            kind = schema.field(self.cfg.column).type
-            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-                self.bad(f"column {self.cfg.column!r} holds {kind}, not text", path)
-                return
+        pf = pq.ParquetFile(path)
+        if self._usable(pf.schema_arrow, path):
             groups = range(start, pf.metadata.num_row_groups if stop is None else stop)
-            batches = pf.iter_batches(self.BATCH_ROWS, row_groups=groups, columns=[self.cfg.column])
-            for batch in batches:
-                yield from self._texts(batch.column(0), path, self.cfg.column)
-        except (OSError, pa.ArrowException) as e:
-            self.bad(f"unreadable file ({type(e).__name__}: {e})", path)
+            for batch in pf.iter_batches(self.BATCH_ROWS, row_groups=groups, columns=self.columns):
+                yield from self._batch_texts(batch, path)
 
-    def _texts(self, column, path: Path, name: str) -> Iterator[str]:
-        """The text values of an Arrow column called `name` (bytes, decoded row by row)."""
+    def _usable(self, schema, path: Path) -> bool:
+        """Whether a file's Arrow `schema` has the columns read, and text in the text column
+        (a file that does not is counted once, or an error)."""
         import pyarrow as pa
 
+        lacking = [c for c in self.columns if c not in schema.names]
+        if lacking:
+            self.bad(f"missing column {lacking[0]!r} (columns: {', '.join(schema.names)})", path)
+            return False
+        kind = None if self.text_column is None else schema.field(self.text_column).type
+        if kind is None or pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            return True
+        self.bad(f"column {self.text_column!r} holds {kind}, not text", path)
+        return False
+
+    def _batch_texts(self, batch, path: Path) -> Iterator[str]:
+        """The values of a batch's text column (bytes, decoded row by row)."""
+        import pyarrow as pa
+
+        column = batch.column(0)
         binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
         for value in column.cast(binary).to_pylist():  # bytes: decoded here, row by row
             if value is None:
-                self.bad(f"missing value in column {name!r}", path)
+                self.bad(f"missing value in column {self.text_column!r}", path)
                 continue
             text = self.decode(value, path)
             if text is not None:

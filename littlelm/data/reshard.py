@@ -109,7 +109,8 @@ def reads_between(stream: DocStream, start: Position, end: Position) -> int:
     while (epoch, shard_pos) < end[:2]:
         n = shard_length(stream, epoch, shard_pos)
         count += slice_count(k, n, stream.rank, stream.world)
-        epoch, shard_pos, k = _next_shard(stream, epoch, shard_pos)
+        last = shard_pos + 1 == len(stream.shards)  # then the next epoch's first shard
+        epoch, shard_pos, k = (epoch + 1, 0, 0) if last else (epoch, shard_pos + 1, 0)
     n = shard_length(stream, epoch, shard_pos)
     return count + slice_count(k, min(end[2], n), stream.rank, stream.world)
 
@@ -126,9 +127,3 @@ def shard_length(stream: DocStream, epoch: int, shard_pos: int) -> int:
     probe = DocStream(stream.shards, stream.seed, 0, 1, stream.repeat, stream.label)
     probe.load_state_dict({"epoch": epoch, "shard_pos": shard_pos, "doc_pos": 0})
     return len(stream.shards[int(probe._shard_order()[shard_pos])])
-
-
-def _next_shard(stream: DocStream, epoch: int, shard_pos: int) -> Position:
-    if shard_pos + 1 < len(stream.shards):
-        return epoch, shard_pos + 1, 0
-    return epoch + 1, 0, 0

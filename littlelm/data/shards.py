@@ -188,6 +188,9 @@ class Shard:
         # Plain ndarrays over the mapping (np.memmap slices are ~10x slower to make).
         self.tokens = np.frombuffer(self._map, DTYPES[h.itemsize], h.n_tokens, HEADER_SIZE)
         self.offsets = np.frombuffer(self._map, "<u8", h.n_docs + 1, HEADER_SIZE + h.tokens_bytes)
+        # what the loader reads (data/loader.py): document d is tokens[starts[d]:ends[d]]
+        self.starts, self.ends = self.offsets[:-1], self.offsets[1:]
+        self.bos, self.n_tokens = h.bos_id, h.n_tokens
         if verify:
             self.verify()
         if int(self.offsets[-1]) != h.n_tokens or (h.n_docs and int(self.offsets[0]) != 0):
@@ -218,23 +221,6 @@ class Shard:
 
     def __len__(self) -> int:
         return self.header.n_docs
-
-    # what the loader reads (data/loader.py): document d is tokens[starts[d]:ends[d]]
-    @property
-    def starts(self) -> np.ndarray:
-        return self.offsets[:-1]
-
-    @property
-    def ends(self) -> np.ndarray:
-        return self.offsets[1:]
-
-    @property
-    def bos(self) -> int:
-        return self.header.bos_id
-
-    @property
-    def n_tokens(self) -> int:
-        return self.header.n_tokens
 
     def head(self, limit: int | None) -> np.ndarray:
         """The first `limit` tokens of the documents in order (None: all), BOS included."""

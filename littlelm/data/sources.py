@@ -158,11 +158,10 @@ class Source:
         else:
             yield doc
 
-    def documents(self, target_bytes: int = 1 << 30) -> Iterator[str]:
-        """Every document (pieces), in order."""
-        for unit in self.units(target_bytes):
-            for doc in self.unit_documents(unit):
-                yield from self.pieces(doc)
+    def documents(self) -> Iterator[str]:
+        """Every non-empty raw document, in order (units of up to 1 GB)."""
+        for unit in self.units(1 << 30):
+            yield from self.unit_documents(unit)
 
     def _read_unit(self, unit: Unit) -> Iterator[str]:
         raise NotImplementedError

@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import Field
 
 from littlelm.config import ComponentConfig
-from littlelm.data.tokenizer import Tokenizer
+from littlelm.data.tokenizer import Tokenizer, join_docs
 from littlelm.errors import DataError
 
 RANKS = "ranks.tiktoken"
@@ -102,11 +102,7 @@ class TiktokenTokenizer(Tokenizer):
             arrays = [None] * len(texts)
             for i, part in enumerate(done):
                 arrays[i::n] = part
-        lengths = np.fromiter((len(a) + 1 for a in arrays), dtype=np.int64, count=len(arrays))
-        bos = np.array([self.bos_id], dtype=np.uint32)
-        parts = [p for a in arrays for p in (bos, a)]
-        tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
-        return tokens, lengths
+        return join_docs(arrays, self.bos_id)
 
     def _encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
         encode = self.enc.encode_to_numpy  # releases the GIL while it encodes
@@ -193,25 +189,21 @@ def _encoding(cfg: TiktokenConfig):
             f"data.tokenizer.encoding: unknown tiktoken encoding {cfg.encoding!r}; known: "
             f"{', '.join(tiktoken.list_encoding_names())}"
         )
+    if not cfg.file:
+        try:
+            return tiktoken.get_encoding(name)
+        except Exception as e:  # network or cache errors from inside tiktoken
+            raise DataError(
+                f"tiktoken could not load {name!r} from its cache or the internet "
+                f"({type(e).__name__}: {e}); download the .tiktoken file and set "
+                "data.tokenizer.file=PATH, or put it in $TIKTOKEN_CACHE_DIR"
+            ) from None
     try:
-        return _from_file(name, Path(cfg.file).expanduser()) if cfg.file else _from_cache(name)
+        return _from_file(name, Path(cfg.file).expanduser())
     except DataError:
         raise
-    except Exception as e:  # network or file errors from inside tiktoken
+    except Exception as e:  # file errors from inside tiktoken
         raise DataError(f"cannot load tiktoken encoding {name}: {e}") from None
-
-
-def _from_cache(name: str):
-    import tiktoken
-
-    try:
-        return tiktoken.get_encoding(name)
-    except Exception as e:
-        raise DataError(
-            f"tiktoken could not load {name!r} from its cache or the internet ({type(e).__name__}: "
-            f"{e}); download the .tiktoken file and set data.tokenizer.file=PATH, or put it in "
-            "$TIKTOKEN_CACHE_DIR"
-        ) from None
 
 
 def _from_file(name: str, path: Path):

@@ -19,7 +19,6 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +51,7 @@ class Tokenizer:
 
     def template_tokens(self) -> dict[str, str]:
         """Special-token strings a chat template may use (eos_token, ...), besides bos_token."""
-        return {}
+        return dict(self._template_tokens)
 
     def with_special_tokens(self, tokens: Iterable[str]) -> Tokenizer:
         """A new tokenizer: this one plus `tokens` as special tokens after its last id."""
@@ -66,10 +65,9 @@ class Tokenizer:
 
     def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Documents ready for a shard: (tokens, lengths), each document BOS first, flattened."""
-        ids = self.encode_batch(texts)
-        lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
-        flat = chain.from_iterable((self.bos_id, *x) for x in ids)
-        return np.fromiter(flat, dtype=np.int64, count=int(lengths.sum())), lengths
+        return join_docs(
+            [np.asarray(x, dtype=np.int64) for x in self.encode_batch(texts)], self.bos_id
+        )
 
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
@@ -145,6 +143,15 @@ class Tokenizer:
         return cfg.model_dump()
 
 
+def join_docs(docs: list[np.ndarray], bos: int) -> tuple[np.ndarray, np.ndarray]:
+    """Documents given as arrays of ids, ready for a shard: (tokens, lengths), each document
+    BOS first, flattened."""
+    lengths = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
+    head = np.array([bos], dtype=np.int64)
+    parts = [p for d in docs for p in (head, d)]
+    return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), lengths
+
+
 class ByteConfig(ComponentConfig):
     """Bytes 0-255 are tokens 0-255; BOS is 256."""
 
@@ -160,11 +167,7 @@ class ByteTokenizer(Tokenizer):
         return list(text.encode("utf-8"))
 
     def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        raw = [t.encode("utf-8") for t in texts]
-        lengths = np.fromiter((len(b) + 1 for b in raw), dtype=np.int64, count=len(raw))
-        flat = np.frombuffer(b"\0".join([b"", *raw]), dtype=np.uint8).astype(np.int64)
-        flat[np.cumsum(lengths) - lengths] = self.bos_id  # each document's first slot
-        return flat, lengths
+        return join_docs([np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts], self.bos_id)
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
@@ -199,9 +202,6 @@ class HFTokenizer(Tokenizer):
 
     def special_id(self, token: str) -> int | None:
         return self.special_tokens().get(token)
-
-    def template_tokens(self) -> dict[str, str]:
-        return dict(self._template_tokens)
 
     def with_special_tokens(self, tokens: Iterable[str]) -> HFTokenizer:
         from tokenizers import AddedToken
@@ -243,16 +243,10 @@ class HFTokenizer(Tokenizer):
             batch = self.tok.encode_batch(pieces[i:j], add_special_tokens=False)
             ids += [np.array(e.ids, dtype=np.int32) for e in batch]
             i = j
-        lengths = np.ones(len(texts), dtype=np.int64)  # the BOS
-        np.add.at(lengths, owner, [len(x) for x in ids])
-        flat = np.empty(int(lengths.sum()), dtype=np.int64)
-        at = np.cumsum(lengths) - lengths
-        flat[at] = self.bos_id
-        at += 1
+        docs: list[list[np.ndarray]] = [[] for _ in texts]
         for d, x in zip(owner, ids, strict=True):
-            flat[at[d] : at[d] + len(x)] = x
-            at[d] += len(x)
-        return flat, lengths
+            docs[d].append(x)
+        return join_docs([np.concatenate(x) for x in docs], self.bos_id)
 
     def _cuts_safely(self) -> bool:
         """Whether `encode_pieces`'s cuts leave every token as the whole text would have it
@@ -364,9 +358,6 @@ class BPETokenizer(HFTokenizer):
     kind = "bpe"
     trainable = True
 
-    def __init__(self, tok, bos_token: str = BOS):
-        super().__init__(tok, bos_token)
-
     @classmethod
     def train(cls, cfg: BPEConfig, texts: Iterator[str]) -> BPETokenizer:
         from tokenizers import Tokenizer as RawTokenizer
@@ -383,13 +374,13 @@ class BPETokenizer(HFTokenizer):
         )
         sample = Sample(cfg.train_chars)
         tok.train_from_iterator(sample.take(texts), trainer=trainer)
-        out = cls(tok)
+        out = cls(tok, BOS)
         out.notes = tuple(sample.notes())
         return out
 
     @classmethod
     def from_dir(cls, directory: Path, meta: dict) -> BPETokenizer:
-        return cls(_read_tokenizer_json(directory / "tokenizer.json"))
+        return cls(_read_tokenizer_json(directory / "tokenizer.json"), BOS)
 
     @classmethod
     def vocab_size_for(cls, cfg: BPEConfig) -> int:

@@ -96,7 +96,11 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
         "duplicates": len(job.duplicates),
         "shards": shards,
     }
-    _write_json(unit_record_path(out, job.uid), record)
+    path = unit_record_path(out, job.uid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    _io(path, tmp.write_text, json.dumps(record))
+    os.replace(tmp, path)
     return record
 
 
@@ -171,13 +175,6 @@ def _io(path: Path, fn, *args):
         ) from None
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    _io(path, tmp.write_text, json.dumps(obj))
-    os.replace(tmp, path)
-
-
 # -- running units --------------------------------------------------------------------------------
 
 
@@ -200,8 +197,7 @@ def run_units(
     on_progress: Callable[[int, int], None],
     on_done: Callable[[UnitJob, dict], None],
 ) -> None:
-    """Tokenize every job: in this process if there is one job or one worker, else in a pool."""
-    workers = max(1, min(workers, len(jobs)))
+    """Tokenize every job: in this process with one worker (`pool_size`), else in a pool."""
     if workers == 1:
         for job in jobs:
             on_done(job, tokenize_unit(job, tok, on_progress))
