@@ -37,7 +37,7 @@ import warnings
 from littlelm.errors import LittleLMError
 
 DEFAULT_CONFIG = "demo"
-TYPES_GGUF = ("f32", "f16")  # littlelm/interop/gguf_export.py's TYPES (not imported: kept cheap)
+TYPES_GGUF = ("f32", "f16")  # gguf_export.TYPES, not imported (kept cheap); a test holds them equal
 
 
 def _split_config(items: list[str]) -> tuple[str, list[str]]:

@@ -137,3 +137,11 @@ def test_repeated_eval_task_is_scored_once():
     from littlelm.eval.run import parse_labels
 
     assert parse_labels("copa,copa, piqa,copa") == ["copa", "piqa"]
+
+
+def test_export_gguf_types_are_the_exporters():
+    # cli.py keeps its own copy so that parsing arguments does not import the exporter
+    from littlelm.cli import TYPES_GGUF
+    from littlelm.interop.gguf_export import TYPES
+
+    assert TYPES_GGUF == TYPES
