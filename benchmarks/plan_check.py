@@ -98,6 +98,8 @@ def main() -> None:
     ap.add_argument("--out-dir", help=argparse.SUPPRESS)
     ap.add_argument("--calibration", action="append", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     if args.one:
         print(json.dumps(one(args.one, args.steps, args.out_dir, args.calibration)))
         return
