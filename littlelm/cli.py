@@ -461,7 +461,7 @@ def _add_train(sub) -> None:
         "train",
         "train (or resume) a run",
         "  littlelm train demo\n"
-        "  littlelm train run.yaml train.max_steps=500 optim.lr=3e-3\n"
+        "  littlelm train run.yaml train.max_steps=500 optimizer.lr=3e-3\n"
         "  littlelm train demo --resume never train.max_steps=5\n"
         "  littlelm train run.yaml --nproc 2 run.name=ddp",
     )
@@ -583,7 +583,7 @@ def _add_chat(sub) -> None:
         "chat",
         "talk to a fine-tuned model (docs/post-training.md)",
         '  littlelm chat runs/demo-sft\n  littlelm chat runs/demo-sft --prompt "What is 12+30?"\n'
-        "  littlelm chat runs/demo-sft < conversations.jsonl   (one JSON reply per line)",
+        "  littlelm chat runs/demo-sft < conversations.jsonl   # one JSON reply per line",
     )
     c.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
     c.add_argument("--prompt", help="answer this one user turn and exit")
@@ -870,11 +870,11 @@ VERBS = (
 
 EXAMPLES = """\
 examples:
-  littlelm train demo                          train the packaged demo model
-  littlelm train run.yaml train.max_steps=500  key=value overrides, anywhere after CONFIG
-  littlelm plan run.yaml --gpu H100-SXM        memory, speed and cost before renting a GPU
-  littlelm report runs/demo                    Markdown report with plots
-  littlelm VERB --help                         a verb's options, defaults and examples
+  littlelm train demo                          # train the packaged demo model
+  littlelm train run.yaml train.max_steps=500  # key=value overrides, anywhere after CONFIG
+  littlelm plan run.yaml --gpu H100-SXM        # memory, speed and cost before renting a GPU
+  littlelm report runs/demo                    # Markdown report with plots
+  littlelm VERB --help                         # a verb's options, defaults and examples
 
 shell completion (bash/zsh): eval "$(register-python-argcomplete littlelm)"
 """
