@@ -15,7 +15,7 @@
     littlelm import HF_DIR --out RUN_DIR
     littlelm eval-bundle [--dest DIR] [--url URL] [--sha256 HEX] [--force]
     littlelm plan CONFIG [key=value ...] [--gpu NAME ...] [--tokens N] [--devices N] [--json]
-                  [--gpus FILE] [--chart OUT.png] [--no-trace]
+                  [--gpus FILE] [--chart OUT.png] [--no-trace] [--device cpu] [--price-per-hour D]
     littlelm bench CONFIG [key=value ...] [--steps N] [--json]
     littlelm sweep CONFIG [key=value ...] --set KEY=v1,v2 [--set ...] [--grid|--zip]
                    [--budget 30m|2h|$5|500M] [--seeds N] [--devices 0,1] [--name NAME]
@@ -308,6 +308,13 @@ def _share(text: str) -> float:
     return value
 
 
+def _price(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be dollars per hour, 0 or more, got {text}")
+    return value
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
@@ -329,7 +336,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             args.devices,
             not args.no_trace,
             local=args.device == "cpu",
-            price_per_hour=args.price_per_hour or 0.0,
+            price_per_hour=args.price_per_hour,
         )
         if args.chart:
             from littlelm.plan.report import plan_chart
@@ -655,6 +662,8 @@ def _add_plan(sub) -> None:
         "plan",
         "memory, speed and cost of a run on each GPU of a catalog",
         "  littlelm plan demo\n"
+        "  littlelm plan run.yaml --gpu H100-SXM --price-per-hour 1.99   # your price per GPU-hour\n"
+        "  littlelm plan demo --device cpu --price-per-hour 0.10   # this machine, at its price\n"
         "  littlelm plan run.yaml --gpu H100-SXM --devices 8 --chart plan.png\n"
         "  littlelm plan run.yaml --json model.n_layer=24",
     )
@@ -672,7 +681,11 @@ def _add_plan(sub) -> None:
         help="also predict the run on this machine's CPU (rates probed here, in seconds)",
     )
     pl.add_argument(
-        "--price-per-hour", type=float, help="what this machine costs per hour (with --device)"
+        "--price-per-hour",
+        type=_price,
+        metavar="DOLLARS",
+        help="what you pay per device-hour: the price of each GPU named with --gpu and, with "
+        "--device cpu, of this machine; with neither, of every catalog GPU",
     )
     pl.add_argument(
         "--detail", action="store_true", help="memory by category, trace check, every remedy"
