@@ -43,9 +43,38 @@ from littlelm.train.checkpoint import files as ckpt
 MODELING_FILE = Path(__file__).with_name("modeling_littlelm.py")
 
 
+def check_parent(path: Path, flag: str) -> None:
+    """The folders above `path` are created when missing (for --out and --gguf alike): the
+    nearest one that exists must be a directory this process can write into."""
+    above = path.absolute().parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise LittleLMError(
+            f"{flag} {path}: {above} is not a directory, so nothing can be written "
+            f"under it; choose another {flag}"
+        )
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise LittleLMError(
+            f"{flag} {path}: cannot write into {above} (permission denied); choose another "
+            f"{flag}, in a directory you can write to"
+        )
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost folder above `path` that does not exist yet: what writing `path` creates."""
+    missing = None
+    for above in path.absolute().parents:
+        if above.exists():
+            break
+        missing = above
+    return missing
+
+
 def check_out(out: Path) -> None:
     """--out must be a new path or an empty directory, and not a symbolic link: the result is
     renamed into place, which would replace a link rather than fill its target."""
+    check_parent(out, "--out")
     if out.is_symlink():
         target = os.readlink(out)
         raise LittleLMError(
@@ -66,14 +95,20 @@ def staged(out: Path):
     check_out(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    made = first_missing(out)
     try:
+        tmp.mkdir(parents=True)
         yield tmp
         if out.exists():
             out.rmdir()
         tmp.rename(out)
+        made = None
+    except OSError as e:  # a full disk, a device that takes no files: said, not a traceback
+        raise LittleLMError(
+            f"cannot write {out}: {e.strerror or e}; choose another --out"
+        ) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(made or tmp, ignore_errors=True)  # the folders it made, on a failure
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,6 +134,8 @@ def export(
         raise CheckpointError("nothing to write: give --out DIR (Hugging Face) or --gguf FILE")
     if out is not None:
         check_out(Path(out))  # before the work
+    if gguf is not None:
+        check_parent(Path(gguf), "--gguf")
     path = find_checkpoint(source)
     model, tok, _ = load_model(path, "cpu")
     m = model.cfg
@@ -132,17 +169,26 @@ def write_hf_dir(out: Path, tok, hf_tensors: dict, config: dict, arch: str, shar
 
 @contextmanager
 def staged_file(out: Path):
-    """A temporary sibling of the file `out`, renamed to it when the block succeeds."""
+    """A temporary sibling of the file `out`, renamed to it when the block succeeds; its folder
+    is created when missing, as --out's is."""
     if out.exists() or out.is_symlink():
         raise LittleLMError(f"{out} already exists; choose another --gguf or remove it")
-    if not out.parent.is_dir():
-        raise LittleLMError(f"{out.parent} is not a directory; create it or choose another --gguf")
+    check_parent(out, "--gguf")
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    made = first_missing(out)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
         tmp.rename(out)
+        made = None
+    except OSError as e:
+        raise LittleLMError(
+            f"cannot write {out}: {e.strerror or e}; choose another --gguf"
+        ) from None
     finally:
         tmp.unlink(missing_ok=True)
+        if made is not None:  # a failure: the folders it made go too
+            shutil.rmtree(made, ignore_errors=True)
 
 
 def stock_tensors(tensors: dict[str, torch.Tensor], m: GPTConfig, arch: str) -> dict:
