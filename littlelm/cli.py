@@ -279,6 +279,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         f"imported {args.hf_dir} ({r['arch']}: {m.n_layer} layers x {m.d_model}, "
         f"{m.n_head} heads ({m.kv_heads} kv), {r['params']:,} parameters) into {r['checkpoint']}"
     )
+    print(r["tokenizer"])
     if r["window"]:
         print(
             f"context: {m.max_seq_len} tokens, its sliding window (full attention over at most "

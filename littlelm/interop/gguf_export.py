@@ -29,7 +29,7 @@ from littlelm.data.tokenizer import Tokenizer
 from littlelm.errors import CheckpointError
 from littlelm.extras import require
 from littlelm.interop import arch as A
-from littlelm.interop.hf_tokenizer import chat_config, raw_tokenizer
+from littlelm.interop.hf_tokenizer import chat_config, export_rules, raw_tokenizer
 from littlelm.model.gpt import GPTConfig
 
 TYPES = ("f32", "f16")  # what each 2-D weight is stored as; norms and biases stay f32
@@ -129,9 +129,10 @@ def _tokenizer_keys(w, tok: Tokenizer) -> None:
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
     eos = chat_config(tok).get("eos_token")  # a chat model's end of turn (<|end|>), else BOS:
     w.add_bos_token_id(tok.bos_id)  # a document ends where the next one's BOS would come
-    w.add_eos_token_id(vocab.get(eos, tok.bos_id))
+    _, own_eos, adds_bos = export_rules(tok)  # an imported tokenizer's own eos and BOS rule
+    w.add_eos_token_id(vocab.get(eos, own_eos))
     w.add_pad_token_id(tok.bos_id)
-    w.add_add_bos_token(True)  # every littlelm document starts with BOS
+    w.add_add_bos_token(adds_bos)  # every littlelm document starts with BOS
     w.add_add_eos_token(False)
     w.add_add_sep_token(False)  # no second BOS after a prompt
 

@@ -33,7 +33,7 @@ import yaml
 from littlelm.config import to_tree, validate
 from littlelm.errors import CheckpointError, LittleLMError
 from littlelm.interop import arch as A
-from littlelm.interop.hf_tokenizer import export_tokenizer, import_tokenizer
+from littlelm.interop.hf_tokenizer import export_rules, export_tokenizer, import_tokenizer
 from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.kernels import rms_norm
@@ -146,6 +146,7 @@ def export(
     else:
         config, hf_tensors = A.stock_config(m, arch, tok.bos_id), stock_tensors(tensors, m, arch)
     config["torch_dtype"] = str(tensors["wte.weight"].dtype).removeprefix("torch.")
+    config["eos_token_id"] = export_rules(tok)[1]  # an imported tokenizer's own eos
     if gguf is not None:
         from littlelm.interop.gguf_export import write_gguf
 
@@ -161,7 +162,8 @@ def write_hf_dir(out: Path, tok, hf_tensors: dict, config: dict, arch: str, shar
         export_tokenizer(tok, tmp)  # first: a refused tokenizer writes nothing else
         write_weights(hf_tensors, tmp, shard)
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        gen = {"bos_token_id": tok.bos_id, "eos_token_id": tok.bos_id, "do_sample": False}
+        gen = {"bos_token_id": tok.bos_id, "eos_token_id": config["eos_token_id"]}
+        gen["do_sample"] = False
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         if arch == "littlelm":
             shutil.copy(MODELING_FILE, tmp / MODELING_FILE.name)
@@ -269,7 +271,24 @@ def import_model(source: str | Path, out: str | Path) -> dict:
         "params": model.param_counts()["total"],
         "config": m,
         "window": A.sliding_window(hf, arch),
+        "tokenizer": tokenizer_note(tok),
     }
+
+
+def tokenizer_note(tok) -> str:
+    """What import keeps of the tokenizer's rules, and what littlelm's training does
+    differently, in one line for the import's output."""
+    eos, eos_id, adds_bos = export_rules(tok)
+    bos = f"{tok.bos_token} ({tok.bos_id})"
+    kept = f"eos {eos} ({eos_id}), " + (f"BOS {bos} put before a text" if adds_bos else "no BOS")
+    if adds_bos:
+        return (
+            f"tokenizer: {kept}; littlelm trains each document after {bos} too; export keeps both"
+        )
+    return (
+        f"tokenizer: {kept} (it adds none); littlelm's training starts each document with "
+        f"{bos}, as it does every document; export writes the tokenizer's own rules back ({kept})"
+    )
 
 
 # An imported model has no optimizer state; the checkpoint format wants a file (of {}).
