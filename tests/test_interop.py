@@ -276,7 +276,11 @@ def test_imported_model_trains_and_grows(tmp_path, corpus, capsys, monkeypatch):
         "data.val_fraction=0.1",
         "checkpoint.every=0",
     ]
+    capsys.readouterr()
     assert main(["train", str(run_file), *over]) == 0
+    said = capsys.readouterr().out  # a plain continuation: nothing about growth
+    assert "starting from the weights of" in said and "the same shape" in said
+    assert "grown from" not in said and "new blocks" not in said
     metrics = tmp_path / "imp-train" / "metrics.jsonl"
     losses = [json.loads(line).get("loss") for line in metrics.read_text().splitlines()]
     losses = [x for x in losses if x is not None]
@@ -284,7 +288,8 @@ def test_imported_model_trains_and_grows(tmp_path, corpus, capsys, monkeypatch):
     # grow: two new layers interleaved; `littlelm grow` checks the function and prints the gap
     grow = ["--to", str(run_file), "model.n_layer=4", *over]
     assert main(["grow", str(info["checkpoint"]), *grow]) == 0
-    assert "max |Δlogit|" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "max |Δlogit|" in said and "grown from" in said and "new blocks at layers [" in said
 
 
 @pytest.mark.slow
