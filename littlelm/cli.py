@@ -751,7 +751,7 @@ def _add_eval(sub) -> None:
         "--harness",
         metavar="TASKS",
         help="score with lm-evaluation-harness instead: comma-separated lm_eval task names "
-        "(pip install 'littlelm[harness]'); --max-per-task becomes its --limit",
+        "(pip install -e '.[harness]' in a clone); --max-per-task becomes its --limit",
     )
     e.add_argument("--include", metavar="DIR", help="with --harness: your own lm_eval task YAMLs")
     e.add_argument(
