@@ -172,7 +172,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     return chat.run(
         args.checkpoint, args.prompt, args.system, args.temperature, args.top_k or None,
-        args.top_p, args.max_tokens, args.seed, args.device,
+        args.top_p, args.max_tokens, args.seed, args.device, args.precision,
     )  # fmt: skip
 
 
@@ -594,6 +594,14 @@ def _add_chat(sub) -> None:
     c.add_argument("--top-p", type=float, help="nucleus sampling: keep this share of the mass")
     c.add_argument("--seed", type=int, default=0, help="sampling seed")
     c.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
+    c.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="matmul precision: auto = the one the model trained in where the device computes "
+        "it natively, else fp32; fp32 gives the replies an fp32 transformers run of the export "
+        "gives",
+    )
     c.set_defaults(fn=cmd_chat)
     t = _verb(
         sub,
@@ -730,7 +738,13 @@ def _add_eval(sub) -> None:
         default=0.01,
         help="warn when more than this share of a task's prompts exceed the context",
     )
-    e.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+    e.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="matmul precision: auto = the one the model trained in where the device computes "
+        "it natively, else fp32",
+    )
     e.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
     e.add_argument("--out", help="also write results and per-item decisions to this JSON file")
     e.add_argument(

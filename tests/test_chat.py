@@ -504,6 +504,47 @@ def test_chat_eval_table_and_centred_mean(sft_run, tmp_path, capsys):
     assert extract("so the total is 1,234.\n#### 1,234") == "1234" and extract(" e d ") == "e d"
 
 
+def test_chat_eval_leaves_out_rows_longer_than_the_context_and_names_them(
+    sft_run, tmp_path, capsys
+):
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "tasks.yaml").write_text(
+        "tasks:\n  - {label: rev, file: rev.jsonl, kind: generative}\n"
+    )
+    long = "Reverse: " + " ".join("abcdefgh" * 40)  # far past the 96-token context
+    rows = [{"question": "Reverse: a b", "answer": "b a"}, {"question": long, "answer": "x"}]
+    (tasks / "rev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "scores.json"
+    assert main(["eval", str(sft_run), "--chat", str(tasks), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "rev: 1 of 2 rows left out" in err and f"{tasks / 'rev.jsonl'}:2 (" in err
+    rec = json.loads(out.read_text())
+    assert rec["tasks"][0]["items"] == 1 and rec["tasks"][0]["skipped"] == 1
+    assert rec["left_out"]["rev"][0].startswith(f"{tasks / 'rev.jsonl'}:2 (")
+    # a task none of whose rows fits is an error naming it and the fix, not a traceback
+    (tasks / "rev.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    assert main(["eval", str(sft_run), "--chat", str(tasks)]) == 2
+    assert "no row of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_chat_refuses_a_temperature_that_cannot_sample(sft_run, capsys, value):
+    args = ["chat", str(sft_run), "--prompt", "Reverse: a b", "--temperature", value]
+    assert main(args) == 2
+    assert "--temperature must be a finite number" in capsys.readouterr().err
+
+
+def test_chat_precision_fp32_and_bf16_both_answer(sft_run, capsys):
+    for precision in ("fp32", "bf16"):
+        args = ["chat", str(sft_run), "--prompt", "Reverse: a b", "--max-tokens", "4"]
+        assert main([*args, "--precision", precision]) == 0
+        assert capsys.readouterr().out.endswith("\n")
+    with pytest.raises(SystemExit) as e:  # argparse's usage error
+        main(["chat", str(sft_run), "--prompt", "x", "--precision", "fp16"])
+    assert e.value.code == 2
+
+
 # -- export ------------------------------------------------------------------------------------
 
 WORDS = [

@@ -161,6 +161,7 @@ def run(
     max_tokens: int = 256,
     seed: int = 0,
     device: str = "auto",
+    precision: str = "auto",
 ) -> int:
     """`littlelm chat`: interactive on a terminal; else one reply to --prompt, or one JSON line
     {"reply": ...} per conversation read from stdin."""
@@ -172,7 +173,7 @@ def run(
     dev = pick_device(device)
     model, tok, cfg = load_model(checkpoint, dev)
     chat = Chat(model, tok, system, temperature, top_k, top_p, max_tokens, seed)
-    with autocast(dev, inference_precision("auto", cfg.train.precision, dev)):
+    with autocast(dev, inference_precision(precision, cfg.train.precision, dev)):
         if prompt is not None:
             print(chat.reply(prompt))
         elif sys.stdin.isatty():
