@@ -287,10 +287,11 @@ def test_sft_loss_is_the_mean_over_assistant_tokens_and_user_tokens_get_no_gradi
     assert torch.all(per_pos[~keep] == 0) and torch.all(per_pos[keep] > 0)
 
 
-def sft_trees(tmp_path: Path) -> tuple[Path, dict]:
-    """A tiny base run (bpe tokenizer with the chat tokens) and an SFT run from it."""
+def sft_trees(tmp_path: Path, **features) -> tuple[Path, dict]:
+    """A tiny base run (bpe tokenizer with the chat tokens; model `features` over the tiny
+    defaults) and an SFT run from it."""
     corpus = make_corpus(tmp_path / "corpus.txt")
-    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "base"})
+    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "base"}, model=features)
     base["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 300, "train_chars": 5000}
     base["train"]["max_steps"] = 3
     base["model"]["max_seq_len"] = 96  # room for a chat of a few turns
@@ -661,12 +662,18 @@ def test_an_imported_models_template_renders_as_transformers_does(tmp_path, bos_
         theirs = hf_ids(hf, msgs, prompt)
         # every littlelm document starts with BOS: a template that writes none gets one first
         assert fmt.encode(msgs, prompt) == (theirs if bos_first else [tok.bos_id, *theirs])
-    # exported again, it carries the imported template and its special tokens
+    # exported again, it carries the imported template (a BOS in front where the template
+    # writes none, as littlelm trains) and its special tokens: transformers' apply_chat_template
+    # on the export renders exactly the ids littlelm trains on
     out = tmp_path / "export"
     out.mkdir()
     export_tokenizer(tok, out)
     cfg = json.loads((out / "tokenizer_config.json").read_text())
-    assert cfg["chat_template"] == template and cfg["eos_token"] == "<|im_end|>"
+    assert cfg["chat_template"] == ("" if bos_first else "{{ bos_token }}") + template
+    assert cfg["eos_token"] == "<|im_end|>"
+    exported = transformers.AutoTokenizer.from_pretrained(str(out))
+    for msgs, prompt in random_conversations(50, seed=2):
+        assert hf_ids(exported, msgs, prompt) == fmt.encode(msgs, prompt)
     # its mask: the replies of a ChatML conversation, <|im_end|> included, nothing else
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the cat"}]
     ids = np.array(fmt.encode(msgs))
