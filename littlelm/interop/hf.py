@@ -126,7 +126,8 @@ def write_hf_dir(out: Path, tok, hf_tensors: dict, config: dict, arch: str, shar
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         # plain generate() stops at a reply's end (chat models) or at a document's end (BOS)
         stops = stop_ids(tok)
-        gen = {"bos_token_id": tok.bos_id, "eos_token_id": stops, "pad_token_id": tok.bos_id}
+        eos = stops if len(stops) > 1 else stops[0]
+        gen = {"bos_token_id": tok.bos_id, "eos_token_id": eos, "pad_token_id": tok.bos_id}
         gen["do_sample"] = False
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         if arch == "littlelm":
