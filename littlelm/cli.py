@@ -612,6 +612,38 @@ def _add_chat(sub) -> None:
     t.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
     t.add_argument("--out", required=True, help="the new run directory (must not exist)")
     t.set_defaults(fn=cmd_chat_tokens)
+    v = _verb(
+        sub,
+        "serve",
+        "serve a model over an OpenAI-compatible HTTP API, with a chat page at / "
+        "(docs/post-training.md)",
+        "  littlelm serve runs/demo-sft                      http://127.0.0.1:8000/\n"
+        "  littlelm serve runs/demo-sft --port 9000 --api-key KEY --host 0.0.0.0",
+    )
+    v.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
+    v.add_argument("--port", type=int, default=8000, help="port to listen on")
+    v.add_argument(
+        "--api-key",
+        default=os.environ.get("LITTLELM_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1 requests (default: $LITTLELM_API_KEY)",
+    )
+    v.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
+    v.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="matmul precision, as for littlelm chat")  # fmt: skip
+    v.add_argument("--max-tokens", type=int, default=512,
+                   help="reply length when a request gives no max_tokens")  # fmt: skip
+    v.add_argument("--name", help="the model's name in the API (default: the run's name)")
+    v.set_defaults(fn=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from littlelm.eval.serve import serve
+
+    return serve(
+        args.checkpoint, args.host, args.port, args.api_key, args.device, args.precision,
+        args.max_tokens, args.name,
+    )  # fmt: skip
 
 
 def _add_grow(sub) -> None:
