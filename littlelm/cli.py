@@ -15,7 +15,7 @@
     littlelm import HF_DIR --out RUN_DIR
     littlelm eval-bundle [--dest DIR] [--url URL] [--sha256 HEX] [--force]
     littlelm plan CONFIG [key=value ...] [--gpu NAME ...] [--tokens N] [--devices N] [--json]
-                  [--gpus FILE] [--chart OUT.png] [--no-trace]
+                  [--gpus FILE] [--chart OUT.png] [--no-trace] [--device cpu] [--price-per-hour D]
     littlelm bench CONFIG [key=value ...] [--steps N] [--json]
     littlelm sweep CONFIG [key=value ...] --set KEY=v1,v2 [--set ...] [--grid|--zip]
                    [--budget 30m|2h|$5|500M] [--seeds N] [--devices 0,1] [--name NAME]
@@ -279,6 +279,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         f"imported {args.hf_dir} ({r['arch']}: {m.n_layer} layers x {m.d_model}, "
         f"{m.n_head} heads ({m.kv_heads} kv), {r['params']:,} parameters) into {r['checkpoint']}"
     )
+    print(r["tokenizer"])
     if r["window"]:
         print(
             f"context: {m.max_seq_len} tokens, its sliding window (full attention over at most "
@@ -308,6 +309,13 @@ def _share(text: str) -> float:
     return value
 
 
+def _price(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be dollars per hour, 0 or more, got {text}")
+    return value
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
@@ -329,7 +337,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             args.devices,
             not args.no_trace,
             local=args.device == "cpu",
-            price_per_hour=args.price_per_hour or 0.0,
+            price_per_hour=args.price_per_hour,
         )
         if args.chart:
             from littlelm.plan.report import plan_chart
@@ -461,7 +469,7 @@ def _add_train(sub) -> None:
         "train",
         "train (or resume) a run",
         "  littlelm train demo\n"
-        "  littlelm train run.yaml train.max_steps=500 optim.lr=3e-3\n"
+        "  littlelm train run.yaml train.max_steps=500 optimizer.lr=3e-3\n"
         "  littlelm train demo --resume never train.max_steps=5\n"
         "  littlelm train run.yaml --nproc 2 run.name=ddp",
     )
@@ -583,7 +591,7 @@ def _add_chat(sub) -> None:
         "chat",
         "talk to a fine-tuned model (docs/post-training.md)",
         '  littlelm chat runs/demo-sft\n  littlelm chat runs/demo-sft --prompt "What is 12+30?"\n'
-        "  littlelm chat runs/demo-sft < conversations.jsonl   (one JSON reply per line)",
+        "  littlelm chat runs/demo-sft < conversations.jsonl   # one JSON reply per line",
     )
     c.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
     c.add_argument("--prompt", help="answer this one user turn and exit")
@@ -617,7 +625,7 @@ def _add_chat(sub) -> None:
         "serve",
         "serve a model over an OpenAI-compatible HTTP API, with a chat page at / "
         "(docs/post-training.md)",
-        "  littlelm serve runs/demo-sft                      http://127.0.0.1:8000/\n"
+        "  littlelm serve runs/demo-sft\n"
         "  littlelm serve runs/demo-sft --port 9000 --api-key KEY --host 0.0.0.0",
     )
     v.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
@@ -695,6 +703,8 @@ def _add_plan(sub) -> None:
         "plan",
         "memory, speed and cost of a run on each GPU of a catalog",
         "  littlelm plan demo\n"
+        "  littlelm plan run.yaml --gpu H100-SXM --price-per-hour 1.99   # your price per GPU-hour\n"
+        "  littlelm plan demo --device cpu --price-per-hour 0.10   # this machine, at its price\n"
         "  littlelm plan run.yaml --gpu H100-SXM --devices 8 --chart plan.png\n"
         "  littlelm plan run.yaml --json model.n_layer=24",
     )
@@ -712,7 +722,11 @@ def _add_plan(sub) -> None:
         help="also predict the run on this machine's CPU (rates probed here, in seconds)",
     )
     pl.add_argument(
-        "--price-per-hour", type=float, help="what this machine costs per hour (with --device)"
+        "--price-per-hour",
+        type=_price,
+        metavar="DOLLARS",
+        help="what you pay per device-hour: the price of each GPU named with --gpu and, with "
+        "--device cpu, of this machine; with neither, of every catalog GPU",
     )
     pl.add_argument(
         "--detail", action="store_true", help="memory by category, trace check, every remedy"
@@ -783,7 +797,7 @@ def _add_eval(sub) -> None:
         "--harness",
         metavar="TASKS",
         help="score with lm-evaluation-harness instead: comma-separated lm_eval task names "
-        "(pip install 'littlelm[harness]'); --max-per-task becomes its --limit",
+        "(pip install -e '.[harness]' in a clone); --max-per-task becomes its --limit",
     )
     e.add_argument("--include", metavar="DIR", help="with --harness: your own lm_eval task YAMLs")
     e.add_argument(
@@ -916,11 +930,11 @@ VERBS = (
 
 EXAMPLES = """\
 examples:
-  littlelm train demo                          train the packaged demo model
-  littlelm train run.yaml train.max_steps=500  key=value overrides, anywhere after CONFIG
-  littlelm plan run.yaml --gpu H100-SXM        memory, speed and cost before renting a GPU
-  littlelm report runs/demo                    Markdown report with plots
-  littlelm VERB --help                         a verb's options, defaults and examples
+  littlelm train demo                          # train the packaged demo model
+  littlelm train run.yaml train.max_steps=500  # key=value overrides, anywhere after CONFIG
+  littlelm plan run.yaml --gpu H100-SXM        # memory, speed and cost before renting a GPU
+  littlelm report runs/demo                    # Markdown report with plots
+  littlelm VERB --help                         # a verb's options, defaults and examples
 
 shell completion (bash/zsh): eval "$(register-python-argcomplete littlelm)"
 """

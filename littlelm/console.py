@@ -23,6 +23,7 @@ from littlelm.model.kernels import run_backend
 from littlelm.optim.schedule import schedule_warnings
 from littlelm.progress import Progress, duration, human
 from littlelm.schema import RunConfig
+from littlelm.train.budget import train_further
 from littlelm.train.callbacks import Callback
 from littlelm.train.growth import group_rows
 from littlelm.train.trainer import Trainer
@@ -125,13 +126,8 @@ class Console(Callback):
 
 def already_finished(tr: Trainer) -> str:
     """A run resumed at its end: what stopped it, and how to train further."""
-    s, b = tr.state, tr.cfg.train.budget
-    if b is not None and b.kind is not None:  # the budget set max_steps: raise the budget
-        kind = b.kind
-        more = f"train.budget.{kind}={2 * getattr(b, kind):g}"
-        why = f"its budget (train.budget.{kind}={getattr(b, kind):g}) is spent"
-    else:
-        more, why = f"train.max_steps={2 * s.step}", f"train.max_steps is {tr.max_steps}"
+    s = tr.state
+    more, why = train_further(tr.cfg, s.budget, s.step, s.tokens)
     return (
         f"run {tr.cfg.run.name!r} has already finished: {s.last_checkpoint} is at step "
         f"{s.step} and {why}; nothing to do. To train further, raise it (e.g. add {more} "

@@ -22,5 +22,6 @@ def require(module: str, extra: str, feature: str, package: str | None = None) -
         pkg = package or module.split(".")[0]
         raise DependencyError(
             f"{feature} needs the {pkg} package, which is not installed ({e}); "
-            f"install it with: pip install 'littlelm[{extra}]' (or pip install {pkg})"
+            f"install it with: pip install -e '.[{extra}]' in a clone of littlelm (pip install "
+            f"'littlelm[{extra}]' where a package index has littlelm, or pip install {pkg})"
         ) from e

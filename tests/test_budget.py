@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import pytest
 
@@ -227,7 +228,45 @@ def test_trainer_follows_a_time_budget_and_resumes_it(tmp_path, corpus, monkeypa
     console.report(trainer, again)
     out = capsys.readouterr().out  # and names the budget to raise, not train.max_steps
     assert "its budget (train.budget.hours=0.0111111) is spent" in out
-    assert "add train.budget.hours=0.0222222 to the command" in out and "max_steps=" not in out
+    assert "add train.budget.hours=" in out and "max_steps=" not in out
+
+
+def advised(out: str) -> str:
+    """The override a finished run's message advises ("add KEY=VALUE to the command")."""
+    return re.search(r"add (\S+=\S+) to the command", out).group(1)
+
+
+def test_following_the_advice_of_a_finished_budget_run_trains(
+    tmp_path, corpus, monkeypatch, capsys
+):
+    """A finished run whose budget was lowered below the time it spent: the advice is
+    computed from the time spent, and followed (twice) it trains further each time. (It was
+    twice the lowered budget, still below the time spent: followed twice, nothing trained.)"""
+    monkeypatch.setattr(bg, "now", FakeClock(1.0))
+    path = budget_cfg(tmp_path, corpus, {"hours": 20 / 3600}, log_every=1)
+    first = Trainer(load_run(path)).fit()
+    assert first["finished"] and first["budget_spent"] > 10
+    override, step = "train.budget.hours=0.001", first["step"]  # 3.6 s: below the time spent
+    trained = 0
+    for _ in range(4):  # lowered: advice; followed: trains; again: advice; followed: trains
+        capsys.readouterr()
+        console = Console()
+        trainer = Trainer(load_run(path, [override]), callbacks=(console,))
+        result = trainer.fit()
+        console.report(trainer, result)
+        out = capsys.readouterr().out
+        if result.get("already_finished"):  # the lowered budget; then the advice, followed
+            assert "is spent" in out
+            override = advised(out)
+            continue
+        assert result["finished"] and result["step"] > step, out  # it trained further
+        step, trained = result["step"], trained + 1
+    assert trained == 2
+
+
+def test_advice_rounds_up():
+    assert bg.round_up(0.0111111) == pytest.approx(0.0112)
+    assert bg.round_up(14.2) == pytest.approx(14.2) and bg.round_up(14.21) == pytest.approx(14.3)
 
 
 def test_plan_shows_what_a_budget_buys_on_each_gpu(tiny_config):

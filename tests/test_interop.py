@@ -202,8 +202,7 @@ def save_hf(kind: str, out: Path, **extra) -> torch.nn.Module:
         num_key_value_heads=2,
         max_position_embeddings=128,
         rms_norm_eps=1e-6,
-        bos_token_id=256,
-        **extra,
+        **{"bos_token_id": 256, **extra},
     )
     if kind == "llama":
         cfg = transformers.LlamaConfig(rope_theta=50000.0, **common)
@@ -277,7 +276,11 @@ def test_imported_model_trains_and_grows(tmp_path, corpus, capsys, monkeypatch):
         "data.val_fraction=0.1",
         "checkpoint.every=0",
     ]
+    capsys.readouterr()
     assert main(["train", str(run_file), *over]) == 0
+    said = capsys.readouterr().out  # a plain continuation: nothing about growth
+    assert "starting from the weights of" in said and "the same shape" in said
+    assert "grown from" not in said and "new blocks" not in said
     metrics = tmp_path / "imp-train" / "metrics.jsonl"
     losses = [json.loads(line).get("loss") for line in metrics.read_text().splitlines()]
     losses = [x for x in losses if x is not None]
@@ -285,7 +288,8 @@ def test_imported_model_trains_and_grows(tmp_path, corpus, capsys, monkeypatch):
     # grow: two new layers interleaved; `littlelm grow` checks the function and prints the gap
     grow = ["--to", str(run_file), "model.n_layer=4", *over]
     assert main(["grow", str(info["checkpoint"]), *grow]) == 0
-    assert "max |Δlogit|" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "max |Δlogit|" in said and "grown from" in said and "new blocks at layers [" in said
 
 
 @pytest.mark.slow
@@ -748,3 +752,52 @@ def test_gguf_runs_in_llama_cpp_with_littlelm_ids_and_greedy_tokens(tmp_path, na
             break
     want = want[: want.index(tok.bos_id) + 1] if tok.bos_id in want else want
     assert got == want
+
+
+def save_llama_tokenizer(out: Path, adds_bos: bool) -> None:
+    """A byte-level tokenizer as Llama-like checkpoints have it: <s> = 0 (BOS), </s> = 1 (EOS),
+    then the 256 bytes; with or without a post-processor that puts <s> first."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {"<s>": 0, "</s>": 1} | {ch: 2 + b for b, ch in bytes_to_unicode().items()}
+    raw = Tokenizer(models.BPE(vocab, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    if adds_bos:
+        raw.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 0)]
+        )
+    raw.save(str(out / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("adds_bos", [False, True], ids=["no BOS", "BOS first"])
+def test_import_export_round_trip_keeps_the_tokenizers_eos_and_bos_rule(tmp_path, capsys, adds_bos):
+    """A Llama whose eos is </s> = 1 came back with eos <s> = 0 and a BOS put before every text;
+    the round trip keeps eos and the BOS rule, in tokenizer_config.json, config.json and
+    generation_config.json (checked by transformers), and import says what training does."""
+    save_hf("llama", tmp_path / "hf", bos_token_id=0, eos_token_id=1)
+    save_llama_tokenizer(tmp_path / "hf", adds_bos)
+    before = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
+    said = capsys.readouterr().out
+    assert (
+        "tokenizer: eos </s> (1), " + ("BOS <s> (0) put before" if adds_bos else "no BOS") in said
+    )
+    if not adds_bos:
+        assert "littlelm's training starts each document with <s> (0)" in said
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "back")]) == 0
+    after = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
+    assert (after.eos_token, after.eos_token_id) == ("</s>", 1) == (before.eos_token, 1)
+    for text in ("a", "Hello, world", PROBE_TEXT):
+        assert after(text).input_ids == before(text).input_ids
+    assert (after("a").input_ids[0] == 0) == adds_bos
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "back")
+    gen = transformers.GenerationConfig.from_pretrained(tmp_path / "back")
+    assert config.eos_token_id == gen.eos_token_id == 1 and config.bos_token_id == 0
+
+
+PROBE_TEXT = "def f(x):\n\treturn x**2  # naïve café"

@@ -13,7 +13,7 @@ import pytest
 from littlelm.cli import main
 
 pytest.importorskip("transformers")
-from test_interop import FEATURES, make_checkpoint, save_hf
+from test_interop import FEATURES, _small_bpe, make_checkpoint, save_hf
 
 
 def _links(tmp_path):
@@ -99,3 +99,36 @@ def test_safetensors_get_the_mode_of_other_files(tmp_path, umask):
     )
     shards = list((tmp_path / "big").glob("*.safetensors"))
     assert len(shards) > 1 and {_mode(p) for p in shards} == {want}
+
+
+@pytest.mark.parametrize(
+    "where", ["/dev/full/{name}", "{tmp}/a_file/{name}", "{tmp}/a_file/deeper/{name}"]
+)
+@pytest.mark.parametrize("flag, name", [("--out", "hf"), ("--gguf", "m.gguf")])
+def test_export_to_a_path_under_a_file_is_a_clear_error(tmp_path, capsys, where, flag, name):
+    """A path under a file (or a device) was a NotADirectoryError traceback; now rc 2 and a
+    message naming the file in the way, before any work, and nothing written."""
+    src, _ = make_checkpoint(tmp_path / "run", **FEATURES["llama"])
+    (tmp_path / "a_file").write_text("not a directory")
+    out = where.format(tmp=tmp_path, name=name)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()
+    assert main(["export", str(src), flag, out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} {out}: ") and "Traceback" not in err
+    assert "is not a directory" in err and f"choose another {flag}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_gguf_and_out_both_create_missing_folders(tmp_path, capsys):
+    """--out created its missing folders while --gguf refused them; both create them now."""
+    pytest.importorskip("gguf")
+    src, _ = make_checkpoint(tmp_path / "run", tok=_small_bpe(), **FEATURES["llama"])
+    gguf, hf = tmp_path / "new" / "sub" / "m.gguf", tmp_path / "new2" / "sub" / "hf"
+    assert main(["export", str(src), "--gguf", str(gguf), "--out", str(hf)]) == 0, (
+        capsys.readouterr().err
+    )
+    assert gguf.is_file() and (hf / "config.json").is_file()
+    refused, _ = make_checkpoint(tmp_path / "byte", **FEATURES["llama"])  # no BPE merges: no GGUF
+    assert main(["export", str(refused), "--gguf", str(tmp_path / "new3" / "sub" / "m.gguf")]) == 2
+    assert not (tmp_path / "new3").exists()  # a refused export leaves no folder behind

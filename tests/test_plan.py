@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import replace
 
 import pytest
@@ -293,7 +292,7 @@ def test_resume_host_ram_counts_the_mapped_checkpoint_once_per_node():
     assert eight["host_gib"] < 1.2 * ckpt_gib  # was 8 x the checkpoint
 
 
-def test_plan_answers_huge_batches_and_sequences_in_seconds(tiny_config):
+def test_plan_answers_huge_batches_and_sequences_by_the_analytic_model(tiny_config):
     """A micro-batch too long to trace (its loss chunks are traced one by one) is planned by
     the analytic model, said so; a billion sequences per step are searched by their divisors
     up to the square root, not one by one."""
@@ -303,13 +302,11 @@ def test_plan_answers_huge_batches_and_sequences_in_seconds(tiny_config):
     assert plan.trace is None and plan.memory.source == "analytic model"
     d = Dims.of(load_run(tiny_config))
     huge = replace(d, micro_batch=1, grad_accum=10**9)
-    t0 = time.perf_counter()
     options = micro_batch_options(huge)
-    assert time.perf_counter() - t0 < 1.0
     assert len(options) == 100 and options[:4] == [1, 2, 4, 5] and options[-1] == 10**9
 
 
-HOSTILE = {  # issue 36 item 15: each config the schema accepts, planned or refused within 30 s
+HOSTILE = {  # each config the schema accepts: planned or refused, with bounded work
     "seq 1e9 beyond max_seq_len": (["train.seq_len=1000000000"], 2),
     "seq 1e9": (["train.seq_len=1000000000", "model.max_seq_len=1000000000"], 0),
     "seq 100000": (["train.seq_len=100000", "model.max_seq_len=100000"], 0),
@@ -318,35 +315,144 @@ HOSTILE = {  # issue 36 item 15: each config the schema accepts, planned or refu
 }
 
 
-CPU_TOO = pytest.param(["--device", "cpu"], id="and this cpu", marks=pytest.mark.slow)  # probes
-
-
-@pytest.mark.parametrize("device", [pytest.param([], id="gpus"), CPU_TOO])
+@pytest.mark.parametrize(
+    "device", [pytest.param([], id="gpus"), pytest.param(["--device", "cpu"], id="and this cpu")]
+)
 @pytest.mark.parametrize("overrides,rc", HOSTILE.values(), ids=HOSTILE.keys())
-def test_plan_answers_or_refuses_hostile_sizes_within_30_s(
-    tiny_config, capsys, overrides, rc, device
+def test_plan_answers_or_refuses_hostile_sizes_with_bounded_work(
+    tiny_config, capsys, monkeypatch, overrides, rc, device
 ):
-    """`littlelm plan` (the CLI's main, every catalog GPU, the local CPU's probes too) gives a
-    plan (rc 0) or a config error naming the fix (rc 2, no traceback), within 30 s."""
-    import signal
+    """`littlelm plan` (the CLI's main, every catalog GPU, the local CPU too) gives a plan
+    (rc 0) or a config error naming the fix (rc 2, no traceback), and what it runs is bounded
+    whatever the sizes: the trace only of a step within its caps (else the analytic model), CPU
+    probes only at capped shapes, and a fit search that evaluates each micro-batch option at
+    most once per remedy and GPU. (How long it takes: benchmarks/plan_hostile.py.)"""
+    from littlelm.plan import cost, planner
+    from littlelm.plan.planner import TRACE_MAX_CHUNKS, TRACE_MAX_LAYERS
 
-    def too_slow(*_):
-        raise TimeoutError(f"littlelm plan {' '.join(overrides)} ran past 30 s")
+    traced, probed, fits = [], [], []
+    real_trace, real_needed = planner.trace_step, cost.needed_gib
 
-    old = signal.signal(signal.SIGALRM, too_slow)
-    signal.alarm(30)
-    try:
-        got = main(["plan", str(tiny_config), *overrides, *device, "--json"])
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+    def trace(cfg, *a, **k):
+        traced.append(cfg)
+        return real_trace(cfg, *a, **k)
+
+    def needed(d, *a, **k):
+        fits.append(d.micro_batch)
+        return real_needed(d, *a, **k)
+
+    fixed = speed.Rates(matmul=1e10, attention=5e9, bandwidth=1e10, launch=1e-5)
+    probes = lambda ds: probed.extend(map(speed.probe_dims, ds)) or [fixed] * len(ds)  # noqa: E731
+    monkeypatch.setattr(planner, "trace_step", trace)
+    monkeypatch.setattr(cost, "needed_gib", needed)
+    monkeypatch.setattr(speed, "measure_rates", probes)
+    got = main(["plan", str(tiny_config), *overrides, *device, "--json"])
     out, err = capsys.readouterr()
     assert got == rc, err
     assert "Traceback" not in out + err
-    if rc == 0:
-        plan = json.loads(out)
-        assert plan["gpus"] and all(g["needed_gib"] > 0 for g in plan["gpus"])
-        assert (plan["local"] is not None) == bool(device)
-    else:
+    if rc != 0:
         assert "train.seq_len 1000000000 exceeds model.max_seq_len" in err
         assert "lower one or raise the other" in err
+        return
+    plan = json.loads(out)
+    assert plan["gpus"] and all(g["needed_gib"] > 0 for g in plan["gpus"])
+    assert (plan["local"] is not None) == bool(device)
+    for cfg in traced:
+        rows = cfg.train.micro_batch_size * cfg.train.seq_len
+        assert rows / (cfg.model.loss_rows_per_pass() or rows) <= TRACE_MAX_CHUNKS
+        assert cfg.model.n_layer <= TRACE_MAX_LAYERS
+    assert all(
+        p.seq_len <= speed.PROBE_MAX_SEQ and p.micro_batch * p.seq_len <= speed.PROBE_MAX_ROWS
+        for p in probed
+    )
+    assert bool(probed) == bool(device)
+    d = Dims.of(load_run(tiny_config, overrides))
+    options = len(micro_batch_options(d))
+    changes = len(cost.config_changes(d)) + len(cost.FSDP_SIZES) + 2
+    assert len(fits) <= len(plan["gpus"]) * changes * (options + 1)
+
+
+# --price-per-hour: what the user pays sets the cost, shown in the table, the chart and --json
+
+
+def test_price_per_hour_prices_the_named_gpus_in_table_and_json(tiny_config, capsys):
+    args = ["plan", str(tiny_config), "--gpu", "H100-SXM", "--gpu", "A100-80GB", "--no-trace"]
+    assert main([*args, "--price-per-hour", "1.99", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["price_per_hour"] == 1.99 and out["priced"] == ["H100-SXM", "A100-80GB"]
+    for g in out["gpus"]:
+        assert g["price_per_hour"] == 1.99 and g["price_source"] == "--price-per-hour"
+        assert g["dollars"] == pytest.approx(g["hours"] * 1.99)
+        assert g["dollars_per_billion_tokens"] == pytest.approx(
+            1.99 / (g["tokens_per_s"] * 3600) * 1e9
+        )
+    assert main([*args, "--price-per-hour", "1.99"]) == 0
+    text = capsys.readouterr().out
+    assert "price: $1.99 per GPU-hour for H100-SXM, A100-80GB (--price-per-hour)" in text
+    assert "$/GPU-h" in text and text.count("$1.99") >= 3  # the header and each GPU's row
+    catalog = load_catalog().gpus["H100-SXM"].price_per_hour
+    assert main(args) == 0  # without it: the catalog's price, printed in the table
+    assert f"${catalog:.2f}" in capsys.readouterr().out
+
+
+def test_price_per_hour_without_gpu_prices_every_gpu_and_the_chart_shows_it(tiny_config):
+    from littlelm.plan.report import plan_figure
+
+    plan = make_plan(load_run(tiny_config), load_catalog(), trace=False, price_per_hour=0.5)
+    assert plan.price_scope == "every catalog GPU" and len(plan.priced) == len(plan.gpus) > 3
+    assert all(p.gpu.price_per_hour == 0.5 for p in plan.gpus)
+    fig = plan_figure(plan)
+    ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert ticks and all(t.endswith("$0.50/GPU-h") for t in ticks)
+    assert "$0.50 per GPU-hour (--price-per-hour)" in fig._suptitle.get_text()
+    catalog = make_plan(load_run(tiny_config), load_catalog(), ["H100-SXM"], trace=False)
+    price = catalog.gpus[0].gpu.price_per_hour
+    ticks = [t.get_text() for t in plan_figure(catalog).axes[0].get_yticklabels()]
+    assert ticks == [f"H100-SXM\n${price:.2f}/GPU-h"]
+
+
+def test_price_per_hour_with_device_cpu_prices_this_machine(tiny_config, capsys, monkeypatch):
+    fixed = speed.Rates(matmul=1e10, attention=5e9, bandwidth=1e10, launch=1e-5)
+    monkeypatch.setattr(speed, "measure_rates", lambda ds: [fixed] * len(ds))  # no probes
+    args = ["plan", str(tiny_config), "--device", "cpu", "--no-trace", "--price-per-hour", "0.25"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    local = out["local"]
+    assert local["price_per_hour"] == 0.25 and local["dollars"] == pytest.approx(
+        local["hours"] * 0.25
+    )
+    assert out["priced"] == ["this machine"]  # the GPUs keep the catalog's prices
+    h100 = next(g for g in out["gpus"] if g["gpu"] == "H100-SXM")
+    assert h100["price_per_hour"] == load_catalog().gpus["H100-SXM"].price_per_hour
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "price: $0.25 per hour for this machine (--price-per-hour)" in text
+    assert "$/h" in text and "$0.25" in text
+
+
+def test_plan_says_what_lies_between_peak_and_needs_in_the_same_words_in_text_and_chart(
+    capsys,
+):
+    """The table's `needs` is the tensor peak + allocator margin + CUDA context; the chart's
+    label for a GPU that fits at no micro-batch is the text's line, remedy included; a
+    multi-GPU chart's title names the GPU count."""
+    from littlelm.plan.report import NEEDS, memory_line, no_fit_lines, no_fit_text, plan_figure
+
+    plan = make_plan(load_run(GROW), load_catalog(), ["A100-40GB", "H200-SXM"], trace=False)
+    a100 = next(p for p in plan.gpus if p.gpu.name == "A100-40GB")
+    assert a100.tok_s is None  # fits at no micro-batch
+    lines = a100.lines
+    assert lines["needed"] == pytest.approx(
+        lines["tensor peak"] + lines["allocator margin"] + lines["CUDA context & workspaces"]
+    )
+    words = no_fit_text(a100)
+    assert f"needs {lines['needed']:,.2f} GiB = tensor peak {lines['tensor peak']:,.2f}" in words
+    assert "fits with train.master_weights=bf16" in words
+    assert any(words in line for line in no_fit_lines(plan))
+    assert NEEDS in memory_line(plan)
+    fig = plan_figure(plan)
+    cost_texts = [t.get_text().replace("\n", " ") for t in fig.axes[1].texts]
+    assert words in cost_texts  # not "does not fit at any micro-batch"
+    assert NEEDS in fig.axes[0].get_xlabel()
+    eight = make_plan(load_run(GROW), load_catalog(), ["H200-SXM"], devices=8, trace=False)
+    assert "x 8 GPUs" in plan_figure(eight)._suptitle.get_text()

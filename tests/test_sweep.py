@@ -255,7 +255,7 @@ def test_edited_or_truncated_manifest_is_a_clear_error(tiny_config, tmp_path, ca
     assert rc == 2 and "is not a sweep manifest" in err and why in err, err
     assert "Traceback" not in err
     assert (sweep_dir / "sweep.json").read_text() == text  # left as it was
-    assert sorted(p.name for p in sweep_dir.iterdir()) == ["sweep.json"]
+    assert sorted(p.name for p in sweep_dir.iterdir()) == [".sweep.lock", "sweep.json"]
 
 
 def test_variant_killed_before_its_end_record_completes(tiny_config, monkeypatch, capsys):
@@ -336,3 +336,41 @@ def test_a_base_that_includes_a_packaged_config_plans(tmp_path):
     )
     assert [j.run_dir.name for j in jobs] == ["n_layer=1", "n_layer=2"]
     assert sweep_dir == tmp_path / "runs" / "sweep-b"
+
+
+@pytest.mark.slow  # three processes start
+def test_a_second_identical_sweep_is_refused_at_once_and_the_first_is_untouched(tiny_config):
+    """Two `littlelm sweep` processes with the same arguments in one directory: the second
+    exits 2 at once, naming the first's pid, starts nothing and writes nothing into the
+    first's logs; the first trains on. (Both ran the same variants, appended to one log and
+    reported them failed.)"""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "littlelm", "sweep", str(tiny_config)]
+    cmd += ["--set", "model.n_layer=1", "train.max_steps=100000000", "eval.every=0"]
+    cmd += ["checkpoint.every=0", "train.log_every=1000"]  # trains until it is stopped
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        sweep_dir = tiny_config.parent / "runs" / "sweep-tiny"
+        log = sweep_dir / "logs" / "n_layer=1.log"
+        while not log.is_file():  # the first holds the lock and has started its variant
+            assert first.poll() is None, first.stdout.read().decode()
+            time.sleep(0.1)
+        manifest = (sweep_dir / "sweep.json").read_bytes()
+        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"in use by another `littlelm sweep` (pid {first.pid})" in second.stderr
+        assert "nothing was started" in second.stderr and "Traceback" not in second.stderr
+        assert "training" not in second.stdout  # it launched no variant
+        assert first.poll() is None  # the first trains on
+        assert (sweep_dir / "sweep.json").read_bytes() == manifest
+        assert "in use by another" not in log.read_text()
+    finally:
+        first.send_signal(signal.SIGTERM)  # the sweep forwards it: the variant saves and stops
+        out = first.communicate(timeout=120)[0].decode()
+    assert "stopped by SIGTERM" in out and out.count("variant n_layer=1: training") == 1

@@ -439,7 +439,8 @@ def parquet_to_tokens(path: Path, column: str, out: Path) -> tuple[Layout, np.nd
         from littlelm.errors import DependencyError
 
         raise DependencyError(
-            "format: parquet needs pyarrow: pip install 'littlelm[data]'"
+            "format: parquet needs pyarrow: pip install -e '.[data]' in a clone of littlelm, "
+            "or pip install pyarrow"
         ) from None
     _size(path)
     try:

@@ -44,6 +44,10 @@ class Tokenizer:
     bos_token: str = BOS  # its text (the chat template's bos_token)
     chat_template: str | None = None  # a Jinja chat template of its own (imported models)
     _template_tokens: dict[str, str] = {}  # noqa: RUF012  (replaced, never mutated)
+    # an imported tokenizer's own rules, which export writes back: {"eos_token": its text or
+    # None, "adds_bos": whether encoding a text puts BOS first}; {} = littlelm's (eos = BOS,
+    # BOS first), as for every tokenizer littlelm trains or names
+    rules: dict = {}  # noqa: RUF012  (replaced, never mutated)
 
     def special_id(self, token: str) -> int | None:
         """The id of special token `token`, or None when the tokenizer has no such token."""
@@ -210,6 +214,7 @@ class HFTokenizer(Tokenizer):
         raw = RawTokenizer.from_str(self.tok.to_str())
         raw.add_special_tokens([AddedToken(t, special=True) for t in tokens])
         new = type(self)(raw, self.bos_token)
+        new.rules = self.rules
         return new.with_chat_template(self.chat_template, self.template_tokens())
 
     def with_chat_template(self, template: str | None, tokens: dict[str, str]) -> HFTokenizer:
@@ -287,11 +292,13 @@ class HFTokenizer(Tokenizer):
 
     def _meta(self) -> dict:
         chat = {"chat_template": self.chat_template, "template_tokens": self.template_tokens()}
-        return {"bos_token": self.bos_token, **(chat if self.chat_template else {})}
+        rules = {"rules": self.rules} if self.rules else {}
+        return {"bos_token": self.bos_token, **(chat if self.chat_template else {}), **rules}
 
     @classmethod
     def from_dir(cls, directory: Path, meta: dict) -> HFTokenizer:
         tok = cls(_read_tokenizer_json(directory / "tokenizer.json"), meta["bos_token"])
+        tok.rules = meta.get("rules") or {}
         return tok.with_chat_template(meta.get("chat_template"), meta.get("template_tokens", {}))
 
 

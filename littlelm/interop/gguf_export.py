@@ -33,7 +33,7 @@ from littlelm.data.tokenizer import Tokenizer
 from littlelm.errors import CheckpointError
 from littlelm.extras import require
 from littlelm.interop import arch as A
-from littlelm.interop.hf_tokenizer import chat_config, raw_tokenizer, stop_ids
+from littlelm.interop.hf_tokenizer import chat_config, export_rules, raw_tokenizer, stop_ids
 from littlelm.model.gpt import GPTConfig
 
 TYPES = ("f32", "f16")  # what each 2-D weight is stored as; norms and biases stay f32
@@ -132,14 +132,14 @@ def _tokenizer_keys(w, tok: Tokenizer) -> None:
     w.add_token_types(types)
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
     w.add_bos_token_id(tok.bos_id)
-    # a chat model's end of turn (<|end|>), else BOS: a document ends where the next one's BOS
-    # would come
+    # a chat model's end of turn (<|end|>), else the tokenizer's own eos (an imported one's), else
+    # BOS: a document ends where the next one's BOS would come
     w.add_eos_token_id(stop_ids(tok)[0])
     w.add_pad_token_id(tok.bos_id)
     chat = chat_config(tok)
     if "chat_template" in chat:  # llama.cpp's chat completion renders it (Jinja), BOS included
         w.add_chat_template(chat["chat_template"])
-    w.add_add_bos_token(True)  # every littlelm document starts with BOS
+    w.add_add_bos_token(export_rules(tok)[2])  # littlelm's documents start with BOS
     w.add_add_eos_token(False)
     w.add_add_sep_token(False)  # no second BOS after a prompt
 

@@ -3,7 +3,7 @@
 The model is scored in-process through `lm_adapter.LittleLMAdapter` (no export needed): any
 lm_eval task by name, or your own task YAMLs from a directory (`--include DIR`, lm_eval's
 include_path; a task may read local JSONL with `dataset_path: json`). lm_eval is an optional
-extra: `pip install 'littlelm[harness]'`.
+extra: `pip install -e '.[harness]'` in a clone (`pip install 'littlelm[harness]'` from an index).
 """
 
 from __future__ import annotations

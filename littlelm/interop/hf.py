@@ -33,7 +33,12 @@ import yaml
 from littlelm.config import to_tree, validate
 from littlelm.errors import CheckpointError, LittleLMError
 from littlelm.interop import arch as A
-from littlelm.interop.hf_tokenizer import export_tokenizer, import_tokenizer, stop_ids
+from littlelm.interop.hf_tokenizer import (
+    export_rules,
+    export_tokenizer,
+    import_tokenizer,
+    stop_ids,
+)
 from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.kernels import rms_norm
@@ -43,9 +48,38 @@ from littlelm.train.checkpoint import files as ckpt
 MODELING_FILE = Path(__file__).with_name("modeling_littlelm.py")
 
 
+def check_parent(path: Path, flag: str) -> None:
+    """The folders above `path` are created when missing (for --out and --gguf alike): the
+    nearest one that exists must be a directory this process can write into."""
+    above = path.absolute().parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise LittleLMError(
+            f"{flag} {path}: {above} is not a directory, so nothing can be written "
+            f"under it; choose another {flag}"
+        )
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise LittleLMError(
+            f"{flag} {path}: cannot write into {above} (permission denied); choose another "
+            f"{flag}, in a directory you can write to"
+        )
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost folder above `path` that does not exist yet: what writing `path` creates."""
+    missing = None
+    for above in path.absolute().parents:
+        if above.exists():
+            break
+        missing = above
+    return missing
+
+
 def check_out(out: Path) -> None:
     """--out must be a new path or an empty directory, and not a symbolic link: the result is
     renamed into place, which would replace a link rather than fill its target."""
+    check_parent(out, "--out")
     if out.is_symlink():
         target = os.readlink(out)
         raise LittleLMError(
@@ -66,14 +100,20 @@ def staged(out: Path):
     check_out(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    made = first_missing(out)
     try:
+        tmp.mkdir(parents=True)
         yield tmp
         if out.exists():
             out.rmdir()
         tmp.rename(out)
+        made = None
+    except OSError as e:  # a full disk, a device that takes no files: said, not a traceback
+        raise LittleLMError(
+            f"cannot write {out}: {e.strerror or e}; choose another --out"
+        ) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(made or tmp, ignore_errors=True)  # the folders it made, on a failure
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,6 +139,8 @@ def export(
         raise CheckpointError("nothing to write: give --out DIR (Hugging Face) or --gguf FILE")
     if out is not None:
         check_out(Path(out))  # before the work
+    if gguf is not None:
+        check_parent(Path(gguf), "--gguf")
     path = find_checkpoint(source)
     model, tok, _ = load_model(path, "cpu")
     m = model.cfg
@@ -109,6 +151,7 @@ def export(
     else:
         config, hf_tensors = A.stock_config(m, arch, tok.bos_id), stock_tensors(tensors, m, arch)
     config["torch_dtype"] = str(tensors["wte.weight"].dtype).removeprefix("torch.")
+    config["eos_token_id"] = export_rules(tok)[1]  # an imported tokenizer's own eos
     if gguf is not None:
         from littlelm.interop.gguf_export import write_gguf
 
@@ -136,17 +179,26 @@ def write_hf_dir(out: Path, tok, hf_tensors: dict, config: dict, arch: str, shar
 
 @contextmanager
 def staged_file(out: Path):
-    """A temporary sibling of the file `out`, renamed to it when the block succeeds."""
+    """A temporary sibling of the file `out`, renamed to it when the block succeeds; its folder
+    is created when missing, as --out's is."""
     if out.exists() or out.is_symlink():
         raise LittleLMError(f"{out} already exists; choose another --gguf or remove it")
-    if not out.parent.is_dir():
-        raise LittleLMError(f"{out.parent} is not a directory; create it or choose another --gguf")
+    check_parent(out, "--gguf")
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    made = first_missing(out)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
         tmp.rename(out)
+        made = None
+    except OSError as e:
+        raise LittleLMError(
+            f"cannot write {out}: {e.strerror or e}; choose another --gguf"
+        ) from None
     finally:
         tmp.unlink(missing_ok=True)
+        if made is not None:  # a failure: the folders it made go too
+            shutil.rmtree(made, ignore_errors=True)
 
 
 def stock_tensors(tensors: dict[str, torch.Tensor], m: GPTConfig, arch: str) -> dict:
@@ -227,7 +279,24 @@ def import_model(source: str | Path, out: str | Path) -> dict:
         "params": model.param_counts()["total"],
         "config": m,
         "window": A.sliding_window(hf, arch),
+        "tokenizer": tokenizer_note(tok),
     }
+
+
+def tokenizer_note(tok) -> str:
+    """What import keeps of the tokenizer's rules, and what littlelm's training does
+    differently, in one line for the import's output."""
+    eos, eos_id, adds_bos = export_rules(tok)
+    bos = f"{tok.bos_token} ({tok.bos_id})"
+    kept = f"eos {eos} ({eos_id}), " + (f"BOS {bos} put before a text" if adds_bos else "no BOS")
+    if adds_bos:
+        return (
+            f"tokenizer: {kept}; littlelm trains each document after {bos} too; export keeps both"
+        )
+    return (
+        f"tokenizer: {kept} (it adds none); littlelm's training starts each document with "
+        f"{bos}, as it does every document; export writes the tokenizer's own rules back ({kept})"
+    )
 
 
 # An imported model has no optimizer state; the checkpoint format wants a file (of {}).

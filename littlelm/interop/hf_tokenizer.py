@@ -30,12 +30,27 @@ from littlelm.errors import CheckpointError, DataError
 PROBE = "Hello, world! It's 2026 -- naïve café, 東京, emoji 🙂\n\tdef f(x): return x**2\n"
 
 
+def export_rules(tok: Tokenizer) -> tuple[str, int, bool]:
+    """(the eos token's text, its id, whether a text's encoding starts with BOS) as exported:
+    an imported tokenizer's own (`Tokenizer.rules`), else littlelm's (eos = BOS, BOS first)."""
+    eos = tok.rules.get("eos_token")
+    eos_id = tok.special_id(eos) if eos else None
+    if eos_id is None and eos and isinstance(tok, HFTokenizer):
+        eos_id = tok.tok.token_to_id(eos)
+    if eos_id is None:
+        eos, eos_id = tok.bos_token, tok.bos_id
+    return eos, eos_id, tok.rules.get("adds_bos", True)
+
+
 def export_tokenizer(tok: Tokenizer, out: Path) -> None:
     """tokenizer.json + tokenizer_config.json for `tok` in `out`, or a CheckpointError."""
     raw, bos = raw_tokenizer(tok)
     from tokenizers.processors import Sequence, TemplateProcessing
 
-    if raw.encode("a").ids[:1] != [tok.bos_id]:  # BOS first, as in training (littlelm's
+    eos, _, adds_bos = export_rules(tok)
+    if adds_bos and raw.encode("a").ids[:1] != [
+        tok.bos_id
+    ]:  # BOS first, as in training (littlelm's
         template = TemplateProcessing(  # encode leaves it out: it adds BOS per document)
             # a pair is one document: no second BOS, which llama.cpp's converter would read as a
             # separator to append after every prompt (add_sep_token)
@@ -49,7 +64,7 @@ def export_tokenizer(tok: Tokenizer, out: Path) -> None:
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": bos,
-        "eos_token": bos,  # a document ends where the next one's BOS would come
+        "eos_token": eos,  # littlelm's: a document ends where the next one's BOS would come
         "pad_token": bos,  # batched generate pads (masked out) with the one special token
         "padding_side": "left",  # a decoder pads on the left to generate in a batch
         "clean_up_tokenization_spaces": False,
@@ -84,10 +99,12 @@ def exported_template(tok: Tokenizer) -> str:
 
 def stop_ids(tok: Tokenizer) -> list[int]:
     """The ids generation stops at: a chat model's end of turn (`<|end|>`, or the imported
-    template's eos_token) first, then BOS, where a plain document ends (the next one's BOS)."""
+    template's eos_token) first, then the tokenizer's own eos (an imported one's) or BOS, where
+    a plain document ends (the next one's BOS)."""
     end = chat_config(tok).get("eos_token")
     end_id = tok.special_id(end) if end is not None else None
-    return [tok.bos_id] if end_id is None or end_id == tok.bos_id else [end_id, tok.bos_id]
+    own = export_rules(tok)[1]  # the tokenizer's own eos (an imported one's), else BOS
+    return [own] if end_id is None or end_id == own else [end_id, own]
 
 
 def raw_tokenizer(tok: Tokenizer):
@@ -176,7 +193,33 @@ def import_tokenizer(src: Path, hf_config: dict) -> HFTokenizer:
             f"bos_token_id, or one of {', '.join(BOS_CANDIDATES)}); add bos_token to "
             "tokenizer_config.json"
         )
-    return HFTokenizer(raw, bos).with_chat_template(*read_chat_template(src))
+    tok = HFTokenizer(raw, bos).with_chat_template(*read_chat_template(src))
+    tok.rules = {"eos_token": _eos_token(src, hf_config, raw), "adds_bos": _adds_bos(src, raw, bos)}
+    return tok
+
+
+def _eos_token(src: Path, hf_config: dict, raw) -> str | None:
+    """tokenizer_config.json's eos_token, else config.json's eos_token_id (the first of a
+    list); None when neither names a token of the vocabulary."""
+    tc = src / "tokenizer_config.json"
+    named = json.loads(tc.read_text()).get("eos_token") if tc.is_file() else None
+    named = named.get("content") if isinstance(named, dict) else named
+    if isinstance(named, str) and raw.token_to_id(named) is not None:
+        return named
+    eos_id = hf_config.get("eos_token_id")
+    eos_id = eos_id[0] if isinstance(eos_id, list) and eos_id else eos_id
+    return raw.id_to_token(eos_id) if isinstance(eos_id, int) else None
+
+
+def _adds_bos(src: Path, raw, bos: str) -> bool:
+    """Whether the tokenizer puts BOS before a text: tokenizer_config.json's add_bos_token
+    where it says (transformers builds the post-processor from it), else what tokenizer.json's
+    post-processor does."""
+    tc = src / "tokenizer_config.json"
+    flag = json.loads(tc.read_text()).get("add_bos_token") if tc.is_file() else None
+    if isinstance(flag, bool):
+        return flag
+    return raw.encode("a").ids[:1] == [raw.token_to_id(bos)]
 
 
 def _bos_token(src: Path, hf_config: dict, raw) -> str | None:

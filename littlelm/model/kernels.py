@@ -529,8 +529,8 @@ def check_loss_impl(impl: LossImpl, device: torch.device) -> None:
     except ImportError:
         raise ConfigError(
             [
-                "model.loss=liger needs liger-kernel: pip install 'littlelm[gpu]' "
-                "(or use model.loss=chunked)"
+                "model.loss=liger needs liger-kernel: pip install -e '.[gpu]' in a clone of "
+                "littlelm, or pip install liger-kernel (or use model.loss=chunked)"
             ]
         ) from None
 

@@ -252,8 +252,8 @@ def _check_8bit(device: torch.device, stochastic_rounding: bool) -> None:
     except ImportError:
         raise ConfigError(
             [
-                "optimizer.adamw_8bit needs bitsandbytes: pip install 'littlelm[gpu]' "
-                "(or set optimizer.adamw_8bit=false)"
+                "optimizer.adamw_8bit needs bitsandbytes: pip install -e '.[gpu]' in a clone of "
+                "littlelm, or pip install bitsandbytes (or set optimizer.adamw_8bit=false)"
             ]
         ) from None
 

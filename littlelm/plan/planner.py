@@ -61,8 +61,9 @@ class LocalPlan:
     process_peak: int  # bytes: resident set at start + the tensor peak x the heap margin
     resume: int  # bytes of host RAM a resume maps (weights + optimizer state)
     hours: float
-    dollars: float
+    dollars: float | None  # None without a price (--price-per-hour)
     rates: speed.Rates  # as probed, with the benches' calibration if any
+    price_per_hour: float | None = None  # --price-per-hour, for this machine
     precision: str = "bf16"  # what `precision: auto` computes in on this machine
     heap_margin: float = CPU_HEAP_MARGIN  # RSS growth per byte of tensor peak
     memory_source: str = ""
@@ -81,6 +82,9 @@ class Plan:
     resume: dict[str, float]  # GiB: device during resume, host RAM during resume
     notes: list[str] = field(default_factory=list)
     local: LocalPlan | None = None  # `--device cpu`: the machine in hand
+    price_per_hour: float | None = None  # --price-per-hour: what the user pays per device-hour
+    priced: list[str] = field(default_factory=list)  # the GPUs (and "this machine") it prices
+    price_scope: str = ""  # those in words: "H100-SXM", "every catalog GPU and this machine"
 
     @property
     def flops_per_token(self) -> int:
@@ -158,8 +162,11 @@ def make_plan(
     devices: int = 1,
     trace: bool = True,
     local: bool = False,
-    price_per_hour: float = 0.0,
+    price_per_hour: float | None = None,
 ) -> Plan:
+    """`price_per_hour`, what the user pays per device-hour, prices the devices named: the GPUs
+    of `gpu_names` and, with `local`, this machine; with neither, every GPU of the catalog.
+    The others keep the catalog's price."""
     trace = check_plannable(cfg, trace)  # plan answers or refuses any config in seconds
     here = cfg.with_precision(native_bf16("cpu"))  # `--device cpu`: this CPU's choice
     cfg = cfg.with_precision(True)  # every GPU in the catalog multiplies bf16 in hardware
@@ -169,8 +176,17 @@ def make_plan(
     tokens = tokens or cfg.train.max_tokens or 1
     records = speed.load_measurements()
     key = speed.workload_key(cfg)
-    gpus = []
+    gpus, priced = [], []
     for g in catalog.select(gpu_names):
+        if price_per_hour is not None and (gpu_names or not local):
+            g = g.model_copy(
+                update={
+                    "price_per_hour": price_per_hour,
+                    "price_source": "--price-per-hour",
+                    "price_date": "",
+                }
+            )
+            priced.append(g.name)
         bench = speed.speed_calibrations(records, gpu=g.name)
         p = plan_gpu(d, g, catalog, tokens, devices, bench[-1] if bench else None)
         if timed:  # what the budget buys on this GPU (train.max_steps, when also set, caps it)
@@ -191,6 +207,14 @@ def make_plan(
         resume=resume_memory(memory, d, devices),
         notes=notes_for(cfg),
         local=local_plan(here, tokens, records, price_per_hour, trace=trace) if local else None,
+        price_per_hour=price_per_hour,
+        priced=[*priced, *(["this machine"] if local and price_per_hour is not None else [])],
+        price_scope=" and ".join(
+            [
+                *([", ".join(priced) if gpu_names else "every catalog GPU"] if priced else []),
+                *(["this machine"] if local and price_per_hour is not None else []),
+            ]
+        ),
     )
 
 
@@ -240,7 +264,7 @@ def local_plan(
     cfg: RunConfig,
     tokens: int,
     records: list[dict],
-    price_per_hour: float,
+    price_per_hour: float | None,
     base_rss: int | None = None,
     trace: bool = True,
 ) -> LocalPlan:
@@ -274,8 +298,9 @@ def local_plan(
         process_peak=base + round(max(tensors.peak * heap, 2 * resume)),
         resume=resume,
         hours=hours,
-        dollars=hours * price_per_hour,
+        dollars=hours * price_per_hour if price_per_hour is not None else None,
         rates=rates,
+        price_per_hour=price_per_hour,
         precision="bf16" if d.bf16 else "fp32",
         heap_margin=heap,
         memory_source=f"resident set at start + tensor peak x heap margin {heap:.2f} ("

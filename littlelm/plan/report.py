@@ -4,6 +4,7 @@ as a chart (`--chart OUT.png`)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 from rich.console import Console
@@ -49,6 +50,8 @@ def print_plan(plan: Plan, console: Console | None = None, detail: bool = False)
     lines. `detail` adds the memory categories, the trace check and every remedy."""
     console = console or Console(width=140)
     console.print(summary_line(plan))
+    if plan.price_per_hour is not None:
+        console.print(price_line(plan))
     console.print(gpu_table(plan))
     for line in no_fit_lines(plan):
         console.print(line)
@@ -74,23 +77,41 @@ def print_plan(plan: Plan, console: Console | None = None, detail: bool = False)
         console.print(remedy_table(plan))
 
 
+# what a GPU's `needs` adds to the step's tensor peak: the same words in the text and the chart
+NEEDS = "needs = tensor peak + allocator margin + CUDA context & workspaces"
+
+
+def needs_text(p: GpuPlan) -> str:
+    """'needs 114.15 GiB = tensor peak 108.18 + allocator margin 5.41 + CUDA context &
+    workspaces 0.56' at the configured micro-batch (the resume's spike, where it is higher,
+    is part of the tensor peak)."""
+    lines = p.lines
+    return (
+        f"needs {gib(lines['needed'])} GiB = tensor peak {gib(lines['tensor peak'])} + "
+        f"allocator margin {gib(lines['allocator margin'])} + CUDA context & workspaces "
+        f"{gib(lines['CUDA context & workspaces'])}"
+    )
+
+
+def no_fit_text(p: GpuPlan) -> str:
+    """Why a GPU runs it at no micro-batch and its best remedy (the text's line and the chart's
+    label say this, word for word)."""
+    fixes = [r for r in p.remedies if r.fits]
+    best = (
+        f"fits with {fixes[0].name} ({gib(fixes[0].needed_gib)} GiB)"
+        if fixes
+        else "no single change makes it fit"
+    )
+    return f"fits at no micro-batch ({needs_text(p)} at micro-batch {p.micro_batch}); {best}"
+
+
 def no_fit_lines(plan: Plan) -> list[str]:
     """One line per GPU that fits at no micro-batch: what it needs and the best remedy."""
-    out = []
-    for p in plan.gpus:
-        if p.tok_s is not None:
-            continue
-        fixes = [r for r in p.remedies if r.fits]
-        best = (
-            f"fits with {fixes[0].name} ({gib(fixes[0].needed_gib)} GiB)"
-            if fixes
-            else "no single change makes it fit"
-        )
-        out.append(
-            f"  [red]{p.gpu.name}[/red] ({gib(p.gpu.memory_gib)} GiB) fits at no micro-batch "
-            f"({gib(p.needed_gib)} GiB at {p.micro_batch}); {best}"
-        )
-    return out
+    return [
+        f"  [red]{p.gpu.name}[/red] ({gib(p.gpu.memory_gib)} GiB) {no_fit_text(p)}"
+        for p in plan.gpus
+        if p.tok_s is None
+    ]
 
 
 def memory_line(plan: Plan) -> str:
@@ -99,9 +120,20 @@ def memory_line(plan: Plan) -> str:
     parts = ", ".join(f"{k} {gib(v / GIB)}" for k, v in per_rank.items() if v >= 0.005 * GIB)
     who = "per GPU" + (f" ({plan.dims.strategy}, {plan.devices} GPUs)" if plan.devices > 1 else "")
     return (
-        f"memory {who} at micro-batch {plan.dims.micro_batch}: peak "
+        f"memory {who} at micro-batch {plan.dims.micro_batch}: tensor peak "
         f"{gib(peak / GIB)} GiB in the {e.peak_phase}"
         + (f" ({parts} GiB)" if parts else "")  # a tiny model: every category under 5 MiB
+        + f"; a GPU's {NEEDS} (the table's needs)"
+    )
+
+
+def price_line(plan: Plan) -> str:
+    """What --price-per-hour priced: the GPUs named (or every one), this machine."""
+    others = len(plan.priced) - ("this machine" in plan.priced) < len(plan.gpus)
+    per = "GPU-hour" if plan.priced != ["this machine"] else "hour"
+    return (
+        f"price: {money(plan.price_per_hour)} per {per} for {plan.price_scope} (--price-per-hour)"
+        + (f"; the {'other ' * (per != 'hour')}GPUs at the catalog's prices" if others else "")
     )
 
 
@@ -121,13 +153,16 @@ def local_table(plan: Plan) -> Table:
     lp = plan.local
     kinds = ("GEMMs", "attention", "elementwise", "optimizer")
     title = f"this machine: {lp.device}, {lp.precision}"
-    t = table(title, "tokens/s", "step (s)", *kinds, "process memory", "time", left=0)
+    priced = lp.dollars is not None
+    cost = ("$/h", "cost") if priced else ()
+    t = table(title, "tokens/s", "step (s)", *kinds, "process memory", "time", *cost, left=0)
     t.add_row(
         f"{lp.tok_s:,.0f}",
         f"{sum(lp.parts.values()):.3f}",
         *(f"{lp.parts.get(k, 0.0):.3f}" for k in kinds),
         f"{gib(lp.process_peak / GIB)} GiB",
         duration(lp.hours),
+        *((money(lp.price_per_hour), money(lp.dollars)) if priced else ()),
     )
     t.caption = f"speed: {lp.source}\nprocess memory: {lp.memory_source}"
     return t
@@ -192,8 +227,8 @@ def gpu_table(plan: Plan) -> Table:
     runs = [p for p in plan.gpus if p.tok_s is not None]
     t = table(
         "GPUs that can run it, cheapest per token first",
-        *("GPU", "needs / has (GiB)", "micro-batch (accum)", "tokens/s", "MFU", "time", "cost"),
-        "$/B tokens",
+        *("GPU", "needs / has (GiB)", "micro-batch (accum)", "tokens/s", "MFU", "time"),
+        *("$/GPU-h", "cost", "$/B tokens"),
     )
     bought = bool(runs) and runs[0].budget_tokens is not None
     if bought:  # a time or money budget: what it buys on each GPU
@@ -208,15 +243,23 @@ def gpu_table(plan: Plan) -> Table:
             f"{p.tok_s:,.0f}",
             f"{p.mfu:.0%}",
             duration(p.hours),
+            money(p.gpu.price_per_hour),
             money(p.dollars),
             money(p.dollars_per_btok),
             *([f"{human(p.budget_tokens)} / {human(p.budget_steps)}"] if bought else []),
         )
     sources = sorted({p.mfu_source for p in runs})
-    t.caption = (
-        f"speed: {'; '.join(sources) or '-'}. Prices: on-demand, dated in littlelm/plan/gpus.yaml"
-    )
+    t.caption = f"speed: {'; '.join(sources) or '-'}. Prices: {price_words(plan)}"
     return t
+
+
+def price_words(plan: Plan) -> str:
+    gpus = [n for n in plan.priced if n != "this machine"]
+    catalog = "on-demand, dated in littlelm/plan/gpus.yaml"
+    if not gpus:
+        return catalog
+    mine = f"{money(plan.price_per_hour)} per GPU-hour (--price-per-hour)"
+    return mine if len(gpus) == len(plan.gpus) else f"{', '.join(gpus)} {mine}; others {catalog}"
 
 
 def remedy_table(plan: Plan) -> Table:
@@ -264,6 +307,8 @@ def plan_json(plan: Plan) -> dict:
         "trace_over_analytic": plan.trace_check(),
         "resume_gib": plan.resume,
         "memory_per_rank_bytes": plan.per_rank()[0],
+        "price_per_hour": plan.price_per_hour,
+        "priced": plan.priced,
         "local": (
             {k: v for k, v in plan.local.__dict__.items() if k != "rates"} if plan.local else None
         ),
@@ -299,7 +344,9 @@ def _gpu_json(p: GpuPlan) -> dict:
         "dollars": p.dollars,
         "dollars_per_billion_tokens": p.dollars_per_btok,
         "price_per_hour": p.gpu.price_per_hour,
+        "price_source": p.gpu.price_source or "catalog",
         "price_date": p.gpu.price_date,
+        "needs": needs_text(p),
         "remedies": [r.__dict__ for r in p.remedies],
         "measured": p.measured,
     }
@@ -387,25 +434,36 @@ def memory_segments(plan: Plan, gpu_index: int) -> dict[str, float]:
 
 
 def plan_chart(plan: Plan, out: str | Path) -> Path:
-    """Memory by category on each GPU against its capacity, and dollars per billion tokens,
-    drawn with the run reports' helpers (littlelm/report/plots.py: object API, Agg canvas)."""
-    from littlelm.report.plots import new_figure, save_png
+    """`plan_figure` written to the PNG file `out`."""
+    from littlelm.report.plots import save_png
+
+    try:
+        return save_png(plan_figure(plan), out)
+    except OSError as e:
+        raise LittleLMError(f"cannot write the chart to {out}: {e}") from None
+
+
+def plan_figure(plan: Plan):
+    """Memory by category on each GPU against its capacity, and dollars per billion tokens at
+    each GPU's price per hour, drawn with the run reports' helpers (littlelm/report/plots.py:
+    object API, Agg canvas)."""
+    from littlelm.report.plots import new_figure
 
     fig = new_figure(1, 2, width=12, row_height=0.45 * len(plan.gpus) + 1.6)
     ax_mem, ax_cost = fig.subplots(1, 2, sharey=True, width_ratios=(3, 2))
-    names = [p.gpu.name for p in plan.gpus]
+    names = [f"{p.gpu.name}\n{money(p.gpu.price_per_hour)}/GPU-h" for p in plan.gpus]
     ys = list(range(len(names)))[::-1]
     _memory_panel(ax_mem, plan, ys)
     _cost_panel(ax_cost, plan, ys)
     ax_mem.set_yticks(ys, names)
+    d = plan.dims
+    gpus = f" x {plan.devices} GPUs ({d.strategy})" if plan.devices > 1 else ""
     fig.suptitle(
-        f"{plan.cfg.run.name}: {plan.dims.n_params / 1e9:.3g}B parameters, micro-batch "
-        f"{plan.dims.micro_batch} x {plan.dims.seq_len}, {plan.tokens / 1e9:.3g}B tokens"
+        f"{plan.cfg.run.name}: {d.n_params / 1e9:.3g}B parameters, micro-batch "
+        f"{d.micro_batch} x {d.seq_len}{gpus}, {plan.tokens / 1e9:.3g}B tokens"
+        + (f"; {price_words(plan)}" if plan.priced else "")
     )
-    try:
-        return save_png(fig, out)
-    except OSError as e:
-        raise LittleLMError(f"cannot write the chart to {out}: {e}") from None
+    return fig
 
 
 def _memory_panel(ax, plan: Plan, ys: list[int]) -> None:
@@ -414,16 +472,22 @@ def _memory_panel(ax, plan: Plan, ys: list[int]) -> None:
     labelled = set()
     for i, y in enumerate(ys):
         left = 0.0
-        for name, gib in memory_segments(plan, i).items():
+        for name, size in memory_segments(plan, i).items():
             label = name if name not in labelled else None
             labelled.add(name)
             color = PALETTE[SEGMENTS.index(name)] if name in SEGMENTS else "#444444"
-            ax.barh(y, gib, left=left, color=color, label=label)
-            left += gib
+            ax.barh(y, size, left=left, color=color, label=label)
+            left += size
+        ax.text(left, y, f" needs {gib(left)}", va="center", fontsize=7)
         cap = plan.gpus[i].gpu.memory_gib
         ax.plot([cap, cap], [y - 0.45, y + 0.45], color="black", linewidth=2.5)
+    widest = max(
+        max(sum(memory_segments(plan, i).values()), p.gpu.memory_gib)
+        for i, p in enumerate(plan.gpus)
+    )
+    ax.set_xlim(0, widest * 1.18)  # room for the "needs" labels
     ax.plot([], [], color="black", linewidth=2.5, label="GPU memory")
-    ax.set_xlabel("memory per GPU at the configured micro-batch (GiB)")
+    ax.set_xlabel(f"GiB per GPU at the configured micro-batch\n{NEEDS}")
     # outside the axes, below both panels: constrained layout makes room, clear of the x label
     ax.figure.legend(fontsize=7, loc="outside lower center", ncols=6, frameon=False)
     _style(ax)
@@ -432,8 +496,8 @@ def _memory_panel(ax, plan: Plan, ys: list[int]) -> None:
 def _cost_panel(ax, plan: Plan, ys: list[int]) -> None:
     for p, y in zip(plan.gpus, ys):
         runs = p.dollars_per_btok is not None
-        if not runs:  # no bar: a run that cannot fit has no cost
-            ax.text(0, y, " does not fit at any micro-batch", va="center", fontsize=7)
+        if not runs:  # no bar: a run that cannot fit has no cost; the text's words instead
+            ax.text(0, y, textwrap.fill(no_fit_text(p), 60), va="center", fontsize=6)
             continue
         ax.barh(
             y,
@@ -457,7 +521,7 @@ def _cost_panel(ax, plan: Plan, ys: list[int]) -> None:
             bbox_to_anchor=(1.0, 1.0),
             frameon=False,
         )
-    ax.set_xlabel("USD per billion tokens (speed from the step model, plan/speed.py)")
+    ax.set_xlabel("USD per billion tokens\nat the price beside each GPU (speed: the step model)")
     _style(ax)
 
 

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from littlelm.schema import load_run
-from littlelm.sweep.runner import Pool, finished, launch, train_command, write_manifest
+from littlelm.sweep.runner import (
+    Pool,
+    SweepLock,
+    finished,
+    launch,
+    train_command,
+    write_manifest,
+)
 from littlelm.sweep.spec import (
     SweepError,
     Variant,
@@ -98,6 +105,11 @@ def plan_sweep(opts: SweepOptions) -> tuple[Path, list[Job]]:
 def run_sweep(opts: SweepOptions, say=print) -> Path:
     """Run every unfinished variant; returns the sweep directory (raises if any failed)."""
     sweep_dir, jobs = plan_sweep(opts)
+    with SweepLock(sweep_dir):  # one sweep process per directory
+        return _run_locked(opts, sweep_dir, jobs, say)
+
+
+def _run_locked(opts: SweepOptions, sweep_dir: Path, jobs: list[Job], say) -> Path:
     args = {
         "overrides": opts.overrides,
         "sets": opts.sets,

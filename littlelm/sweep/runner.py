@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import signal
@@ -112,6 +113,51 @@ def write_manifest(
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str))
     tmp.replace(path)
+
+
+class SweepLock:
+    """One sweep process per sweep directory: an exclusive `flock` on SWEEP_DIR/.sweep.lock,
+    held from before sweep.json is written until the last variant ends. A second sweep of the
+    directory is refused at once, before it touches anything (it would start the same variants,
+    append to their logs and report them failed). The kernel drops the lock when the process
+    dies, so a killed sweep leaves none behind."""
+
+    def __init__(self, sweep_dir: Path):
+        self.path = sweep_dir / ".sweep.lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> SweepLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise SweepError(
+                f"cannot use the sweep directory {self.path.parent}: {e.strerror}; point "
+                "run.out_dir at a writable directory"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise SweepError(
+                f"{self.path.parent} is in use by another `littlelm sweep` (pid {holder}); "
+                "nothing was started. Wait for it to finish (or stop it), then run the same "
+                "command to resume it, or pass another --name for a new sweep"
+            ) from None
+        except OSError:  # a filesystem without locks: run unguarded, as before
+            os.close(fd)
+            return self
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
 
 
 def _die_with_parent() -> None:

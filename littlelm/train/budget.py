@@ -449,6 +449,34 @@ class TimeBudget(Steps):
         return self.budget.state_dict(now())
 
 
+def round_up(x: float, digits: int = 3) -> float:
+    """`x` rounded up to `digits` significant digits (advice must not fall short of its aim)."""
+    if x <= 0:
+        return x
+    unit = 10 ** (math.floor(math.log10(x)) - digits + 1)
+    return math.ceil(x / unit - 1e-9) * unit
+
+
+def train_further(cfg, run: Steps, step: int, tokens: int) -> tuple[str, str]:
+    """(an override that trains a finished run further, what ended it), computed from the work
+    done: a time or money budget gets the time already spent and as much again (at least a few
+    steps more, and the end's evaluation and save), so following the advice trains even when
+    the budget was lowered below the time spent. `cfg`: the RunConfig."""
+    b = cfg.train.budget
+    kind = b.kind if b is not None else None
+    if isinstance(run, TimeBudget):
+        t = run.budget
+        seconds = t.spent + max(t.spent, 4 * (t.per_step() or 0.0)) + t.end_reserve()
+        world = cfg.distributed.world_size or 1
+        value = seconds / 3600 if kind == "hours" else b.dollars_for(seconds, world)
+        why = f"its budget (train.budget.{kind}={getattr(b, kind):g}) is spent"
+        return f"train.budget.{kind}={round_up(value):g}", f"{why} ({t.spent:.0f}s so far)"
+    if kind == "tokens":
+        why = f"its budget (train.budget.tokens={b.tokens:,}) is spent"
+        return f"train.budget.tokens={2 * max(b.tokens, tokens)}", why
+    return f"train.max_steps={2 * step}", f"train.max_steps is {run.max_steps}"
+
+
 def build_budget(
     cfg,
     saved: dict | None,

@@ -128,16 +128,19 @@ class GrownFrom:
     loader_state: dict | None  # the parent's data position, when continue_data
     gap: float | None  # max |Δlogit| on the probe, None when not checked
     origin: dict[str, str]  # parameter name -> origin tag (old, new, embedding): lrs per tag
+    grew: bool = True  # False: the same shape (a continuation, as import's train.yaml runs)
 
     def summary(self) -> str:
         p = self.parent
         new = [c for c, src in enumerate(self.layers) if src is None]
         check = f"max |Δlogit| {self.gap:.2g} on the probe" if self.gap is not None else "unchecked"
-        return (
-            f"grown from {self.path} (step {self.step}, {self.tokens:,} tokens; "
-            f"{p.n_layer} layers × {p.d_model} wide, {p.n_head} heads, MLP {p.hidden}); "
-            f"new blocks at layers {new or 'none'}; function {check}"
+        where = (
+            f"{self.path} (step {self.step}, {self.tokens:,} tokens; "
+            f"{p.n_layer} layers × {p.d_model} wide, {p.n_head} heads, MLP {p.hidden})"
         )
+        if not self.grew:  # nothing grew: say what it is, a start from the parent's weights
+            return f"starting from the weights of {where}, the same shape; function {check}"
+        return f"grown from {where}; new blocks at layers {new or 'none'}; function {check}"
 
 
 def grow_at_start(model: GPT, cfg: RunConfig, resumed_step: int | None, data) -> GrownFrom | None:
@@ -177,7 +180,10 @@ def grow_from_parent(
         loader = loaded.state.get("loader")
     state = loaded.state
     steps, tokens = state["step"], state.get("tokens", 0)
-    return GrownFrom(path, steps, tokens, parent, layers, loader, gap, origin)
+    m = model.cfg
+    shape = ("n_layer", "d_model", "n_head", "kv_heads", "hidden", "vocab_size")
+    grew = [getattr(parent, k) for k in shape] != [getattr(m, k) for k in shape]
+    return GrownFrom(path, steps, tokens, parent, layers, loader, gap, origin, grew=grew)
 
 
 def _verify(model: GPT, parent_cfg: GPTConfig, tensors: dict, path: Path, n_tokens: int) -> float:

@@ -4,7 +4,7 @@
       - {name: tensorboard}                         # RUN_DIR/tensorboard; `tensorboard --logdir runs`
       - {name: wandb, project: my-lm, mode: offline}
 
-Both are optional extras (`pip install 'littlelm[logging]'`), imported only when configured;
+Both are optional extras (`pip install -e '.[logging]'` in a clone), imported only when configured;
 a missing package stops the run before data preparation with the command that installs it.
 They log what `metrics.jsonl` gets (which is always written): every numeric field of each train
 record as `train/<field>` and of each evaluation as `eval/<field>`, against the optimizer step.

@@ -1,0 +1,196 @@
+"""Every example command in every `--help` and in README.md and docs/*.md is run: the cheap ones
+for real (`list`, `config show`, `--help`, `--version`), the others parsed by littlelm's own
+parser and their configs validated as the verb would (the config with the same overrides,
+each sweep variant, the named GPUs); verbs that read a run or checkpoint are parsed only.
+Placeholder file names (run.yaml, big.yaml, ...) stand for the packaged demo config, so their
+overrides are checked against the real schema. Usage lines (`littlelm plan RUN.yaml [--gpu
+NAME ...]`) are checked for their verb and options."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from littlelm.cli import build_parser, main, parse_args
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PACKAGED = {p.stem for p in (ROOT / "littlelm" / "configs").rglob("*.yaml")}
+PLACEHOLDER = re.compile(r"^(\[.*|.*\.\.\..*|[A-Z][A-Z_]*([./].*)?)$")  # RUN, DIR/LABEL, [--x]
+
+
+def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*path, name))
+
+
+def help_examples() -> list[tuple[str, str]]:
+    out = []
+    for path, parser in _parsers(build_parser()):
+        lines = [x.strip() for x in (parser.epilog or "").splitlines()]
+        cmds = [c.strip() for x in lines for c in re.split(r"\s&&\s", x)]
+        cmds = [c for c in cmds if c.startswith("littlelm ")]
+        out += [(f"help {' '.join(path) or 'littlelm'} #{i}", c) for i, c in enumerate(cmds)]
+    return out
+
+
+def doc_examples() -> list[tuple[str, str]]:
+    """(where, command): lines of fenced code blocks that run littlelm, and inline code spans
+    that do."""
+    out = []
+    for doc in DOCS:
+        fenced, pending = False, ""
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            where = f"{doc.relative_to(ROOT)}:{n}"
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+                continue
+            if fenced:
+                text = pending + line.strip()
+                if text.endswith("\\"):  # a continued line
+                    pending = text[:-1] + " "
+                    continue
+                pending = ""
+                for part in re.split(r"\s&&\s", text):
+                    part = part.strip().removeprefix(".venv/bin/")
+                    if part.startswith("littlelm "):
+                        out.append((where, part))
+            else:  # inline: a usage mention unless it sets an override
+                out += [(where + "*", m) for m in re.findall(r"`(littlelm [^`]*)`", line)]
+    return out
+
+
+EXAMPLES = help_examples() + doc_examples()
+
+
+def words_of(command: str) -> list[str]:
+    """The argv of a shell line, without its comment and redirections."""
+    words = shlex.split(command, comments=True)
+    out, skip = [], False
+    for w in words:
+        if skip:
+            skip = False
+        elif w in ("<", ">", "2>", ">>"):
+            skip = True
+        else:
+            out.append(w)
+    assert out[0] == "littlelm", command
+    return out[1:]
+
+
+def resolve_config(word: str) -> str:
+    """A packaged config or a file of this repository as it is; a placeholder file: the demo."""
+    if word in PACKAGED or (ROOT / word).is_file():
+        return str(ROOT / word) if (ROOT / word).is_file() else word
+    return "demo"
+
+
+def check_usage(argv: list[str]) -> None:
+    """A usage line: its verb exists and takes every option it names."""
+    parsers = dict(_parsers(build_parser()))
+    path: tuple[str, ...] = ()
+    for w in argv:
+        if (*path, w) in parsers:
+            path = (*path, w)
+    parser = parsers[path]
+    if argv[0] == "VERB" or argv == ["--version"]:
+        return
+    assert path, f"no verb in {argv}"
+    options = set(parser._option_string_actions)
+    named = {w.strip("[]").split("=")[0] for w in argv if w.strip("[").startswith("--")}
+    assert named <= options, f"`littlelm {' '.join(path)}` has no {sorted(named - options)}"
+
+
+def check_example(argv: list[str], capsys) -> None:
+    if argv and argv[0] == "VERB":  # `littlelm VERB --help`: every verb's help
+        for path, _ in _parsers(build_parser()):
+            if path:
+                check_example([*path, "--help"], capsys)
+        return
+    try:
+        args = parse_args(argv)
+    except SystemExit as e:  # --help and --version print and exit 0; a bad word exits 2
+        assert e.code == 0, capsys.readouterr().err
+        return
+    from littlelm.errors import DataError
+    from littlelm.plan.cost import load_catalog
+    from littlelm.schema import load_data_config, load_run
+    from littlelm.sweep import SweepOptions, plan_sweep
+
+    verb = " ".join(w for w in (args.verb, getattr(args, "config_verb", None)) if w)
+    if verb in ("list", "config show"):  # cheap: run them
+        items = [resolve_config(args.items[0]), *args.items[1:]] if verb != "list" else []
+        flat = ["--flat"] if getattr(args, "flat", False) else []
+        assert main([*verb.split(), *items, *flat]) == 0
+        return
+    if hasattr(args, "items"):
+        from littlelm.cli import _split_config
+
+        config, overrides = _split_config(args.items)
+        config = resolve_config(config)
+        if verb == "data":
+            load_data_config(config, overrides)
+        elif verb == "sweep":
+            devices = args.devices.split(",") if args.devices else None
+            opts = SweepOptions(config, overrides, args.set or [], args.zip, args.budget)
+            opts.seeds, opts.devices, opts.name = args.seeds, devices, args.name
+            opts.price_per_hour = args.price_per_hour
+            plan_sweep(opts)  # every variant's config checked; nothing runs
+        else:
+            world = args.nproc if verb == "train" else getattr(args, "devices", None)
+            world = world if isinstance(world, int) else 1
+            try:
+                load_run(config, overrides, world_size=world)
+            except DataError:  # a tokenizer an earlier step makes (sft_demo's runs/demo)
+                load_run(config, [*overrides, "model.vocab_size=4096"], world_size=world)
+        if verb == "plan":
+            load_catalog(args.gpus or []).select(args.gpu)
+    if verb == "grow":
+        run, *rest = args.to
+        load_run(resolve_config(run), [f"grow.parent={args.parent}", *rest])
+
+
+@pytest.mark.parametrize("where, command", EXAMPLES, ids=[w for w, _ in EXAMPLES])
+def test_every_documented_example_runs_or_validates(where, command, capsys, monkeypatch, tmp_path):
+    # a budget's one-step check probes the CPU's peak: minutes on a busy machine, and no part
+    # of what an example says
+    monkeypatch.setattr("littlelm.train.device.probe_matmul", lambda *a, **k: 1e12)
+    monkeypatch.chdir(tmp_path)  # relative outputs land in the test's directory
+    argv = words_of(command)
+    verbs = {p for p, _ in _parsers(build_parser())}
+    if (
+        (where.endswith("*") and "=" not in command)
+        or tuple(argv) in verbs
+        or any(PLACEHOLDER.match(w) for w in argv if not w.startswith("--") or "[" in w)
+    ):
+        check_usage(argv)
+    else:
+        check_example(argv, capsys)
+
+
+def test_the_examples_are_found():
+    """The collection itself: each source contributes, and the train help's override example
+    is among them (it once named `optim.lr`, which no config has)."""
+    wheres = {w.split(":")[0].split(" #")[0] for w, _ in EXAMPLES}
+    assert {"README.md", "docs/interop.md", "help train", "help littlelm"} <= wheres
+    assert any("optimizer.lr=" in c for w, c in EXAMPLES if w.startswith("help train"))
+    assert len(EXAMPLES) > 100
+
+
+def test_a_bad_override_in_an_example_fails(capsys, monkeypatch, tmp_path):
+    from littlelm.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="did you mean 'optimizer'"):
+        check_example(words_of("littlelm train run.yaml train.max_steps=500 optim.lr=3e-3"), capsys)
+    with pytest.raises(AssertionError):  # an option the verb lacks
+        check_example(words_of("littlelm plan demo --gpus-per-node 8"), capsys)
+    with pytest.raises(AssertionError):
+        check_usage(words_of("littlelm plan RUN.yaml [--gpu-count N]"))
