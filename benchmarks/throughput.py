@@ -208,8 +208,12 @@ def build(v: Variant, size: tuple, device: torch.device, data) -> Setup:
     return Setup(step, micro * seq * v.accum, flops)
 
 
-def time_variant(v, size, device, data, warmup: int, steps: int) -> tuple[float, int]:
-    """(tokens/s of `steps` optimizer steps after `warmup` untimed ones, FLOPs per token)."""
+def time_variant(v, size, device, data, warmup: int, steps: int) -> tuple[float, int, float]:
+    """(tokens/s of `steps` optimizer steps after `warmup` untimed ones, FLOPs per token, peak
+    CUDA memory allocated in GiB over build and steps: NaN on a CPU)."""
+    if device.type == "cuda":  # each variant's own peak: weights, optimizer state, activations
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     s = build(v, size, device, data)
     for _ in range(warmup):
         s.step()
@@ -220,11 +224,12 @@ def time_variant(v, size, device, data, warmup: int, steps: int) -> tuple[float,
     synchronize(device)
     rate = steps * s.tokens / (time.perf_counter() - t0)
     flops = s.flops_per_token
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else math.nan
     del s
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return rate, flops
+    return rate, flops, peak
 
 
 def size_data(size: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,6 +308,7 @@ def run_size(name: str, variants: list[str], args, device: torch.device, peak: f
     data = size_data(size, device)
     rates: dict[str, list[float]] = {v: [] for v in variants}
     flops: dict[str, int] = {}
+    peaks: dict[str, float] = {}  # GiB allocated, the largest over rounds (CUDA)
     failed: dict[str, str] = {}
     for r in range(args.rounds):
         order = variants[r % len(variants) :] + variants[: r % len(variants)]  # rotate the start
@@ -311,26 +317,40 @@ def run_size(name: str, variants: list[str], args, device: torch.device, peak: f
             steps = max(1, args.steps // v.accum) if v.accum > 1 else args.steps
             warm = args.warmup + (2 if v.compile else 0)
             try:
-                rate, flops[vn] = time_variant(v, size, device, data, warm, steps)
+                rate, flops[vn], peak_gib = time_variant(v, size, device, data, warm, steps)
             except Exception as e:  # one failing feature (e.g. compile without a compiler)
                 failed[vn] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
                 print(f"  {name} {vn}: failed: {failed[vn]}", file=sys.stderr, flush=True)
+                if device.type == "cuda":  # an OOM's leftovers must not crowd the next variant
+                    gc.collect()
+                    torch.cuda.empty_cache()
                 continue
             rates[vn].append(rate)
-            print(f"  {name} {vn}: {rate:,.0f} tok/s", file=sys.stderr, flush=True)
+            peaks[vn] = max(peaks.get(vn, 0.0), peak_gib)
+            mfu = rate * flops[vn] / peak if math.isfinite(peak) else float("nan")
+            # one line per variant as it finishes: a run cut short still leaves its figures
+            print(
+                f"  {name} {vn}: {rate:,.0f} tok/s, MFU {100 * mfu:.1f}%, peak {peak_gib:.2f} GiB",
+                file=sys.stderr,
+                flush=True,
+            )
     print(f"\n{size_title(name)}\n")
-    print("| variant | tokens/s (median) | rounds | MFU | × reference | × littlelm |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "| variant | tokens/s (median) | rounds | MFU | × reference | × littlelm "
+        "| peak allocated (GiB) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     med = {vn: statistics.median(r) for vn, r in rates.items() if r}
     for vn in variants:
         if vn in failed:
-            print(f"| {vn} | failed: {failed[vn]} | | | | |")
+            print(f"| {vn} | failed: {failed[vn]} | | | | | |")
             continue
         mfu = med[vn] * flops[vn] / peak if math.isfinite(peak) else float("nan")
         ref = f"{med[vn] / med['reference']:.3f}" if "reference" in med else ""
         lit = f"{med[vn] / med['littlelm']:.3f}" if "littlelm" in med else ""
         each = " / ".join(f"{r:,.0f}" for r in rates[vn])
-        print(f"| {vn} | {med[vn]:,.0f} | {each} | {100 * mfu:.1f}% | {ref} | {lit} |")
+        mem = f"{peaks[vn]:.2f}" if math.isfinite(peaks[vn]) else ""
+        print(f"| {vn} | {med[vn]:,.0f} | {each} | {100 * mfu:.1f}% | {ref} | {lit} | {mem} |")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -172,7 +172,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     return chat.run(
         args.checkpoint, args.prompt, args.system, args.temperature, args.top_k or None,
-        args.top_p, args.max_tokens, args.seed, args.device,
+        args.top_p, args.max_tokens, args.seed, args.device, args.precision,
     )  # fmt: skip
 
 
@@ -602,6 +602,14 @@ def _add_chat(sub) -> None:
     c.add_argument("--top-p", type=float, help="nucleus sampling: keep this share of the mass")
     c.add_argument("--seed", type=int, default=0, help="sampling seed")
     c.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
+    c.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="matmul precision: auto = the one the model trained in where the device computes "
+        "it natively, else fp32; fp32 gives the replies an fp32 transformers run of the export "
+        "gives",
+    )
     c.set_defaults(fn=cmd_chat)
     t = _verb(
         sub,
@@ -612,6 +620,38 @@ def _add_chat(sub) -> None:
     t.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
     t.add_argument("--out", required=True, help="the new run directory (must not exist)")
     t.set_defaults(fn=cmd_chat_tokens)
+    v = _verb(
+        sub,
+        "serve",
+        "serve a model over an OpenAI-compatible HTTP API, with a chat page at / "
+        "(docs/post-training.md)",
+        "  littlelm serve runs/demo-sft\n"
+        "  littlelm serve runs/demo-sft --port 9000 --api-key KEY --host 0.0.0.0",
+    )
+    v.add_argument("checkpoint", help="checkpoint directory or run directory (newest checkpoint)")
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
+    v.add_argument("--port", type=int, default=8000, help="port to listen on")
+    v.add_argument(
+        "--api-key",
+        default=os.environ.get("LITTLELM_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1 requests (default: $LITTLELM_API_KEY)",
+    )
+    v.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
+    v.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="matmul precision, as for littlelm chat")  # fmt: skip
+    v.add_argument("--max-tokens", type=int, default=512,
+                   help="reply length when a request gives no max_tokens")  # fmt: skip
+    v.add_argument("--name", help="the model's name in the API (default: the run's name)")
+    v.set_defaults(fn=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from littlelm.eval.serve import serve
+
+    return serve(
+        args.checkpoint, args.host, args.port, args.api_key, args.device, args.precision,
+        args.max_tokens, args.name,
+    )  # fmt: skip
 
 
 def _add_grow(sub) -> None:
@@ -744,7 +784,13 @@ def _add_eval(sub) -> None:
         default=0.01,
         help="warn when more than this share of a task's prompts exceed the context",
     )
-    e.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+    e.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="matmul precision: auto = the one the model trained in where the device computes "
+        "it natively, else fp32",
+    )
     e.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
     e.add_argument("--out", help="also write results and per-item decisions to this JSON file")
     e.add_argument(

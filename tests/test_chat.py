@@ -287,10 +287,11 @@ def test_sft_loss_is_the_mean_over_assistant_tokens_and_user_tokens_get_no_gradi
     assert torch.all(per_pos[~keep] == 0) and torch.all(per_pos[keep] > 0)
 
 
-def sft_trees(tmp_path: Path) -> tuple[Path, dict]:
-    """A tiny base run (bpe tokenizer with the chat tokens) and an SFT run from it."""
+def sft_trees(tmp_path: Path, **features) -> tuple[Path, dict]:
+    """A tiny base run (bpe tokenizer with the chat tokens; model `features` over the tiny
+    defaults) and an SFT run from it."""
     corpus = make_corpus(tmp_path / "corpus.txt")
-    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "base"})
+    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "base"}, model=features)
     base["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 300, "train_chars": 5000}
     base["train"]["max_steps"] = 3
     base["model"]["max_seq_len"] = 96  # room for a chat of a few turns
@@ -504,6 +505,47 @@ def test_chat_eval_table_and_centred_mean(sft_run, tmp_path, capsys):
     assert extract("so the total is 1,234.\n#### 1,234") == "1234" and extract(" e d ") == "e d"
 
 
+def test_chat_eval_leaves_out_rows_longer_than_the_context_and_names_them(
+    sft_run, tmp_path, capsys
+):
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "tasks.yaml").write_text(
+        "tasks:\n  - {label: rev, file: rev.jsonl, kind: generative}\n"
+    )
+    long = "Reverse: " + " ".join("abcdefgh" * 40)  # far past the 96-token context
+    rows = [{"question": "Reverse: a b", "answer": "b a"}, {"question": long, "answer": "x"}]
+    (tasks / "rev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "scores.json"
+    assert main(["eval", str(sft_run), "--chat", str(tasks), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "rev: 1 of 2 rows left out" in err and f"{tasks / 'rev.jsonl'}:2 (" in err
+    rec = json.loads(out.read_text())
+    assert rec["tasks"][0]["items"] == 1 and rec["tasks"][0]["skipped"] == 1
+    assert rec["left_out"]["rev"][0].startswith(f"{tasks / 'rev.jsonl'}:2 (")
+    # a task none of whose rows fits is an error naming it and the fix, not a traceback
+    (tasks / "rev.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    assert main(["eval", str(sft_run), "--chat", str(tasks)]) == 2
+    assert "no row of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_chat_refuses_a_temperature_that_cannot_sample(sft_run, capsys, value):
+    args = ["chat", str(sft_run), "--prompt", "Reverse: a b", "--temperature", value]
+    assert main(args) == 2
+    assert "--temperature must be a finite number" in capsys.readouterr().err
+
+
+def test_chat_precision_fp32_and_bf16_both_answer(sft_run, capsys):
+    for precision in ("fp32", "bf16"):
+        args = ["chat", str(sft_run), "--prompt", "Reverse: a b", "--max-tokens", "4"]
+        assert main([*args, "--precision", precision]) == 0
+        assert capsys.readouterr().out.endswith("\n")
+    with pytest.raises(SystemExit) as e:  # argparse's usage error
+        main(["chat", str(sft_run), "--prompt", "x", "--precision", "fp16"])
+    assert e.value.code == 2
+
+
 # -- export ------------------------------------------------------------------------------------
 
 WORDS = [
@@ -620,12 +662,18 @@ def test_an_imported_models_template_renders_as_transformers_does(tmp_path, bos_
         theirs = hf_ids(hf, msgs, prompt)
         # every littlelm document starts with BOS: a template that writes none gets one first
         assert fmt.encode(msgs, prompt) == (theirs if bos_first else [tok.bos_id, *theirs])
-    # exported again, it carries the imported template and its special tokens
+    # exported again, it carries the imported template (a BOS in front where the template
+    # writes none, as littlelm trains) and its special tokens: transformers' apply_chat_template
+    # on the export renders exactly the ids littlelm trains on
     out = tmp_path / "export"
     out.mkdir()
     export_tokenizer(tok, out)
     cfg = json.loads((out / "tokenizer_config.json").read_text())
-    assert cfg["chat_template"] == template and cfg["eos_token"] == "<|im_end|>"
+    assert cfg["chat_template"] == ("" if bos_first else "{{ bos_token }}") + template
+    assert cfg["eos_token"] == "<|im_end|>"
+    exported = transformers.AutoTokenizer.from_pretrained(str(out))
+    for msgs, prompt in random_conversations(50, seed=2):
+        assert hf_ids(exported, msgs, prompt) == fmt.encode(msgs, prompt)
     # its mask: the replies of a ChatML conversation, <|im_end|> included, nothing else
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the cat"}]
     ids = np.array(fmt.encode(msgs))

@@ -4,7 +4,10 @@ indexed datasets and parquet token lists, trained on like littlelm's own shards.
 from __future__ import annotations
 
 import json
+import shlex
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +40,16 @@ def with_bos(docs: list[np.ndarray]) -> list[np.ndarray]:
 # -- writers of each format (what the other tools write) -----------------------------------------
 
 
-def write_nanogpt(path: Path, tokens: np.ndarray, version: int = 1) -> Path:
-    """llm.c's write_datafile: 256 int32 (magic, version, count), then the tokens."""
+# llm.c's dev/data/data_common.py header values: model_desc -> (magic, version, token dtype)
+LLMC_HEADERS = {"gpt-2": (20240520, 1, "<u2"), "llama-3": (20240801, 7, "<u4")}
+
+
+def write_nanogpt(path: Path, tokens: np.ndarray, model_desc: str = "gpt-2") -> Path:
+    """The layout of llm.c's write_datafile: 256 int32 (magic, version, count, zeros), then the
+    tokens as uint16 ("gpt-2") or uint32 ("llama-3")."""
+    magic, version, dtype = LLMC_HEADERS[model_desc]
     header = np.zeros(256, "<i4")
-    header[:3] = [20240520, version, len(tokens)]
-    dtype = "<u2" if version == 1 else "<u4"
+    header[:3] = [magic, version, len(tokens)]
     path.write_bytes(header.tobytes() + np.asarray(tokens).astype(dtype).tobytes())
     return path
 
@@ -150,6 +158,52 @@ def test_a_mixture_with_littlelm_shards_realises_its_weights(tmp_path, fmt):
     assert abs(shares["theirs"] - 0.7) < 0.02 * 0.7 and abs(shares["ours"] - 0.3) < 0.02 * 0.3
 
 
+def test_llmc_uint32_shards_read_as_their_uint16_twins(tmp_path):
+    """llm.c's llama-3 files (magic 20240801, version 7, uint32 tokens) give the documents and
+    batches of the same tokens in its gpt-2 files (20240520, version 1, uint16)."""
+    docs = documents(200, longest=150)
+    (tmp_path / "u16").mkdir()
+    (tmp_path / "u32").mkdir()
+    write_nanogpt(tmp_path / "u16" / "a.bin", np.concatenate(with_bos(docs)), "gpt-2")
+    write_nanogpt(tmp_path / "u32" / "a.bin", np.concatenate(with_bos(docs)), "llama-3")
+    (narrow, *_), (wide, *_) = (
+        open_source({"format": "nanogpt", "path": str(tmp_path / d)}, tmp_path / d)
+        for d in ("u16", "u32")
+    )
+    assert wide[0].tokens.dtype == np.uint32 and narrow[0].tokens.dtype == np.uint16
+    assert [wide[0].doc(i).tolist() for i in range(len(wide[0]))] == [
+        narrow[0].doc(i).tolist() for i in range(len(narrow[0]))
+    ]
+    a, b = loader(narrow, "split"), loader(wide, "split")
+    for _ in range(20):
+        assert np.array_equal(a.next_batch()[0].numpy(), b.next_batch()[0].numpy())
+
+
+def test_an_unknown_header_names_its_values_and_a_fix_that_works(tmp_path, capsys):
+    tokens = np.concatenate(with_bos(documents(30)))
+    p = write_nanogpt(tmp_path / "a.bin", tokens)
+    p.write_bytes(np.array([20240999, 3], "<i4").tobytes() + p.read_bytes()[8:])
+    with pytest.raises(DataError) as e:
+        open_source({"format": "nanogpt", "path": str(p)}, tmp_path)
+    message = str(e.value)
+    assert "magic 20240999, version 3" in message and "20240801 version 7" in message
+    fix = shlex.split(message[message.index("`python -c") + 1 : message.rindex("`")])
+    subprocess.run([sys.executable, *fix[1:]], check=True)  # the advice, followed as given
+    train, _, _ = open_source({"format": "nanogpt", "path": str(p)}, tmp_path)
+    assert [train[0].doc(i).tolist() for i in range(len(train[0]))] == [
+        d.tolist() for d in with_bos(documents(30))
+    ]
+    # data inspect, which guesses the format, says the same of an unknown header
+    p.write_bytes(np.array([20240999, 3], "<i4").tobytes() + p.read_bytes()[8:])
+    assert main(["data", "inspect", str(p)]) == 2
+    assert "magic 20240999, version 3" in capsys.readouterr().err
+    # a file with no header at all: the advice is format: array, not a header rewrite
+    q = tmp_path / "plain.bin"
+    q.write_bytes(tokens.astype("<u2").tobytes()[:-2])
+    with pytest.raises(DataError, match="format: array"):
+        open_source({"format": "nanogpt", "path": str(q)}, tmp_path)
+
+
 def test_documents_are_bos_plus_tokens_and_val_is_the_tail(tmp_path):
     docs = documents(100)
     write_nanogpt(tmp_path / "a.bin", np.concatenate([docs[0], *with_bos(docs[1:]), [BOS]]))
@@ -247,7 +301,7 @@ def bad_megatron_truncated(d: Path) -> Path:
 
 BAD = {
     "truncated": (bad_nanogpt_truncated, "nanogpt", "truncated"),
-    "wrong-magic": (bad_wrong_magic, "nanogpt", "wrong magic"),
+    "wrong-magic": (bad_wrong_magic, "nanogpt", "header magic 67305985, version 1"),
     "odd-byte-count": (bad_odd_bytes, "array", "not a whole number of uint16"),
     "beyond-vocab": (bad_beyond_vocab, "nanogpt", "token id 9999 at token offset 5"),
     "empty": (bad_empty, "nanogpt", "is empty"),

@@ -199,11 +199,12 @@ def test_momentum_warmup():
     assert momentum_warmup(1000, 0.85, 0.95, 300) == 0.95
 
 
-# written by tests/fixtures/old_optimizer.py in a checkout of 22771fd on two kinds of CPU: the
-# same code gives other bits on a Xeon with AMX (BLAS and Newton-Schulz take other paths there)
+# written by tests/fixtures/old_optimizer.py in a checkout of 22771fd on three kinds of CPU: the
+# same code gives other bits on a Xeon with AMX and on an AVX2-only EPYC (BLAS and Newton-Schulz
+# take other paths there)
 FIXTURES = [
     Path(__file__).parent / "fixtures" / f
-    for f in ("optimizer_22771fd.pt", "optimizer_22771fd_amx.pt")
+    for f in ("optimizer_22771fd.pt", "optimizer_22771fd_amx.pt", "optimizer_22771fd_avx2.pt")
 ]
 
 

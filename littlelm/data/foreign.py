@@ -8,8 +8,10 @@
         pile:    {name: tokens, format: megatron, path: pile/pile_text_document}
         math:    {name: tokens, format: parquet, path: math/, column: input_ids}
 
-    nanogpt   llm.c / modded-nanogpt `.bin`: a header of 256 little-endian int32 (magic
-              20240520, version 1 = uint16 tokens or 2 = uint32, token count), then the tokens
+    nanogpt   llm.c / modded-nanogpt `.bin`: a header of 256 little-endian int32 (magic,
+              version, token count), then the tokens. llm.c's dev/data/data_common.py writes
+              magic 20240520 version 1 for uint16 tokens (its "gpt-2" files) and magic 20240801
+              version 7 for uint32 tokens ("llama-3")
     array     a headerless `.bin` of `dtype` tokens, or a 1-D `.npy` of uint16 / uint32
     megatron  Megatron-LM / NeMo indexed dataset, PREFIX.bin (the tokens) + PREFIX.idx: magic
               b"MMIDIDX\\0\\0", u64 version 1, u8 dtype code (8 uint16, 4 int32), u64 sequence
@@ -53,8 +55,10 @@ from pydantic import Field
 from littlelm.data.sources import Source, SourceConfig, find_files
 from littlelm.errors import DataError
 
-NANOGPT_MAGIC, NANOGPT_HEADER = 20240520, 256 * 4
-NANOGPT_DTYPES = {1: np.uint16, 2: np.uint32}
+NANOGPT_HEADER = 256 * 4
+# (magic, version) -> token dtype, as llm.c's write_datafile writes them (gpt-2, llama-3)
+NANOGPT_HEADERS = {(20240520, 1): np.uint16, (20240801, 7): np.uint32}
+NANOGPT_MAGICS = {magic for magic, _ in NANOGPT_HEADERS}
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 MEGATRON_DTYPES = {8: np.uint16, 4: np.int32}  # Megatron's DType codes that hold token ids
 PATTERNS = {  # what a directory is searched for, per format
@@ -148,17 +152,35 @@ def nanogpt_layout(path: Path) -> Layout:
             f"{path} is truncated: {size} bytes, less than the 1024-byte header of an llm.c / "
             "nanoGPT .bin; write it again (for a headerless token array use format: array)"
         )
-    magic, version, count = np.frombuffer(_read(path, 12), "<i4")
-    if magic != NANOGPT_MAGIC:
-        raise DataError(
-            f"{path}: wrong magic {int(magic)}, not an llm.c / nanoGPT .bin (magic "
-            f"{NANOGPT_MAGIC}); for a headerless token array use format: array with its dtype"
-        )
-    if int(version) not in NANOGPT_DTYPES:
-        raise DataError(
-            f"{path}: llm.c .bin version {int(version)} is not known (1 = uint16, 2 = uint32)"
-        )
-    return _checked(path, size, Layout(NANOGPT_HEADER, int(count), NANOGPT_DTYPES[int(version)]))
+    magic, version, count = (int(v) for v in np.frombuffer(_read(path, 12), "<i4"))
+    dtype = NANOGPT_HEADERS.get((magic, version))
+    if dtype is None:
+        raise DataError(unknown_header(path, size, magic, version, count))
+    return _checked(path, size, Layout(NANOGPT_HEADER, count, dtype))
+
+
+def unknown_header(path: Path, size: int, magic: int, version: int, count: int) -> str:
+    """What to say of a .bin whose header llm.c does not write: the values, and the fix that
+    fits the file's size (a 1024-byte header and `count` tokens of 2 or 4 bytes, or no header)."""
+    known = "; ".join(f"magic {m} version {v} for {np.dtype(d).name}"
+                      for (m, v), d in NANOGPT_HEADERS.items())  # fmt: skip
+    head = (
+        f"{path}: header magic {magic}, version {version}, token count {count}, which is not "
+        f"one llm.c writes ({known})"
+    )
+    for item, (m, v) in ((2, (20240520, 1)), (4, (20240801, 7))):
+        if count > 0 and size == NANOGPT_HEADER + count * item:  # llm.c's layout, other values
+            return (
+                f"{head}. Its size fits a 1024-byte header and {count:,} tokens of {item} bytes: "
+                f"if that is what it holds, set llm.c's header for them with `python -c \"import "
+                f"numpy as np; h = np.memmap('{path}', dtype='<i4', mode='r+', shape=(2,)); "
+                f'h[:] = ({m}, {v}); h.flush()"`'
+            )
+    return (
+        f"{head}, and its size ({size:,} bytes) fits no header of llm.c's layout: a headerless "
+        "token array: give the source format: array and its dtype, uint16 or uint32 (data "
+        "inspect: --format array --dtype D)"
+    )
 
 
 def array_layout(path: Path, dtype: str | None) -> Layout:
@@ -589,8 +611,11 @@ def detect_format(path: Path) -> str:
             return fmt
     if ".bin" in suffixes:
         first = next(f for f in files if f.suffix == ".bin")
-        if len(raw := _read(first, 4)) == 4 and np.frombuffer(raw, "<i4")[0] == NANOGPT_MAGIC:
+        if len(raw := _read(first, 4)) == 4 and np.frombuffer(raw, "<i4")[0] in NANOGPT_MAGICS:
             return "nanogpt"
+        if _size(first) >= 12:
+            magic, version, count = (int(v) for v in np.frombuffer(_read(first, 12), "<i4"))
+            raise DataError(unknown_header(first, _size(first), magic, version, count))
         raise DataError(
             f"{first} has no llm.c / nanoGPT header: for a headerless token array pass "
             "--format array --dtype uint16 (or uint32)"

@@ -60,9 +60,21 @@ class Chat:
         self.messages.append({"role": "assistant", "content": text})
         return text
 
-    @torch.no_grad()
     def respond(self, on_text: Callable[[str], None] | None = None) -> str:
         """The reply to `self.messages` as they stand (their last turn is the user's)."""
+        pieces = []
+        for piece in self.pieces():
+            pieces.append(piece)
+            if on_text is not None:
+                on_text(piece)
+        return "".join(pieces)
+
+    @torch.no_grad()
+    def pieces(self) -> Iterator[str]:
+        """The reply to `self.messages` as text pieces, each whole characters, as they are
+        generated (`littlelm serve` streams them). Closing the generator stops generation.
+        Afterwards `finish` is "stop" (the end token came) or "length", and `generated` counts
+        the tokens generated, the end token included."""
         limit = self.model.cfg.max_seq_len
         prompt = self.format.encode(self.messages, add_generation_prompt=True)
         if len(prompt) >= limit:
@@ -70,29 +82,35 @@ class Chat:
                 f"the conversation ({len(prompt)} tokens) no longer fits the model's "
                 f"{limit}-token context; /reset to start over"
             )
+        self.prompt_tokens, self.generated, self.finish = len(prompt), 0, "length"
         logits = self._feed(prompt)
         budget = min(self.max_tokens, limit - len(prompt))
         temperature, top_k, top_p = self.sampling
         ids: list[int] = []
-        shown = ""
+        shown, nxt = "", None
         steps = stream(
             self.model, logits, self.caches, budget, temperature, top_k, self.gen,
             self.format.end, top_p,
         )  # fmt: skip
-        for nxt in steps:
-            if nxt == self.format.end:
-                break
-            ids.append(nxt)
-            text = self.tokenizer.decode(ids)
-            if on_text is not None and not text.endswith("\ufffd"):  # a character completed
-                on_text(text[len(shown) :])
-                shown = text
-        # the cache holds the prompt and the reply's tokens but the last one picked
-        self.cached = prompt + ids[:-1] if ids and nxt != self.format.end else prompt + ids
-        text = self.tokenizer.decode(ids)
-        if on_text is not None and text[len(shown) :]:
-            on_text(text[len(shown) :])
-        return text
+        try:
+            for nxt in steps:
+                self.generated += 1
+                if nxt == self.format.end:
+                    self.finish = "stop"
+                    break
+                ids.append(nxt)
+                text = self.tokenizer.decode(ids)
+                if not text.endswith("\ufffd"):  # a character completed
+                    piece, shown = text[len(shown) :], text
+                    if piece:
+                        yield piece
+            rest = self.tokenizer.decode(ids)[len(shown) :]
+            if rest:
+                yield rest
+        finally:
+            # the cache holds the prompt and the reply's tokens but the last one picked
+            done = ids and nxt != self.format.end
+            self.cached = prompt + ids[:-1] if done else prompt + ids
 
     def _feed(self, prompt: list[int]) -> torch.Tensor:
         """Logits after `prompt`, feeding the cache only what it does not hold already."""
@@ -161,6 +179,7 @@ def run(
     max_tokens: int = 256,
     seed: int = 0,
     device: str = "auto",
+    precision: str = "auto",
 ) -> int:
     """`littlelm chat`: interactive on a terminal; else one reply to --prompt, or one JSON line
     {"reply": ...} per conversation read from stdin."""
@@ -172,7 +191,7 @@ def run(
     dev = pick_device(device)
     model, tok, cfg = load_model(checkpoint, dev)
     chat = Chat(model, tok, system, temperature, top_k, top_p, max_tokens, seed)
-    with autocast(dev, inference_precision("auto", cfg.train.precision, dev)):
+    with autocast(dev, inference_precision(precision, cfg.train.precision, dev)):
         if prompt is not None:
             print(chat.reply(prompt))
         elif sys.stdin.isatty():

@@ -15,6 +15,11 @@ choice      rows {"question": str, "choices": [str, ...], "answer": index or let
             model's choice is the letter whose token it rates highest first in its reply.
             Random baseline 1 / number of choices.
 
+A row whose prompt does not fit the model's context (with room for one reply token) is left
+out, never cropped: a cropped prompt asks another question. The rows left out are counted in
+the table's `skipped` column and named (FILE:LINE, tokens) on stderr and in --out's JSON, and
+the accuracy is over the rows asked. A task none of whose rows fits is an error.
+
 The table gives each task's accuracy and its centred score, (accuracy - baseline) /
 (1 - baseline), and the mean centred score, like CORE's.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 import json
 import re
 import string
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +58,7 @@ class ChatResult:
     accuracy: float
     baseline: float
     seconds: float
+    skipped: int = 0  # rows whose prompt does not fit the context
 
     @property
     def centred(self) -> float:
@@ -107,7 +114,7 @@ def read_rows(path: Path, kind: str) -> list[dict]:
         else:
             messages = row.get("messages") or [{"role": "user", "content": row.get("question")}]
         stand_in = [*messages, {"role": "assistant", "content": "-"}]
-        rows.append({**row, "messages": check_messages(stand_in, where)[:-1]})
+        rows.append({**row, "messages": check_messages(stand_in, where)[:-1], "where": where})
     if not rows:
         raise DataError(f"{path}: no rows")
     return rows
@@ -137,11 +144,24 @@ def score_choice(model, fmt, rows: list[dict]) -> tuple[float, list[dict]]:
     decisions = []
     for row in rows:
         letters = [tok.encode(string.ascii_uppercase[i])[0] for i in range(len(row["choices"]))]
-        ids = fmt.encode(row["messages"], add_generation_prompt=True)
-        logits = model(torch.tensor([ids[-model.cfg.max_seq_len :]], device=device))[0, -1]
+        ids = fmt.encode(row["messages"], add_generation_prompt=True)  # fits: fitting()
+        logits = model(torch.tensor([ids], device=device))[0, -1]
         pick = int(torch.argmax(logits[letters]))
         decisions.append({"pick": pick, "gold": row["gold"], "correct": pick == row["gold"]})
     return sum(d["correct"] for d in decisions) / len(rows), decisions
+
+
+def fitting(fmt, rows: list[dict], limit: int) -> tuple[list[dict], list[str]]:
+    """(the rows whose prompt leaves room for a reply token in a `limit`-token context, and
+    'FILE:LINE (N tokens)' of each that does not)."""
+    fit, left_out = [], []
+    for row in rows:
+        n = len(fmt.encode(row["messages"], add_generation_prompt=True))
+        if n < limit:
+            fit.append(row)
+        else:
+            left_out.append(f"{row['where']} ({n:,} tokens)")
+    return fit, left_out
 
 
 def run_chat_eval(
@@ -167,19 +187,35 @@ def run_chat_eval(
     dev = pick_device(device)
     model, tok, cfg = load_model(checkpoint, dev)
     chat = Chat(model, tok, max_tokens=max_tokens)
-    results, details = [], {}
+    results, details, skipped = [], {}, {}
     with autocast(dev, inference_precision(precision, cfg.train.precision, dev)):
         for t in tasks:
             t0 = time.perf_counter()
+            limit = model.cfg.max_seq_len
+            asked, left_out = fitting(chat.format, rows[t.label], limit)
+            if left_out:
+                print(
+                    f"{t.label}: {len(left_out)} of {len(rows[t.label])} rows left out, their "
+                    f"prompt does not fit the model's {limit:,}-token context: "
+                    + ", ".join(left_out[:5])
+                    + (" ..." if len(left_out) > 5 else ""),
+                    file=sys.stderr,
+                )
+            if not asked:
+                raise DataError(
+                    f"task {t.label!r}: no row of {root / t.file} fits the model's "
+                    f"{limit:,}-token context (the shortest prompt needs more); shorten the "
+                    "rows, or evaluate a model with a longer context (model.max_seq_len)"
+                )
             if t.kind == "generative":
-                acc, dec = score_generative(chat, rows[t.label])
+                acc, dec = score_generative(chat, asked)
                 base = 0.0
             else:
-                acc, dec = score_choice(model, chat.format, rows[t.label])
-                base = sum(1 / len(r["choices"]) for r in rows[t.label]) / len(rows[t.label])
+                acc, dec = score_choice(model, chat.format, asked)
+                base = sum(1 / len(r["choices"]) for r in asked) / len(asked)
             took = time.perf_counter() - t0
-            results.append(ChatResult(t.label, t.kind, len(dec), acc, base, took))
-            details[t.label] = dec
+            results.append(ChatResult(t.label, t.kind, len(dec), acc, base, took, len(left_out)))
+            details[t.label], skipped[t.label] = dec, left_out
     print(format_table(results))
     if out:
         record = {
@@ -187,6 +223,7 @@ def run_chat_eval(
             "tasks": [{**r.__dict__, "centred": r.centred} for r in results],
             "mean_centred": mean_centred(results),
             "decisions": details,
+            "left_out": skipped,  # FILE:LINE (tokens) of the rows too long to ask
         }
         Path(out).write_text(json.dumps(record, indent=2))
     return results
@@ -197,12 +234,15 @@ def mean_centred(results: list[ChatResult]) -> float:
 
 
 def format_table(results: list[ChatResult]) -> str:
-    head = f"{'task':<24} {'kind':<10} {'items':>6} {'acc':>7} {'centred':>8} {'secs':>6}"
+    head = (
+        f"{'task':<24} {'kind':<10} {'items':>6} {'skipped':>7} {'acc':>7} {'centred':>8} "
+        f"{'secs':>6}"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
-            f"{r.label:<24} {r.kind:<10} {r.items:>6} {r.accuracy:>7.4f} {r.centred:>8.4f} "
-            f"{r.seconds:>6.1f}"
+            f"{r.label:<24} {r.kind:<10} {r.items:>6} {r.skipped:>7} {r.accuracy:>7.4f} "
+            f"{r.centred:>8.4f} {r.seconds:>6.1f}"
         )
     lines.append(f"mean centred {mean_centred(results):.4f} over {len(results)} chat task(s)")
     return "\n".join(lines)

@@ -11,8 +11,12 @@ littlelm writes itself, as llama.cpp's convert_hf_to_gguf.py would:
   ByteLevel pre-tokenizer littlelm's BPE trains with (llama.cpp's converter identifies it by a
   hash of its output on a probe, which a tokenizer trained here never matches: it refused
   littlelm exports with "BPE pre-tokenizer was not recognized"); tokens, merges, the BOS token
-  (also EOS and pad) as a control token, add_bos_token true and no separator, so a prompt
-  tokenizes to what littlelm trained on.
+  (also pad) as a control token, add_bos_token true and no separator, so a prompt tokenizes to
+  what littlelm trained on;
+- a chat model's format: `tokenizer.chat_template` (the Jinja template the Hugging Face export
+  writes, BOS first) and EOS = the end of a turn (`<|end|>`, or an imported template's
+  eos_token), so llama.cpp's chat completion renders littlelm's prompt and stops after the reply.
+  Without a chat format EOS is BOS: a document ends where the next one's BOS would come.
 Models no llama.cpp architecture computes (relu², value embeddings, residual scalars, a softcap)
 and tokenizers with another pre-tokenizer are refused, with what to do instead.
 """
@@ -29,7 +33,7 @@ from littlelm.data.tokenizer import Tokenizer
 from littlelm.errors import CheckpointError
 from littlelm.extras import require
 from littlelm.interop import arch as A
-from littlelm.interop.hf_tokenizer import chat_config, export_rules, raw_tokenizer
+from littlelm.interop.hf_tokenizer import chat_config, export_rules, raw_tokenizer, stop_ids
 from littlelm.model.gpt import GPTConfig
 
 TYPES = ("f32", "f16")  # what each 2-D weight is stored as; norms and biases stay f32
@@ -127,12 +131,15 @@ def _tokenizer_keys(w, tok: Tokenizer) -> None:
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
-    eos = chat_config(tok).get("eos_token")  # a chat model's end of turn (<|end|>), else BOS:
-    w.add_bos_token_id(tok.bos_id)  # a document ends where the next one's BOS would come
-    _, own_eos, adds_bos = export_rules(tok)  # an imported tokenizer's own eos and BOS rule
-    w.add_eos_token_id(vocab.get(eos, own_eos))
+    w.add_bos_token_id(tok.bos_id)
+    # a chat model's end of turn (<|end|>), else the tokenizer's own eos (an imported one's), else
+    # BOS: a document ends where the next one's BOS would come
+    w.add_eos_token_id(stop_ids(tok)[0])
     w.add_pad_token_id(tok.bos_id)
-    w.add_add_bos_token(adds_bos)  # every littlelm document starts with BOS
+    chat = chat_config(tok)
+    if "chat_template" in chat:  # llama.cpp's chat completion renders it (Jinja), BOS included
+        w.add_chat_template(chat["chat_template"])
+    w.add_add_bos_token(export_rules(tok)[2])  # littlelm's documents start with BOS
     w.add_add_eos_token(False)
     w.add_add_sep_token(False)  # no second BOS after a prompt
 

@@ -33,7 +33,12 @@ import yaml
 from littlelm.config import to_tree, validate
 from littlelm.errors import CheckpointError, LittleLMError
 from littlelm.interop import arch as A
-from littlelm.interop.hf_tokenizer import export_rules, export_tokenizer, import_tokenizer
+from littlelm.interop.hf_tokenizer import (
+    export_rules,
+    export_tokenizer,
+    import_tokenizer,
+    stop_ids,
+)
 from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.kernels import rms_norm
@@ -162,7 +167,10 @@ def write_hf_dir(out: Path, tok, hf_tensors: dict, config: dict, arch: str, shar
         export_tokenizer(tok, tmp)  # first: a refused tokenizer writes nothing else
         write_weights(hf_tensors, tmp, shard)
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        gen = {"bos_token_id": tok.bos_id, "eos_token_id": config["eos_token_id"]}
+        # plain generate() stops at a reply's end (chat models) or at a document's end (BOS)
+        stops = stop_ids(tok)
+        eos = stops if len(stops) > 1 else stops[0]
+        gen = {"bos_token_id": tok.bos_id, "eos_token_id": eos, "pad_token_id": tok.bos_id}
         gen["do_sample"] = False
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         if arch == "littlelm":

@@ -17,7 +17,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from littlelm.data.chat import END, TEMPLATE
+from littlelm.data.chat import END, TEMPLATE, render_template
 from littlelm.data.tokenizer import (
     BOS_CANDIDATES,
     ByteTokenizer,
@@ -79,10 +79,32 @@ def chat_config(tok: Tokenizer) -> dict:
     stops), or an imported tokenizer's own template and special tokens; {} for a tokenizer
     with neither."""
     if tok.chat_template is not None:
-        return {"chat_template": tok.chat_template, **tok.template_tokens()}
+        return {"chat_template": exported_template(tok), **tok.template_tokens()}
     if tok.special_id(END) is None:
         return {}
     return {"chat_template": TEMPLATE, "eos_token": END}
+
+
+def exported_template(tok: Tokenizer) -> str:
+    """An imported chat_template as export writes it back. littlelm trains every conversation
+    after a BOS (each document starts with one), so a template that writes no BOS itself
+    (ChatML, Qwen's) gets `{{ bos_token }}` in front: transformers' apply_chat_template and
+    llama.cpp then render the ids the model was trained on, not the same ids less the first."""
+    template = tok.chat_template
+    assert template is not None
+    special = {"bos_token": tok.bos_token, **tok.template_tokens()}
+    probe = render_template(template, [{"role": "user", "content": "Q"}], True, special)
+    return template if probe.startswith(tok.bos_token) else "{{ bos_token }}" + template
+
+
+def stop_ids(tok: Tokenizer) -> list[int]:
+    """The ids generation stops at: a chat model's end of turn (`<|end|>`, or the imported
+    template's eos_token) first, then the tokenizer's own eos (an imported one's) or BOS, where
+    a plain document ends (the next one's BOS)."""
+    end = chat_config(tok).get("eos_token")
+    end_id = tok.special_id(end) if end is not None else None
+    own = export_rules(tok)[1]  # the tokenizer's own eos (an imported one's), else BOS
+    return [own] if end_id is None or end_id == own else [end_id, own]
 
 
 def raw_tokenizer(tok: Tokenizer):

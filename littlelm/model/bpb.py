@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from littlelm.model.kernels import IGNORE
+
 
 @dataclass
 class LossSums:
@@ -51,24 +53,27 @@ def loss_sums(
     device,
     autocast,
 ) -> LossSums:
-    """The summed loss of `model` over `batches` (in float64), and what it was summed over."""
+    """The summed loss of `model` over `batches` (in float64), and what it was summed over:
+    the trained targets only. A target set to IGNORE (a masked SFT row's prompt, padding) has
+    no loss and counts neither as a token nor as bytes, as in training's loss."""
     was_training = model.training
     model.eval()
     nats = torch.zeros((), dtype=torch.float64, device=device)
     nats_bytes = torch.zeros((), dtype=torch.float64, device=device)
     n_bytes = torch.zeros((), dtype=torch.int64, device=device)
-    n_tokens = 0
+    n_tokens = torch.zeros((), dtype=torch.int64, device=device)
     for x, y in batches:
         x, y = x.to(device), y.to(device)
         with autocast:
-            loss = model(x, y, reduction="none").double()  # (B, T)
-        b = token_bytes[y]
+            loss = model(x, y, reduction="none").double()  # (B, T); 0 at IGNORE targets
+        trained = y != IGNORE
+        b = token_bytes[y.clamp(min=0)] * trained  # IGNORE (-1) would index the last token
         nats += loss.sum()
         nats_bytes += (loss * (b > 0)).sum()
         n_bytes += b.sum()
-        n_tokens += y.numel()
+        n_tokens += trained.sum()
     model.train(was_training)
-    return LossSums(nats.item(), nats_bytes.item(), int(n_bytes.item()), n_tokens)
+    return LossSums(nats.item(), nats_bytes.item(), int(n_bytes.item()), int(n_tokens.item()))
 
 
 def evaluate_loss(
@@ -78,5 +83,6 @@ def evaluate_loss(
     device,
     autocast,
 ) -> dict:
-    """{'val_loss': nats/token over all tokens, 'val_bpb': bits/byte, 'val_tokens': count}."""
+    """{'val_loss': nats/token over the trained targets, 'val_bpb': bits/byte, 'val_tokens':
+    how many targets were trained on}."""
     return loss_sums(model, batches, token_bytes, device, autocast).metrics()

@@ -3,6 +3,7 @@ decoding; `stream` yields the tokens one at a time from a cache the caller may k
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -19,8 +20,10 @@ def check_sampling(
         raise LittleLMError(f"--top-p must be in (0, 1], got {top_p}")
     if max_tokens < 1:
         raise LittleLMError(f"--max-tokens must be at least 1, got {max_tokens}")
-    if temperature < 0:
-        raise LittleLMError(f"--temperature must be 0 (greedy) or more, got {temperature}")
+    if not math.isfinite(temperature) or temperature < 0:  # nan: a traceback; inf: noise
+        raise LittleLMError(
+            f"--temperature must be a finite number, 0 (greedy) or more, got {temperature}"
+        )
     if top_k is not None and top_k < 1:
         raise LittleLMError(f"--top-k must be at least 1 (or 0 for no filter), got {top_k}")
 

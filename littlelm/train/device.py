@@ -92,22 +92,44 @@ def cpu_peak_flops(cache_dir: Path | None = None, precision: str = "bf16") -> fl
     """Matmul FLOP/s this process reaches with its threads in `precision` (bf16 or fp32),
     probed once and cached per (CPU, core count, thread count, torch version, precision) in
     $LITTLELM_CACHE/cpu_peak.json."""
-    threads = torch.get_num_threads()
-    cpu = platform.processor() or platform.machine()
-    key = f"{PROBE_VERSION}-{cpu}-{os.cpu_count()}cpu-{threads}threads-torch{torch.__version__}"
-    key += "" if precision == "bf16" else f"-{precision}"  # bf16 keys as before: caches stay valid
-    path = (cache_dir or cache_root()) / "cpu_peak.json"
-    cached = {}
-    if path.is_file():
-        with contextlib.suppress(ValueError):
-            cached = json.loads(path.read_text())
+    key, path = _peak_key(precision), (cache_dir or cache_root()) / "cpu_peak.json"
+    cached = _read_peaks(path)
     if key in cached:
         return cached[key]
     cached[key] = probe_matmul(dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cached, indent=2))
+    _write_peaks(path, cached)
     return cached[key]
+
+
+def raise_cpu_peak(achieved: float, precision: str, cache_dir: Path | None = None) -> None:
+    """Cache `achieved` FLOP/s as this CPU's peak in `precision`: a run computed that fast, so
+    the probe read low (a busy machine, kernels not yet warm) and every MFU against it would
+    be overstated, above 100%."""
+    key, path = _peak_key(precision), (cache_dir or cache_root()) / "cpu_peak.json"
+    cached = _read_peaks(path)
+    if achieved > cached.get(key, 0.0):
+        cached[key] = achieved
+        _write_peaks(path, cached)
+
+
+def _peak_key(precision: str) -> str:
+    threads = torch.get_num_threads()
+    cpu = platform.processor() or platform.machine()
+    key = f"{PROBE_VERSION}-{cpu}-{os.cpu_count()}cpu-{threads}threads-torch{torch.__version__}"
+    return key + ("" if precision == "bf16" else f"-{precision}")  # bf16 keys as before
+
+
+def _read_peaks(path: Path) -> dict:
+    if path.is_file():
+        with contextlib.suppress(ValueError):
+            return json.loads(path.read_text())
+    return {}
+
+
+def _write_peaks(path: Path, peaks: dict) -> None:
+    with contextlib.suppress(OSError):  # a cache: a read-only home only costs a re-probe
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(peaks, indent=2))
 
 
 PROBE_VERSION = "v2"
