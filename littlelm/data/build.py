@@ -202,6 +202,12 @@ class RunData:
                 f"data.sources.{label}: {n:,} conversation(s) longer than a training row "
                 f"(train.seq_len + 1 = {seq_len + 1} tokens; the longest has {longest:,})"
             )
+            if n == len(lengths := src.doc_lengths()):  # left out, none would be left
+                raise DataError(
+                    f"{what}: every one of them, so no training row can be made; raise "
+                    f"train.seq_len to at least {int(lengths.min()) - 1} (within "
+                    "model.max_seq_len), or give this source shorter conversations"
+                )
             if src.on_error == "fail":
                 raise DataError(
                     f"{what}; raise train.seq_len to {longest - 1} (within model.max_seq_len), "

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from littlelm.config import flatten, to_tree
-from littlelm.data.loader import Batch, DataExhausted, Prefetcher
+from littlelm.data.loader import Batch, DataExhausted, Prefetcher, StopWaiting
 from littlelm.errors import CheckpointError, TrainingError
 from littlelm.optim.schedule import GroupSchedule, build_schedule
 from littlelm.progress import Progress
@@ -225,7 +225,7 @@ class Trainer:
         for cb in self._my_callbacks():
             cb.on_train_start(self)
         stop_at = math.inf if stop_after is None else s.step + stop_after
-        batches = Prefetcher(self.loader, c.data.prefetch)
+        batches = Prefetcher(self.loader, c.data.prefetch, lambda: self.stop.requested)
         window = Window.starting_at(s, self.device)
         budget.start()
         try:
@@ -256,6 +256,10 @@ class Trainer:
                         self.save()
         except DataExhausted as e:
             self.log(f"stopping: {e}")
+        except StopWaiting as e:  # the step waiting for its batch is left out; nothing changed
+            self.log(
+                f"{e}: stopped while waiting for the next batch; step {s.step + 1} is left out"
+            )
         finally:
             batches.close()
         return self._finish()
