@@ -407,6 +407,14 @@ class TokenFile:
     def __len__(self) -> int:
         return len(self.starts)
 
+    def source_files(self) -> tuple[Path, ...]:
+        """The files another tool wrote that this one reads (a Megatron .idx and its .bin)."""
+        return (
+            (self.path,)
+            if self.fmt == "parquet"
+            else tuple(dict.fromkeys([self.path, self.data_path]))
+        )
+
     def check(self, vocab: int, describe: str) -> None:
         """A token id outside the vocabulary is an error naming the file and the offset."""
         if self.meta["max_id"] >= vocab or self.meta["min_id"] < 0:
@@ -483,9 +491,10 @@ class TokenDocs:
     """Some documents of a token file, as the loader reads a shard (`tokens`, `starts`, `ends`,
     `bos`, len(); data/loader.py)."""
 
-    def __init__(self, path: Path, bos: int, tokens: np.ndarray, starts, ends):
+    def __init__(self, path: Path, bos: int, tokens: np.ndarray, starts, ends, files=None):
         self.path, self.bos, self.tokens = path, bos, tokens
         self.starts, self.ends = np.asarray(starts), np.asarray(ends)
+        self.files = files or (path,)  # the files its tokens come from (checkpoints hash them)
 
     @classmethod
     def of(cls, file: TokenFile, keep: np.ndarray | None = None) -> TokenDocs:
@@ -493,7 +502,7 @@ class TokenDocs:
         starts, ends = file.starts, file.ends
         if keep is not None:
             starts, ends = starts[keep], ends[keep]
-        return cls(file.path, file.bos, file.tokens, starts, ends)
+        return cls(file.path, file.bos, file.tokens, starts, ends, file.source_files())
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -745,8 +754,20 @@ class Stream:
                 out.append(TokenDocs.of(f, keep))
         if joined.any():
             first = self.files[self.pieces[int(np.flatnonzero(joined)[0])][0][0]]
+            files = {
+                self.files[j].path: None
+                for d in np.flatnonzero(joined)
+                for j, _, _ in self.pieces[d]
+            }
             out.append(
-                TokenDocs(first.path, self.bos, self.tokens, self.starts[joined], self.ends[joined])
+                TokenDocs(
+                    first.path,
+                    self.bos,
+                    self.tokens,
+                    self.starts[joined],
+                    self.ends[joined],
+                    tuple(files),
+                )
             )
         return out
 

@@ -230,17 +230,13 @@ class BestFitPacker:
     def _nothing_fits(self) -> DataError:
         """The error for a source of which not one conversation fits a row (pad mode): it
         could only skip them forever."""
-        label, longest = (
-            self.stream.label,
-            max(int(s.lengths().max(initial=0)) for s in self.stream.shards),
-        )
-        shortest = min(int(s.lengths().min(initial=0)) for s in self.stream.shards if len(s))
+        lengths = np.concatenate([s.lengths() for s in self.stream.shards])
         return DataError(
-            f"data.sources.{label}: none of its {self.stream.size:,} conversations fits a "
-            f"training row of {self.row_len} tokens (train.seq_len + 1; the shortest has "
-            f"{shortest:,} tokens, the longest {longest:,}), so no row can be made; raise "
-            f"train.seq_len to at least {shortest - 1} (within model.max_seq_len), or give "
-            "this source shorter conversations"
+            f"data.sources.{self.stream.label}: none of its {len(lengths):,} conversations fits "
+            f"a training row of {self.row_len} tokens (train.seq_len + 1; the shortest has "
+            f"{int(lengths.min()):,} tokens, the longest {int(lengths.max()):,}), so no row can "
+            f"be made; raise train.seq_len to at least {int(lengths.min()) - 1} (within "
+            "model.max_seq_len), or give this source shorter conversations"
         )
 
     def _cut(self, seq: int, s: int, d: int, start: int, n: int) -> tuple[int, int]:

@@ -97,7 +97,9 @@ class Trainer:
         # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
         progress = self.progress if self.is_main else Progress(io.StringIO())  # rank 0 shows it
         self.data = self.parallel.in_turns(lambda: build_data(cfg, self.log, progress))
-        self.checkpointer = Checkpointer(cfg, self.parallel, self.data.tokenizer, self.run_dir)
+        self.checkpointer = Checkpointer(
+            cfg, self.parallel, self.data.tokenizer, self.run_dir, self.data.fingerprint()
+        )
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
         self.model = build_model(cfg, self.device)
         # 5. load: a resumed run's weights go in whole, before sharding splits the tensors
