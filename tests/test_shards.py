@@ -20,8 +20,9 @@ from test_foreign import write_nanogpt
 
 from conftest import tiny_tree, write_config
 from littlelm.cli import main
-from littlelm.data.foreign import TokenDocs, TokenFiles, TokensConfig
+from littlelm.data.foreign import TokenFiles, TokensConfig
 from littlelm.data.loader import BestFitPacker, DocStream
+from littlelm.data.shards import Shard, write_shard
 from littlelm.data.tokenizer import ByteTokenizer
 from littlelm.errors import DataError
 
@@ -185,13 +186,11 @@ def test_a_megatron_index_of_one_document_is_reported_with_its_figures(tmp_path)
 # -- a loader that cannot make a row ---------------------------------------------------------------
 
 
-def test_a_source_of_only_too_long_conversations_is_an_error_not_a_spin():
+def test_a_source_of_only_too_long_conversations_is_an_error_not_a_spin(tmp_path):
     rng = np.random.default_rng(0)
     docs = [np.concatenate([[BOS], rng.integers(0, BOS, 40)]) for _ in range(30)]
-    tokens = np.concatenate(docs)
-    starts = np.arange(0, len(tokens), 41)
-    view = TokenDocs(Path("chat"), BOS, tokens, starts, starts + 41)
-    packer = BestFitPacker(DocStream([view], seed=0, label="chat"), 33, 8, "pad")
+    write_shard(tmp_path / "chat.bin", docs, TOK.vocab_size, BOS, TOK.fingerprint)
+    packer = BestFitPacker(DocStream([Shard(tmp_path / "chat.bin")], 0, label="chat"), 33, 8, "pad")
     result: list = []
 
     def fill():
@@ -205,10 +204,22 @@ def test_a_source_of_only_too_long_conversations_is_an_error_not_a_spin():
     t.join(timeout=20)  # bounded: the code before this change spun here forever
     assert not t.is_alive() and result, "the packer did not stop"
     message = str(result[0])
-    assert "data.sources.chat" in message and "none of its" in message
-    assert (
-        "fits a training row of 33 tokens" in message and "train.seq_len to at least 40" in message
-    )
+    assert "data.sources.chat" in message and "none of its 30 conversations" in message
+    assert "a training row of 33 tokens" in message and "train.seq_len to at least 40" in message
+
+
+def test_conversations_all_longer_than_a_row_stop_at_start(tmp_path):
+    from test_chat import data_cfg, write_conversations
+
+    from littlelm.data.build import build_data
+
+    src = write_conversations(tmp_path / "chat.jsonl", 60)
+    data = build_data(data_cfg(tmp_path, {"dataset": str(src)}, cache_dir=str(tmp_path / "c")))
+    longest = int(max(s.lengths().max() for s in data.sources["chat"].train))
+    assert data.chat_notes(longest) == []  # every one fits
+    with pytest.raises(DataError, match="every one of them, so no training row") as e:
+        data.chat_notes(8)  # none fits a row of 9 tokens
+    assert "raise train.seq_len to at least" in str(e.value)
 
 
 # -- SIGTERM while the loader is stalled, or during start-up ---------------------------------------
