@@ -330,3 +330,21 @@ def test_data_changed_under_a_checkpoint_is_refused_with_the_choices(tmp_path, c
     assert main(["train", str(cfg), "train.max_steps=7"]) == 2
     assert main(["train", str(cfg), "train.max_steps=7", "data.on_changed=restart"]) == 0
     assert "the data position starts over" in capsys.readouterr().out
+
+
+def test_a_checkpoint_from_before_fingerprints_on_shrunk_data_is_an_error(tmp_path, capsys):
+    import json
+
+    cfg, paths = checkpointed_run(tmp_path)
+    state = next((tmp_path / "runs/tiny/checkpoints").glob("step_*")) / "state.json"
+    saved = json.loads(state.read_text())
+    del saved["data_files"]  # as littlelm wrote it before it fingerprinted the data
+    state.write_text(json.dumps(saved))
+    for p in paths:
+        shrink(p)  # every file: the saved position points past their documents
+    capsys.readouterr()
+    assert main(["train", str(cfg), "train.max_steps=5"]) == 2
+    err = capsys.readouterr().err
+    assert "its data position does not fit this run's data" in err, err
+    assert "data.on_changed=restart" in err and "Traceback" not in err
+    assert main(["train", str(cfg), "train.max_steps=5", "data.on_changed=restart"]) == 0
