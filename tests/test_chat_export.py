@@ -210,3 +210,25 @@ def test_gguf_chat_completion_renders_littlelms_prompt_and_reply(sft_model, tmp_
         text = tok.decode([i for i in want if i != fmt.end])
         assert r["choices"][0]["message"]["content"] == text
         assert r["choices"][0]["finish_reason"] == ("stop" if fmt.end in want else "length")
+
+
+def test_gguf_pre_tokenizer_names_only_splits_llama_cpp_reproduces():
+    """Without llama.cpp at hand: which tokenizer.json pre-tokenizers get a GGUF name."""
+    from littlelm.interop.gguf_export import _pre_tokenizer
+
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}
+    split = {"type": "Split", "pattern": {"Regex": QWEN_SPLIT}, "behavior": "Isolated"}
+    qwen = {"type": "Sequence", "pretokenizers": [{**split, "invert": False}, byte_level]}
+    merges = ["a b"]
+    assert _pre_tokenizer(qwen, merges) == "qwen2"
+    assert _pre_tokenizer({**byte_level, "use_regex": True}, merges) == "gpt-2"
+    other = {"Regex": QWEN_SPLIT.replace(r"\p{N}|", r"\p{N}{1,3}|")}  # Llama 3's digit groups
+    for wrong in (
+        {**qwen, "pretokenizers": [{**split, "pattern": other}, byte_level]},
+        {**qwen, "pretokenizers": [{**split, "invert": True}, byte_level]},
+        {**qwen, "pretokenizers": [split, {**byte_level, "use_regex": True}]},  # splits twice
+        {**qwen, "pretokenizers": [split, {**byte_level, "add_prefix_space": True}]},
+        {**qwen, "pretokenizers": [split]},
+        {"type": "Metaspace"},
+    ):
+        assert _pre_tokenizer(wrong, merges) is None, wrong
