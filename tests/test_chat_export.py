@@ -1,22 +1,32 @@
 """An SFT'd model's chat behaviour outside littlelm, judged by the other tools with their
 defaults: transformers' plain `generate()` and `apply_chat_template` on the Hugging Face export,
-llama.cpp's chat completion (llama-cpp-python, no chat handler given) on the GGUF."""
+llama.cpp's chat completion (llama-cpp-python, no chat handler given) on the GGUF. Three models:
+the littlelm architecture and a Llama-shaped one, SFT'd from a base trained here with littlelm's
+tokenizer and chat format, and an imported Qwen3 with a Qwen-style tokenizer and a ChatML template
+that writes no BOS, SFT'd in its own format."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
-from test_chat import sft_trees
+from test_chat import sft_trees, write_conversations
+from test_interop import _randomize
 
-from conftest import judge, write_config
+from conftest import judge, make_corpus, tiny_tree, write_config
+from littlelm.config import to_tree
 from littlelm.data.chat import chat_format
-from littlelm.interop.hf import export
+from littlelm.interop.hf import export, import_model
 from littlelm.load import load_model
 from littlelm.model.generate import generate
 from littlelm.schema import load_run
 from littlelm.train.trainer import Trainer
 
 transformers = pytest.importorskip("transformers")
+# text whose split differs between GPT-2's and Qwen's regex (digits, contractions, newlines)
+PROBE = "It's 2026 -- naïve café, 東京 🙂\n\tdef f(x): return x**2\n  I'LL go 123 don't\r\n\n"
 
 LLAMA = dict(mlp="swiglu", qk_norm=False, softcap=None, residual_scalars=False, value_embeds=False)
 QUESTIONS = [
@@ -31,18 +41,112 @@ QUESTIONS = [
     ],
 ]
 NEW = 16  # new tokens at most: a reply of the 40-step model below ends in fewer
+CLASSES = {
+    "littlelm": "LittleLMForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "chatml": "Qwen3ForCausalLM",
+}
+
+# Qwen2/2.5/3's tokenizer.json split regex and a ChatML template in the style of Qwen2.5's: a
+# default system message, no BOS written (Qwen's tokenizers have none; <|endoftext|> is
+# config.json's bos_token_id), <|im_end|> ending each turn and a newline after it
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CHATML = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
-@pytest.fixture(scope="module", params=["littlelm", "llama"])
+def save_chatml_model(out: Path, texts: list[str]) -> None:
+    """A tiny random Qwen3 saved as a Qwen chat model is: save_pretrained's weights, a
+    byte-level BPE tokenizer.json (trained on `texts`) with Qwen's pre-tokenizer and NFC
+    normalizer and its three special tokens after the vocabulary, and tokenizer_config.json with
+    no bos_token, eos_token <|im_end|> and the ChatML template above."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, trainers
+    from tokenizers import pre_tokenizers as pre
+
+    raw = Tokenizer(models.BPE())
+    raw.normalizer = normalizers.NFC()
+    raw.pre_tokenizer = pre.Sequence(
+        [
+            pre.Split(Regex(QWEN_SPLIT), behavior="isolated", invert=False),
+            pre.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    raw.decoder = decoders.ByteLevel()
+    bpe = trainers.BpeTrainer(
+        vocab_size=320, initial_alphabet=pre.ByteLevel.alphabet(), show_progress=False
+    )
+    raw.train_from_iterator(texts, bpe)
+    specials = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+    raw.add_special_tokens([AddedToken(t, special=True) for t in specials])
+    cfg = transformers.Qwen3Config(
+        vocab_size=384,  # padded past the tokenizer's 323, as Qwen's checkpoints are
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=raw.token_to_id("<|endoftext|>"),
+        eos_token_id=raw.token_to_id("<|im_end|>"),
+    )
+    model = transformers.Qwen3ForCausalLM(cfg)
+    _randomize(model, 3)
+    model.eval().save_pretrained(out)
+    raw.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "chat_template": CHATML,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def chatml_sft_tree(root: Path) -> dict:
+    """An imported ChatML Qwen3 (save_chatml_model) and the tree of an SFT run from it."""
+    corpus = make_corpus(root / "corpus.txt")
+    chats = write_conversations(root / "c.jsonl", 300)
+    save_chatml_model(root / "hf", [corpus.read_text(), chats.read_text()])
+    base = import_model(root / "hf", root / "runs" / "qwen")
+    _, _, cfg = load_model(base["checkpoint"])
+    tree = tiny_tree(corpus, root / "runs", run={"name": "sft"})
+    tree["data"] = {
+        "tokenizer": {"name": "saved", "path": str(base["out"])},
+        "sources": {"chat": {"name": "chat", "dataset": str(chats)}},
+        "val_fraction": 0.1,
+        "buffer_docs": 16,
+    }
+    tree["model"] = to_tree(cfg)["model"]
+    tree["grow"] = {"parent": str(base["out"]), "continue_data": False}
+    tree["train"].update(seq_len=64)  # a ChatML conversation with its system turn: ~45 tokens
+    return tree
+
+
+@pytest.fixture(scope="module", params=["littlelm", "llama", "chatml"])
 def sft_model(request, tmp_path_factory):
     """(run dir, arch): an SFT run trained long enough (40 steps) that its greedy replies end
-    with the end-of-turn token, on the littlelm architecture or a Llama-shaped one."""
+    with the end-of-turn token: on the littlelm architecture or a Llama-shaped one from a base
+    trained here, or on an imported ChatML Qwen3."""
     root = tmp_path_factory.mktemp(f"sft-{request.param}")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LITTLELM_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-        base_features = LLAMA if request.param == "llama" else {}
-        _, tree = sft_trees(root, **base_features)
-        tree["train"]["max_steps"] = 40
+        if request.param == "chatml":
+            tree = chatml_sft_tree(root)
+        else:
+            _, tree = sft_trees(root, **(LLAMA if request.param == "llama" else {}))
+        tree["train"].update(max_steps=40)
         tree["eval"]["every"] = tree["checkpoint"]["every"] = 1000
         Trainer(load_run(write_config(root / "sft.yaml", tree)), resume="never").fit()
     return root / "runs" / "sft", request.param
@@ -66,7 +170,7 @@ def test_plain_generate_of_the_export_stops_at_the_reply_end(sft_model, tmp_path
     out = tmp_path / "hf"
     export(run, out)
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
-    assert (type(hf).__name__ == "LlamaForCausalLM") == (arch == "llama")
+    assert type(hf).__name__ == CLASSES[arch]
     hf_tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)
     for q, prompt, want in zip(QUESTIONS, prompts, replies, strict=True):
         ids = hf_tok.apply_chat_template(q, tokenize=True, add_generation_prompt=True)
@@ -81,14 +185,17 @@ def test_gguf_chat_completion_renders_littlelms_prompt_and_reply(sft_model, tmp_
     """llama.cpp through llama-cpp-python (built by scripts/setup-llama-cpp.sh; CI requires it):
     create_chat_completion with no chat_format or handler uses the GGUF's chat template."""
     run, arch = sft_model
-    if arch != "llama":
+    if arch == "littlelm":
         pytest.skip("the littlelm architecture has no GGUF form (export refuses it)")
     llama_cpp = judge("llama_cpp")
     prompts, replies, fmt = littlelm_replies(run)
     gguf = tmp_path / "model.gguf"
     export(run, None, gguf=gguf, gguf_type="f32")
-    llm = llama_cpp.Llama(str(gguf), n_ctx=96, verbose=False)
+    llm = llama_cpp.Llama(str(gguf), n_ctx=128, verbose=False)
     assert llm.chat_format == "chat_template.default"  # not the llama-2 fallback
+    tok = fmt.tokenizer
+    # llama.cpp splits text as littlelm does (GPT-2's regex, or Qwen's for the imported model)
+    assert llm.tokenize(PROBE.encode(), add_bos=False, special=False) == tok.encode(PROBE)
     seen = []
     real = llm.create_completion
 
@@ -97,10 +204,31 @@ def test_gguf_chat_completion_renders_littlelms_prompt_and_reply(sft_model, tmp_
         return real(prompt, *args, **kwargs)
 
     llm.create_completion = spy
-    tok = fmt.tokenizer
     for q, prompt, want in zip(QUESTIONS, prompts, replies, strict=True):
         r = llm.create_chat_completion(messages=q, temperature=0.0, max_tokens=NEW)
         assert seen[-1] == prompt  # exactly littlelm's prompt: one BOS, the same ids
         text = tok.decode([i for i in want if i != fmt.end])
         assert r["choices"][0]["message"]["content"] == text
         assert r["choices"][0]["finish_reason"] == ("stop" if fmt.end in want else "length")
+
+
+def test_gguf_pre_tokenizer_names_only_splits_llama_cpp_reproduces():
+    """Without llama.cpp at hand: which tokenizer.json pre-tokenizers get a GGUF name."""
+    from littlelm.interop.gguf_export import _pre_tokenizer
+
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}
+    split = {"type": "Split", "pattern": {"Regex": QWEN_SPLIT}, "behavior": "Isolated"}
+    qwen = {"type": "Sequence", "pretokenizers": [{**split, "invert": False}, byte_level]}
+    merges = ["a b"]
+    assert _pre_tokenizer(qwen, merges) == "qwen2"
+    assert _pre_tokenizer({**byte_level, "use_regex": True}, merges) == "gpt-2"
+    other = {"Regex": QWEN_SPLIT.replace(r"\p{N}|", r"\p{N}{1,3}|")}  # Llama 3's digit groups
+    for wrong in (
+        {**qwen, "pretokenizers": [{**split, "pattern": other}, byte_level]},
+        {**qwen, "pretokenizers": [{**split, "invert": True}, byte_level]},
+        {**qwen, "pretokenizers": [split, {**byte_level, "use_regex": True}]},  # splits twice
+        {**qwen, "pretokenizers": [split, {**byte_level, "add_prefix_space": True}]},
+        {**qwen, "pretokenizers": [split]},
+        {"type": "Metaspace"},
+    ):
+        assert _pre_tokenizer(wrong, merges) is None, wrong

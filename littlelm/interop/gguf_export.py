@@ -10,7 +10,10 @@ littlelm writes itself, as llama.cpp's convert_hf_to_gguf.py would:
 - the tokenizer: model `gpt2` (byte-level BPE) with pre-tokenizer `gpt-2`, the regex of the
   ByteLevel pre-tokenizer littlelm's BPE trains with (llama.cpp's converter identifies it by a
   hash of its output on a probe, which a tokenizer trained here never matches: it refused
-  littlelm exports with "BPE pre-tokenizer was not recognized"); tokens, merges, the BOS token
+  littlelm exports with "BPE pre-tokenizer was not recognized"), or `qwen2` for an imported
+  tokenizer that splits with Qwen2/2.5/3's regex (read from its tokenizer.json, not hashed; its
+  NFC normalizer is left out, as llama.cpp's converter leaves it: text already in NFC, as
+  nearly all text is, tokenizes the same); tokens, merges, the BOS token
   (also pad) as a control token, add_bos_token true and no separator, so a prompt tokenizes to
   what littlelm trained on;
 - a chat model's format: `tokenizer.chat_template` (the Jinja template the Hugging Face export
@@ -103,13 +106,14 @@ def _tokenizer_keys(w, tok: Tokenizer) -> None:
     spec = json.loads(raw.to_str())
     pre = spec.get("pre_tokenizer") or {}
     merges = spec["model"].get("merges") or []
-    if spec["model"].get("type") != "BPE" or not _gpt2_pre_tokenizer(pre, merges):
+    pre_name = _pre_tokenizer(pre, merges) if spec["model"].get("type") == "BPE" else None
+    if pre_name is None:
         raise CheckpointError(
-            f"the {tok.kind} tokenizer splits text with a pre-tokenizer llama.cpp's `gpt-2` does "
-            "not reproduce, so its GGUF would tokenize differently; export the Hugging Face "
-            "directory (`--out DIR`) and convert it with llama.cpp's convert_hf_to_gguf.py, "
-            "which knows the pre-tokenizers of published models, or train with data.tokenizer "
-            "name bpe or byte"
+            f"the {tok.kind} tokenizer splits text with a pre-tokenizer neither llama.cpp's "
+            "`gpt-2` nor its `qwen2` reproduces, so its GGUF would tokenize differently; export "
+            "the Hugging Face directory (`--out DIR`) and convert it with llama.cpp's "
+            "convert_hf_to_gguf.py, which knows the pre-tokenizers of published models, or "
+            "train with data.tokenizer name bpe or byte"
         )
     if not merges:
         raise CheckpointError(
@@ -127,7 +131,7 @@ def _tokenizer_keys(w, tok: Tokenizer) -> None:
         (CONTROL if added[t]["special"] else USER_DEFINED) if t in added else NORMAL for t in tokens
     ]
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name for GPT-2's regex ("gpt2" is unknown)
+    w.add_tokenizer_pre(pre_name)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
@@ -144,12 +148,32 @@ def _tokenizer_keys(w, tok: Tokenizer) -> None:
     w.add_add_sep_token(False)  # no second BOS after a prompt
 
 
-def _gpt2_pre_tokenizer(pre: dict, merges: list) -> bool:
-    """ByteLevel with GPT-2's regex (littlelm's BPE), or any ByteLevel when there are no merges
-    (the byte tokenizer: every byte is its own token however the text is split)."""
-    if pre.get("type") == "Sequence":
-        parts = pre.get("pretokenizers") or []
-        pre = parts[0] if len(parts) == 1 else {}
-    if pre.get("type") != "ByteLevel" or pre.get("add_prefix_space"):
-        return False
-    return pre.get("use_regex", True) or not merges
+# Qwen2's split regex (Qwen2, 2.5 and 3 tokenizer.json), llama.cpp's `qwen2` pre-tokenizer
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _pre_tokenizer(pre: dict, merges: list) -> str | None:
+    """llama.cpp's name for the pre-tokenizer `pre` (tokenizer.json's), or None when it has
+    none: `gpt-2` (llama.cpp's name for GPT-2's regex; "gpt2" is unknown to it) for ByteLevel
+    with GPT-2's regex (littlelm's BPE), or any ByteLevel when there are no merges (the byte
+    tokenizer: every byte is its own token however the text is split); `qwen2` for Qwen's split
+    regex followed by a ByteLevel that splits no further."""
+    parts = (pre.get("pretokenizers") or []) if pre.get("type") == "Sequence" else [pre]
+    last = parts[-1] if parts else {}
+    if last.get("type") != "ByteLevel" or last.get("add_prefix_space"):
+        return None
+    if len(parts) == 1:
+        return "gpt-2" if last.get("use_regex", True) or not merges else None
+    split = parts[0]
+    qwen2 = (
+        len(parts) == 2
+        and split.get("type") == "Split"
+        and split.get("pattern") == {"Regex": QWEN2_SPLIT}
+        and split.get("behavior") == "Isolated"
+        and not split.get("invert")
+        and not last.get("use_regex", True)  # the split above is the only one
+    )
+    return "qwen2" if qwen2 else None
