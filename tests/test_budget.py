@@ -395,3 +395,18 @@ def test_trainer_raised_budget_and_stale_ledger(tmp_path, corpus, monkeypatch, c
     assert again["step"] > 5 and "belongs to checkpoints that are gone" in capsys.readouterr().out
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(r["lr_mult"] for r in lines if r["kind"] == "train") == 1.0
+
+
+def test_evaluations_and_saves_are_timed_by_the_budgets_clock(monkeypatch):
+    """Steps were timed by the budget's clock and evaluations by the wall clock: under a test's
+    fake clock a loaded machine's slow evaluation ate the budget, and a trainer test ended its
+    run early (5 steps where it expects more) when the suite ran beside two busy loops."""
+    import time
+
+    monkeypatch.setattr(bg, "now", FakeClock(1.0))
+    b = make_budget(100.0)
+    run = bg.TimeBudget(b, bg.Ledger(None), bg.BudgetConfig(hours=1), 1)
+    for what in ("eval", "save"):
+        with run.aside(what):
+            time.sleep(0.2)  # real time the budget's clock does not see
+    assert b.eval_s == 1.0 and b.save_s == 1.0  # one tick of its clock each
