@@ -24,7 +24,6 @@ STATE_JSON_KEYS = {
     "train_time",
     "loader",
     "tokenizer",
-    "data_files",
     "config",
     "guard",
 }
