@@ -19,8 +19,12 @@
    long_docs=split: tokens/s and tokens per CPU-second of the loader thread (target >= 5M),
    crop rate, split rate. --loader-only skips 1-2.
 4. Other tools' token files (data/foreign.py): --shards (528) small nanoGPT / llm.c `.bin` files
-   generated here, and the same documents as as many littlelm shards: the time to open every
-   shard (the first open builds and caches each file's index; the second reads it), the
+   generated here as llm.c's fineweb script fills them (one stream of documents cut every
+   --shard-tokens tokens, so documents continue from one file into the next), and the same
+   documents as as many littlelm shards: the time to open every shard (the first open builds and
+   caches each file's index and joins the documents cut at file ends; the second reads them),
+   the time from nothing open to the first batch (target: within 2x of littlelm's), the
+   warning lines the open printed (target: none), the
    resident memory that opening them added beside the size of their document index, and the
    loader's tokens per CPU-second on each (target: foreign >= 0.8x littlelm shards, start-up
    < 5 s, RSS not growing with the shard count beyond the index). --foreign-only runs only 4.
@@ -222,34 +226,47 @@ def foreign_table(work: Path, n_files: int, tokens_per_file: int, seconds: float
     ours_dir.mkdir(parents=True, exist_ok=True)
     theirs_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    n_docs = 0
-    for i in range(n_files):
-        median, sigma = REALISTIC["web"]
-        lengths = np.maximum(2, rng.lognormal(np.log(median), sigma, tokens_per_file // median))
-        lengths = lengths.astype(np.int64)
-        tokens = rng.integers(0, 50256, int(lengths.sum()), dtype=np.int64)
-        tokens[np.cumsum(lengths) - lengths] = 50256  # <|endoftext|> starts each document
-        w = ShardWriter(ours_dir / f"shard-{i:05d}.bin", 50257, 50256, "ab" * 32)
-        w.add_docs(tokens, lengths)
-        w.close()
-        header = np.zeros(256, "<i4")
-        header[:3] = [20240520, 1, len(tokens)]
-        (theirs_dir / f"fineweb_train_{i:06d}.bin").write_bytes(
-            header.tobytes() + tokens.astype("<u2").tobytes()
-        )
-        n_docs += len(lengths)
     total = n_files * tokens_per_file
+    median, sigma = REALISTIC["web"]
+    lengths = np.maximum(2, rng.lognormal(np.log(median), sigma, 2 * total // median))
+    lengths = lengths.astype(np.int64)[: int(np.searchsorted(np.cumsum(lengths), total)) + 1]
+    lengths[-1] -= int(lengths.sum()) - total  # the stream ends with the last shard
+    lengths = lengths[lengths > 1]
+    tokens = rng.integers(0, 50256, int(lengths.sum()), dtype=np.int64)
+    tokens[np.cumsum(lengths) - lengths] = 50256  # <|endoftext|> starts each document
+    n_docs, ends = len(lengths), np.cumsum(lengths)
+    a = 0  # littlelm shards: whole documents, about tokens_per_file each
+    for i in range(n_files):
+        b = min(n_docs, int(np.searchsorted(ends, (i + 1) * tokens_per_file, "left")) + 1)
+        w = ShardWriter(ours_dir / f"shard-{i:05d}.bin", 50257, 50256, "ab" * 32)
+        w.add_docs(tokens[ends[a] - lengths[a] : ends[b - 1]], lengths[a:b])
+        w.close()
+        a = b
+        if a >= n_docs:
+            break
+    for i in range(n_files):  # llm.c's fill loop: every shard exactly tokens_per_file tokens
+        part = tokens[i * tokens_per_file : (i + 1) * tokens_per_file]
+        header = np.zeros(256, "<i4")
+        header[:3] = [20240520, 1, len(part)]
+        (theirs_dir / f"fineweb_train_{i:06d}.bin").write_bytes(
+            header.tobytes() + part.astype("<u2").tobytes()
+        )
+    cut = sum(1 for i in range(1, n_files) if tokens[i * tokens_per_file] != 50256)
     print(
-        f"\n{n_files} shards, {total / 1e6:.1f}M tokens, {n_docs:,} documents, written in "
-        f"{time.perf_counter() - t0:.0f}s (littlelm shards and llm.c .bin files of the same "
-        "documents); one source, seq 2048, batch 32, one core\n"
+        f"\n{n_files} shards, {len(tokens) / 1e6:.1f}M tokens, {n_docs:,} documents ({cut} "
+        f"continue into the next llm.c file), written in {time.perf_counter() - t0:.0f}s "
+        "(littlelm shards and llm.c .bin files of the same documents); one source, seq 2048, "
+        "batch 32, one core\n"
     )
     cfg = TokensConfig(name="tokens", format="nanogpt", path=str(theirs_dir))
     cache = work / "cache"
     opened = {}
     rss0 = rss_mb()
     t0 = time.perf_counter()
-    opened["theirs, first open (index built)"] = TokenFiles(cfg, "x").open(Tok(), 0, cache)[0]
+    said: list[str] = []
+    opened["theirs, first open (index built)"] = TokenFiles(cfg, "x").open(
+        Tok(), 0, cache, said.append
+    )[0]
     first = time.perf_counter() - t0
     rss1 = rss_mb()
     t0 = time.perf_counter()
@@ -265,6 +282,13 @@ def foreign_table(work: Path, n_files: int, tokens_per_file: int, seconds: float
     ours_open = time.perf_counter() - t0
     rss4 = rss_mb()
     index_mb = sum(16 * len(t) for t in theirs) / 1e6
+
+    def first_batch(open_shards) -> float:
+        """Seconds from nothing open (indexes cached) to the first batch."""
+        t0 = time.perf_counter()
+        packer = BestFitPacker(DocStream(open_shards(), 0, label="x"), 2049, 1000, "split")
+        MixtureLoader({"x": packer}, {"x": 1.0}, batch=32, seq_len=2048).next_batch()
+        return time.perf_counter() - t0
 
     def speed(shards: list, long_docs: str) -> float:
         packer = BestFitPacker(DocStream(shards, 0, label="x"), 2049, 1000, long_docs)
@@ -287,6 +311,15 @@ def foreign_table(work: Path, n_files: int, tokens_per_file: int, seconds: float
     print(
         f"| RSS added by opening | {rss4 - rss3:.1f} MB | {rss1 - rss0:.1f} MB first, {rss2 - rss1:.1f} MB again; "
         f"their index {index_mb:.1f} MB | - | ~ the index |"
+    )
+    fa = min(
+        first_batch(lambda: [Shard(p) for p in sorted(ours_dir.glob("*.bin"))]) for _ in range(3)
+    )
+    fb = min(first_batch(lambda: TokenFiles(cfg, "x").open(Tok(), 0, cache)[0]) for _ in range(3))
+    print(f"| nothing open to first batch | {fa:.2f}s | {fb:.2f}s | {fb / fa:.2f}x | <= 2x |")
+    docs = sum(len(t) for t in theirs)
+    print(
+        f"| documents; warning lines at open | {n_docs:,} | {docs:,}; {len(said)} | - | equal; 0 |"
     )
     for long_docs in ("split", "crop"):
         a, b = [], []

@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 
 from littlelm.config import RESUMABLE, SAME_DATA, Cfg, Registered
-from littlelm.data.cache import cache_root
+from littlelm.data.cache import cache_root, content_hash
 from littlelm.data.chat import chat_format
 from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
 from littlelm.data.prepare import (
@@ -57,6 +57,13 @@ class DataConfig(Cfg):
     on_exhausted: Literal["repeat", "stop"] = Field(
         "repeat",
         description="When a source runs out: start a new epoch, or stop the run.",
+        json_schema_extra=RESUMABLE,
+    )
+    on_changed: Literal["stop", "restart"] = Field(
+        "stop",
+        description="At resume, when a data file changed since the checkpoint (its size or a "
+        "hash of sampled blocks): stop with an error naming it, or keep the weights and "
+        "optimizer state and start the data position over at the beginning of the data.",
         json_schema_extra=RESUMABLE,
     )
     shard_tokens: int = Field(
@@ -129,6 +136,14 @@ class PreparedSource:
         lengths = [s.lengths() for s in self.train]
         return np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
 
+    def files(self) -> list[Path]:
+        """Every file the source's documents are read from (a checkpoint fingerprints them)."""
+        paths = {}
+        for s in self.train + self.val:
+            for p in getattr(s, "files", (s.path,)):
+                paths[Path(p)] = None
+        return list(paths)
+
     @property
     def train_tokens(self) -> int:
         return sum(s.n_tokens for s in self.train)
@@ -170,6 +185,19 @@ class RunData:
     def __post_init__(self):
         self.masked = any(s.mask is not None for s in self.sources.values())
 
+    def fingerprint(self) -> dict[str, list[list]]:
+        """Per source, [path, bytes, content hash] of each of its files (data/cache.py's
+        content_hash): what a checkpoint's data position is a position in."""
+        out = {}
+        for label, src in self.sources.items():
+            try:
+                out[label] = [[str(p), p.stat().st_size, content_hash(p)] for p in src.files()]
+            except OSError as e:
+                raise DataError(
+                    f"data.sources.{label}: cannot read {e.filename}: {e.strerror}"
+                ) from None
+        return out
+
     def loader(
         self, cfg: DataConfig, batch: int, seq_len: int, seed: int, rank: int = 0, world: int = 1
     ) -> MixtureLoader:
@@ -202,6 +230,12 @@ class RunData:
                 f"data.sources.{label}: {n:,} conversation(s) longer than a training row "
                 f"(train.seq_len + 1 = {seq_len + 1} tokens; the longest has {longest:,})"
             )
+            if n == len(lengths := src.doc_lengths()):  # left out, none would be left
+                raise DataError(
+                    f"{what}: every one of them, so no training row can be made; raise "
+                    f"train.seq_len to at least {int(lengths.min()) - 1} (within "
+                    "model.max_seq_len), or give this source shorter conversations"
+                )
             if src.on_error == "fail":
                 raise DataError(
                     f"{what}; raise train.seq_len to {longest - 1} (within model.max_seq_len), "

@@ -39,12 +39,12 @@ Validation: the files of `val_path` whole or, without it, the documents that sta
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import mmap
 import os
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -69,7 +69,8 @@ PATTERNS = {  # what a directory is searched for, per format
 }
 TOKEN_FILES = ("*.bin", "*.npy", "*.idx", "*.parquet")  # any of these: a mixed directory
 CHUNK = 1 << 24  # tokens scanned at a time when indexing
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: the first and last separator of each file
+VAL_NAME = "*_val_*"  # shard names that mark validation (llm.c: fineweb_val_000000.bin)
 
 
 class TokensConfig(SourceConfig):
@@ -277,9 +278,11 @@ def map_tokens(path: Path, layout: Layout) -> np.ndarray:
     return np.frombuffer(mapped, layout.dtype, layout.count, layout.offset)
 
 
-def separator_index(tokens: np.ndarray, sep: int | None) -> tuple[np.ndarray, np.ndarray, int]:
-    """(starts, ends, separators found): a document starts at each separator, and at -1 (a BOS
-    before the file) when the file does not begin with one; a lone separator is dropped."""
+def separator_index(
+    tokens: np.ndarray, sep: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, ends, separator offsets): a document starts at each separator, and at -1 (a
+    BOS before the file) when the file does not begin with one; a lone separator is dropped."""
     found = [np.zeros(0, np.int64)]
     if sep is not None:
         for a in range(0, len(tokens), CHUNK):
@@ -288,7 +291,7 @@ def separator_index(tokens: np.ndarray, sep: int | None) -> tuple[np.ndarray, np
     starts = seps if len(seps) and seps[0] == 0 else np.concatenate([[-1], seps])
     ends = np.concatenate([starts[1:], [len(tokens)]])
     keep = ends - starts > 1  # BOS and at least one token
-    return starts[keep], ends[keep], len(seps)
+    return starts[keep], ends[keep], seps
 
 
 def token_range(tokens: np.ndarray) -> tuple[int, int]:
@@ -325,7 +328,7 @@ class TokenFile:
             layout = None  # from the index, below
         else:
             layout = None
-        key = self._key(cfg, cache)
+        self.key = key = self._key(cfg, cache)
         meta_file = cache / f"{key}.json"
         if meta_file.is_file():
             meta = json.loads(meta_file.read_text())
@@ -341,10 +344,10 @@ class TokenFile:
                 layout, starts, ends = parquet_to_tokens(path, cfg.column, cache / f"{key}.tokens")
                 self.data_path = cache / f"{key}.tokens"
             tokens = map_tokens(self.data_path, layout)
+            seps = np.zeros(0, np.int64)
             if cfg.format in ("nanogpt", "array"):
-                starts, ends, n_sep = separator_index(tokens, sep)
+                starts, ends, seps = separator_index(tokens, sep)
             else:  # indexed documents: BOS before each, unless it is there
-                n_sep = 0
                 if len(starts):
                     first = tokens[np.minimum(starts, max(0, len(tokens) - 1))]
                     starts = np.where((ends > starts) & (first == bos), starts, starts - 1)
@@ -357,7 +360,10 @@ class TokenFile:
                 "dtype": np.dtype(layout.dtype).name,
                 "min_id": lo,
                 "max_id": hi,
-                "separators": n_sep,
+                "separators": len(seps),
+                # where the file's first and last document start: the stream's joints
+                "first_sep": int(seps[0]) if len(seps) else None,
+                "last_sep": int(seps[-1]) if len(seps) else None,
                 "data": str(self.data_path),
             }
             self._save(cache, key, np.stack([starts, ends]).astype(np.int64), meta)
@@ -401,9 +407,16 @@ class TokenFile:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def check(self, vocab: int, describe: str, label: str, warn: Callable[[str], None]) -> None:
-        """A token id outside the vocabulary is an error naming the file and the offset; a
-        separator that never occurs, a warning naming the file."""
+    def source_files(self) -> tuple[Path, ...]:
+        """The files another tool wrote that this one reads (a Megatron .idx and its .bin)."""
+        return (
+            (self.path,)
+            if self.fmt == "parquet"
+            else tuple(dict.fromkeys([self.path, self.data_path]))
+        )
+
+    def check(self, vocab: int, describe: str) -> None:
+        """A token id outside the vocabulary is an error naming the file and the offset."""
         if self.meta["max_id"] >= vocab or self.meta["min_id"] < 0:
             off = first_at_least(self.tokens, vocab)
             byte = self.layout.offset + off * np.dtype(self.layout.dtype).itemsize
@@ -416,16 +429,6 @@ class TokenFile:
                 f"{where}: token id {int(self.tokens[off])} at token offset {off:,} (byte "
                 f"{byte:,}) is outside the vocabulary of {describe} ({vocab:,} ids); declare the "
                 "tokenizer that made these files in data.tokenizer, or fix the file"
-            )
-        if (
-            self.fmt in ("nanogpt", "array")
-            and self.sep is not None
-            and not self.meta["separators"]
-        ):
-            warn(
-                f"warning: data.sources.{label}: {self.path}: the separator {self.sep} never "
-                f"occurs, so its {self.meta['tokens']:,} tokens are one document; set "
-                f"data.sources.{label}.separator to the id between its documents (or none)"
             )
 
 
@@ -485,13 +488,21 @@ def parquet_to_tokens(path: Path, column: str, out: Path) -> tuple[Layout, np.nd
 
 
 class TokenDocs:
-    """Some documents of a TokenFile, as the loader reads a shard (`tokens`, `starts`, `ends`,
+    """Some documents of a token file, as the loader reads a shard (`tokens`, `starts`, `ends`,
     `bos`, len(); data/loader.py)."""
 
-    def __init__(self, file: TokenFile, first: int, stop: int):
-        self.path, self.bos, self.tokens = file.path, file.bos, file.tokens
-        self.starts = np.asarray(file.starts[first:stop])
-        self.ends = np.asarray(file.ends[first:stop])
+    def __init__(self, path: Path, bos: int, tokens: np.ndarray, starts, ends, files=None):
+        self.path, self.bos, self.tokens = path, bos, tokens
+        self.starts, self.ends = np.asarray(starts), np.asarray(ends)
+        self.files = files or (path,)  # the files its tokens come from (checkpoints hash them)
+
+    @classmethod
+    def of(cls, file: TokenFile, keep: np.ndarray | None = None) -> TokenDocs:
+        """The documents of `file` where `keep` (all without it)."""
+        starts, ends = file.starts, file.ends
+        if keep is not None:
+            starts, ends = starts[keep], ends[keep]
+        return cls(file.path, file.bos, file.tokens, starts, ends, file.source_files())
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -553,35 +564,86 @@ class TokenFiles(Source):
         return self.files()[0].parent
 
     def open(self, tok, val_fraction: float, cache: Path, log=print) -> tuple[list, list, dict]:
-        """(train views, val views, summary) of every file, checked against `tok`."""
+        """(train views, val views, summary) of every file, checked against `tok`. The files
+        of a source are one stream in their order (sorted names): a document may continue from
+        one file into the next, as llm.c's fineweb shards, filled to a fixed size, have it."""
         sep = self.separator(tok.bos_id)
         describe = f"this run's tokenizer, {tok.describe()}"
 
         def opened(paths: list[Path]) -> list[TokenFile]:
             files = self.open_files(paths, sep, tok.bos_id, cache)
             for f in files:
-                f.check(tok.vocab_size, describe, self.label, log)
+                f.check(tok.vocab_size, describe)
             return files
 
-        train_files = opened(self.files())
-        train, val = [], []
-        if self.cfg.val_path is not None:
-            train = [TokenDocs(f, 0, len(f)) for f in train_files]
-            val = [
-                TokenDocs(f, 0, len(f)) for f in opened(self.files(self.cfg.val_path, "val_path"))
-            ]
+        paths, val_paths = self.split_val(log)
+        train_files = opened(paths)
+        stream = Stream(train_files, sep, tok.bos_id, cache / "token-index")
+        if self.cfg.format in ("nanogpt", "array") and sep is not None and not stream.separators:
+            tokens = sum(f.meta["tokens"] for f in train_files)
+            log(
+                f"warning: data.sources.{self.label}: the separator {sep} never occurs in its "
+                f"{len(train_files)} file(s) ({tokens:,} tokens; first {train_files[0].path}), so "
+                f"each file is one document; set data.sources.{self.label}.separator to the id "
+                "between its documents (or none)"
+            )
+        if val_paths is not None:
+            train = stream.views(None)
+            val_files = opened(val_paths)
+            val = Stream(val_files, sep, tok.bos_id, cache / "token-index").views(None)
         else:
-            for f in train_files:
-                cut = f.meta["tokens"] - round(val_fraction * f.meta["tokens"])
-                k = max(1, int(np.searchsorted(f.starts, cut, "left"))) if val_fraction else len(f)
-                train.append(TokenDocs(f, 0, k))
-                if k < len(f):
-                    val.append(TokenDocs(f, k, len(f)))
+            cuts = [
+                f.meta["tokens"] - round(val_fraction * f.meta["tokens"]) if val_fraction else None
+                for f in train_files
+            ]
+            train, val = stream.views(cuts, "train"), stream.views(cuts, "val")
+        if not train:
+            raise DataError(f"data.sources.{self.label}: no training documents in its files")
+        for f in train_files:
+            if note := megatron_note(f, self.label):
+                log(note)
         summary = summarise(train_files, sep) | {
             "documents": sum(len(v) for v in train + val),
-            "split": {"fraction": "val_path" if self.cfg.val_path else val_fraction},
+            "continued": stream.joined,
+            "split": {
+                "fraction": "val_path" if val_paths is not None else val_fraction,
+                **({"val_files": [str(p) for p in val_paths]} if val_paths else {}),
+            },
         }
         return train, val, summary
+
+    def split_val(self, log) -> tuple[list[Path], list[Path] | None]:
+        """(training files, validation files or None). Files named like a validation shard
+        (*_val_*, llm.c's fineweb_val_000000.bin) in a directory given as path are not trained
+        on; without val_path they are the validation files, and this says so."""
+        paths = self.files()
+        dirs = [Path(s).expanduser() for s in _listed(self.cfg.path)]
+        dirs = [d for d in dirs if d.is_dir()]
+        marked = [p for p in paths if fnmatch.fnmatch(p.name, VAL_NAME) and
+                  any(d in p.parents for d in dirs)]  # fmt: skip
+        key = f"data.sources.{self.label}"
+        given = None if self.cfg.val_path is None else self.files(self.cfg.val_path, "val_path")
+        if not marked:
+            return paths, given
+        train = [p for p in paths if p not in marked]
+        if not train:
+            raise DataError(
+                f"{key}.path: every file in it is named as validation ({VAL_NAME}: "
+                f"{marked[0]}); give the training files as a glob or a list in path"
+            )
+        names = ", ".join(p.name for p in marked[:3]) + (" ..." if len(marked) > 3 else "")
+        if given is None:
+            log(
+                f"data.sources.{self.label}: {len(marked)} validation file(s) in its directory "
+                f"({names}) are held out and used as its val_path (set {key}.val_path to "
+                "choose others; list files in path to train on them)"
+            )
+            return train, marked
+        log(
+            f"data.sources.{self.label}: {len(marked)} file(s) named as validation ({names}) "
+            f"are not trained on; its val_path is {self.cfg.val_path}"
+        )
+        return train, given
 
     def open_files(self, paths: list[Path], sep: int | None, bos: int, cache: Path) -> list:
         files = []
@@ -596,6 +658,140 @@ class TokenFiles(Source):
         if self.cfg.format not in ("nanogpt", "array") or self.cfg.separator == "none":
             return None
         return bos if self.cfg.separator is None else int(self.cfg.separator)
+
+
+class Stream:
+    """The documents of files read as one stream, in their order: with a separator, a file that
+    does not begin with one continues the document open at the end of the file before (llm.c's
+    fineweb shards are filled to a fixed size, cutting documents). Such a document, in pieces
+    in two or more files, is copied once, whole, into the cache (CACHE/token-index/KEY.joined)
+    and left out of its files' own documents; every other document stays where it is."""
+
+    def __init__(self, files: list[TokenFile], sep: int | None, bos: int, cache: Path):
+        self.files, self.bos = files, bos
+        self.separators = sum(f.meta["separators"] for f in files)
+        self.drop: list[set[int]] = [set() for _ in files]  # starts now in a joined document
+        self.pieces: list[list[tuple[int, int, int]]] = []  # (file, start, end) per document
+        self.tokens: np.ndarray | None = None
+        if sep is not None and self.separators and len(files) > 1:
+            self._join()
+        self.joined = len(self.pieces)
+        if self.pieces:
+            self._copy(cache)
+
+    def _join(self) -> None:
+        open_doc: list[tuple[int, int, int]] | None = None  # the document open at a file's end
+        for i, f in enumerate(self.files):
+            n, first, last = f.meta["tokens"], f.meta["first_sep"], f.meta["last_sep"]
+            head = n if first is None else first  # tokens before the file's first separator
+            if open_doc is None:  # the stream's first tokens: a document with BOS put before
+                open_doc = [(i, -1, head)] if head else None
+            elif head:
+                open_doc.append((i, 0, head))
+            if first is None:  # no separator: the whole file continues the open document
+                continue
+            self._close(open_doc)
+            open_doc = [(i, last, n)]
+        self._close(open_doc)
+
+    def _close(self, doc: list[tuple[int, int, int]] | None) -> None:
+        if doc is None or len(doc) < 2:  # within one file: its own index has it
+            return
+        self.pieces.append(doc)
+        self.drop[doc[0][0]].add(doc[0][1])  # its start in the first file
+        for j, _, _ in doc[1:]:  # and each later file's head, a document from -1 there
+            self.drop[j].add(-1)
+
+    def _copy(self, cache: Path) -> None:
+        dtype = np.result_type(*(f.tokens.dtype for f in self.files))
+        ident = [f.key for f in self.files] + [self.bos]
+        path = cache / (hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24] + ".joined")
+        lengths = [sum(b - a for _, a, b in doc) for doc in self.pieces]
+        total = sum(lengths)
+        if not (path.is_file() and path.stat().st_size == total * dtype.itemsize):
+            tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+            try:
+                cache.mkdir(parents=True, exist_ok=True)
+                with open(tmp, "wb") as out:
+                    for doc in self.pieces:
+                        for j, a, b in doc:
+                            if a < 0:  # the stream's first document: BOS before it
+                                out.write(np.array([self.bos], dtype).tobytes())
+                                a = 0
+                            for c in range(a, b, CHUNK):
+                                part = self.files[j].tokens[c : min(b, c + CHUNK)]
+                                out.write(part.astype(dtype).tobytes())
+                os.replace(tmp, path)
+            except OSError as e:
+                raise DataError(
+                    f"cannot write the joined documents to {path}: {e.strerror}; set "
+                    "data.cache_dir to a writable directory"
+                ) from None
+        self.tokens = map_tokens(path, Layout(0, total, dtype.type))
+        self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        self.ends = self.starts + np.array(lengths, np.int64)
+
+    def views(self, cuts: list[int | None] | None, part: str = "train") -> list[TokenDocs]:
+        """The documents as the loader reads them, one view a file (and one of the joined
+        documents); with `cuts`, those of `part`: train, the documents that start before
+        each file's cut (at least one), or val, the rest."""
+        out, joined = [], np.zeros(len(self.pieces), bool)
+        for i, f in enumerate(self.files):
+            keep = ~np.isin(f.starts, list(self.drop[i])) if self.drop[i] else np.ones(len(f), bool)
+            if cuts is not None and cuts[i] is not None:
+                k = max(1, int(np.searchsorted(f.starts, cuts[i], "left")))
+                train = np.arange(len(f)) < k
+                keep &= train if part == "train" else ~train
+                for d, doc in enumerate(self.pieces):  # a joined document goes with its start
+                    if doc[0][0] == i:
+                        at = int(np.searchsorted(f.starts, doc[0][1], "left"))
+                        joined[d] = (at < k) == (part == "train")
+            elif part == "train":  # no cut: every document trains
+                joined[:] = True
+            else:
+                continue
+            if keep.any():
+                out.append(TokenDocs.of(f, keep))
+        if joined.any():
+            first = self.files[self.pieces[int(np.flatnonzero(joined)[0])][0][0]]
+            files = {
+                self.files[j].path: None
+                for d in np.flatnonzero(joined)
+                for j, _, _ in self.pieces[d]
+            }
+            out.append(
+                TokenDocs(
+                    first.path,
+                    self.bos,
+                    self.tokens,
+                    self.starts[joined],
+                    self.ends[joined],
+                    tuple(files),
+                )
+            )
+        return out
+
+
+def megatron_note(f: TokenFile, label: str) -> str | None:
+    """What to say at start of a Megatron index that marks one document over many sequences
+    (an index built without end_document() per document): it trains as one document."""
+    if f.fmt != "megatron" or len(f) != 1:
+        return None
+    _, _, n_seq, _ = struct.unpack("<QBQQ", _read(f.path, 34)[9:34])
+    if n_seq < 2:
+        return None
+    tokens = f.meta["tokens"]
+    return (
+        f"note: data.sources.{label}: {f.path} marks 1 document over its {n_seq:,} sequences "
+        f"({tokens:,} tokens, {tokens / n_seq:,.0f} a sequence on average), so it trains as one "
+        f"document of {tokens:,} tokens cut into rows, and val_fraction holds none of it out; "
+        "if each sequence is a document, build the index again with end_document() after "
+        "each (Megatron's preprocess_data.py does), and give val_path for validation"
+    )
+
+
+def _listed(spec: str | list[str]) -> list[str]:
+    return [spec] if isinstance(spec, str) else list(spec)
 
 
 def detect_format(path: Path) -> str:

@@ -83,6 +83,7 @@ class DocStream:
         self.repeat, self.label = repeat, label
         self.tokens = [s.tokens for s in shards]
         self.bos = shards[0].bos  # every document's first token in a row
+        self.size = sum(len(s) for s in shards) // world + 1  # this rank's documents, at most
         self.epoch, self.shard_pos, self.doc_pos = 0, 0, 0
         self._order: np.ndarray | None = None
         self._visit: tuple[int, list[int], list[int], list[int]] | None = None
@@ -147,6 +148,10 @@ class DocStream:
         self._order = self._visit = None
 
 
+class StopWaiting(Exception):
+    """A stop signal came while the trainer waited for the loader's next batch."""
+
+
 @dataclass
 class PackStats:
     rows: int = 0
@@ -204,6 +209,7 @@ class BestFitPacker:
     def _refill(self) -> None:
         keys, where, nxt, split = self.keys, self.where, self.stream.next, self.split
         seq, row_len = self.seq, self.row_len
+        skipped = 0  # conversations left out in a row: a whole epoch of them ends the wait
         try:
             while len(keys) < self.buffer_docs:
                 s, d, start, n = nxt()
@@ -211,12 +217,27 @@ class BestFitPacker:
                     start, n = self._cut(seq, s, d, start, n)
                 elif n > row_len and self.pad:  # a conversation is never cut: left out
                     self.stats.too_long += 1
+                    skipped += 1
+                    if skipped > self.stream.size and not keys:
+                        raise self._nothing_fits()
                     continue
                 insort(keys, (n << SEQ_BITS) | seq)
                 where[seq] = (s, d, start)
                 seq += 1
         finally:  # a source that runs out mid-refill keeps what it read
             self.seq = seq
+
+    def _nothing_fits(self) -> DataError:
+        """The error for a source of which not one conversation fits a row (pad mode): it
+        could only skip them forever."""
+        lengths = np.concatenate([s.lengths() for s in self.stream.shards])
+        return DataError(
+            f"data.sources.{self.stream.label}: none of its {len(lengths):,} conversations fits "
+            f"a training row of {self.row_len} tokens (train.seq_len + 1; the shortest has "
+            f"{int(lengths.min()):,} tokens, the longest {int(lengths.max()):,}), so no row can "
+            f"be made; raise train.seq_len to at least {int(lengths.min()) - 1} (within "
+            "model.max_seq_len), or give this source shorter conversations"
+        )
 
     def _cut(self, seq: int, s: int, d: int, start: int, n: int) -> tuple[int, int]:
         """Queue the whole-row pieces of a long document (each starting on the last token of
@@ -500,8 +521,9 @@ class Prefetcher:
     """Builds the next batches in a background thread. Each batch carries the loader state just
     after it, so a checkpoint taken after consuming it resumes with the batch that follows."""
 
-    def __init__(self, loader: MixtureLoader, depth: int = 2):
+    def __init__(self, loader: MixtureLoader, depth: int = 2, stopping=lambda: None):
         self.loader = loader
+        self.stopping = stopping  # -> a reason to stop waiting for a batch (a signal's name)
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="littlelm-loader")
@@ -526,7 +548,13 @@ class Prefetcher:
         return self
 
     def __next__(self) -> Batch:
-        item = self.queue.get()
+        while True:  # a stalled loader must not hold off a stop signal: look every 0.2 s
+            try:
+                item = self.queue.get(timeout=0.2)
+                break
+            except queue.Empty:
+                if reason := self.stopping():
+                    raise StopWaiting(reason) from None
         if isinstance(item, BaseException):
             raise item
         return item

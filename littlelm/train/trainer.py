@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from littlelm.config import flatten, to_tree
-from littlelm.data.loader import Batch, DataExhausted, Prefetcher
+from littlelm.data.loader import Batch, DataExhausted, Prefetcher, StopWaiting
 from littlelm.errors import CheckpointError, TrainingError
 from littlelm.optim.schedule import GroupSchedule, build_schedule
 from littlelm.progress import Progress
@@ -97,7 +97,9 @@ class Trainer:
         # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
         progress = self.progress if self.is_main else Progress(io.StringIO())  # rank 0 shows it
         self.data = self.parallel.in_turns(lambda: build_data(cfg, self.log, progress))
-        self.checkpointer = Checkpointer(cfg, self.parallel, self.data.tokenizer, self.run_dir)
+        self.checkpointer = Checkpointer(
+            cfg, self.parallel, self.data.tokenizer, self.run_dir, self.data.fingerprint()
+        )
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
         self.model = build_model(cfg, self.device)
         # 5. load: a resumed run's weights go in whole, before sharding splits the tensors
@@ -225,7 +227,7 @@ class Trainer:
         for cb in self._my_callbacks():
             cb.on_train_start(self)
         stop_at = math.inf if stop_after is None else s.step + stop_after
-        batches = Prefetcher(self.loader, c.data.prefetch)
+        batches = Prefetcher(self.loader, c.data.prefetch, lambda: self.stop.requested)
         window = Window.starting_at(s, self.device)
         budget.start()
         try:
@@ -256,6 +258,10 @@ class Trainer:
                         self.save()
         except DataExhausted as e:
             self.log(f"stopping: {e}")
+        except StopWaiting as e:  # the step waiting for its batch is left out; nothing changed
+            self.log(
+                f"{e}: stopped while waiting for the next batch; step {s.step + 1} is left out"
+            )
         finally:
             batches.close()
         return self._finish()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from littlelm.config import dump_yaml, to_tree
 from littlelm.data.reshard import MakeLoader, loader_state_for
-from littlelm.errors import RunDirError, TrainingError
+from littlelm.errors import CheckpointError, RunDirError, TrainingError
 from littlelm.optim.groups import origin_tags
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.checkpoint import resume as resuming
@@ -39,12 +39,15 @@ class Resumed:
 
     loaded: ckpt.Loaded
     changes: list[str]  # the config differences this run may make ('key: old -> new')
+    data_note: str | None = None  # the data changed and its position started over (on_changed)
 
     def describe(self, state: TrainState, world: int) -> list[str]:
         """The resume, for the log: where from, what changed, whether the data was re-dealt."""
         lines = [f"resumed from {self.loaded.path} (step {state.step}, {state.tokens:,} tokens)"]
         if self.changes:
             lines.append(f"resuming with changed settings: {'; '.join(self.changes)}")
+        if self.data_note:
+            lines.append(self.data_note)
         saved_world = self.loaded.state.get("loader_world_size", 1)
         if saved_world != world:
             lines.append(
@@ -58,8 +61,10 @@ class Checkpointer:
     # cfg: the run's RunConfig (littlelm/schema.py)
     # parallel: train/distributed.py's Parallel (not imported: distributed.py reads checkpoint
     # files, and the package must not import it back)
-    def __init__(self, cfg, parallel, tokenizer, run_dir: Path):
+    def __init__(self, cfg, parallel, tokenizer, run_dir: Path, data_files: dict | None = None):
         self.cfg = cfg
+        # per source [path, bytes, content hash] of its files (data/build.py's RunData)
+        self.data_files = data_files
         self.parallel = parallel
         self.tokenizer = tokenizer
         self.run_dir = run_dir
@@ -129,6 +134,7 @@ class Checkpointer:
             "train_time": state.train_time,
             "loader": state.loader.state_dict(),
             "tokenizer": self.tokenizer.fingerprint,
+            **({"data_files": self.data_files} if self.data_files is not None else {}),
             "config": to_tree(self.cfg),
             "guard": state.guard.state_dict(),
         }
@@ -176,21 +182,45 @@ class Checkpointer:
             resuming.load_optimizer_state(optimizer, loaded.optimizer)
             ckpt.set_rng_state(loaded.rng)
             state.restore_counters(loaded.state)
-            self.restore_data(state, loaded.state, loader, make_loader)
+            resumed.data_note = self.restore_data(
+                state, loaded.state, loader, make_loader, loaded.path
+            )
             state.guard.load_state_dict(loaded.state.get("guard", {}))
             state.last_checkpoint = loaded.path
             if loaded.path.parent.resolve() == self.dir.resolve():
                 state.saved_step = state.step
         if grown is not None and grown.loader_state is not None:
             saved = json.loads((grown.path / "state.json").read_text())
-            self.restore_data(state, saved, loader, make_loader)
+            self.restore_data(state, saved, loader, make_loader, grown.path)
 
-    def restore_data(self, state: TrainState, saved: dict, loader, make_loader: MakeLoader):
+    def restore_data(
+        self, state: TrainState, saved: dict, loader, make_loader: MakeLoader, path: Path
+    ) -> str | None:
         """Move `loader` to this rank's position in `saved` (a state.json: this run's
-        checkpoint, or a grown run's parent under grow.continue_data)."""
+        checkpoint `path`, or a grown run's parent under grow.continue_data), unless the data
+        changed since: then an error naming the file, or with data.on_changed=restart the
+        position starts over (returned: what to say)."""
         p = self.parallel
-        loader.load_state_dict(loader_state_for(saved, p.rank, p.world, make_loader))
+        changed = data_change(saved.get("data_files"), self.data_files)
+        choices = (
+            "restore the data as it was; or keep the weights and optimizer state and start the "
+            "data position over: data.on_changed=restart; or start a new run: --resume never "
+            "(another run.name keeps this one)"
+        )
+        if changed and self.cfg.data.on_changed == "restart":
+            return f"{changed}: the data position starts over (data.on_changed=restart)"
+        if changed:
+            raise CheckpointError(f"cannot resume {path}: {changed}; {choices}")
+        try:
+            loader.load_state_dict(loader_state_for(saved, p.rank, p.world, make_loader))
+        except (IndexError, KeyError, TypeError, ValueError) as e:  # a position outside the data
+            raise CheckpointError(
+                f"cannot resume {path}: its data position does not fit this run's data "
+                f"({type(e).__name__}: {e}; the files changed since it was written, or the "
+                f"checkpoint predates their fingerprints); {choices}"
+            ) from None
         state.loader = loader.snapshot()
+        return None
 
     def rollback(self, state: TrainState, model, optimizer) -> dict:
         """Reload state.last_checkpoint's weights, optimizer state, RNG, counters and loss
@@ -226,3 +256,30 @@ class Frozen:
 
     def state_dict(self) -> dict:
         return self._state
+
+
+def data_change(saved: dict | None, now: dict | None) -> str | None:
+    """What changed between a checkpoint's data fingerprints and this run's (None: nothing, or
+    a checkpoint written before littlelm recorded them). Files are compared by size and content
+    in order, so a moved directory of the same files is no change."""
+    if saved is None or now is None:
+        return None
+    for label in sorted(set(saved) & set(now)):
+        old, new = saved[label], now[label]
+        for i, (a, b) in enumerate(zip(old, new)):
+            if a[1:] != b[1:]:
+                was = f"{a[1]:,} bytes, content hash {a[2]}"
+                is_ = f"{b[1]:,} bytes, content hash {b[2]}"
+                if a[0] != b[0]:
+                    return (
+                        f"data.sources.{label}'s file {i + 1} was {a[0]} ({was}) when it was "
+                        f"written, it is now {b[0]} ({is_})"
+                    )
+                return f"data.sources.{label}'s file {b[0]} changed since it was written (was {was}, now {is_})"
+        if len(old) != len(new):
+            extra = new[len(old)][0] if len(new) > len(old) else old[len(new)][0]
+            return (
+                f"data.sources.{label} had {len(old)} file(s) when it was written, it has "
+                f"{len(new)} now ({'new' if len(new) > len(old) else 'gone'}: {extra})"
+            )
+    return None

@@ -1,0 +1,332 @@
+"""Token shards as other tools write them (llm.c's fixed-size fineweb shards whose documents
+continue across files, its val shard, a Megatron index of one document), data that changes
+under a checkpointed run, and a loader that cannot make a row."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_foreign import write_nanogpt
+
+from conftest import tiny_tree, write_config
+from littlelm.cli import main
+from littlelm.data.foreign import TokenFiles, TokensConfig
+from littlelm.data.loader import BestFitPacker, DocStream
+from littlelm.data.shards import Shard, write_shard
+from littlelm.data.tokenizer import ByteTokenizer
+from littlelm.errors import DataError
+
+TOK = ByteTokenizer()  # vocabulary 257, BOS 256
+BOS = TOK.bos_id
+REPO = Path(__file__).resolve().parents[1]
+
+
+def stream_of(n_docs: int, seed: int = 0, longest: int = 120) -> tuple[np.ndarray, list]:
+    """llm.c's fineweb.py: <|endoftext|> (here BOS) before every document, back to back."""
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, BOS, rng.integers(1, longest)) for _ in range(n_docs)]
+    return np.concatenate([np.concatenate([[BOS], d]) for d in docs]), docs
+
+
+def write_llmc_dir(d: Path, tokens: np.ndarray, shard: int, val: np.ndarray | None) -> list:
+    """llm.c's fill loop: every shard exactly `shard` tokens (the last the rest), so documents
+    continue from one into the next; shard 0 is fineweb_val_000000.bin when `val` is given."""
+    d.mkdir(parents=True, exist_ok=True)
+    if val is not None:
+        write_nanogpt(d / "fineweb_val_000000.bin", val)
+    paths = []
+    for i, a in enumerate(range(0, len(tokens), shard)):
+        paths.append(write_nanogpt(d / f"fineweb_train_{i + 1:06d}.bin", tokens[a : a + shard]))
+    return paths
+
+
+def open_source(cfg: dict, cache: Path, val_fraction: float = 0.0):
+    said: list[str] = []
+    src = TokenFiles(TokensConfig(name="tokens", **cfg), "web")
+    train, val, summary = src.open(TOK, val_fraction, cache, said.append)
+    return train, val, summary, said
+
+
+def trained_docs(views: list) -> list[tuple]:
+    """Every document as the loader trains on it (BOS, then its tokens), sorted."""
+    return sorted(tuple(v.doc(i).tolist()) for v in views for i in range(len(v)))
+
+
+def as_trained(docs: list) -> list[tuple]:
+    return sorted(tuple([BOS, *d.tolist()]) for d in docs)
+
+
+# -- a directory of shards is one stream -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("shard", [97, 250, 1000])  # 97: documents over three or more files
+def test_llmc_shards_filled_to_a_fixed_size_are_one_stream(tmp_path, shard):
+    tokens, docs = stream_of(300)
+    val_tokens, val_docs = stream_of(40, seed=1)
+    paths = write_llmc_dir(tmp_path / "fineweb", tokens, shard, val_tokens)
+    assert any(p.read_bytes()[1024:1026] != np.uint16(BOS).tobytes() for p in paths[1:])
+    cfg = {"format": "nanogpt", "path": str(tmp_path / "fineweb")}
+    train, val, summary, said = open_source(cfg, tmp_path / "cache")
+    # every document once, BOS exactly where a separator is; the val shard is val, not trained
+    assert trained_docs(train) == as_trained(docs)
+    assert trained_docs(val) == as_trained(val_docs)
+    assert sum(v.n_tokens for v in train) == len(tokens)  # nothing lost, nothing added
+    assert summary["continued"] > 0 and summary["documents"] == len(docs) + len(val_docs)
+    # one line, and it is the val shard's: no per-file separator warnings
+    assert len(said) == 1 and "fineweb_val_000000.bin" in said[0] and "val_path" in said[0]
+    # a second open reads the joined documents from the cache as they are
+    joined = list((tmp_path / "cache" / "token-index").glob("*.joined"))
+    mtime = joined[0].stat().st_mtime_ns
+    again, _, _, _ = open_source(cfg, tmp_path / "cache")
+    assert trained_docs(again) == trained_docs(train)
+    assert joined[0].stat().st_mtime_ns == mtime
+
+
+def test_separator_after_each_document_and_files_without_one(tmp_path):
+    """nanoGPT's openwebtext layout (the separator after each document), uint16 arrays cut at
+    fixed sizes: a file that ends with the separator, and one document over four files."""
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, BOS, n) for n in (5, 7, 400, 3, 9)]
+    tokens = np.concatenate([np.concatenate([d, [BOS]]) for d in docs]).astype("<u2")
+    d = tmp_path / "owt"
+    d.mkdir()
+    cuts = [0, 6, 100, 200, 300, len(tokens)]  # file 1 ends with the separator after doc 0
+    for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+        (d / f"train_{i:02d}.bin").write_bytes(tokens[a:b].tobytes())
+    cfg = {"format": "array", "path": str(d), "dtype": "uint16"}
+    train, _, _, said = open_source(cfg, tmp_path / "cache")
+    # documents start at each separator (its BOS), the stream's first with a BOS put before it
+    want = as_trained(docs)
+    got = trained_docs(train)
+    assert got == want and not said
+    assert sum(v.n_tokens for v in train) == len(tokens)  # the first BOS added, the last dropped
+
+
+def test_a_separator_that_never_occurs_is_one_line_for_all_files(tmp_path):
+    d = tmp_path / "t"
+    for i in range(5):
+        write_nanogpt((d.mkdir(exist_ok=True), d / f"s{i}.bin")[1], np.arange(50) % 200)
+    train, _, _, said = open_source({"format": "nanogpt", "path": str(d)}, tmp_path / "c")
+    assert len(said) == 1 and "never occurs in its 5 file(s)" in said[0]
+    assert "separator" in said[0] and sum(len(v) for v in train) == 5
+
+
+def test_val_shards_are_not_trained_on_when_val_path_is_given(tmp_path):
+    tokens, docs = stream_of(100)
+    write_llmc_dir(tmp_path / "web", tokens, 500, stream_of(10, seed=1)[0])
+    other, other_docs = stream_of(12, seed=2)
+    write_nanogpt(tmp_path / "held.bin", other)
+    cfg = {
+        "format": "nanogpt",
+        "path": str(tmp_path / "web"),
+        "val_path": str(tmp_path / "held.bin"),
+    }
+    train, val, _, said = open_source(cfg, tmp_path / "cache")
+    assert trained_docs(train) == as_trained(docs)
+    assert trained_docs(val) == as_trained(other_docs)
+    assert len(said) == 1 and "not trained on" in said[0] and "fineweb_val_000000" in said[0]
+
+
+def test_a_directory_of_only_val_shards_names_the_fix(tmp_path):
+    write_llmc_dir(tmp_path / "web", np.zeros(0, np.uint16), 10, stream_of(10)[0])
+    with pytest.raises(DataError, match="every file in it is named as validation") as e:
+        open_source({"format": "nanogpt", "path": str(tmp_path / "web")}, tmp_path / "c")
+    assert "glob or a list" in str(e.value)
+    # the fix: the file named in path (not a directory) trains
+    cfg = {"format": "nanogpt", "path": str(tmp_path / "web" / "fineweb_val_000000.bin")}
+    assert open_source(cfg, tmp_path / "c")[0]
+
+
+# -- a Megatron index of one document ----------------------------------------------------------------
+
+
+def megatron_with_builder(prefix: Path, docs: list, one_document: bool) -> None:
+    """megatron-core's own IndexedDatasetBuilder: an item per sequence, end_document() after
+    each (what preprocess_data.py does) or once at the end."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    builder = IndexedDatasetBuilder(str(prefix) + ".bin", dtype=np.uint16)
+    for d in docs:
+        builder.add_item(torch.tensor(d.astype(np.int64)))
+        if not one_document:
+            builder.end_document()
+    if one_document:
+        builder.end_document()
+    builder.finalize(str(prefix) + ".idx")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_megatron_index_of_one_document_is_reported_with_its_figures(tmp_path):
+    _, docs = stream_of(50)
+    megatron_with_builder(tmp_path / "one_text_document", docs, one_document=True)
+    megatron_with_builder(tmp_path / "many_text_document", docs, one_document=False)
+    tokens = sum(len(d) for d in docs)
+    cfg = {"format": "megatron", "path": str(tmp_path / "one_text_document")}
+    train, _, _, said = open_source(cfg, tmp_path / "cache", val_fraction=0.1)
+    assert sum(len(v) for v in train) == 1
+    assert len(said) == 1 and "marks 1 document over its 50 sequences" in said[0]
+    assert f"{tokens:,} tokens" in said[0] and "end_document()" in said[0]
+    cfg["path"] = str(tmp_path / "many_text_document")
+    train, val, _, said = open_source(cfg, tmp_path / "cache", val_fraction=0.1)
+    assert not said and sum(len(v) for v in train + val) == 50
+
+
+# -- a loader that cannot make a row ---------------------------------------------------------------
+
+
+def test_a_source_of_only_too_long_conversations_is_an_error_not_a_spin(tmp_path):
+    rng = np.random.default_rng(0)
+    docs = [np.concatenate([[BOS], rng.integers(0, BOS, 40)]) for _ in range(30)]
+    write_shard(tmp_path / "chat.bin", docs, TOK.vocab_size, BOS, TOK.fingerprint)
+    packer = BestFitPacker(DocStream([Shard(tmp_path / "chat.bin")], 0, label="chat"), 33, 8, "pad")
+    result: list = []
+
+    def fill():
+        try:
+            packer.fill(np.empty(33, np.int64))
+        except DataError as e:
+            result.append(e)
+
+    t = threading.Thread(target=fill, daemon=True)
+    t.start()
+    t.join(timeout=20)  # bounded: the code before this change spun here forever
+    assert not t.is_alive() and result, "the packer did not stop"
+    message = str(result[0])
+    assert "data.sources.chat" in message and "none of its 30 conversations" in message
+    assert "a training row of 33 tokens" in message and "train.seq_len to at least 40" in message
+
+
+def test_conversations_all_longer_than_a_row_stop_at_start(tmp_path):
+    from test_chat import data_cfg, write_conversations
+
+    from littlelm.data.build import build_data
+
+    src = write_conversations(tmp_path / "chat.jsonl", 60)
+    data = build_data(data_cfg(tmp_path, {"dataset": str(src)}, cache_dir=str(tmp_path / "c")))
+    longest = int(max(s.lengths().max() for s in data.sources["chat"].train))
+    assert data.chat_notes(longest) == []  # every one fits
+    with pytest.raises(DataError, match="every one of them, so no training row") as e:
+        data.chat_notes(8)  # none fits a row of 9 tokens
+    assert "raise train.seq_len to at least" in str(e.value)
+
+
+# -- SIGTERM while the loader is stalled, or during start-up ---------------------------------------
+
+STALLED = """
+import sys, time
+from littlelm.data import loader, foreign
+from littlelm.cli import main
+
+def stall(*a, **k):
+    print("STALLED", flush=True)
+    while True:
+        time.sleep(0.05)  # a loader that makes no batch (a slow disk, a source that cannot)
+
+if sys.argv[1] == "loader":
+    loader.MixtureLoader.next_batch = stall
+else:
+    foreign.TokenFiles.open = stall
+sys.exit(main(["train", sys.argv[2], "--resume", "never"]))
+"""
+
+
+@pytest.mark.parametrize("where", ["loader", "startup"])
+def test_sigterm_while_the_loader_is_stalled_exits_promptly(tmp_path, where):
+    tokens, _ = stream_of(200)
+    write_llmc_dir(tmp_path / "web", tokens, 1000, None)
+    tree = tiny_tree(tmp_path / "unused.txt", tmp_path / "runs")
+    tree["data"]["sources"] = {
+        "web": {"name": "tokens", "format": "nanogpt", "path": str(tmp_path / "web")}
+    }
+    cfg = write_config(tmp_path / "run.yaml", tree)
+    script = tmp_path / "stalled.py"
+    script.write_text(textwrap.dedent(STALLED))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LITTLELM_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), where, str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    line = ""
+    while "STALLED" not in line:  # bounded by the process: it prints or ends
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, "ended before the stall"
+    time.sleep(0.5)  # inside the stall
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("SIGTERM did not end the run within 10 s") from None
+    out = proc.stdout.read()
+    proc.stdout.close()
+    assert rc in (0, 143, -signal.SIGTERM), out
+    run = tmp_path / "runs" / "tiny"
+    if where == "loader":  # it saved its step-0 state and said why
+        assert rc == 0 and "stopped while waiting for the next batch" in out, out
+        ckpts = sorted((run / "checkpoints").iterdir())
+        assert [c.name for c in ckpts] == ["step_000000"], ckpts
+        assert main(["train", str(cfg), "train.max_steps=2"]) == 0  # it resumes
+
+
+# -- data that changed under a checkpoint ----------------------------------------------------------
+
+
+def checkpointed_run(tmp_path: Path) -> tuple[Path, list[Path]]:
+    tokens, _ = stream_of(400, longest=60)
+    paths = write_llmc_dir(tmp_path / "web", tokens, 4000, None)
+    tree = tiny_tree(tmp_path / "unused.txt", tmp_path / "runs", train={"max_steps": 3})
+    tree["checkpoint"] = {"every": 3}
+    tree["data"]["sources"] = {
+        "web": {"name": "tokens", "format": "nanogpt", "path": str(tmp_path / "web")}
+    }
+    cfg = write_config(tmp_path / "run.yaml", tree)
+    assert main(["train", str(cfg), "--resume", "never"]) == 0
+    return cfg, paths
+
+
+def rewrite_same_size(path: Path) -> None:
+    raw = np.frombuffer(path.read_bytes()[1024:], "<u2")
+    write_nanogpt(path, np.where(raw == BOS, BOS, (raw + 1) % BOS))
+
+
+def shrink(path: Path) -> None:
+    raw = np.frombuffer(path.read_bytes()[1024:], "<u2")
+    write_nanogpt(path, raw[:300])
+
+
+@pytest.mark.parametrize("change", [rewrite_same_size, shrink])
+def test_data_changed_under_a_checkpoint_is_refused_with_the_choices(tmp_path, capsys, change):
+    cfg, paths = checkpointed_run(tmp_path)
+    before = paths[1].read_bytes()
+    change(paths[1])
+    capsys.readouterr()
+    assert main(["train", str(cfg), "train.max_steps=5"]) == 2
+    err = capsys.readouterr().err
+    assert str(paths[1]) in err and "changed since it was written" in err, err
+    assert "data.on_changed=restart" in err and "--resume never" in err
+    assert "Traceback" not in err
+    # each choice works: restoring the file resumes where the run was ...
+    changed = paths[1].read_bytes()
+    paths[1].write_bytes(before)
+    assert main(["train", str(cfg), "train.max_steps=5"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    # ... and with the data changed again, the override starts the data position over
+    paths[1].write_bytes(changed)
+    assert main(["train", str(cfg), "train.max_steps=7"]) == 2
+    assert main(["train", str(cfg), "train.max_steps=7", "data.on_changed=restart"]) == 0
+    assert "the data position starts over" in capsys.readouterr().out
