@@ -330,3 +330,42 @@ def test_data_changed_under_a_checkpoint_is_refused_with_the_choices(tmp_path, c
     assert main(["train", str(cfg), "train.max_steps=7"]) == 2
     assert main(["train", str(cfg), "train.max_steps=7", "data.on_changed=restart"]) == 0
     assert "the data position starts over" in capsys.readouterr().out
+
+
+def test_a_checkpoint_from_before_fingerprints_on_shrunk_data_is_an_error(tmp_path, capsys):
+    import json
+
+    cfg, paths = checkpointed_run(tmp_path)
+    state = next((tmp_path / "runs/tiny/checkpoints").glob("step_*")) / "state.json"
+    saved = json.loads(state.read_text())
+    del saved["data_files"]  # as littlelm wrote it before it fingerprinted the data
+    state.write_text(json.dumps(saved))
+    for p in paths:
+        shrink(p)  # every file: the saved position points past their documents
+    capsys.readouterr()
+    assert main(["train", str(cfg), "train.max_steps=5"]) == 2
+    err = capsys.readouterr().err
+    assert "its data position does not fit this run's data" in err, err
+    assert "data.on_changed=restart" in err and "Traceback" not in err
+    assert main(["train", str(cfg), "train.max_steps=5", "data.on_changed=restart"]) == 0
+
+
+def test_val_fraction_over_a_stream_holds_out_whole_documents_once(tmp_path):
+    tokens, docs = stream_of(300)
+    paths = write_llmc_dir(tmp_path / "web", tokens, 250, None)
+    cfg = {"format": "nanogpt", "path": str(tmp_path / "web")}
+    train, val, summary, said = open_source(cfg, tmp_path / "cache", val_fraction=0.2)
+    assert not said and summary["continued"] > 0
+    assert sorted(trained_docs(train) + trained_docs(val)) == as_trained(docs)
+    held = sum(v.n_tokens for v in val) / len(tokens)
+    assert 0.1 < held < 0.35, held  # about the last fifth of each file, whole documents
+    # a document cut at a file's end goes with its start: held out when it starts after the
+    # cut of its first file (the last fifth), trained on when before
+    seps = np.flatnonzero(tokens == BOS)
+    for i in range(len(paths) - 1):
+        start = int(seps[seps < 250 * (i + 1)][-1])
+        nxt = int(seps[seps > start][0]) if (seps > start).any() else len(tokens)
+        if nxt <= 250 * (i + 1):
+            continue  # this file ends at a document's end
+        doc = tuple([BOS, *tokens[start + 1 : nxt].tolist()])
+        assert doc in (trained_docs(val) if start >= 250 * i + 200 else trained_docs(train))

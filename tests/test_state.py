@@ -24,6 +24,7 @@ STATE_JSON_KEYS = {
     "train_time",
     "loader",
     "tokenizer",
+    "data_files",
     "config",
     "guard",
 }

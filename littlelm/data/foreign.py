@@ -736,16 +736,18 @@ class Stream:
         documents); with `cuts`, those of `part`: train, the documents that start before
         each file's cut (at least one), or val, the rest."""
         out, joined = [], np.zeros(len(self.pieces), bool)
+        starting: dict[int, list[int]] = {}  # file -> the joined documents that start in it
+        for d, doc in enumerate(self.pieces):
+            starting.setdefault(doc[0][0], []).append(d)
         for i, f in enumerate(self.files):
             keep = ~np.isin(f.starts, list(self.drop[i])) if self.drop[i] else np.ones(len(f), bool)
             if cuts is not None and cuts[i] is not None:
                 k = max(1, int(np.searchsorted(f.starts, cuts[i], "left")))
                 train = np.arange(len(f)) < k
                 keep &= train if part == "train" else ~train
-                for d, doc in enumerate(self.pieces):  # a joined document goes with its start
-                    if doc[0][0] == i:
-                        at = int(np.searchsorted(f.starts, doc[0][1], "left"))
-                        joined[d] = (at < k) == (part == "train")
+                for d in starting.get(i, ()):  # a joined document goes with its start
+                    at = int(np.searchsorted(f.starts, self.pieces[d][0][1], "left"))
+                    joined[d] = (at < k) == (part == "train")
             elif part == "train":  # no cut: every document trains
                 joined[:] = True
             else:

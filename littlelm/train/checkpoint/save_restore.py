@@ -214,6 +214,12 @@ class Checkpointer:
         try:
             loader.load_state_dict(loader_state_for(saved, p.rank, p.world, make_loader))
         except (IndexError, KeyError, TypeError, ValueError) as e:  # a position outside the data
+            if self.cfg.data.on_changed == "restart":  # a fresh loader's state: the start
+                loader.load_state_dict(make_loader(p.rank, p.world).state_dict())
+                return (
+                    f"its data position does not fit this run's data ({type(e).__name__}): the "
+                    "data position starts over (data.on_changed=restart)"
+                )
             raise CheckpointError(
                 f"cannot resume {path}: its data position does not fit this run's data "
                 f"({type(e).__name__}: {e}; the files changed since it was written, or the "

@@ -16,8 +16,9 @@ next draw. The checkpointer reads them at each save (rng.pt) and sets them back 
 rollback. The weights and the optimizer's moments live in the model and the optimizer.
 
 A checkpoint's state.json holds `format_version` and `step` (train/checkpoint/files.py), then
-`tokens`, `train_time`, `loader`, `tokenizer` (fingerprint), `config` (the resolved config) and
-`guard`, plus `loader_world_size` and `loader_ranks` (every rank's data position) under torchrun.
+`tokens`, `train_time`, `loader`, `tokenizer` (fingerprint), `data_files` (each source's
+files as [path, bytes, content hash]: what `loader` is a position in), `config` (the resolved
+config) and `guard`, plus `loader_world_size` and `loader_ranks` (every rank's data position) under torchrun.
 """
 
 from __future__ import annotations
