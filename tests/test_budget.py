@@ -392,7 +392,9 @@ def test_trainer_raised_budget_and_stale_ledger(tmp_path, corpus, monkeypatch, c
     shutil.rmtree(run / "checkpoints")
     assert (run / "budget.json").is_file()
     again = Trainer(load_run(path)).fit()
-    assert again["step"] > 5 and "belongs to checkpoints that are gone" in capsys.readouterr().out
+    # a fresh run of the same budget on the same (fake) clock: as many steps as the first
+    assert again["step"] == first["step"] > 1
+    assert "belongs to checkpoints that are gone" in capsys.readouterr().out
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(r["lr_mult"] for r in lines if r["kind"] == "train") == 1.0
 
