@@ -2,7 +2,7 @@
 with --chat, an SFT'd model's chat behaviour in transformers and llama.cpp.
 
     python benchmarks/interop.py
-    python benchmarks/interop.py --chat
+    python benchmarks/interop.py --chat [--rows 16]
 
 Builds tiny GPTs (3 layers x 32 wide, every weight random: no identity blocks), exports each
 with `littlelm export`'s code, loads it with transformers, and compares fp32 logits on 2 x 80
@@ -92,9 +92,9 @@ def import_row(root: Path, kind: str) -> tuple:
     )
 
 
-def sft(root: Path, kind: str) -> tuple[Path, dict]:
-    """Train the SFT run of `kind`; (its run dir, its reported val loss and the masked mean
-    computed here over the same held-out windows)."""
+def sft(root: Path, kind: str, rows: int) -> tuple[Path, dict]:
+    """Train the SFT run of `kind` (`rows` rows per step); (its run dir, its reported val loss
+    and the masked mean computed here over the same held-out windows)."""
     root.mkdir(parents=True)
     if kind == "chatml":
         tree = chatml_sft_tree(root)
@@ -102,7 +102,7 @@ def sft(root: Path, kind: str) -> tuple[Path, dict]:
         _, tree = sft_trees(root, **(LLAMA if kind == "llama" else {}))
     # rows that hold every conversation (the tests' 32 leave the longest out), and every held-out
     # window evaluated (the tests cap it at 512 tokens)
-    tree["train"].update(max_steps=SFT_STEPS, log_every=50, seq_len=64, micro_batch_size=16)
+    tree["train"].update(max_steps=SFT_STEPS, log_every=50, seq_len=64, micro_batch_size=rows)
     tree["eval"].update(every=0, max_tokens=None)  # once, at the end
     tree["checkpoint"]["every"] = 10_000
     trainer = Trainer(load_run(write_config(root / "sft.yaml", tree)), resume="never")
@@ -162,11 +162,11 @@ def littlelm_chat(run: Path, conversations: list[list[dict]]) -> list[str]:
     return [json.loads(line)["reply"] for line in out.stdout.splitlines()]
 
 
-def chat_row(root: Path, kind: str) -> dict:
+def chat_row(root: Path, kind: str, rows: int) -> dict:
     import transformers
 
     t0 = time.time()
-    run, loss = sft(root, kind)
+    run, loss = sft(root, kind, rows)
     convs = held_out(root, PROMPTS)
     replies = littlelm_chat(run, convs)
     _, tok, _ = load_model(run, "cpu")
@@ -221,16 +221,17 @@ def gguf_rows(root, run, convs, prompts, replies, bos: int) -> dict:
     return {"gguf_prompt": prompt_same, "gguf_bos": one_bos, "gguf": reply_same, "handler": handler}
 
 
-def chat_table() -> None:
+def chat_table(rows: int) -> None:
     import llama_cpp
     import transformers
 
     with tempfile.TemporaryDirectory() as d:
         os.environ["LITTLELM_CACHE"] = str(Path(d) / "cache")  # its shards stay with it
-        rows = [chat_row(Path(d) / kind, kind) for kind in ("littlelm", "llama", "chatml")]
+        table = [chat_row(Path(d) / kind, kind, rows) for kind in ("littlelm", "llama", "chatml")]
     print(
         f"transformers {transformers.__version__}, llama-cpp-python {llama_cpp.__version__}, "
-        f"torch {torch.__version__}; {PROMPTS} held-out conversations, {SFT_STEPS} SFT steps\n"
+        f"torch {torch.__version__}; {PROMPTS} held-out conversations, {SFT_STEPS} SFT steps "
+        f"of {rows} rows\n"
     )
     print(
         "| model | export | val loss reported | masked mean here | abs diff | "
@@ -240,7 +241,7 @@ def chat_table() -> None:
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     n = PROMPTS
-    for r in rows:
+    for r in table:
         loss = r["loss"]
         gguf = "no GGUF form (littlelm arch)"
         if "gguf" in r:
@@ -251,17 +252,20 @@ def chat_table() -> None:
             f"{r['generate']}/{n} | {r['stopped']}/{n} | {gguf} | "
             f"{r.get('gguf', '-')}{'/' + str(n) if 'gguf' in r else ''} | {r['distinct']} |"
         )
-    for r in rows:
+    for r in table:
         print(f"{r['kind']}: {r['seconds']:.0f} s; val targets {r['loss']['tokens']}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--chat", action="store_true", help="the SFT chat-export table instead")
+    ap.add_argument(
+        "--rows", type=int, default=16, help="SFT rows per step (of 64 tokens; default 16)"
+    )
     args = ap.parse_args()
     register_all()  # an entry point: fill the registries before building a config
     if args.chat:
-        chat_table()
+        chat_table(args.rows)
         return
     with tempfile.TemporaryDirectory() as d:
         rows = [export_row(Path(d), n) for n in FEATURES]
