@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -76,7 +77,11 @@ def server(run):
         pytest.fail("littlelm serve did not answer within 60 s")
     yield url, proc
     proc.terminate()
-    proc.wait(timeout=20)
+    try:
+        proc.wait(timeout=30)  # it gives requests in flight 10 s
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("littlelm serve did not stop within 30 s of SIGTERM")
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +166,93 @@ def test_eight_concurrent_clients_all_get_their_answers(server, expected):
     assert got == {i: expected[QUESTIONS[i % len(QUESTIONS)]] for i in range(8)}
 
 
+def streamed_text(response) -> str:
+    """The reply text of a streamed chat completion read as raw server-sent events."""
+    text = ""
+    for line in response.iter_lines(decode_unicode=True):
+        if line.startswith("data: ") and line != "data: [DONE]":
+            choices = json.loads(line[len("data: ") :])["choices"]
+            text += (choices[0]["delta"].get("content") or "") if choices else ""
+    return text
+
+
+def test_more_streamed_clients_than_server_threads_all_get_their_answers(server, expected):
+    """48 streamed clients at once: more than the 40 worker threads the web framework lends
+    blocking code. A stream must not hold a thread while it waits its turn, or the model's own
+    stream finds none left and every client waits forever."""
+    url, proc = server
+    got: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        q = QUESTIONS[i % len(QUESTIONS)]
+        body = {"model": "sft", "messages": [{"role": "user", "content": q}], "temperature": 0,
+                "max_tokens": 16, "stream": True}  # fmt: skip
+        with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=60,
+                           headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+            got[i] = streamed_text(r)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(48)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert got == {i: expected[QUESTIONS[i % len(QUESTIONS)]] for i in range(48)}
+    assert proc.poll() is None
+
+
+def test_a_client_that_leaves_mid_stream_leaves_the_model_to_the_next(server, expected):
+    """A streamed reply whose client closes the connection after the first event stops there
+    and the next request is answered (it must not wait for a stream nobody reads)."""
+    url, _ = server
+    port = int(url.rsplit(":", 1)[1])
+    q = QUESTIONS[0]
+    for seed in range(3):
+        body = json.dumps({"model": "sft", "messages": [{"role": "user", "content": q}],
+                           "temperature": 2.0, "max_tokens": 64, "stream": True, "seed": seed})  # fmt: skip
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                f"{KEY}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall((head + body).encode())
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")  # the headers, then away
+        r = client(url).chat.completions.create(
+            model="sft", messages=[{"role": "user", "content": q}], temperature=0, max_tokens=16
+        )
+        assert r.choices[0].message.content == expected[q]
+
+
+def test_openai_client_options(server, expected):
+    """What the openai client sends beyond the basics: max_completion_tokens, stream_options
+    (usage in a last chunk without choices), content as text parts, the `developer` role, and
+    models.retrieve."""
+    url, _ = server
+    c = client(url)
+    assert c.models.retrieve("sft").id == "sft"
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("gpt-4")
+    q, want = next((q, w) for q, w in expected.items() if len(w) >= 3)
+    msgs = [{"role": "user", "content": q}]
+    r = c.chat.completions.create(model="sft", messages=msgs, temperature=0,
+                                  max_completion_tokens=2)  # fmt: skip
+    assert r.usage.completion_tokens == 2 and r.choices[0].finish_reason == "length"
+    assert want.startswith(r.choices[0].message.content)
+    chunks = list(c.chat.completions.create(
+        model="sft", messages=msgs, temperature=0, max_tokens=16, stream=True,
+        stream_options={"include_usage": True},
+    ))  # fmt: skip
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert all(ch.usage is None for ch in chunks[:-1])
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == want
+    halves = [{"type": "text", "text": q[:4]}, {"type": "text", "text": q[4:]}]
+    parts = [{"role": "user", "content": halves}]
+    r = c.chat.completions.create(model="sft", messages=parts, temperature=0, max_tokens=16)
+    assert r.choices[0].message.content == want
+    system = [{"role": "system", "content": "Be brief."}, *msgs]
+    developer = [{"role": "developer", "content": "Be brief."}, *msgs]
+    replies = [c.chat.completions.create(model="sft", messages=m, temperature=0, max_tokens=16)
+               .choices[0].message.content for m in (system, developer)]  # fmt: skip
+    assert replies[0] == replies[1]
+
+
 def bad_requests() -> list[tuple[str, object, dict | None]]:
     """(path, body, headers) of 30 requests the server must refuse with a 4xx."""
     ok = {"model": "sft", "messages": [{"role": "user", "content": "Reverse: a b"}]}
@@ -220,9 +312,15 @@ def test_thirty_bad_requests_are_4xx_json_and_the_server_keeps_serving(server, e
     assert r.choices[0].message.content == expected[q]
 
 
-def test_serve_refusals_name_the_fix(run, tmp_path, capsys):
+def test_serve_refusals_name_the_fix(run, tmp_path, capsys, monkeypatch):
     assert main(["serve", str(tmp_path)]) == 2  # no checkpoint there
     assert "checkpoint" in capsys.readouterr().err
+    assert main(["serve", str(run), "--max-tokens", "0"]) == 2
+    assert "--max-tokens must be at least 1" in capsys.readouterr().err
+    with monkeypatch.context() as mp:  # the serve extra not installed
+        mp.setitem(sys.modules, "uvicorn", None)
+        assert main(["serve", str(run)]) == 2
+        assert "pip install 'littlelm[serve]'" in capsys.readouterr().err
     with socket.socket() as s:  # a port that is taken
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -275,3 +373,19 @@ def test_a_browser_asks_on_the_chat_page_and_reads_the_streamed_reply(server, ru
         assert not browser.find_elements(By.CSS_SELECTOR, ".error")
     finally:
         browser.quit()
+
+
+def test_stop_strings_are_cut_wherever_they_fall_across_pieces():
+    from littlelm.eval.serve import cut_at_stops
+
+    rng = random.Random(0)
+    text = "the cat sat<|end|> on the mat; the dog ran"
+    for stops in (["<|end|>"], ["sat", "dog"], ["mat;", "t"], ["zzz"], ["ran"], ["n", "dog ran"]):
+        found = [text.find(s) for s in stops if s in text]
+        want = text[: min(found)] if found else text
+        for _ in range(50):  # the text split into random pieces, as a tokenizer's may be
+            cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, 12)))
+            pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+            out = list(cut_at_stops(iter(pieces), stops))
+            assert "".join(t for t, _ in out) == want
+            assert (out[-1] == ("", "stop")) == bool(found)

@@ -9,9 +9,11 @@ and `POST /v1/completions` (plain text continued from BOS), each streamed (serve
 `littlelm chat`'s: the same Chat (eval/chat.py), prompt, KV cache and sampling.
 
 Built on FastAPI and uvicorn (the stack most Python model servers use; pydantic validates the
-requests, as it validates littlelm's configs). One model serves one request at a time: requests
-wait in turn on a lock (first come, first served), so concurrent clients all get their answers
-and none disturbs another's KV cache. Every bad request is a 4xx answer with an OpenAI-style
+requests, as it validates littlelm's configs). One model serves one request at a time: one
+generation thread takes the requests from a queue in turn (first come, first served) and hands
+each its text through the event loop, so concurrent clients all get their answers, none
+disturbs another's KV cache, and a waiting client holds no thread. A client that goes away
+stops its generation at the next token. Every bad request is a 4xx answer with an OpenAI-style
 JSON error body (`{"error": {"message", "type", "param", "code"}}`); the server never answers
 with a traceback and keeps serving.
 
@@ -21,17 +23,21 @@ $LITTLELM_API_KEY) every /v1 request must carry `Authorization: Bearer KEY`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hmac
 import json
+import queue
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from littlelm.data.chat import chat_format, conversation_problem
 from littlelm.errors import LittleLMError
@@ -41,10 +47,34 @@ from littlelm.model.generate import stream
 PAGE = Path(__file__).with_name("serve_page.html")
 
 
-class ChatMessage(BaseModel):
+class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant"]
-    content: str
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """A message; its content a string or OpenAI's list of text parts (joined), and the role
+    `developer` (OpenAI's newer name for the system message) read as `system`."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    @field_validator("role")
+    @classmethod
+    def _system(cls, role: str) -> str:
+        return "system" if role == "developer" else role
+
+    @field_validator("content")
+    @classmethod
+    def _text(cls, content: str | list[TextPart]) -> str:
+        return content if isinstance(content, str) else "".join(p.text for p in content)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
 
 
 class Sampling(BaseModel):
@@ -59,6 +89,7 @@ class Sampling(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     seed: int | None = None
     n: int = Field(1, ge=1, le=1)
 
@@ -86,13 +117,42 @@ class ApiError(Exception):
                           "code": self.code or None}}  # fmt: skip
 
 
+END = object()  # what a job's queue holds after its last piece
+
+
+class Job:
+    """One request's generation: the generation thread runs `pieces` cut at `stops` and hands
+    each (text, finish) to the request's event loop, then END (or the exception that ended it).
+    `cancel` (the client went away) stops it at the next piece, or before it starts."""
+
+    def __init__(self, pieces: Iterator[str], stops: list[str]):
+        self.pieces, self.stops = pieces, stops
+        self.loop = asyncio.get_running_loop()
+        self.out: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+
+    def put(self, item) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the server is shutting down
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    async def results(self) -> AsyncIterator[tuple[str, str | None]]:
+        while (item := await self.out.get()) is not END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
 class Server:
-    """The model, its tokenizer and the lock that gives it to one request at a time."""
+    """The model, its tokenizer, and the thread that generates for one request at a time."""
 
     def __init__(self, model, tokenizer, name: str, autocast, max_tokens: int = 512):
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.autocast, self.max_tokens = autocast, max_tokens
-        self.lock = threading.Lock()
+        self.jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        threading.Thread(target=self._work, name="littlelm-generate", daemon=True).start()
         self.format = None
         with contextlib.suppress(LittleLMError):  # a base model still serves /v1/completions
             self.format = chat_format(tokenizer)
@@ -100,10 +160,10 @@ class Server:
 
     # -- requests -> (prompt ids, budget) ------------------------------------------------------
 
-    def check_model(self, req: Sampling) -> None:
-        if req.model != self.name:
+    def check_model(self, name: str) -> None:
+        if name != self.name:
             raise ApiError(
-                404, f"the model {req.model!r} does not exist; this server serves {self.name!r} "
+                404, f"the model {name!r} does not exist; this server serves {self.name!r} "
                 "(GET /v1/models)", "model", "model_not_found",
             )  # fmt: skip
 
@@ -195,34 +255,48 @@ class Server:
         finally:  # also when a stop string closed it early
             usage["completion_tokens"] = len(ids) + (usage["finish"] == "stop")
 
-    def run(self, pieces: Iterator[str], stops: list[str]) -> Iterator[tuple[str, str | None]]:
-        """(text, None) pieces, generated under the model lock, and ("", "stop") when a stop
-        string ends the reply (before it). Text that may be the start of a stop string is held
-        back until it is not. Each step runs in the autocast context itself: a streamed reply's
-        steps may run on different threads, and autocast is per thread."""
-        hold = max((len(s) for s in stops), default=1) - 1
-        text, sent = "", 0
-        with self.lock:
+    def submit(self, job: Job) -> Job:
+        self.jobs.put(job)
+        return job
+
+    def _work(self) -> None:
+        """The generation thread: the queued jobs in turn, each in the autocast context (which
+        is per thread: every step of every job runs here)."""
+        while True:
+            job = self.jobs.get()
             try:
-                while True:
+                if not job.cancelled.is_set():  # its client left while it waited
                     with self.autocast:
-                        piece = next(pieces, None)
-                    if piece is None:
-                        break
-                    text += piece
-                    cut = min((text.find(s) for s in stops if s in text), default=-1)
-                    if cut >= 0:
-                        if cut > sent:
-                            yield text[sent:cut], None
-                        yield "", "stop"
-                        return
-                    if len(text) - hold > sent:
-                        yield text[sent : len(text) - hold], None
-                        sent = len(text) - hold
+                        for item in cut_at_stops(job.pieces, job.stops):
+                            job.put(item)
+                            if job.cancelled.is_set():
+                                break
+            except Exception as e:  # that request's error; the thread serves on
+                job.put(e)
             finally:
-                pieces.close()  # type: ignore[attr-defined]  (a generator: stop generating)
-        if len(text) > sent:
-            yield text[sent:], None
+                job.pieces.close()  # type: ignore[attr-defined]  (a generator: stop generating)
+                job.put(END)
+
+
+def cut_at_stops(pieces: Iterator[str], stops: list[str]) -> Iterator[tuple[str, str | None]]:
+    """(text, None) pieces of `pieces`, and ("", "stop") when a stop string ends the text
+    (before it, wherever the string falls across pieces). Text that may be the start of a stop
+    string is held back until it is not."""
+    hold = max((len(s) for s in stops), default=1) - 1
+    text, sent = "", 0
+    for piece in pieces:
+        text += piece
+        cut = min((text.find(s) for s in stops if s in text), default=-1)
+        if cut >= 0:
+            if cut > sent:
+                yield text[sent:cut], None
+            yield "", "stop"
+            return
+        if len(text) - hold > sent:
+            yield text[sent : len(text) - hold], None
+            sent = len(text) - hold
+    if len(text) > sent:
+        yield text[sent:], None
 
 
 def stops_of(req: Sampling) -> list[str]:
@@ -237,6 +311,7 @@ def build_app(server: Server, api_key: str | None = None):
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
 
     app = FastAPI(title="littlelm", docs_url=None, redoc_url=None, openapi_url=None)
@@ -270,8 +345,8 @@ def build_app(server: Server, api_key: str | None = None):
     @app.middleware("http")
     async def authorize(request: Request, call_next):
         if api_key and request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "")
-            if given != f"Bearer {api_key}":
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, f"Bearer {api_key}".encode()):  # constant time
                 err = ApiError(401, "a valid API key is required: send 'Authorization: Bearer "
                                "KEY' (the key littlelm serve was started with)", code="invalid_api_key")  # fmt: skip
                 return JSONResponse(err.body(), status_code=401)
@@ -282,12 +357,35 @@ def build_app(server: Server, api_key: str | None = None):
         html = PAGE.read_text().replace("__MODEL__", json.dumps(server.name))
         return html.replace("__NEEDS_KEY__", "true" if api_key else "false")
 
+    entry = {"id": server.name, "object": "model", "created": 0, "owned_by": "littlelm"}
+
     @app.get("/v1/models")
     def models():
-        entry = {"id": server.name, "object": "model", "created": 0, "owned_by": "littlelm"}
         return {"object": "list", "data": [entry]}
 
-    def respond(kind: str, pieces, usage: dict, stops: list[str], stream_it: bool):
+    @app.get("/v1/models/{name:path}")
+    def one_model(name: str):
+        server.check_model(name)
+        return entry
+
+    class JobStream(StreamingResponse):
+        """Server-sent events of a job; however the response ends (done, the client gone,
+        an error), the job is cancelled: a generation nobody reads stops at its next piece."""
+
+        def __init__(self, events: AsyncIterator[str], job: Job):
+            super().__init__(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+            self.job = job
+
+        async def __call__(self, scope, receive, send):
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                self.job.cancel()
+
+    async def respond(kind: str, req: Sampling, pieces, usage: dict):
+        stops = stops_of(req)
+        job = server.submit(Job(pieces, stops))
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created, obj = int(time.time()), "chat.completion" if kind == "chat" else "text_completion"
 
@@ -302,51 +400,58 @@ def build_app(server: Server, api_key: str | None = None):
             p, c = usage["prompt_tokens"], usage.get("completion_tokens", 0)
             return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-        if not stream_it:
+        if not req.stream:
             parts, finish = [], None
-            for text, fin in server.run(pieces, stops):
-                parts.append(text)
-                finish = fin or finish
+            try:
+                async for text, fin in job.results():
+                    parts.append(text)
+                    finish = fin or finish
+            finally:
+                job.cancel()
             finish = finish or usage.get("finish", "length")
             return {"id": rid, "object": obj, "created": created, "model": server.name,
                     "choices": [choice("".join(parts), finish, False)], "usage": usage_of()}  # fmt: skip
 
-        def events() -> Iterator[str]:
-            chunk = {"id": rid, "object": f"{obj}.chunk" if kind == "chat" else obj,
-                     "created": created, "model": server.name}  # fmt: skip
+        chunk = {"id": rid, "object": f"{obj}.chunk" if kind == "chat" else obj,
+                 "created": created, "model": server.name}  # fmt: skip
+
+        def event(choices: list, **more) -> str:
+            return f"data: {json.dumps({**chunk, 'choices': choices, **more})}\n\n"
+
+        async def events() -> AsyncIterator[str]:
             if kind == "chat":  # the role first, as OpenAI's stream does
-                first = {"index": 0, "delta": {"role": "assistant", "content": ""},
-                         "finish_reason": None}  # fmt: skip
-                yield f"data: {json.dumps({**chunk, 'choices': [first]})}\n\n"
+                yield event([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                              "finish_reason": None}])  # fmt: skip
             finish = None
             try:
-                for text, fin in server.run(pieces, stops):
+                async for text, fin in job.results():
                     finish = fin or finish
                     if text:
-                        yield f"data: {json.dumps({**chunk, 'choices': [choice(text, None, True)]})}\n\n"
+                        yield event([choice(text, None, True)])
             except Exception as e:  # after the headers went out: an error event, then the end
                 err = ApiError(500, f"generation failed: {type(e).__name__}: {e}"[:300])
                 yield f"data: {json.dumps(err.body())}\n\n"
             else:
-                end = choice("", finish or usage.get("finish", "length"), True)
-                yield f"data: {json.dumps({**chunk, 'choices': [end], 'usage': usage_of()})}\n\n"
+                yield event([choice("", finish or usage.get("finish", "length"), True)])
+                if req.stream_options and req.stream_options.include_usage:
+                    yield event([], usage=usage_of())  # OpenAI's last chunk: no choices, usage
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return JobStream(events(), job)
 
     @app.post("/v1/chat/completions")
-    def chat_completions(req: ChatRequest):
-        server.check_model(req)
-        stops = stops_of(req)
-        pieces, usage = server.chat_pieces(req)
-        return respond("chat", pieces, usage, stops, req.stream)
+    async def chat_completions(req: ChatRequest):
+        server.check_model(req.model)
+        stops_of(req)  # refused before any tokenizing
+        pieces, usage = await run_in_threadpool(server.chat_pieces, req)
+        return await respond("chat", req, pieces, usage)
 
     @app.post("/v1/completions")
-    def completions(req: CompletionRequest):
-        server.check_model(req)
-        stops = stops_of(req)
-        pieces, usage = server.completion_pieces(req)
-        return respond("text", pieces, usage, stops, req.stream)
+    async def completions(req: CompletionRequest):
+        server.check_model(req.model)
+        stops_of(req)
+        pieces, usage = await run_in_threadpool(server.completion_pieces, req)
+        return await respond("text", req, pieces, usage)
 
     return app
 
@@ -374,12 +479,12 @@ def serve(
     if max_tokens < 1:
         raise LittleLMError(f"--max-tokens must be at least 1, got {max_tokens}")
     path = find_checkpoint(checkpoint)
+    check_port(host, port)  # before loading takes the user's time
     dev = pick_device(device)
     model, tok, cfg = load_model(path, dev)
     name = name or run_name(Path(checkpoint))
     precision = inference_precision(precision, cfg.train.precision, dev)
     server = Server(model, tok, name, autocast(dev, precision), max_tokens)
-    check_port(host, port)
     where = f"http://{host}:{port}"
     print(
         f"serving {name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
@@ -387,7 +492,13 @@ def serve(
         f"OpenAI API {where}/v1" + (" (API key required)" if api_key else ""),
         flush=True,
     )
-    uvicorn.run(build_app(server, api_key), host=host, port=port, log_level="warning")
+    if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: anyone who can reach {host}:{port} may use the model; --api-key KEY "
+              "(or $LITTLELM_API_KEY) makes requests carry a key", file=sys.stderr, flush=True)  # fmt: skip
+    # Ctrl-C / SIGTERM: requests in flight get 10 s to finish, then are cancelled (and their
+    # generations stopped), so a long queue does not keep a stopped server alive
+    uvicorn.run(build_app(server, api_key), host=host, port=port, log_level="warning",
+                timeout_graceful_shutdown=10)  # fmt: skip
     return 0
 
 
