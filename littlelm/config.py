@@ -22,6 +22,7 @@ import math
 import re
 import reprlib
 import typing
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -368,7 +369,14 @@ def _cli_keys(origin: dict[str, str]) -> set[str]:
 def validate(
     cls: type[Cfg], tree: dict, origin: dict[str, str] | None = None, source: str = ""
 ) -> Any:
-    """Validate `tree` against `cls`; raise one ConfigError listing every problem."""
+    """Validate `tree` against `cls`; raise one ConfigError listing every problem. A schema
+    with an `upgrade(tree, origin)` classmethod reads older layouts through it first (on copies;
+    each of its notes is a warning)."""
+    upgrade = getattr(cls, "upgrade", None)
+    if upgrade is not None:
+        tree, origin = copy.deepcopy(tree), dict(origin or {})
+        for note in upgrade(tree, origin):
+            warnings.warn(note, stacklevel=2)
     errors: list[tuple[tuple, str]] = []
     result = _validate_model(cls, tree, (), errors)
     if not errors:

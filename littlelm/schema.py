@@ -13,7 +13,8 @@ Sections and who owns them:
     guard       non-finite / spiking losses, rollback           (littlelm.train.guard)
     distributed ddp/fsdp, optimizer sharding, world size        (littlelm.train.distributed)
     callbacks   list of registered callbacks                    (littlelm.train.callbacks)
-    grow        start from a smaller trained checkpoint         (littlelm.model.grow)
+    grow        start from a smaller trained checkpoint         (littlelm.train.growth)
+    sft         fine-tune a base model (post-training)          (littlelm.train.growth)
 
 `resolve` returns a new config with the values derived from others filled in (vocabulary size
 from the tokenizer, which `load_run` looks up, so that resolving reads no file; sequence length, gradient accumulation, step count from a token budget), so
@@ -58,7 +59,7 @@ from littlelm.optim.base import OptimizerConfig
 from littlelm.optim.groups import ORIGINS
 from littlelm.optim.schedule import resolve_lr_multipliers
 from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
-from littlelm.sections import BudgetConfig, DistributedConfig, GrowConfig, GuardConfig
+from littlelm.sections import BudgetConfig, DistributedConfig, GrowConfig, GuardConfig, SFTConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 # Most filesystems allow 255 bytes per name; littlelm adds up to ~40 (`-bench`, `.log`, `.tmp`)
@@ -292,6 +293,44 @@ class RunConfig(Cfg):
     grow: GrowConfig | None = Field(
         None, description="Grow a smaller trained checkpoint into this model; null = random init."
     )
+    sft: SFTConfig | None = Field(
+        None,
+        description="Supervised fine-tuning: start from a base model's weights "
+        "(docs/post-training.md); null = not a fine-tuning run.",
+    )
+
+    @classmethod
+    def upgrade(cls, tree: dict, origin: dict[str, str]) -> list[str]:
+        """Read an older layout as today's, in place (`config.validate` calls this before
+        validating): an SFT run written before `sft:` existed started from its base through a
+        same-shape `grow:` (a grow section without growth's own settings, in a run with a chat
+        source), in YAML files and in the config.yaml of run directories and checkpoints. Returns
+        a note per change."""
+        g = tree.get("grow")
+        if not isinstance(g, dict) or tree.get("sft") is not None or not _old_sft(tree, g):
+            return []
+        tree["sft"] = {
+            "base": g["parent"],
+            "continue_data": g.get("continue_data", True),  # grow's default, kept
+            **({"verify_tokens": g["verify_tokens"]} if "verify_tokens" in g else {}),
+        }
+        tree["grow"] = None
+        renames = {"grow.parent": "sft.base"}
+        for key in [k for k in origin if k == "grow" or k.startswith("grow.")]:
+            where = origin.pop(key)
+            if key not in ("grow.placement", "grow.widened", "grow.lr_multipliers"):
+                origin[renames.get(key, "sft." + key.partition(".")[2])] = where
+        return [
+            "an SFT run's grow: section is read as sft: {base: ...}, post-training's own "
+            "section; write it there (docs/post-training.md)"
+        ]
+
+    def starts_from(self) -> GrowConfig | None:
+        """The checkpoint whose weights the run starts from, as growth (train/growth.py) copies
+        it: grow:, or sft:'s base as a same-shape grow; None for a run from random weights."""
+        if self.sft is not None:
+            return self.sft.as_grow(self.model.n_layer)
+        return self.grow
 
     def run_dir(self) -> Path:
         return Path(self.run.out_dir) / self.run.name
@@ -390,10 +429,35 @@ def resolve(
     # layers) are filled in at start-up (train/growth.py complete_growth): resolving reads no file
     grow, more = _resolve_grow_lr(cfg.grow, cfg.optimizer)
     problems += more
+    if cfg.grow is not None and cfg.sft is not None:
+        problems.append(
+            "grow and sft are both set: a run starts from one checkpoint; sft: {base: ...} for "
+            "fine-tuning a base of this shape, grow: {parent: ...} for a larger model"
+        )
     if problems:
         raise ConfigError(problems, source or None)
     update = {"model": m, "train": train, "distributed": dist, "grow": grow}
     return cfg.model_copy(update=copy.deepcopy(update), deep=True)
+
+
+def _old_sft(tree: dict, g: dict) -> bool:
+    """Whether `grow:` (of `tree`) is how SFT was configured before `sft:`: the parent with
+    only the keys SFT uses (or growth's resolved to nothing: the identity placement and no lr
+    multipliers, as a run directory's config.yaml has them), and a chat source."""
+    sources = (tree.get("data") or {}).get("sources") or {}
+    chat = isinstance(sources, dict) and any(
+        (s.get("name") if isinstance(s, dict) else s) == "chat" for s in sources.values()
+    )
+    n_layer = (tree.get("model") or {}).get("n_layer")
+    return (
+        chat
+        and "parent" in g
+        and set(g)
+        <= {"parent", "continue_data", "verify_tokens", "placement", "widened", "lr_multipliers"}
+        and g.get("placement", list(range(n_layer or 0))) == list(range(n_layer or 0))
+        and g.get("widened", "old") == "old"
+        and not g.get("lr_multipliers")
+    )
 
 
 def _resolve_grow_lr(

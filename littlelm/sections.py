@@ -177,3 +177,39 @@ class GrowConfig(Cfg):
         # run may change it (the new value applies from the resumed step on)
         json_schema_extra=RESUMABLE,
     )
+
+
+class SFTConfig(Cfg):
+    """Supervised fine-tuning: start from a trained base model's weights, with a fresh optimizer
+    (docs/post-training.md). The run's `model` section is the base's shape. The loss counts the
+    assistant's tokens of each conversation (a `chat` source's mask) and the conversations are
+    rendered in the base tokenizer's chat format (littlelm's chat tokens, or an imported model's
+    chat_template): both belong to the data and the tokenizer, which chat, serve and export read
+    too, so they are not set here."""
+
+    base: str = Field(
+        ...,
+        description="The base model: a checkpoint directory, or a run directory (its newest "
+        "checkpoint). Its weights are copied in and checked to reproduce its logits.",
+    )
+    continue_data: bool = Field(
+        False,
+        description="Continue the base's data stream where it stopped (needs the base's data "
+        "section and run.seed); false = start this run's data from its beginning.",
+    )
+    verify_tokens: int = Field(
+        64,
+        description="Tokens of a probe on which the copied model's logits must match the "
+        "base's at the start (fp32); 0 = skip.",
+        ge=0,
+    )
+
+    def as_grow(self, n_layer: int) -> GrowConfig:
+        """The same-shape growth that starts the run (train/growth.py copies and checks): every
+        layer from the base's block of the same index."""
+        return GrowConfig(
+            parent=self.base,
+            placement=list(range(n_layer)),
+            continue_data=self.continue_data,
+            verify_tokens=self.verify_tokens,
+        )

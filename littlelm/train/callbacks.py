@@ -175,7 +175,7 @@ def grown_from(trainer: TrainerView) -> dict:
     that a report comparing it with its parent continues the parent's curves."""
     from littlelm.train.growth import lineage_start
 
-    grow = trainer.cfg.grow
+    grow = trainer.cfg.starts_from()
     start = lineage_start(grow.parent) if grow is not None else None
     return {"grown_from": start} if start is not None else {}
 

@@ -52,7 +52,8 @@ def lineage_start(checkpoint: str | Path, depth: int = 16) -> dict | None:
     except (OSError, ValueError):
         return None
     start = {"checkpoint": str(checkpoint), "step": state["step"], "tokens": state["tokens"]}
-    grandparent = ((state.get("config") or {}).get("grow") or {}).get("parent")
+    config = state.get("config") or {}
+    grandparent = (config.get("sft") or {}).get("base") or (config.get("grow") or {}).get("parent")
     earlier = lineage_start(grandparent, depth - 1) if grandparent and depth > 1 else None
     if earlier is not None:
         start["step"] += earlier["step"]
@@ -68,9 +69,11 @@ def complete_growth(cfg: RunConfig) -> RunConfig:
     config loading itself reads no checkpoint. A config that has them already (a run
     directory's) needs no parent, so a run resumes after its parent is gone. Raises ConfigError
     naming what is wrong."""
-    g, m = cfg.grow, cfg.model
+    g, m = cfg.starts_from(), cfg.model
     if g is None:
         return cfg
+    if cfg.sft is not None:
+        return _complete_sft(cfg, g)
     if not m.growable:
         raise ConfigError(["grow: only the gpt model can be grown"])
     derive = isinstance(g.placement, str) or (m.value_embeds and m.value_embed_layers is None)
@@ -97,23 +100,59 @@ def complete_growth(cfg: RunConfig) -> RunConfig:
     return cfg.model_copy(update={"grow": g, "model": m})
 
 
-def find_parent(path: str | Path) -> Path:
+def _complete_sft(cfg: RunConfig, g: GrowConfig) -> RunConfig:
+    """complete_growth of an SFT run: sft.base made the exact checkpoint, the model checked to
+    have the base's shape, model.value_embed_layers the base's."""
+    m, layers = cfg.model, list(range(cfg.model.n_layer))  # the identity placement
+    try:
+        path = find_parent(g.parent, "sft.base")
+    except CheckpointError as e:
+        if m.value_embeds and m.value_embed_layers is None:
+            raise ConfigError([str(e)]) from None
+        return cfg  # nothing to derive: a resumed run needs no base
+    try:
+        parent = parent_model_config(read_parent_state(path, "sft.base"), path)
+    except LittleLMError as e:
+        raise ConfigError([f"sft: {e}"]) from None
+    shape = ("n_layer", "d_model", "n_head", "kv_heads", "hidden", "vocab_size")
+    differ = [k for k in shape if getattr(parent, k) != getattr(m, k)]
+    if differ:
+        raise ConfigError(
+            [
+                f"sft.base: {path} has {', '.join(f'{k} {getattr(parent, k)}' for k in differ)}, "
+                f"the model section {', '.join(f'{k} {getattr(m, k)}' for k in differ)}; an SFT "
+                "run has its base's shape (copy the base's model section; to grow the base into a "
+                "larger model, use grow: {parent: ...}, docs/growth.md)"
+            ]
+        )
+    if m.value_embeds and m.value_embed_layers is None:
+        ve_layers = grown_value_embed_layers(parent, m, layers)
+        m = m.model_copy(update={"value_embed_layers": ve_layers})
+    problems = check_growable(parent, m, layers)
+    if problems:
+        raise ConfigError(problems)
+    sft = cfg.sft.model_copy(update={"base": str(path)})
+    return cfg.model_copy(update={"sft": sft, "model": m})
+
+
+def find_parent(path: str | Path, key: str = "grow.parent") -> Path:
     """A checkpoint directory, or the newest complete checkpoint of a run directory."""
     try:
         return find_checkpoint(path)
     except CheckpointError as e:
+        section = key.partition(".")[0]
         raise CheckpointError(
-            f"grow.parent: {e}; give a checkpoint directory (runs/NAME/checkpoints/step_N) or a "
-            "run directory (its newest checkpoint is used); to look at or plan the grown shape "
-            "without the parent, override grow=null"
+            f"{key}: {e}; give a checkpoint directory (runs/NAME/checkpoints/step_N) or a "
+            "run directory (its newest checkpoint is used); to look at or plan the model "
+            f"without it, override {section}=null"
         ) from None
 
 
-def read_parent_state(path: Path) -> dict:
+def read_parent_state(path: Path, key: str = "grow.parent") -> dict:
     try:
         return json.loads((path / "state.json").read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"grow.parent: cannot read {path / 'state.json'} ({e})") from None
+        raise CheckpointError(f"{key}: cannot read {path / 'state.json'} ({e})") from None
 
 
 @dataclass
@@ -146,9 +185,10 @@ class GrownFrom:
 def grow_at_start(model: GPT, cfg: RunConfig, resumed_step: int | None, data) -> GrownFrom | None:
     """A fresh grown run (or one resumed at step 0): the parent's weights and origin tags go
     into `model` (None: not a grown run, or one resumed past its start)."""
-    if cfg.grow is None or resumed_step:
+    g = cfg.starts_from()
+    if g is None or resumed_step:
         return None
-    return grow_from_parent(model, cfg.grow, data.tokenizer.fingerprint, to_tree(cfg))
+    return grow_from_parent(model, g, data.tokenizer.fingerprint, to_tree(cfg))
 
 
 def grow_from_parent(
@@ -234,7 +274,8 @@ def preview_growth(cfg: Any) -> list[str]:
     cfg = complete_growth(cfg)
     torch.manual_seed(cfg.run.seed)
     model = GPT(cfg.model)
-    grown = grow_from_parent(model, cfg.grow, None, None)
+    g = cfg.starts_from()
+    grown = grow_from_parent(model, g, None, None)
     groups = build_optimizer(cfg, model, origin=grown.origin).param_groups
     m = model.cfg
     where = " ".join("new" if p is None else str(p) for p in grown.layers)
@@ -248,9 +289,9 @@ def preview_growth(cfg: Any) -> list[str]:
     ]
     lines += [
         f"{name:<26}{n:>8}{numel:>14,}  {opt:<10}  {lr}"
-        for name, n, numel, opt, lr in group_rows(groups, cfg.grow)
+        for name, n, numel, opt, lr in group_rows(groups, g)
     ]
-    if not cfg.grow.lr_multipliers and not cfg.optimizer.origin_multipliers():
+    if cfg.grow is not None and not g.lr_multipliers and not cfg.optimizer.origin_multipliers():
         lines.append(
             "one lr for old and new weights: on the parent's own data the loss jumps after "
             "growth, then ended lowest at three of four seed runs; on new data it learns the new "

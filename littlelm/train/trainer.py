@@ -145,7 +145,7 @@ class Trainer:
             say=self.log,  # a changed budget refits the schedule, and says so
         )
         # the lrs at (step, progress), times a grown run's factor per origin; Muon's momentum
-        origins = (cfg.grow and cfg.grow.lr_multipliers) or {}
+        origins = (cfg.grow and cfg.grow.lr_multipliers) or {}  # sft: one lr per role
         momentum = cfg.optimizer.momentum_schedule()
         self.schedule = GroupSchedule(build_schedule(cfg.schedule), origins, momentum)
         # bf16 autocast or nothing: one context (reusable) for every step and evaluation
