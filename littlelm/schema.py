@@ -3,16 +3,16 @@
 Sections and who owns them:
 
     run         name, output directory, seed, device            (here)
-    model       registered model + its config                   (littlelm.model)
+    model       the model's config (gpt)                        (littlelm.model.gpt)
     data        tokenizer, sources, split, packing              (littlelm.data.build)
-    optimizer   registered optimizer + its config               (littlelm.optim.groups)
-    schedule    registered lr schedule + its config             (littlelm.optim.schedule)
+    optimizer   adamw or muon, by name, with its options        (littlelm.optim.groups)
+    schedule    lr schedule, by name, with its options          (littlelm.optim.schedule)
     train       batch, steps, precision, compile, clipping      (littlelm.train.trainer)
     eval        validation loss / bits per byte, named sets     (littlelm.train.validation)
     checkpoint  interval, retention, save-failure policy        (littlelm.train.trainer)
     guard       non-finite / spiking losses, rollback           (littlelm.train.guard)
     distributed ddp/fsdp, optimizer sharding, world size        (littlelm.train.distributed)
-    callbacks   list of registered callbacks                    (littlelm.train.callbacks)
+    callbacks   list of callbacks, by name                      (littlelm.train.callbacks)
     grow        start from a smaller trained checkpoint         (littlelm.train.growth)
     sft         fine-tune a base model (post-training)          (littlelm.train.growth)
 
@@ -25,15 +25,17 @@ Which keys a resumed run may change is declared on the fields themselves
 (`json_schema_extra=RESUMABLE`; `resumable` below reads it for train/checkpoint/resume.py).
 
 This module sits below the trainer and above the components: it composes the sections owned by
-model/, optim/ and data/ (which never see the root config) and those of the train layer's
-helpers (littlelm/sections.py). The component registries must be filled before a config is
-validated: the entry points call `littlelm.components.register_all()`.
+model/, optim/ and data/ (which never see the root config), each component field a union of the
+config classes it may hold, chosen by `name` (littlelm/config.py), and those of the train
+layer's helpers (littlelm/sections.py). `callbacks:` alone is an open table
+(littlelm/registry.py), filled at the first lookup or by `littlelm.components.register_all()`.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -43,22 +45,25 @@ from pydantic import Field, field_validator
 from littlelm.config import (
     RESUMABLE,
     Cfg,
-    Registered,
+    ComponentConfig,
+    Kind,
     apply_overrides,
     component_paths,
+    first_sentence,
     load_tree,
     marked,
     packaged_names,
+    slot,
     validate,
 )
 from littlelm.data.build import DataConfig
-from littlelm.data.tokenizer import vocab_size_of
+from littlelm.data.tokenizers import vocab_size_of
 from littlelm.errors import ConfigError
-from littlelm.model.protocol import ModelConfig
+from littlelm.model.gpt import GPTConfig
 from littlelm.optim.base import OptimizerConfig
-from littlelm.optim.groups import ORIGINS
-from littlelm.optim.schedule import resolve_lr_multipliers
-from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
+from littlelm.optim.groups import ORIGINS, OptimizerChoice
+from littlelm.optim.schedule import ScheduleChoice, resolve_lr_multipliers
+from littlelm.registry import callback_classes
 from littlelm.sections import BudgetConfig, DistributedConfig, GrowConfig, GuardConfig, SFTConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
@@ -252,16 +257,17 @@ class RunConfig(Cfg):
     run: RunSection = Field(
         default_factory=RunSection, description="Name, output directory, seed, device."
     )
-    model: Annotated[ModelConfig, Registered(MODELS, default="gpt")] = Field(
+    # one model today: a new one makes this `GPTConfig | ItsConfig` (model/protocol.py)
+    model: Annotated[GPTConfig, Kind("model")] = Field(
         default_factory=lambda: {"name": "gpt"}, description="The model (littlelm list)."
     )
     data: DataConfig = Field(default_factory=DataConfig, description="Tokenizer, sources, packing.")
-    optimizer: Annotated[OptimizerConfig, Registered(OPTIMIZERS, default="muon")] = Field(
+    optimizer: Annotated[OptimizerChoice, Kind("optimizer")] = Field(
         default_factory=lambda: {"name": "muon"},
         description="Optimizer and its per-role lrs.",
         json_schema_extra=RESUMABLE,
     )
-    schedule: Annotated[Any, Registered(SCHEDULES, default="trapezoidal")] = Field(
+    schedule: Annotated[ScheduleChoice, Kind("schedule")] = Field(
         default_factory=lambda: {"name": "trapezoidal"},
         description="Learning-rate schedule.",
         json_schema_extra=RESUMABLE,
@@ -285,7 +291,7 @@ class RunConfig(Cfg):
         description="Several processes (torchrun): ddp or fsdp, optimizer sharding.",
         json_schema_extra=RESUMABLE,
     )
-    callbacks: Annotated[Any, Registered(CALLBACKS, container="list")] = Field(
+    callbacks: Annotated[list[Any], Kind("callback", table=callback_classes)] = Field(
         default_factory=list,
         description="Extra callbacks (samples, loggers, evals).",
         json_schema_extra=RESUMABLE,
@@ -350,6 +356,27 @@ class RunConfig(Cfg):
             return self
         train = t.model_copy(update={"precision": precision})
         return self.model_copy(update={"train": train, "optimizer": optimizer})
+
+
+def components(cls: type[Cfg] = RunConfig) -> dict[str, list[tuple[str, str]]]:
+    """Every component a run file may name, by kind (model, tokenizer, ...): (name, the first
+    sentence of its config's docstring), as `littlelm list` prints them."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for field in cls.model_fields.values():
+        meta = slot(field)
+        if meta is not None:
+            out.setdefault(meta.kind, []).extend(
+                (name, first_sentence(c.__doc__ or "")) for name, c in sorted(meta.classes.items())
+            )
+        for sub in typing.get_args(field.annotation) or (field.annotation,):
+            if (
+                isinstance(sub, type)
+                and issubclass(sub, Cfg)
+                and not issubclass(sub, ComponentConfig)
+            ):
+                for kind, rows in components(sub).items():
+                    out.setdefault(kind, []).extend(rows)
+    return out
 
 
 def find_config(path: str | Path) -> Path:

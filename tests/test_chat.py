@@ -674,7 +674,7 @@ def test_an_imported_models_template_renders_as_transformers_does(tmp_path, bos_
     transformers = pytest.importorskip("transformers")
     from tokenizers import AddedToken
 
-    from littlelm.data.tokenizer import load_tokenizer
+    from littlelm.data.tokenizers import load_tokenizer
     from littlelm.interop.hf_tokenizer import export_tokenizer, import_tokenizer
 
     raw = trained_bpe(chat_tokens=False).tok

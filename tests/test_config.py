@@ -202,11 +202,9 @@ def test_an_sft_run_under_grow_reads_as_sft_and_growth_stays_growth(tmp_path, co
 
 
 def test_every_config_field_has_a_description():
-    from littlelm.registry import Registry
+    from littlelm.config import slot
 
     classes = {RunConfig}
-    for reg in Registry.all.values():
-        classes.update(e.config for e in reg.entries() if e.config)
     seen, missing = set(), []
     while classes:
         cls = classes.pop()
@@ -214,6 +212,8 @@ def test_every_config_field_has_a_description():
         for name, field in cls.model_fields.items():
             if not field.description:
                 missing.append(f"{cls.__name__}.{name}")
+            meta = slot(field)  # a component field: every class it may hold
+            classes.update(c for c in (meta.classes.values() if meta else ()) if c not in seen)
             ann = field.annotation
             if isinstance(ann, type) and hasattr(ann, "model_fields") and ann not in seen:
                 classes.add(ann)

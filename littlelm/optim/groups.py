@@ -8,7 +8,8 @@ pair. Its base lr is the role's lr from the optimizer config times
 `lr_multipliers[origin]`; the schedule multiplies every base lr by the same factor each step,
 and in a grown run `grow.lr_multipliers` (optim/schedule.py) by its origin's factor at that step.
 
-Two optimizers are registered:
+Two optimizers, the `optimizer:` section's choices (`OptimizerChoice`, on its `name`), each
+built by `build_optimizer` (`cfg.build(model, ...)`):
 - `muon`: Muon for the 2-D hidden matrices, AdamW for everything else (the modern recipe);
 - `adamw`: AdamW for everything, still with a learning rate per role.
 """
@@ -18,13 +19,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from littlelm.config import RESUMABLE
+from littlelm.config import RESUMABLE, named
 from littlelm.errors import ConfigError
 from littlelm.hardware import auto_precision
 from littlelm.optim.base import OptimizerConfig, OptimizerTraits
@@ -35,6 +36,8 @@ from littlelm.optim.schedule import momentum_warmup
 class AdamWConfig(OptimizerConfig):
     """AdamW for every parameter, with a learning rate per role."""
 
+    # another optimizer has another state layout: a resumed run keeps its optimizer
+    name: Literal["adamw"] = named("adamw", resumable=False)
     lr: float = Field(3e-4, description="Learning rate of the hidden matrices.", gt=0)
     embedding_lr: float | None = Field(
         None, description="lr of the token embedding; null = lr.", gt=0
@@ -76,6 +79,15 @@ class AdamWConfig(OptimizerConfig):
     def traits(self) -> OptimizerTraits:
         return OptimizerTraits("adamw", adamw_8bit=self.adamw_8bit)
 
+    def build(
+        self,
+        model: nn.Module,
+        stochastic_rounding: bool = False,
+        origin: dict[str, str] | None = None,
+    ) -> MuonAdamW:
+        """The optimizer over `model`'s parameters (build_optimizer, below)."""
+        return build_optimizer(model, self, stochastic_rounding, origin)
+
     def origin_multipliers(self) -> dict[str, float]:
         return self.lr_multipliers
 
@@ -97,6 +109,8 @@ class AdamWConfig(OptimizerConfig):
 class MuonConfig(AdamWConfig):
     """Muon for the hidden matrices, AdamW (per-role lrs) for embeddings, lm_head and scalars."""
 
+    # Muon takes AdamW's options (for the parameters it leaves to AdamW) and adds its own
+    name: Literal["muon"] = named("muon", resumable=False)  # type: ignore[assignment]
     lr: float = Field(0.02, description="Muon learning rate of the hidden matrices.", gt=0)
     embedding_lr: float | None = Field(0.2, description="AdamW lr of the token embedding.", gt=0)
     value_embedding_lr: float | None = Field(
@@ -142,6 +156,8 @@ class MuonConfig(AdamWConfig):
             steps=self.momentum_warmup_steps,
         )
 
+
+OptimizerChoice = Annotated[AdamWConfig | MuonConfig, Field(discriminator="name")]
 
 ORIGINS = ("embedding", "old", "new")
 NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

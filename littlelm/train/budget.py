@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from littlelm.errors import ConfigError
-from littlelm.optim.schedule import build_schedule, step_progress
+from littlelm.optim.schedule import step_progress
 from littlelm.progress import duration
 from littlelm.sections import BudgetConfig
 
@@ -515,7 +515,7 @@ def build_budget(
         agree=agree,
     )
     log = Ledger(ledger)
-    for note in restore(budget, saved, log.read(), build_schedule(cfg.schedule)):
+    for note in restore(budget, saved, log.read(), cfg.schedule.build()):
         say(note)
     run = TimeBudget(budget, log, b, cfg.distributed.world_size or 1)
     if budget.finished and saved is not None:

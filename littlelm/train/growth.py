@@ -37,7 +37,7 @@ from littlelm.optim.groups import group_table
 from littlelm.optim.schedule import OriginLR, OriginRamp, multiplier
 from littlelm.schema import RunConfig
 from littlelm.sections import GrowConfig
-from littlelm.train.build import build_optimizer
+from littlelm.train.build import optimizer_for
 from littlelm.train.checkpoint import files as ckpt
 
 VERIFY_RTOL = 1e-4  # of the largest logit; fp32 growth lands near 1e-6
@@ -276,7 +276,7 @@ def preview_growth(cfg: Any) -> list[str]:
     model = GPT(cfg.model)
     g = cfg.starts_from()
     grown = grow_from_parent(model, g, None, None)
-    groups = build_optimizer(cfg, model, origin=grown.origin).param_groups
+    groups = optimizer_for(cfg, model, origin=grown.origin).param_groups
     m = model.cfg
     where = " ".join("new" if p is None else str(p) for p in grown.layers)
     lines = [
