@@ -34,6 +34,7 @@ from typing import Any
 import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict
+from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 
 from littlelm.errors import ConfigError, did_you_mean
@@ -42,9 +43,9 @@ CLI = "command line"
 
 # Markers for a field's json_schema_extra, read by `marked`:
 # a resumed run may change it (a section marked so covers its keys; train/checkpoint/resume.py);
-RESUMABLE = {"resumable": True}
+RESUMABLE: JsonDict = {"resumable": True}
 # ... and it does not change which tokens the data loader yields next (grow.continue_data).
-SAME_DATA = {"resumable": True, "same_data": True}
+SAME_DATA: JsonDict = {"resumable": True, "same_data": True}
 
 
 class _Loader(yaml.SafeLoader):
@@ -203,16 +204,17 @@ def slot(field: FieldInfo) -> Slot | None:
     kind = next((m for m in field.metadata if isinstance(m, Kind)), None)
     if kind is None:
         return None
-    ann, container = field.annotation, None
-    if _is_union(ann):  # X | None: the section may be null
-        ann = typing.Union[tuple(a for a in typing.get_args(ann) if a is not type(None))]
-    if typing.get_origin(ann) in (list, dict):
-        container = typing.get_origin(ann).__name__
-        ann = typing.get_args(ann)[-1]
+    ann: Any = field.annotation
+    # X | None (a section that may be null) offers X; list[X] and dict[str, X] hold several
+    args = [a for a in typing.get_args(ann) if a is not type(None)] if _is_union(ann) else [ann]
+    container: str | None = None
+    if len(args) == 1 and typing.get_origin(args[0]) in (list, dict):
+        container = "list" if typing.get_origin(args[0]) is list else "dict"
+        args = [typing.get_args(args[0])[-1]]
     if kind.table is not None:
         classes = kind.table()
     else:
-        classes = {component_name(c): c for c in offered(ann)}
+        classes = {component_name(c): c for a in args for c in offered(a)}
     default = field.get_default(call_default_factory=True)
     name = default.get("name") if isinstance(default, dict) else getattr(default, "name", None)
     return Slot(kind.kind, classes, name if container is None else None, container)
@@ -358,10 +360,9 @@ def component_paths(cls: type[BaseModel], at: tuple[str, ...] = ()) -> Component
     one's default name: {("model",): "gpt", ("data", "sources", "*"): None, ...}."""
     out: Components = {}
     for key, meta in _slots(cls).items():
-        if meta.container == "dict":
-            out[(*at, key, "*")] = meta.default
-        elif meta.container is None:
-            out[(*at, key)] = meta.default
+        here = (*at, key, "*") if meta.container == "dict" else (*at, key)
+        if meta.container != "list":
+            out[here] = meta.default
     for key, sub in _nested_models(cls).items():
         out.update(component_paths(sub, (*at, key)))
     return out
@@ -424,7 +425,7 @@ def apply_overrides(
 
 def _cli_keys(origin: dict[str, str]) -> set[str]:
     """The keys set by overrides, and every section above them."""
-    out = set()
+    out: set[str] = set()
     for k, v in origin.items():
         if v == CLI:
             parts = k.split(".")
@@ -473,10 +474,10 @@ def _slots(cls: type[BaseModel]) -> dict[str, Slot]:
     return {name: s for name, f in cls.model_fields.items() if (s := slot(f)) is not None}
 
 
-def _nested_models(cls: type[BaseModel]) -> dict[str, type[BaseModel]]:
+def _nested_models(cls: type[BaseModel]) -> dict[str, type[Cfg]]:
     """Fields whose type is itself a config model, possibly Optional: validated recursively so
     that their own component fields are handled too."""
-    out = {}
+    out: dict[str, type[Cfg]] = {}
     for name, field in cls.model_fields.items():
         ann = field.annotation
         candidates = typing.get_args(ann) or (ann,)
@@ -502,7 +503,9 @@ def _validate_model(cls: type[Cfg], data: Any, loc: tuple, errors: list) -> Any:
             errors.append(((*loc, *err["loc"], *tag), _pydantic_message(err, cls, err["loc"])))
     for key, meta in special.items():
         default = cls.model_fields[key].get_default(call_default_factory=True)
-        if isinstance(default, BaseModel):  # an absent section: validate its defaults as data
+        if isinstance(meta, Slot) and isinstance(default, ComponentConfig):
+            default = {"name": default.name}  # an absent component: the default one, by name
+        elif isinstance(default, BaseModel):  # an absent section: validate its defaults as data
             default = default.model_dump()
         value = data.get(key, default)
         if isinstance(meta, Slot):
@@ -558,7 +561,7 @@ def unknown_name(kind: str, name: Any, known: list[str]) -> str:
 UNION_TAG_ERRORS = ("union_tag_invalid", "union_tag_not_found")
 
 
-def _pydantic_message(err: dict, cls: type[BaseModel], rel_loc: tuple) -> str:
+def _pydantic_message(err: Any, cls: type[BaseModel], rel_loc: tuple) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         owner = _owner_class(cls, rel_loc[:-1])
@@ -571,8 +574,8 @@ def _pydantic_message(err: dict, cls: type[BaseModel], rel_loc: tuple) -> str:
         return "required key is missing"
     if kind in UNION_TAG_ERRORS:  # said as ours, not as pydantic's dump of the union
         ctx = err.get("ctx") or {}
-        known = re.findall(r"'([^']*)'", str(ctx.get("expected_tags", "")))
-        return unknown_name("component", ctx.get("tag"), known)
+        tags = re.findall(r"'([^']*)'", str(ctx.get("expected_tags", "")))
+        return unknown_name("component", ctx.get("tag"), tags)
     msg = err["msg"]
     if "input" in err and not isinstance(err["input"], dict):
         msg += f", got {short(err['input'])}"
@@ -632,8 +635,11 @@ def marked(cls: type[BaseModel], tree: dict, key: str, marker: str) -> bool:
     looked up in the config class of the component `tree` names there (when it names none:
     the field's default, else the base class all its classes share). False when no field on
     the path sets it."""
-    found, owner, node = False, cls, tree
-    parts = [int(p) if p.isdigit() else p for p in re.split(r"\.|\[(\d+)\]\.?", key) if p]
+    found, node = False, tree
+    owner: type[BaseModel] | None = cls
+    parts: list[str | int] = [
+        int(p) if p.isdigit() else p for p in re.split(r"\.|\[(\d+)\]\.?", key) if p
+    ]
     while parts and owner is not None:
         part = parts.pop(0)
         field = owner.model_fields.get(part) if isinstance(part, str) else None

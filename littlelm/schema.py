@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import re
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -61,8 +62,8 @@ from littlelm.data.tokenizers import vocab_size_of
 from littlelm.errors import ConfigError
 from littlelm.model.gpt import GPTConfig
 from littlelm.optim.base import OptimizerConfig
-from littlelm.optim.groups import ORIGINS, OptimizerChoice
-from littlelm.optim.schedule import ScheduleChoice, resolve_lr_multipliers
+from littlelm.optim.groups import ORIGINS, MuonConfig, OptimizerChoice
+from littlelm.optim.schedule import ScheduleChoice, TrapezoidalConfig, resolve_lr_multipliers
 from littlelm.registry import callback_classes
 from littlelm.sections import BudgetConfig, DistributedConfig, GrowConfig, GuardConfig, SFTConfig
 
@@ -259,16 +260,16 @@ class RunConfig(Cfg):
     )
     # one model today: a new one makes this `GPTConfig | ItsConfig` (model/protocol.py)
     model: Annotated[GPTConfig, Kind("model")] = Field(
-        default_factory=lambda: {"name": "gpt"}, description="The model (littlelm list)."
+        default_factory=GPTConfig, description="The model (littlelm list)."
     )
     data: DataConfig = Field(default_factory=DataConfig, description="Tokenizer, sources, packing.")
     optimizer: Annotated[OptimizerChoice, Kind("optimizer")] = Field(
-        default_factory=lambda: {"name": "muon"},
+        default_factory=MuonConfig,
         description="Optimizer and its per-role lrs.",
         json_schema_extra=RESUMABLE,
     )
     schedule: Annotated[ScheduleChoice, Kind("schedule")] = Field(
-        default_factory=lambda: {"name": "trapezoidal"},
+        default_factory=TrapezoidalConfig,
         description="Learning-rate schedule.",
         json_schema_extra=RESUMABLE,
     )
@@ -393,7 +394,7 @@ def find_config(path: str | Path) -> Path:
     raise ConfigError([f"config file not found: {path} (packaged configs: {known})"])
 
 
-def load_run(path: str | Path, overrides: list[str] = (), world_size: int = 1) -> RunConfig:
+def load_run(path: str | Path, overrides: Sequence[str] = (), world_size: int = 1) -> RunConfig:
     """Read, merge, override, validate and resolve a run file. The files it reads: the run
     file with its includes, and, when model.vocab_size is not set, what the tokenizer's
     vocabulary size needs (a saved, Hugging Face or tiktoken tokenizer's files)."""
@@ -403,13 +404,13 @@ def load_run(path: str | Path, overrides: list[str] = (), world_size: int = 1) -
     return resolve(cfg, world_size, str(path), vocab_size=vocab)
 
 
-def load_data_config(path: str | Path, overrides: list[str] = ()) -> DataConfig:
+def load_data_config(path: str | Path, overrides: Sequence[str] = ()) -> DataConfig:
     """The validated data section of a run file (or of a file holding only `data:`)."""
     tree, origin, path = read_run(path, overrides)
     return validate(RunConfig, tree, origin, str(path)).data
 
 
-def read_run(path: str | Path, overrides: list[str] = ()) -> tuple[dict, dict[str, str], Path]:
+def read_run(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict, dict[str, str], Path]:
     """(the merged tree, the file or override that set each key, the file): includes of paths
     or packaged names, then the overrides; a component renamed on the way starts afresh."""
     path = find_config(path)
@@ -562,7 +563,7 @@ def _budget(t: TrainConfig, batch_tokens: int) -> tuple[int | None, list[str]]:
         return None, [
             "train.budget.dollars needs train.budget.price_per_gpu_hour (dollars per GPU-hour)"
         ]
-    if b.kind == "tokens":
+    if b.kind == "tokens" and b.tokens is not None:
         if b.tokens < batch_tokens:
             return None, [
                 f"train.budget.tokens {b.tokens:,} is less than one step's batch of "

@@ -49,6 +49,8 @@ def default_of(field) -> str:
     if field.is_required():
         return "required"
     value = field.get_default(call_default_factory=True)
+    if slot(field) and isinstance(value, BaseModel):  # a component: the one named by default
+        return f"`{{'name': {value.name!r}}}`"
     if isinstance(value, BaseModel):
         return "(section)"
     return f"`{value!r}`"

@@ -35,7 +35,7 @@ from littlelm.data.prepare import (
 from littlelm.data.records import JSONLConfig, ParquetConfig
 from littlelm.data.shards import Shard
 from littlelm.data.sources import PythonConfig, Source, SourceConfig, StdlibConfig, TextConfig
-from littlelm.data.tokenizer import Tokenizer
+from littlelm.data.tokenizer import BPEConfig, Tokenizer
 from littlelm.data.tokenizers import TokenizerChoice
 from littlelm.errors import DataError
 
@@ -77,7 +77,7 @@ class DataConfig(Cfg):
     """Where tokens come from and how they are packed."""
 
     tokenizer: Annotated[TokenizerChoice, Kind("tokenizer")] = Field(
-        default_factory=lambda: {"name": "bpe"},
+        default_factory=BPEConfig,
         description="Tokenizer: byte, bpe, tiktoken, huggingface, saved (littlelm list).",
     )
     sources: Annotated[dict[str, SourceChoice], Kind("dataset")] = Field(

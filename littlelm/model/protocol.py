@@ -58,10 +58,17 @@ class LanguageModel(Protocol):
     """A built model, as the trainer, the optimizer builders and the planner use it (besides
     being an nn.Module: parameters, to, train/eval, state_dict)."""
 
-    cfg: ModelConfig
     activation_checkpointing: bool  # train.activation_checkpointing: recompute layers in backward
     blocks: nn.ModuleList  # the layers, in order (FSDP units; the trace's backward seam)
-    norm_f: nn.Module  # the final norm: its forward starts the loss (the trace's forward seam)
+
+    # read-only members, so that a model's own classes match (GPT's cfg is a GPTConfig)
+    @property
+    def cfg(self) -> ModelConfig: ...
+
+    @property
+    def norm_f(self) -> nn.Module:
+        """The final norm: its forward starts the loss (the trace's forward seam)."""
+        ...
 
     def role(self, name: str) -> str:
         """The role (one of ROLES) of the parameter called `name`."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from pydantic import Field
@@ -39,12 +40,14 @@ class OptimizerConfig(ComponentConfig):
 
     def build(
         self,
-        model: torch.nn.Module,
+        model: Any,
         stochastic_rounding: bool = False,
         origin: dict[str, str] | None = None,
     ) -> torch.optim.Optimizer:
         """The optimizer over `model`'s parameters with growth's `origin` tags (None: a run
-        never grown), rounding each update stochastically into bf16 parameters when asked."""
+        never grown), rounding each update stochastically into bf16 parameters when asked.
+        `model`: an nn.Module with `cfg` and `role` (model/protocol.py's LanguageModel, a type
+        optim/ may not import)."""
         raise NotImplementedError(f"{type(self).__name__} builds no optimizer")
 
     def with_native_bf16(self, native: bool) -> OptimizerConfig:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -79,9 +79,13 @@ class AdamWConfig(OptimizerConfig):
     def traits(self) -> OptimizerTraits:
         return OptimizerTraits("adamw", adamw_8bit=self.adamw_8bit)
 
+    def muon_options(self) -> dict[str, Any]:
+        """The options of Muon's groups (AdamW has none: every group is AdamW's)."""
+        return {}
+
     def build(
         self,
-        model: nn.Module,
+        model: Any,
         stochastic_rounding: bool = False,
         origin: dict[str, str] | None = None,
     ) -> MuonAdamW:
@@ -143,6 +147,9 @@ class MuonConfig(AdamWConfig):
             "muon", nesterov=self.nesterov, adamw_8bit=self.adamw_8bit, ns_dtype=self.ns_dtype
         )
 
+    def muon_options(self) -> dict[str, Any]:
+        return {"momentum": self.momentum, "nesterov": self.nesterov, "ns_steps": self.ns_steps}
+
     def with_native_bf16(self, native: bool) -> MuonConfig:
         if self.ns_dtype != "auto":
             return self
@@ -185,11 +192,12 @@ def origin_tags(model: nn.Module, optimizer: MuonAdamW) -> dict[str, str]:
 
 
 def plan_groups(
-    model: nn.Module, cfg: AdamWConfig, use_muon: bool, origin: dict[str, str] | None = None
+    model: Any, cfg: AdamWConfig, use_muon: bool, origin: dict[str, str] | None = None
 ) -> list[dict]:
     """The parameter groups for `model` under `cfg` (MuonAdamW's, see optim/optimizer.py), with
     `origin`'s tags (a parameter it lacks: `default_origin`), in a stable order: the AdamW
-    groups, then the Muon groups, each by role and origin."""
+    groups, then the Muon groups, each by role and origin. `model`: an nn.Module with `cfg` and
+    `role` (model/protocol.py's LanguageModel, a type optim/ may not import)."""
     width_scale = math.sqrt(768 / model.cfg.d_model) if cfg.scale_lr_by_width else 1.0
     fused = next(model.parameters()).device.type in ("cpu", "cuda")  # else foreach
     buckets: dict[tuple[str, str], list[nn.Parameter]] = {}
@@ -199,21 +207,22 @@ def plan_groups(
             tag = (origin or {}).get(name) or default_origin(role)
             buckets.setdefault((role, tag), []).append(p)
     groups = []
-    for role, origin in sorted(buckets, key=lambda key: _order(key, use_muon)):
+    for role, tag in sorted(buckets, key=lambda key: _order(key, use_muon)):
         kind = "muon" if use_muon and role == "matrix" else "adamw"
-        lr = role_lr(cfg, role) * cfg.lr_multipliers.get(origin, 1.0)
+        lr = role_lr(cfg, role) * cfg.lr_multipliers.get(tag, 1.0)
+        options: dict[str, Any]
         if kind == "adamw":
             lr *= width_scale
             options = {"betas": cfg.betas, "eps": cfg.eps, "fused": fused}
         else:
-            options = {"momentum": cfg.momentum, "nesterov": cfg.nesterov, "ns_steps": cfg.ns_steps}
+            options = cfg.muon_options()
         groups.append(
             {
-                "params": buckets[role, origin],
+                "params": buckets[role, tag],
                 "kind": kind,
                 "role": role,
-                "origin": origin,  # grow.lr_multipliers move each origin's lr (GroupSchedule, optim/schedule.py)
-                "name": f"{role}/{origin}",
+                "origin": tag,  # grow.lr_multipliers move each origin's lr (GroupSchedule, optim/schedule.py)
+                "name": f"{role}/{tag}",
                 "lr": lr,
                 "base_lr": lr,
                 "weight_decay": cfg.weight_decay if role == "matrix" else 0.0,

@@ -67,14 +67,16 @@ def build_data(cfg: RunConfig, log, progress=None):
                 f"{data.tokenizer.vocab_size}; leave model.vocab_size null"
             ]
         )
+    seq_len = cfg.train.seq_len
+    assert seq_len is not None, "a resolved config has train.seq_len (schema.resolve)"
     evaluates = cfg.eval.every or cfg.eval.at_end
-    warning = data.val_warning(cfg.train.seq_len) if evaluates else None
+    warning = data.val_warning(seq_len) if evaluates else None
     if warning:
         log(f"warning: {warning}")
-    cropped = data.crop_warning(cfg.train.seq_len)
+    cropped = data.crop_warning(seq_len)
     if cropped:  # said at start, not only as the crop rate at the end
         log(f"warning: {cropped}")
-    for note in data.chat_notes(cfg.train.seq_len):  # conversations too long for a row
+    for note in data.chat_notes(seq_len):  # conversations too long for a row
         log(f"warning: {note}")
     return data
 
