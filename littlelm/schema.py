@@ -24,11 +24,13 @@ given is left as it is.
 Which keys a resumed run may change is declared on the fields themselves
 (`json_schema_extra=RESUMABLE`; `resumable` below reads it for train/checkpoint/resume.py).
 
-This module sits below the trainer and above the components: it composes the sections owned by
-model/, optim/ and data/ (which never see the root config), each component field a union of the
-config classes it may hold, chosen by `name` (littlelm/config.py), and those of the train
-layer's helpers (littlelm/sections.py). `callbacks:` alone is an open table
-(littlelm/registry.py), filled at the first lookup or by `littlelm.components.register_all()`.
+This module sits above the components and the trainer: it composes the sections owned by
+model/, optim/, data/ and train/ (which never import it at run time: the trainer is handed the
+RunConfig, and names its type only for the type checker), each section's class beside the code
+it configures, each component field a union of the config classes it may hold, chosen by `name`
+(littlelm/config.py). `callbacks:` alone is an open table (littlelm/registry.py), since eval/'s
+callback sits above the schema; it is filled at the first lookup or by
+`littlelm.components.register_all()`.
 """
 
 from __future__ import annotations
@@ -65,7 +67,10 @@ from littlelm.optim.base import OptimizerConfig
 from littlelm.optim.groups import ORIGINS, MuonConfig, OptimizerChoice
 from littlelm.optim.schedule import ScheduleChoice, TrapezoidalConfig, resolve_lr_multipliers
 from littlelm.registry import callback_classes
-from littlelm.sections import BudgetConfig, DistributedConfig, GrowConfig, GuardConfig, SFTConfig
+from littlelm.train.budget import BudgetConfig
+from littlelm.train.distributed import DistributedConfig
+from littlelm.train.growth import GrowConfig, SFTConfig
+from littlelm.train.guard import GuardConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 # Most filesystems allow 255 bytes per name; littlelm adds up to ~40 (`-bench`, `.log`, `.tmp`)

@@ -389,7 +389,9 @@ class TokenFile:
         for p in dict.fromkeys([self.path, self.data_path]):
             st = _stat(p)  # a missing, unreadable or empty file: its error, named
             # the directory resolved once for all its files: 528 realpath calls cost 40 ms
-            stats.append((os.path.join(_real_dir(str(p.parent)), p.name), st.st_size, st.st_mtime_ns))
+            stats.append(
+                (os.path.join(_real_dir(str(p.parent)), p.name), st.st_size, st.st_mtime_ns)
+            )
         ident = {
             "v": INDEX_VERSION,
             "files": stats,

@@ -15,12 +15,16 @@ torch's AdamW).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from littlelm.data import build as data_build
 from littlelm.errors import ConfigError
 from littlelm.model.protocol import LanguageModel
-from littlelm.schema import RunConfig
+
+if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
+    from littlelm.schema import RunConfig
 
 # dtype of the parameters, their gradients and the optimizer state (train.master_weights)
 PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -26,7 +26,7 @@ import io
 import math
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -35,7 +35,6 @@ from littlelm.data.loader import Batch, DataExhausted, Prefetcher, StopWaiting
 from littlelm.errors import CheckpointError, TrainingError
 from littlelm.optim.schedule import GroupSchedule
 from littlelm.progress import Progress
-from littlelm.schema import RunConfig
 from littlelm.train import device as dev
 from littlelm.train.budget import build_budget
 from littlelm.train.build import build_data, build_model, optimizer_for
@@ -49,6 +48,9 @@ from littlelm.train.guard import Collapse, LossGuard, Verdict
 from littlelm.train.signals import StopSignals
 from littlelm.train.step import grad_norm, micro_step, seed_everything, synchronize, update
 from littlelm.train.validation import validation_metrics
+
+if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
+    from littlelm.schema import RunConfig
 
 
 class Step(NamedTuple):
