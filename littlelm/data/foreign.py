@@ -53,6 +53,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
+from littlelm.config import named
 from littlelm.data.sources import Source, SourceConfig, find_files
 from littlelm.errors import DataError
 
@@ -77,6 +78,7 @@ VAL_NAME = "*_val_*"  # shard names that mark validation (llm.c: fineweb_val_000
 class TokensConfig(SourceConfig):
     """Token files written by another tool (nanoGPT / llm.c, plain arrays, Megatron, parquet)."""
 
+    name: Literal["tokens"] = named("tokens")
     format: Literal["nanogpt", "array", "megatron", "parquet"] = Field(
         ...,
         description="nanogpt (llm.c .bin with its 256-int32 header), array (headerless .bin or "
@@ -104,6 +106,9 @@ class TokensConfig(SourceConfig):
         description="Validation files (same format), used whole; null = hold out the last "
         "data.val_fraction of each file's tokens (whole documents).",
     )
+
+    def build(self, label: str) -> Source:
+        return TokenFiles(self, label)
 
 
 # -- one file: reading its header, indexing it once --------------------------------------------
@@ -384,7 +389,9 @@ class TokenFile:
         for p in dict.fromkeys([self.path, self.data_path]):
             st = _stat(p)  # a missing, unreadable or empty file: its error, named
             # the directory resolved once for all its files: 528 realpath calls cost 40 ms
-            stats.append((os.path.join(_real_dir(str(p.parent)), p.name), st.st_size, st.st_mtime_ns))
+            stats.append(
+                (os.path.join(_real_dir(str(p.parent)), p.name), st.st_size, st.st_mtime_ns)
+            )
         ident = {
             "v": INDEX_VERSION,
             "files": stats,
