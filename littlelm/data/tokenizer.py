@@ -20,6 +20,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 from pydantic import Field
@@ -34,7 +35,11 @@ META = "tokenizer_meta.json"
 BOS = "<|bos|>"
 
 
-class Tokenizer:
+# the config a tokenizer class is built from (its registered config class)
+TokCfg = TypeVar("TokCfg", bound=ComponentConfig)
+
+
+class Tokenizer(Generic[TokCfg]):
     """Interface shared by every tokenizer."""
 
     kind: str
@@ -119,12 +124,12 @@ class Tokenizer:
     trainable = False  # learns from the run's documents (then `train` is called)
 
     @classmethod
-    def from_config(cls, cfg: ComponentConfig) -> Tokenizer:
+    def from_config(cls, cfg: TokCfg) -> Tokenizer:
         """Build a tokenizer that needs no training data."""
         return cls()
 
     @classmethod
-    def train(cls, cfg: ComponentConfig, texts: Iterator[str]) -> Tokenizer:
+    def train(cls, cfg: TokCfg, texts: Iterator[str]) -> Tokenizer:
         raise NotImplementedError(f"{cls.kind} tokenizers are not trained")
 
     @classmethod
@@ -132,17 +137,17 @@ class Tokenizer:
         return cls()
 
     @classmethod
-    def vocab_size_for(cls, cfg: ComponentConfig) -> int:
+    def vocab_size_for(cls, cfg: TokCfg) -> int:
         """The vocabulary size `cfg` will produce, without training it."""
         return cls.vocab_size
 
     @classmethod
-    def train_chars_for(cls, cfg: ComponentConfig) -> int | None:
+    def train_chars_for(cls, cfg: TokCfg) -> int | None:
         """Characters of training text `train` reads at most (None: all it is given)."""
         return None
 
     @classmethod
-    def cache_identity(cls, cfg: ComponentConfig) -> dict:
+    def cache_identity(cls, cfg: TokCfg) -> dict:
         """What the cache key of a trained tokenizer digests from its config."""
         return cfg.model_dump()
 
@@ -160,7 +165,7 @@ class ByteConfig(ComponentConfig):
     """Bytes 0-255 are tokens 0-255; BOS is 256."""
 
 
-class ByteTokenizer(Tokenizer):
+class ByteTokenizer(Tokenizer[ByteConfig]):
     """One token per UTF-8 byte, plus BOS (vocabulary 257)."""
 
     kind = "byte"
@@ -185,7 +190,7 @@ class ByteTokenizer(Tokenizer):
         return "byte-v1"
 
 
-class HFTokenizer(Tokenizer):
+class HFTokenizer(Tokenizer[TokCfg]):
     """Wraps a `tokenizers.Tokenizer` (the Hugging Face library; encodes batches on every core)."""
 
     kind = "huggingface"
@@ -359,7 +364,7 @@ class BPEConfig(ComponentConfig):
     )
 
 
-class BPETokenizer(HFTokenizer):
+class BPETokenizer(HFTokenizer[BPEConfig]):
     """Byte-level BPE (GPT-2 style pre-tokenisation) trained with the `tokenizers` library."""
 
     kind = "bpe"
@@ -497,7 +502,7 @@ class HuggingFaceConfig(ComponentConfig):
 BOS_CANDIDATES = (BOS, "<s>", "<|begin_of_text|>", "<|endoftext|>", "<bos>")
 
 
-class HuggingFaceJSON(HFTokenizer):
+class HuggingFaceJSON(HFTokenizer[HuggingFaceConfig]):
     """A tokenizer.json loaded with the `tokenizers` library."""
 
     @classmethod
@@ -530,7 +535,7 @@ class SavedConfig(ComponentConfig):
     )
 
 
-class SavedTokenizer(Tokenizer):
+class SavedTokenizer(Tokenizer[SavedConfig]):
     """Loads whatever tokenizer littlelm saved in a directory (bpe, tiktoken, ...)."""
 
     @classmethod
@@ -567,7 +572,7 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     directory = Path(directory)
     meta = read_meta(directory)
     kind = meta.get("kind")
-    if kind not in TOKENIZERS:
+    if not isinstance(kind, str) or kind not in TOKENIZERS:
         raise DataError(
             f"{directory / META}: unknown tokenizer kind {kind!r}; known: {TOKENIZERS.known()}"
         )
