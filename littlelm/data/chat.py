@@ -26,10 +26,14 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from littlelm.errors import DataError
+
+if TYPE_CHECKING:  # data/tokenizer.py imports this module
+    from littlelm.data.tokenizer import Tokenizer
 
 SYSTEM, USER, ASSISTANT, END = "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"
 CHAT_TOKENS = (SYSTEM, USER, ASSISTANT, END)  # reserved by every BPE tokenizer littlelm trains
@@ -100,7 +104,7 @@ class ChatFormat:
     """How one tokenizer renders conversations: its template (None: littlelm's format), and the
     ids that open an assistant reply (`header`) and end one (`end`, the stop token)."""
 
-    tokenizer: object  # littlelm.data.tokenizer.Tokenizer
+    tokenizer: Tokenizer
     template: str | None
     header: tuple[int, ...]
     end: int
