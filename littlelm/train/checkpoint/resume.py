@@ -34,7 +34,8 @@ from littlelm.train.checkpoint import files as ckpt
 def config_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
     """(allowed, refused) differences between two config trees, as 'key: old -> new'."""
     a, b = flatten(old), flatten(new)
-    allowed, refused = [], []
+    allowed: list[str] = []
+    refused: list[str] = []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             text = f"{key}: {a.get(key, '(unset)')!r} -> {b.get(key, '(unset)')!r}"
@@ -52,7 +53,7 @@ def with_defaults(saved: dict) -> dict:
         return saved
 
 
-def check_compatible(state: dict, config: dict, fingerprint: str, path: Path) -> list[str]:
+def check_compatible(state: dict, config: dict, fingerprint: str | None, path: Path) -> list[str]:
     """Raise CheckpointError when `config` cannot continue the checkpoint's run; return the
     allowed differences (for the log)."""
     allowed, refused = config_changes(with_defaults(state.get("config", {})), config)
