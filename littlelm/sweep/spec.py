@@ -20,6 +20,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
+from typing import cast
 
 import yaml
 
@@ -227,8 +228,9 @@ def check_budgets(configs: list[RunConfig], names: list[str]) -> None:
             continue
         device = pick_device(cfg.run.device)
         peak = peak_flops(device, precision=with_precision(cfg, device).train.precision)
-        m, seq_len, batch_tokens = cfg.model, cfg.train.seq_len, cfg.train.batch_tokens
-        assert isinstance(m, GPTConfig), "the one model whose plan is analytic (checked above)"
+        # the one model config whose plan is analytic, checked above (no class test: contracts)
+        m = cast(GPTConfig, cfg.model)
+        seq_len, batch_tokens = cfg.train.seq_len, cfg.train.batch_tokens
         assert seq_len is not None and batch_tokens is not None, "load_run derives them"
         fpt = flops_per_token(m, seq_len)
         problem = check_budget_fits(seconds, batch_tokens, fpt, peak, device.type)

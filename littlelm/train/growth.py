@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -70,12 +70,12 @@ def complete_growth(cfg: RunConfig) -> RunConfig:
     config loading itself reads no checkpoint. A config that has them already (a run
     directory's) needs no parent, so a run resumes after its parent is gone. Raises ConfigError
     naming what is wrong."""
-    g, m = cfg.grow, cfg.model
+    g = cfg.grow
     if g is None:
         return cfg
-    if not m.growable:
+    if not cfg.model.growable:
         raise ConfigError(["grow: only the gpt model can be grown"])
-    assert isinstance(m, GPTConfig), "the only growable model config (ModelConfig.growable)"
+    m = cast(GPTConfig, cfg.model)  # the one growable model config (no class test: contracts)
     derive = isinstance(g.placement, str) or (m.value_embeds and m.value_embed_layers is None)
     try:
         path = find_parent(g.parent)
