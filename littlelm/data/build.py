@@ -107,7 +107,7 @@ class PreparedShards(Source):
     """Already prepared token shards; used as they are (their own train/val split)."""
 
     # ShardsConfig is a SourceConfig, not a DocumentSourceConfig (no raw documents to read)
-    cfg: ShardsConfig  # type: ignore[assignment]
+    cfg: ShardsConfig  # type: ignore[assignment]  # not a DocumentSourceConfig (above)
     prepared = True
 
     def directory(self) -> Path:

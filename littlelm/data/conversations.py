@@ -51,7 +51,7 @@ class ChatConfig(HFConfig):
         None, description="A system message put first in every conversation that has none."
     )
     # conversations are padded where documents are split or cropped: a choice of their own
-    long_docs: Literal["pad"] = Field(  # type: ignore[assignment]
+    long_docs: Literal["pad"] = Field(  # type: ignore[assignment]  # pad: conversations' own choice
         "pad",
         description="Conversations are never cut: one that does not fit the rest of a row "
         "starts the next row, the rest being padding the loss ignores.",

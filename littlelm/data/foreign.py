@@ -542,7 +542,7 @@ class TokenFiles(Source):
 
     # TokensConfig is a SourceConfig, not a DocumentSourceConfig (token ids, not documents);
     # this class overrides the methods that read a document source's fields
-    cfg: TokensConfig  # type: ignore[assignment]
+    cfg: TokensConfig  # type: ignore[assignment]  # token ids, not documents (above)
     prepared = True  # no tokenizing
     foreign = True
     opened: tuple[list, list, dict]  # set by data/build.py's prepare_data: what open returned

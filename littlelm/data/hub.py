@@ -93,7 +93,7 @@ class HubDataset(ParquetFiles):
 
     # HFConfig is not a ParquetConfig (`dataset` and `field` where it has `path` and `column`);
     # the methods that read those (files, columns, text_column) are overridden here
-    cfg: HFConfig  # type: ignore[assignment]
+    cfg: HFConfig  # type: ignore[assignment]  # not a ParquetConfig (above)
     patterns = DATA_PATTERNS
     noun = "dataset files"
 

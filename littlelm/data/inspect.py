@@ -93,7 +93,7 @@ def inspect_tokens(
         column=column,
     )
     # TokenFiles reads a TokensConfig, not the DocumentSourceConfig of Source.__init__ (its cfg)
-    src = TokenFiles(cfg, "inspect")  # type: ignore[arg-type]
+    src = TokenFiles(cfg, "inspect")  # type: ignore[arg-type]  # TokenFiles.cfg says why
     paths = src.files()
     if separator is None and fmt == "nanogpt":
         first = src.open_files(paths[:1], None, -1, cache_root(None))[0]

@@ -387,7 +387,7 @@ class PythonStdlib(PythonFiles):
 
     # StdlibConfig is not a PythonConfig: it has `root` where PythonConfig has `path`, and
     # _spec, the only method that reads either, is overridden here
-    cfg: StdlibConfig  # type: ignore[assignment]
+    cfg: StdlibConfig  # type: ignore[assignment]  # root, not path (above)
 
     def _spec(self) -> str:
         root = Path(self.cfg.root or sysconfig.get_paths()["stdlib"]).expanduser()

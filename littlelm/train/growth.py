@@ -246,7 +246,7 @@ def preview_growth(cfg: Any) -> list[str]:
     model = GPT(cfg.model)
     grown = grow_from_parent(model, cfg.grow, None, None)
     # GPT is a LanguageModel, but the protocol's settable cfg and norm_f compare invariantly
-    groups = build_optimizer(cfg, model, origin=grown.origin).param_groups  # type: ignore[arg-type]
+    groups = build_optimizer(cfg, model, origin=grown.origin).param_groups  # type: ignore[arg-type]  # see above
     m = model.cfg
     where = " ".join("new" if p is None else str(p) for p in grown.layers)
     lines = [
