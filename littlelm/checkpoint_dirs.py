@@ -36,7 +36,9 @@ def checkpoint_step(path: Path) -> int:
 
 def scan(root: Path) -> tuple[dict[int, Path], list[Path], dict[int, Path]]:
     """(complete step -> dir, temporary dirs, moved-aside step -> dir) under `root`."""
-    done, partial, replaced = {}, [], {}
+    done: dict[int, Path] = {}
+    partial: list[Path] = []
+    replaced: dict[int, Path] = {}
     if not root.is_dir():
         return done, partial, replaced
     for d in root.iterdir():

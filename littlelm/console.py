@@ -24,7 +24,7 @@ from littlelm.optim.schedule import schedule_warnings
 from littlelm.progress import Progress, duration, human
 from littlelm.schema import RunConfig
 from littlelm.train.budget import train_further
-from littlelm.train.callbacks import Callback
+from littlelm.train.callbacks import Callback, TrainerView
 from littlelm.train.growth import group_rows
 from littlelm.train.trainer import Trainer
 from littlelm.train.validation import validation_line
@@ -33,11 +33,14 @@ from littlelm.train.validation import validation_line
 class Console(Callback):
     """The console output of a run, written to the trainer's `progress` (its notes go there too)."""
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    # the CLI hands this callback to a Trainer, whose progress and state it reads (a TrainerView
+    # has neither)
+    def on_train_start(self, trainer: TrainerView) -> None:
+        assert isinstance(trainer, Trainer), "the console is the CLI's, for a Trainer"
         self.progress: Progress = trainer.progress
         self.first = FirstSteps(trainer.step, trainer.cfg.train.log_every)
         self.summary(trainer)
-        opening = trainer.state.budget.opening()
+        opening = trainer.budget.opening()
         if opening:
             self.say(opening)
         max_tokens = trainer.cfg.train.max_tokens
@@ -47,11 +50,13 @@ class Console(Callback):
         if trainer.step:
             self.say(f"data realised so far: {trainer.state.loader.report()}")
         if math.isfinite(trainer.max_steps):  # a time budget sets the steps as it goes
-            for problem in schedule_warnings(trainer.cfg.schedule, trainer.max_steps):
+            steps = int(trainer.max_steps)  # finite: a whole number of steps
+            for problem in schedule_warnings(trainer.cfg.schedule, steps):
                 self.say(f"warning: {problem}")
 
-    def on_step_end(self, trainer: Trainer, m: dict) -> None:
-        step, budget = trainer.step, trainer.state.budget
+    def on_step_end(self, trainer: TrainerView, m: dict) -> None:
+        assert isinstance(trainer, Trainer), "the console is the CLI's, for a Trainer"
+        step, budget = trainer.step, trainer.budget
         if self.first.wants(step):  # the first steps, before the log cadence
             assert trainer.last_loss is not None
             self.first.show(self.progress, step, trainer.max_steps, trainer.last_loss.item())
@@ -59,7 +64,7 @@ class Console(Callback):
             line = {**m, "budget": budget.describe()}
             self.progress.update(progress_line(line, budget.total(step)))
 
-    def on_eval(self, trainer: Trainer, m: dict) -> None:
+    def on_eval(self, trainer: TrainerView, m: dict) -> None:
         self.say(f"eval step {m['step']}: {validation_line(m)} | train time {m['train_time']:.1f}s")
 
     def say(self, text: str) -> None:
@@ -127,7 +132,7 @@ class Console(Callback):
 def already_finished(tr: Trainer) -> str:
     """A run resumed at its end: what stopped it, and how to train further."""
     s = tr.state
-    more, why = train_further(tr.cfg, s.budget, s.step, s.tokens)
+    more, why = train_further(tr.cfg, tr.budget, s.step, s.tokens)
     return (
         f"run {tr.cfg.run.name!r} has already finished: {s.last_checkpoint} is at step "
         f"{s.step} and {why}; nothing to do. To train further, raise it (e.g. add {more} "

@@ -21,7 +21,7 @@ from littlelm.config import RESUMABLE, SAME_DATA, Cfg, Kind, named
 from littlelm.data.cache import cache_root, content_hash
 from littlelm.data.chat import chat_format
 from littlelm.data.conversations import ChatConfig
-from littlelm.data.foreign import TokensConfig
+from littlelm.data.foreign import TokenFiles, TokensConfig
 from littlelm.data.hub import HFConfig
 from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
 from littlelm.data.prepare import (
@@ -160,7 +160,7 @@ class PreparedSource:
 
     def files(self) -> list[Path]:
         """Every file the source's documents are read from (a checkpoint fingerprints them)."""
-        paths = {}
+        paths: dict[Path, None] = {}  # ordered, without repeats
         for s in self.train + self.val:
             for p in getattr(s, "files", (s.path,)):
                 paths[Path(p)] = None
@@ -382,15 +382,16 @@ def prepare_data(
             "gpt2}, {name: huggingface, path: tokenizer.json} or {name: saved, path: DIR}"
         )
     tok = resolve_tokenizer(cfg.tokenizer, sources, splits, root, log)
-    result = {}
+    result: dict[str, tuple[Source, Path, dict]] = {}
     for label, src in sources.items():
         if only and label not in only:
             continue
-        if getattr(src, "foreign", False):  # other tools' token files: indexed, checked, opened
+        if isinstance(src, TokenFiles):  # other tools' token files: indexed, checked, opened
             src.opened = src.open(tok, cfg.val_fraction, root, log)
             result[label] = (src, src.directory(), src.opened[2])
             continue
         if src.prepared:
+            assert isinstance(src, PreparedShards), "the one other prepared source"
             manifest = read_manifest(src.directory())
             if verify != "none":
                 _refuse_damaged(label, src.directory(), manifest, verify)
@@ -421,7 +422,7 @@ def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
     tok, prepared = prepare_data(cfg, log=log, progress=progress)
     opened = {}
     for label, (src, directory, manifest) in prepared.items():
-        if getattr(src, "foreign", False):  # token files of another tool (data/foreign.py)
+        if isinstance(src, TokenFiles):  # token files of another tool (data/foreign.py)
             train, val, summary = src.opened
             opened[label] = PreparedSource(
                 label, src.cfg.weight, directory, train, val, manifest=summary

@@ -26,6 +26,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Protocol
 
 import numpy as np
 
@@ -95,12 +96,21 @@ def check_messages(messages, where: str = "conversation") -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
+class Encoder(Protocol):
+    """What a ChatFormat reads of its tokenizer (data/tokenizer.py's Tokenizer, which imports
+    this module: a protocol here, so that it is not imported back)."""
+
+    bos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+
 @dataclass(frozen=True)
 class ChatFormat:
     """How one tokenizer renders conversations: its template (None: littlelm's format), and the
     ids that open an assistant reply (`header`) and end one (`end`, the stop token)."""
 
-    tokenizer: object  # littlelm.data.tokenizer.Tokenizer
+    tokenizer: Encoder
     template: str | None
     header: tuple[int, ...]
     end: int

@@ -52,7 +52,8 @@ class ChatConfig(HFConfig):
     system: str | None = Field(
         None, description="A system message put first in every conversation that has none."
     )
-    long_docs: Literal["pad"] = Field(
+    # conversations are padded where documents are split or cropped: a choice of their own
+    long_docs: Literal["pad"] = Field(  # type: ignore[assignment]  # pad: conversations' own choice
         "pad",
         description="Conversations are never cut: one that does not fit the rest of a row "
         "starts the next row, the rest being padding the loss ignores.",
@@ -68,6 +69,7 @@ ALPACA = ("instruction", "input", "output")
 class ChatSource(HubDataset):
     """Conversations, one per row; see the module docstring."""
 
+    cfg: ChatConfig
     conversations = True  # rendered with the tokenizer's chat format when tokenized
 
     def __init__(self, cfg: ChatConfig, label: str):
@@ -120,11 +122,13 @@ class ChatSource(HubDataset):
         if self.cfg.rows == "alpaca":
             messages = _alpaca(row)
             if messages is None:
-                return self.bad("missing instruction or output", where)
+                self.bad("missing instruction or output", where)
+                return None
         else:
             messages = row.get(self.cfg.field)
             if messages is None:
-                return self.bad(f"missing field {self.cfg.field!r}", where)
+                self.bad(f"missing field {self.cfg.field!r}", where)
+                return None
         if self.cfg.system and isinstance(messages, list) and messages:
             first = messages[0]
             if not (isinstance(first, dict) and first.get("role") == "system"):
@@ -132,7 +136,8 @@ class ChatSource(HubDataset):
         problem = conversation_problem(messages)
         if problem is not None:
             kind, detail = problem
-            return self.bad(f"conversation: {kind}", f"{where} ({detail})")
+            self.bad(f"conversation: {kind}", f"{where} ({detail})")
+            return None
         plain = [{"role": m["role"], "content": m["content"]} for m in messages]
         return json.dumps(plain, ensure_ascii=False)
 

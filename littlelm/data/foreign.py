@@ -565,8 +565,12 @@ class TokenDocs:
 class TokenFiles(Source):
     """Token files another tool wrote, used as they are (memory-mapped)."""
 
+    # TokensConfig is a SourceConfig, not a DocumentSourceConfig (token ids, not documents);
+    # this class overrides the methods that read a document source's fields
+    cfg: TokensConfig  # type: ignore[assignment]  # token ids, not documents (above)
     prepared = True  # no tokenizing
     foreign = True
+    opened: tuple[list, list, dict]  # set by data/build.py's prepare_data: what open returned
 
     def files(self, spec=None, key: str = "path") -> list[Path]:
         spec = self.cfg.path if spec is None else spec
@@ -772,8 +776,8 @@ class Stream:
             keep = np.ones(len(f), bool)
             for start in self.drop[i]:  # at most two: the file's head and its last document
                 keep &= f.starts != start
-            if cuts is not None and cuts[i] is not None:
-                k = max(1, int(np.searchsorted(f.starts, cuts[i], "left")))
+            if cuts is not None and (cut := cuts[i]) is not None:
+                k = max(1, int(np.searchsorted(f.starts, cut, "left")))
                 train = np.arange(len(f)) < k
                 keep &= train if part == "train" else ~train
                 for d in starting.get(i, ()):  # a joined document goes with its start
@@ -786,6 +790,7 @@ class Stream:
             if keep.any():
                 out.append(TokenDocs.of(f, keep))
         if joined.any():
+            assert self.tokens is not None, "joined documents are copied at construction (_copy)"
             first = self.files[self.pieces[int(np.flatnonzero(joined)[0])][0][0]]
             files = {
                 self.files[j].path: None

@@ -99,6 +99,9 @@ def template_fields(template: str) -> list[str]:
 class HubDataset(ParquetFiles):
     """A Hugging Face dataset (hub id or local copy), one document per row."""
 
+    # HFConfig is not a ParquetConfig (`dataset` and `field` where it has `path` and `column`);
+    # the methods that read those (files, columns, text_column) are overridden here
+    cfg: HFConfig  # type: ignore[assignment]  # not a ParquetConfig (above)
     patterns = DATA_PATTERNS
     noun = "dataset files"
 
@@ -182,7 +185,9 @@ class HubDataset(ParquetFiles):
         return [Path(f["filename"]) for f in ds.cache_files]
 
     def _wanted(self, path: str) -> bool:
-        pats = [self.cfg.files] if isinstance(self.cfg.files, str) else self.cfg.files
+        files = self.cfg.files
+        assert files is not None, "called only when `files` is set"
+        pats = [files] if isinstance(files, str) else files
         return any(fnmatch.fnmatch(path, p) for p in pats)
 
     def identity(self) -> dict:
@@ -367,11 +372,13 @@ class HubDataset(ParquetFiles):
             value = row.get(self.cfg.field)
             if not isinstance(value, str):
                 what = "missing" if value is None else "not text in"
-                return self.bad(f"{what} field {self.cfg.field!r}", where)
+                self.bad(f"{what} field {self.cfg.field!r}", where)
+                return None
             return value
         missing = [c for c in self.columns if row.get(c) is None]
         if missing:
-            return self.bad(f"missing field {missing[0]!r}", where)
+            self.bad(f"missing field {missing[0]!r}", where)
+            return None
         return self.cfg.template.format_map(row)
 
     def _where(self, path: Path, n: int) -> str:

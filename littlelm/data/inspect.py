@@ -93,7 +93,8 @@ def inspect_tokens(
         separator="none" if separator is None else separator,
         column=column,
     )
-    src = TokenFiles(cfg, "inspect")
+    # TokenFiles reads a TokensConfig, not the DocumentSourceConfig of Source.__init__ (its cfg)
+    src = TokenFiles(cfg, "inspect")  # type: ignore[arg-type]  # TokenFiles.cfg says why
     paths = src.files()
     if separator is None and fmt == "nanogpt":
         first = src.open_files(paths[:1], None, -1, cache_root(None))[0]

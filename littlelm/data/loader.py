@@ -595,7 +595,9 @@ def _conversation_rows(shards, batch, seq_len, max_tokens, mask, pad_id):
     that does not fit starts a new row; the rest is padding), so every reply is scored after
     its own question; targets outside the replies are IGNORE. Conversations longer than a row
     are left out, as in training; `max_tokens` caps the row tokens."""
-    row_len, rows, row, used, total = seq_len + 1, [], [], 0, 0
+    row_len, used, total = seq_len + 1, 0, 0
+    rows: list[list[np.ndarray]] = []  # each row's conversations
+    row: list[np.ndarray] = []
     docs = (s.doc(i) for s in shards for i in range(len(s)))
     for d in docs:
         if len(d) > row_len:

@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -51,7 +52,9 @@ PLAN = "plan.json"
 FORMAT = 2
 
 
-def make_split(source: Source, fraction: float, mode: str, seed: int) -> ValSplit:
+def make_split(
+    source: Source, fraction: float, mode: Literal["hash", "tail"], seed: int
+) -> ValSplit:
     """The source's split; 'tail' counts its documents first (one reading pass)."""
     n = sum(1 for _ in source.documents()) if mode == "tail" else None
     return ValSplit(fraction, mode, seed, n)

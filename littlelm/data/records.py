@@ -99,6 +99,7 @@ def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
 class JSONLFiles(Source):
     """JSON Lines files (plain, .gz or .zst), the text taken from one field of each record."""
 
+    cfg: JSONLConfig
     noun = "JSONL files"
     patterns = ("*.jsonl", "*.jsonl.gz", "*.jsonl.zst", "*.jsonl.zstd", "*.json.gz", "*.json.zst")
 
@@ -127,19 +128,24 @@ class JSONLFiles(Source):
         try:
             value = json.loads(line)
         except UnicodeDecodeError:
-            return self.bad("invalid UTF-8", where)
+            self.bad("invalid UTF-8", where)
+            return None
         except json.JSONDecodeError:
-            return self.bad("malformed JSON", where)
+            self.bad("malformed JSON", where)
+            return None
         for k in keys:
             value = value.get(k) if isinstance(value, dict) else None
         if value is None:
-            return self.bad(f"missing field {self.cfg.field!r}", where)
+            self.bad(f"missing field {self.cfg.field!r}", where)
+            return None
         if not isinstance(value, str):
-            return self.bad(f"field {self.cfg.field!r} is not a string", where)
+            self.bad(f"field {self.cfg.field!r} is not a string", where)
+            return None
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate escaped in the JSON
-            return self.bad("invalid UTF-8", where)
+            self.bad("invalid UTF-8", where)
+            return None
         return value
 
 
@@ -159,7 +165,8 @@ class ParquetConfig(DocumentSourceConfig):
 class ParquetFiles(Source):
     """Parquet files (e.g. Hugging Face datasets), the text taken from one string column."""
 
-    patterns = ("*.parquet",)
+    cfg: ParquetConfig
+    patterns: tuple[str, ...] = ("*.parquet",)
     noun = "Parquet files"
     BATCH_ROWS = 4096
 
@@ -167,7 +174,8 @@ class ParquetFiles(Source):
         meta = self._metadata(path)
         if meta is None or meta.num_row_groups < 2:
             return []
-        out, start, acc = [], 0, 0
+        out: list[tuple[int, int | None, int]] = []
+        start, acc = 0, 0
         for i in range(meta.num_row_groups):
             acc += meta.row_group(i).total_byte_size
             if acc >= target and i + 1 < meta.num_row_groups:

@@ -112,9 +112,9 @@ class Source:
     # -- input files and units --------------------------------------------------------------------
 
     def files(self) -> list[Path]:
-        return find_files(
-            self.cfg.path, self.patterns, f"data.sources.{self.label}.path", self.noun
-        )
+        # every source that keeps this method has a config with `path` (the others override it)
+        path = self.cfg.path  # type: ignore[attr-defined]  # DocumentSourceConfig has none
+        return find_files(path, self.patterns, f"data.sources.{self.label}.path", self.noun)
 
     def units(self, target_bytes: int) -> list[Unit]:
         """Consecutive small files grouped, large files cut into ranges, each ~target_bytes."""
@@ -241,7 +241,8 @@ def _keep(f: Path, root: Path, skip_dirs: frozenset) -> bool:
 
 def cut_points(path: Path, size: int, target: int, sep: bytes) -> list[tuple[int, int | None, int]]:
     """Ranges of about `target` bytes, each ending just after `sep` (or at the end of the file)."""
-    out, start = [], 0
+    out: list[tuple[int, int | None, int]] = []
+    start = 0
     with open(path, "rb") as f:
         while size - start > target * 1.5:
             f.seek(start + target)
@@ -317,6 +318,7 @@ class TextConfig(DocumentSourceConfig):
 class TextFiles(Source):
     """Plain UTF-8 text files."""
 
+    cfg: TextConfig
     patterns = ("*.txt",)
     noun = "text files"
 
@@ -365,6 +367,7 @@ class PythonFiles(Source):
     """Every .py file of a source tree, one document per file (hidden, cache and site-packages
     directories skipped)."""
 
+    cfg: PythonConfig
     patterns = ("*.py",)
     noun = "Python files"
     SKIP = frozenset({"site-packages", "dist-packages", "__pycache__", "node_modules"})
@@ -403,6 +406,10 @@ class StdlibConfig(DocumentSourceConfig):
 
 class PythonStdlib(PythonFiles):
     """Every .py file of the Python standard library (or of `root`), one document per file."""
+
+    # StdlibConfig is not a PythonConfig: it has `root` where PythonConfig has `path`, and
+    # _spec, the only method that reads either, is overridden here
+    cfg: StdlibConfig  # type: ignore[assignment]  # root, not path (above)
 
     def _spec(self) -> str:
         root = Path(self.cfg.root or sysconfig.get_paths()["stdlib"]).expanduser()

@@ -32,6 +32,7 @@ class ValSplit:
         if self.fraction <= 0:
             return False
         if self.mode == "tail":
+            assert self.n_docs is not None, "checked at construction"
             return index >= round(self.n_docs * (1 - self.fraction))
         return content_hash(data, self.seed) < self.fraction
 

@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 from unittest import mock
 
 import numpy as np
@@ -60,7 +60,7 @@ class TiktokenConfig(TokenizerConfig):
         return TiktokenTokenizer
 
 
-class TiktokenTokenizer(Tokenizer):
+class TiktokenTokenizer(Tokenizer[TiktokenConfig]):
     """An OpenAI tiktoken encoding (byte-level BPE, fast batch encoding on every core)."""
 
     kind = "tiktoken"
@@ -106,9 +106,10 @@ class TiktokenTokenizer(Tokenizer):
             n = min(len(texts), 4 * self.threads)  # chunks: few tasks, balanced across threads
             chunks = [texts[i::n] for i in range(n)]
             done = list(self._executor().map(self._encode_arrays, chunks))
-            arrays = [None] * len(texts)
+            slots: list[np.ndarray | None] = [None] * len(texts)
             for i, part in enumerate(done):
-                arrays[i::n] = part
+                slots[i::n] = part
+            arrays = cast(list[np.ndarray], slots)  # every slot is filled: the chunks cover all
         return join_docs(arrays, self.bos_id)
 
     def _encode_arrays(self, texts: list[str]) -> list[np.ndarray]:

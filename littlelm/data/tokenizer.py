@@ -20,7 +20,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 import numpy as np
 from pydantic import Field
@@ -33,7 +33,11 @@ META = "tokenizer_meta.json"
 BOS = "<|bos|>"
 
 
-class Tokenizer:
+# the config a tokenizer class is built from (its registered config class)
+TokCfg = TypeVar("TokCfg", bound=ComponentConfig)
+
+
+class Tokenizer(Generic[TokCfg]):
     """Interface shared by every tokenizer."""
 
     kind: str
@@ -118,12 +122,12 @@ class Tokenizer:
     trainable = False  # learns from the run's documents (then `train` is called)
 
     @classmethod
-    def from_config(cls, cfg: ComponentConfig) -> Tokenizer:
+    def from_config(cls, cfg: TokCfg) -> Tokenizer:
         """Build a tokenizer that needs no training data."""
         return cls()
 
     @classmethod
-    def train(cls, cfg: ComponentConfig, texts: Iterator[str]) -> Tokenizer:
+    def train(cls, cfg: TokCfg, texts: Iterator[str]) -> Tokenizer:
         raise NotImplementedError(f"{cls.kind} tokenizers are not trained")
 
     @classmethod
@@ -131,17 +135,17 @@ class Tokenizer:
         return cls()
 
     @classmethod
-    def vocab_size_for(cls, cfg: ComponentConfig) -> int:
+    def vocab_size_for(cls, cfg: TokCfg) -> int:
         """The vocabulary size `cfg` will produce, without training it."""
         return cls.vocab_size
 
     @classmethod
-    def train_chars_for(cls, cfg: ComponentConfig) -> int | None:
+    def train_chars_for(cls, cfg: TokCfg) -> int | None:
         """Characters of training text `train` reads at most (None: all it is given)."""
         return None
 
     @classmethod
-    def cache_identity(cls, cfg: ComponentConfig) -> dict:
+    def cache_identity(cls, cfg: TokCfg) -> dict:
         """What the cache key of a trained tokenizer digests from its config."""
         return cfg.model_dump()
 
@@ -174,7 +178,7 @@ class ByteConfig(TokenizerConfig):
         return ByteTokenizer
 
 
-class ByteTokenizer(Tokenizer):
+class ByteTokenizer(Tokenizer[ByteConfig]):
     """One token per UTF-8 byte, plus BOS (vocabulary 257)."""
 
     kind = "byte"
@@ -199,7 +203,7 @@ class ByteTokenizer(Tokenizer):
         return "byte-v1"
 
 
-class HFTokenizer(Tokenizer):
+class HFTokenizer(Tokenizer[TokCfg]):
     """Wraps a `tokenizers.Tokenizer` (the Hugging Face library; encodes batches on every core)."""
 
     kind = "huggingface"
@@ -379,7 +383,7 @@ class BPEConfig(TokenizerConfig):
         return BPETokenizer
 
 
-class BPETokenizer(HFTokenizer):
+class BPETokenizer(HFTokenizer[BPEConfig]):
     """Byte-level BPE (GPT-2 style pre-tokenisation) trained with the `tokenizers` library."""
 
     kind = "bpe"
@@ -523,7 +527,7 @@ class HuggingFaceConfig(TokenizerConfig):
 BOS_CANDIDATES = (BOS, "<s>", "<|begin_of_text|>", "<|endoftext|>", "<bos>")
 
 
-class HuggingFaceJSON(HFTokenizer):
+class HuggingFaceJSON(HFTokenizer[HuggingFaceConfig]):
     """A tokenizer.json loaded with the `tokenizers` library."""
 
     @classmethod

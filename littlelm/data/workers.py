@@ -140,6 +140,7 @@ class _SplitWriter:
                 self._finish()
 
     def _finish(self) -> None:
+        assert self.writer is not None, "called when a shard is open"
         h = _io(self.writer.path, self.writer.close)
         self.done.append(
             {

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from littlelm.config import named
-from littlelm.train.callbacks import Callback, CallbackConfig, JSONLLogger
+from littlelm.train.callbacks import Callback, CallbackConfig, JSONLLogger, TrainerView
 
 if TYPE_CHECKING:
     from littlelm.eval.core import SuiteResult
-    from littlelm.train.trainer import Trainer
 
 
 class CoreEvalConfig(CallbackConfig):
@@ -64,7 +63,7 @@ class CoreEval(Callback):
         self.last: SuiteResult | None = None
         self.last_step = -1
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         from littlelm.eval.core import load_suite
         from littlelm.eval.run import tasks_and_data
 
@@ -72,12 +71,12 @@ class CoreEval(Callback):
         tasks, data_dir = tasks_and_data(self.cfg.bundle, self.cfg.task_file, self.cfg.tasks)
         self.suite = load_suite(tasks, data_dir)
 
-    def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
+    def on_step_end(self, trainer: TrainerView, metrics: dict) -> None:
         c = self.cfg
         if c.every and trainer.step % c.every == 0 and trainer.step < trainer.max_steps:
             self.evaluate(trainer)
 
-    def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
+    def on_train_end(self, trainer: TrainerView, metrics: dict) -> None:
         if self.cfg.at_end and self.last_step != trainer.step:
             self.evaluate(trainer)
         if self.last is not None:
@@ -87,7 +86,7 @@ class CoreEval(Callback):
                 f"in-context evaluation at step {self.last_step}:\n{format_table(self.last)}"
             )
 
-    def evaluate(self, trainer: Trainer) -> SuiteResult:
+    def evaluate(self, trainer: TrainerView) -> SuiteResult:
         from littlelm.eval.core import EvalOptions, evaluate_suite
 
         c = self.cfg
@@ -107,7 +106,7 @@ class CoreEval(Callback):
         return suite
 
 
-def publish(trainer: Trainer, record: dict) -> None:
+def publish(trainer: TrainerView, record: dict) -> None:
     """To metrics.jsonl, and to TensorBoard / W&B (as eval/<field>) when those loggers run
     (rank 0 only under torchrun)."""
     from littlelm.train.loggers import TensorBoardLogger, WandbLogger

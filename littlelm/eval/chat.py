@@ -51,7 +51,8 @@ class Chat:
         self.messages: list[dict] = (
             [{"role": "system", "content": self.system}] if self.system else []
         )
-        self.caches, self.cached = None, []  # the KV cache and the token ids it holds
+        self.caches = None  # the KV cache
+        self.cached: list[int] = []  # the token ids it holds
 
     def reply(self, user: str, on_text: Callable[[str], None] | None = None) -> str:
         """The model's reply to `user` (streamed through `on_text` piece by piece)."""

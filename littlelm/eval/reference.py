@@ -97,7 +97,7 @@ def reference_decisions(
     """Decisions for items 0..n-1 of `data` (shuffled task data), one prompt at a time."""
     device = next(model.parameters()).device
     context = model.cfg.max_seq_len
-    out = []
+    out: list[bool | int] = []  # language modelling: all tokens right; else the chosen index
     for i in range(n):
         shots = few_shots(data, i, task.num_fewshot)
         toks, spans = fitted(task, tokenizer, data[i], shots, context, mode)

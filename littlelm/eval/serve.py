@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -125,7 +125,7 @@ class Job:
     each (text, finish) to the request's event loop, then END (or the exception that ended it).
     `cancel` (the client went away) stops it at the next piece, or before it starts."""
 
-    def __init__(self, pieces: Iterator[str], stops: list[str]):
+    def __init__(self, pieces: Generator[str, None, None], stops: list[str]):
         self.pieces, self.stops = pieces, stops
         self.loop = asyncio.get_running_loop()
         self.out: asyncio.Queue = asyncio.Queue()
@@ -187,7 +187,7 @@ class Server:
 
     # -- generation: text pieces, cut at a stop string ------------------------------------------
 
-    def chat_pieces(self, req: ChatRequest) -> tuple[Iterator[str], dict]:
+    def chat_pieces(self, req: ChatRequest) -> tuple[Generator[str, None, None], dict]:
         if self.format is None:
             raise ApiError(
                 400, f"{self.name} has no chat format (a base model): use /v1/completions, or "
@@ -205,9 +205,9 @@ class Server:
         chat = Chat(self.model, self.tokenizer, None, req.temperature, None,
                     req.top_p if req.top_p < 1 else None, budget, req.seed)  # fmt: skip
         chat.messages = messages
-        usage = {"prompt_tokens": len(prompt)}
+        usage: dict[str, int | str | None] = {"prompt_tokens": len(prompt)}  # finish: a word
 
-        def pieces() -> Iterator[str]:
+        def pieces() -> Generator[str, None, None]:
             try:
                 yield from chat.pieces()
             finally:  # also when a stop string closed it early
@@ -215,7 +215,7 @@ class Server:
 
         return pieces(), usage
 
-    def completion_pieces(self, req: CompletionRequest) -> tuple[Iterator[str], dict]:
+    def completion_pieces(self, req: CompletionRequest) -> tuple[Generator[str, None, None], dict]:
         text = req.prompt if isinstance(req.prompt, str) else "".join(req.prompt[:1])
         if isinstance(req.prompt, list) and len(req.prompt) != 1:
             raise ApiError(400, "prompt: give one string (batches of prompts are not served)",
@@ -274,7 +274,7 @@ class Server:
             except Exception as e:  # that request's error; the thread serves on
                 job.put(e)
             finally:
-                job.pieces.close()  # type: ignore[attr-defined]  (a generator: stop generating)
+                job.pieces.close()  # a generator: stop generating
                 job.put(END)
 
 
@@ -323,7 +323,7 @@ def build_app(server: Server, api_key: str | None = None):
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        where: str | None = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         message = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
             message, where = "the body is not valid JSON", None

@@ -237,9 +237,9 @@ def find_data_dir(start: Path, probe: str, depth: int = 4, limit: int = 5000) ->
         subdirs[:] = [] if level >= depth else sorted(d for d in subdirs if not d.startswith("."))
         if seen >= limit:
             break
-    for folder in list(start.parents)[:3]:
-        if (folder / probe).is_file():
-            return folder
+    for parent in list(start.parents)[:3]:
+        if (parent / probe).is_file():
+            return parent
     return None
 
 

@@ -32,6 +32,7 @@ VOCAB_ROWS = ("wte.weight", "lm_head.weight")  # and value_embeds.*.weight
 def add_chat_tokens(source: str | Path, out: str | Path) -> dict:
     path = find_checkpoint(source)
     model, tok, cfg = load_model(path)
+    assert isinstance(model, GPT), "the embedding rows grown here are GPT's, the one model"
     origin = ckpt.load_checkpoint(path, with_optimizer=False).origin or {}  # growth's tags, kept
     if tok.special_id(CHAT_TOKENS[-1]) is not None:
         raise LittleLMError(

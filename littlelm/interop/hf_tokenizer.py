@@ -33,12 +33,13 @@ PROBE = "Hello, world! It's 2026 -- naïve café, 東京, emoji 🙂\n\tdef f(x)
 def export_rules(tok: Tokenizer) -> tuple[str, int, bool]:
     """(the eos token's text, its id, whether a text's encoding starts with BOS) as exported:
     an imported tokenizer's own (`Tokenizer.rules`), else littlelm's (eos = BOS, BOS first)."""
-    eos = tok.rules.get("eos_token")
+    eos: str | None = tok.rules.get("eos_token")
     eos_id = tok.special_id(eos) if eos else None
     if eos_id is None and eos and isinstance(tok, HFTokenizer):
         eos_id = tok.tok.token_to_id(eos)
     if eos_id is None:
         eos, eos_id = tok.bos_token, tok.bos_id
+    assert eos is not None, "an eos id was found for this text"
     return eos, eos_id, tok.rules.get("adds_bos", True)
 
 
@@ -147,6 +148,9 @@ def _byte_level(tok: ByteTokenizer):
 def _from_tiktoken(tok: Tokenizer):
     from transformers.integrations.tiktoken import TikTokenConverter
 
+    from littlelm.data.tiktoken_tokenizer import TiktokenTokenizer
+
+    assert isinstance(tok, TiktokenTokenizer), "raw_tokenizer calls this for kind tiktoken"
     specials = sorted(tok.special_tokens().items(), key=lambda kv: kv[1])
     with tempfile.TemporaryDirectory() as d:
         ranks = Path(d) / "ranks.tiktoken"

@@ -36,6 +36,8 @@ class LittleLMAdapter(TemplateLM):
 
     def apply_chat_template(self, chat_history: list[dict], add_generation_prompt=True) -> str:
         """lm_eval's conversation as the text the model reads after its BOS."""
+        # harness.py passes its `chat` to both: lm_eval's apply_chat_template and this adapter's
+        assert self.chat is not None, "lm_eval applies chat templates only with chat=True"
         return self.chat.render(chat_history, add_generation_prompt)
 
     @property

@@ -44,7 +44,7 @@ protects the parent's function); token-indexed tables and lm_head that hold copi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,11 +202,12 @@ class Growth:
         q_heads = [(h // g) * g2 + h % g for h in range(P.n_head)]  # parent q head -> child
         self.q_rows = torch.cat([torch.arange(c * hd, (c + 1) * hd) for c in q_heads])
         self.kv_rows = torch.arange(P.kv_heads * hd)
+        assert P.vocab_size is not None, "a checkpoint's config has its tokenizer's vocab_size"
         self.C, self.V = torch.arange(P.d_model), torch.arange(P.vocab_size)
         self.hidden = torch.arange(P.hidden)
         self.block_pos = torch.tensor([c for c, p in enumerate(layers) if p is not None])
 
-    def copy_for(self, name: str, tensors: dict[str, torch.Tensor]) -> Copy | None:
+    def copy_for(self, name: str, tensors: Mapping[str, torch.Tensor]) -> Copy | None:
         """How child parameter `name` takes the parent's weights; None = it stays fresh."""
         if name.startswith("blocks."):
             _, c, rest = name.split(".", 2)
@@ -279,7 +280,7 @@ def apply_copy(t: torch.Tensor, copy: Copy) -> None:
 @torch.no_grad()
 def grow_into(
     child: GPT,
-    tensors: dict[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor],
     parent: GPTConfig,
     layers: list[int | None],
     widened: str = "old",

@@ -18,7 +18,7 @@ def from_parts(state: dict, groups: list[dict]) -> dict:
     `groups` (the param groups of the optimizer that loads it); ValueError when it does not fit."""
     merged_groups, merged_state, offset = [], {}, 0
     for part in state["optimizers"]:
-        renumber = {}
+        renumber: dict[int, int] = {}  # the part's parameter ids -> the merged ones
         for g in part["param_groups"]:
             ids = list(range(offset, offset + len(g["params"])))
             renumber.update(zip(g["params"], ids))

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -186,18 +187,19 @@ class MuonAdamW(torch.optim.Optimizer):
         return p.detach().view(-1)[slice(*self._bounds[id(p)])]
 
     def _gather_flat(
-        self, params: list[torch.Tensor], parts: list[torch.Tensor | None]
+        self, params: list[torch.Tensor], parts: Sequence[torch.Tensor | None]
     ) -> list[torch.Tensor | None]:
         """Every rank's flat slices -> whole flat tensors on every rank, one all-gather per
         dtype; parts[i] is this rank's slice of params[i]'s tensor, or None to skip it."""
         out: list[torch.Tensor | None] = [None] * len(parts)
         for dtype in dict.fromkeys(t.dtype for t in parts if t is not None):
-            idx = [i for i, t in enumerate(parts) if t is not None and t.dtype == dtype]
+            chosen = [(i, t) for i, t in enumerate(parts) if t is not None and t.dtype == dtype]
+            idx = [i for i, _ in chosen]
             sizes = [-(-params[i].numel() // self.world) for i in idx]
             offsets = [sum(sizes[:j]) for j in range(len(idx))]
-            flat = parts[idx[0]].new_zeros(sum(sizes))
-            for i, off in zip(idx, offsets):
-                flat[off : off + parts[i].numel()] = parts[i]
+            flat = chosen[0][1].new_zeros(sum(sizes))
+            for (_, part), off in zip(chosen, offsets):
+                flat[off : off + part.numel()] = part
             every = flat.new_empty(self.world * flat.numel())
             all_gather(every, flat)
             every = every.view(self.world, -1)  # (world, sum(sizes))
@@ -215,8 +217,8 @@ class MuonAdamW(torch.optim.Optimizer):
                 continue
             if self.shard_muon:  # fsdp too
                 self._stepped.update(id(p) for p in live)
-            if self.fsdp:
-                self._muon_fsdp(group, live)
+            if self.fsdp:  # FSDP2's parameters are DTensors
+                self._muon_fsdp(group, cast(list[DTensor], live))
             elif self.shard_muon:
                 self._muon_owned(group, live)
             else:
@@ -225,13 +227,13 @@ class MuonAdamW(torch.optim.Optimizer):
     def _muon(self, group: dict, params: list[torch.Tensor]) -> None:
         """One process: orthogonalise every matrix of the bucket (a function of its own, so
         that its temporaries are freed before the next bucket's)."""
-        directions = self._directions(group, params, [p.grad for p in params])
+        directions = self._directions(group, params, _grads(params))
         updates = orthogonalize(torch.stack(directions), group["ns_steps"], dtype=self.ns_dtype)
         self._apply(group, params, list(updates.unbind(0)), params[0].shape)
 
     def _directions(
-        self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]
-    ) -> list[torch.Tensor]:
+        self, group: dict, params: Sequence[torch.Tensor], grads: list[torch.Tensor]
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, ...]:
         """Update the momentum buffers (kept per parameter) and return the directions to
         orthogonalise: the Nesterov look-ahead g + mom·(buf - g), or the buffers themselves."""
         bufs = []
@@ -269,7 +271,7 @@ class MuonAdamW(torch.optim.Optimizer):
         local = params[0].new_zeros((k, *shape), dtype=self.ns_dtype)
         if hi > lo:
             mine = params[lo:hi]
-            dirs = self._directions(group, mine, [p.grad for p in mine])
+            dirs = self._directions(group, mine, _grads(mine))
             local[: hi - lo] = orthogonalize(
                 torch.stack(dirs), group["ns_steps"], dtype=self.ns_dtype
             )
@@ -285,7 +287,7 @@ class MuonAdamW(torch.optim.Optimizer):
         local = [p.to_local() for p in params]
         a, b = chunk_bounds(m, self.rank, w)
         assert all(t.shape == (b - a, cols) for t in local), "FSDP2 split rows unexpectedly"
-        dirs = self._directions(group, params, [p.grad.to_local() for p in params])
+        dirs = self._directions(group, params, [_local(g) for g in _grads(params)])
         send = local[0].new_zeros((w * k, c, cols), dtype=self.ns_dtype)
         for i, d in enumerate(dirs):
             send[i, : d.size(0)] = d
@@ -346,12 +348,10 @@ class MuonAdamW(torch.optim.Optimizer):
             saved = {i: dict(s) for i, s in saved.items()}
             for key in sorted({k for s in saved.values() for k in s if k != "step"}):
                 parts = [saved[index[id(p)]].get(key) for p in adamw]
-                for p, whole in zip(adamw, self._gather_flat(adamw, parts)):
-                    if whole is not None:  # a compact copy: `whole` may be a strided view
+                for p, flat in zip(adamw, self._gather_flat(adamw, parts)):
+                    if flat is not None:  # a compact copy: `flat` may be a strided view
                         saved[index[id(p)]][key] = (
-                            whole.reshape(p.shape)
-                            .cpu()
-                            .clone(memory_format=torch.contiguous_format)
+                            flat.reshape(p.shape).cpu().clone(memory_format=torch.contiguous_format)
                         )
         elif self.fsdp:
             saved = {i: {k: _whole(v) for k, v in s.items()} for i, s in saved.items()}
@@ -416,6 +416,17 @@ def param_index(groups: list[dict]) -> Iterator[tuple[int, torch.Tensor]]:
             i += 1
 
 
+def _grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The gradients of `params`, which the caller chose for having one."""
+    return [g for p in params if (g := p.grad) is not None]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of an FSDP2 gradient (a DTensor)."""
+    assert isinstance(t, DTensor), "FSDP2's gradients are DTensors"
+    return t.to_local()
+
+
 def _whole(v):
     return v.full_tensor().cpu() if isinstance(v, DTensor) else v
 
@@ -424,13 +435,15 @@ def _to_dtensor(full: torch.Tensor, p: DTensor) -> DTensor:
     return distribute_tensor(full.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
 
 
-def _to_local(full: torch.Tensor, p: DTensor) -> torch.Tensor:
+def _to_local(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """This rank's part of `full` laid out like the DTensor parameter `p` (no communication)."""
+    assert isinstance(p, DTensor), "called under FSDP2, whose parameters are DTensors"
     return _to_dtensor(full, p).to_local().clone()
 
 
-def _full(local: torch.Tensor, p: DTensor) -> torch.Tensor:
+def _full(local: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """The whole tensor from every rank's part laid out like `p` (an all-gather)."""
+    assert isinstance(p, DTensor), "called under FSDP2, whose parameters are DTensors"
     d = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
     return d.full_tensor()
 

@@ -32,7 +32,10 @@ from pydantic import Field
 
 from littlelm.config import Cfg, ComponentConfig, named
 
-Schedule = Callable[[int, float], float]  # (step, progress in [0, 1]) -> multiplier
+# how far through the run: exact for a run of known steps (step_progress), measured under a
+# time budget (train/budget.py)
+Progress = float | Fraction
+Schedule = Callable[[int, Progress], float]  # (step, progress in [0, 1]) -> multiplier
 
 
 def step_progress(step: int, max_steps: int) -> Fraction:
@@ -46,7 +49,7 @@ def _warmup(step: int, warmup_steps: int) -> float:
 
 def trapezoidal(
     step: int,
-    progress: float,
+    progress: Progress,
     warmup_steps: int = 0,
     cooldown_frac: float = 0.4,
     floor: float = 0.0,
@@ -62,7 +65,7 @@ def trapezoidal(
     return 1.0 + (floor - 1.0) * done
 
 
-def cosine(step: int, progress: float, warmup_steps: int = 0, floor: float = 0.0) -> float:
+def cosine(step: int, progress: Progress, warmup_steps: int = 0, floor: float = 0.0) -> float:
     """Linear warmup, and half a cosine from 1 at progress 0 to `floor` at progress 1 (the
     warmup's steps are inside that span: the curve goes on where the warmup ends)."""
     if step < warmup_steps and progress < 1:
@@ -71,7 +74,7 @@ def cosine(step: int, progress: float, warmup_steps: int = 0, floor: float = 0.0
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p))
 
 
-def constant(step: int, progress: float, warmup_steps: int = 0) -> float:
+def constant(step: int, progress: Progress, warmup_steps: int = 0) -> float:
     """Linear warmup, then 1 (no decay phase: the last step keeps the full lr)."""
     return _warmup(step, warmup_steps)
 
@@ -274,7 +277,7 @@ class GroupSchedule:
     origins: dict[str, OriginLR]
     momentum: Callable[[int], float] | None
 
-    def set(self, optimizer, step: int, progress: float) -> float:
+    def set(self, optimizer, step: int, progress: Progress) -> float:
         """Set each group's lr (base_lr × the schedule × its origin's factor) and the Muon
         groups' momentum for `step`, `progress` through the run; returns the multiplier."""
         mult = self.lr(step, progress)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -145,7 +146,7 @@ class Catalog(Cfg):
         return ctx + self.defaults.workspace_gib
 
 
-def load_catalog(extra: list[str | Path] = ()) -> Catalog:
+def load_catalog(extra: Sequence[str | Path] = ()) -> Catalog:
     user = Path(os.environ.get("LITTLELM_GPUS", USER)).expanduser()
     files = [PACKAGED, *([user] if user.is_file() else [])]
     for f in extra:

@@ -131,6 +131,7 @@ def price_line(plan: Plan) -> str:
     """What --price-per-hour priced: the GPUs named (or every one), this machine."""
     others = len(plan.priced) - ("this machine" in plan.priced) < len(plan.gpus)
     per = "GPU-hour" if plan.priced != ["this machine"] else "hour"
+    assert plan.price_per_hour is not None, "print_plan prints this line only with a price"
     return (
         f"price: {money(plan.price_per_hour)} per {per} for {plan.price_scope} (--price-per-hour)"
         + (f"; the {'other ' * (per != 'hour')}GPUs at the catalog's prices" if others else "")
@@ -151,10 +152,13 @@ def resume_line(plan: Plan) -> str:
 
 def local_table(plan: Plan) -> Table:
     lp = plan.local
+    assert lp is not None, "print_plan prints this table only for a local plan"
     kinds = ("GEMMs", "attention", "elementwise", "optimizer")
     title = f"this machine: {lp.device}, {lp.precision}"
-    priced = lp.dollars is not None
-    cost = ("$/h", "cost") if priced else ()
+    prices: tuple[str, ...] = ()  # $/h and cost, with --price-per-hour (which sets both)
+    if lp.dollars is not None and lp.price_per_hour is not None:
+        prices = (money(lp.price_per_hour), money(lp.dollars))
+    cost = ("$/h", "cost") if prices else ()
     t = table(title, "tokens/s", "step (s)", *kinds, "process memory", "time", *cost, left=0)
     t.add_row(
         f"{lp.tok_s:,.0f}",
@@ -162,7 +166,7 @@ def local_table(plan: Plan) -> Table:
         *(f"{lp.parts.get(k, 0.0):.3f}" for k in kinds),
         f"{gib(lp.process_peak / GIB)} GiB",
         duration(lp.hours),
-        *((money(lp.price_per_hour), money(lp.dollars)) if priced else ()),
+        *prices,
     )
     t.caption = f"speed: {lp.source}\nprocess memory: {lp.memory_source}"
     return t
@@ -185,6 +189,7 @@ def summary_line(plan: Plan) -> str:
 def budget_text(plan: Plan) -> str:
     b = plan.cfg.train.budget
     if plan.gpus and plan.gpus[0].budget_tokens is not None:  # a time or money budget
+        assert b is not None, "budget_tokens is set only under a budget (cost.apply_budget)"
         what = f"{b.hours:g} hours" if b.kind == "hours" else f"${b.dollars:g}"
         return f"budget {what} (the table shows the tokens and steps it buys on each GPU)"
     return f"budget {human(plan.tokens)} tokens"
@@ -202,13 +207,13 @@ def memory_table(plan: Plan) -> Table:
         a = an.categories[k] / GIB
         t.add_row(k, gib(e.categories[k] / GIB), traced, gib(a), _ratio(check.get(k)))
     for phase in (FB, OPT):
-        traced = tr.phases[phase] if tr else None
+        peak = tr.phases[phase] if tr else None
         t.add_row(
             f"[bold]peak: {phase}[/bold]",
             gib(e.phases[phase] / GIB),
-            gib(traced / GIB) if traced is not None else "-",
+            gib(peak / GIB) if peak is not None else "-",
             gib(an.phases[phase] / GIB),
-            _ratio(traced / an.phases[phase] if traced is not None else None),
+            _ratio(peak / an.phases[phase] if peak is not None else None),
         )
     t.caption = f"plan: the {e.source}" + (f"; the trace took {tr.seconds:.1f} s" if tr else "")
     return t
@@ -236,9 +241,17 @@ def gpu_table(plan: Plan) -> Table:
     for p in runs:
         mb = p.micro_batch if p.fits else p.best_micro_batch
         accum = plan.dims.grad_accum if p.fits else p.best_grad_accum
+        need = p.needed_gib if p.fits else p.needed_at_best_gib
+        # a GPU with a speed runs at some micro-batch: cost.gpu_plan sets all of these then
+        assert need is not None and p.hours is not None and p.mfu is not None
+        assert p.dollars is not None and p.dollars_per_btok is not None
+        buys = []
+        if bought:  # a budget buys tokens and steps on every GPU that runs (cost.apply_budget)
+            assert p.budget_tokens is not None and p.budget_steps is not None
+            buys = [f"{human(p.budget_tokens)} / {human(p.budget_steps)}"]
         t.add_row(
             p.gpu.name + (f" ×{p.devices}" if p.devices > 1 else ""),
-            f"{gib(p.needed_gib if p.fits else p.needed_at_best_gib)} / {gib(p.gpu.memory_gib)}",
+            f"{gib(need)} / {gib(p.gpu.memory_gib)}",
             f"{mb} ({accum})" + ("" if p.fits else " [yellow]smaller[/yellow]"),
             f"{p.tok_s:,.0f}",
             f"{p.mfu:.0%}",
@@ -246,7 +259,7 @@ def gpu_table(plan: Plan) -> Table:
             money(p.gpu.price_per_hour),
             money(p.dollars),
             money(p.dollars_per_btok),
-            *([f"{human(p.budget_tokens)} / {human(p.budget_steps)}"] if bought else []),
+            *buys,
         )
     sources = sorted({p.mfu_source for p in runs})
     t.caption = f"speed: {'; '.join(sources) or '-'}. Prices: {price_words(plan)}"
@@ -258,6 +271,7 @@ def price_words(plan: Plan) -> str:
     catalog = "on-demand, dated in littlelm/plan/gpus.yaml"
     if not gpus:
         return catalog
+    assert plan.price_per_hour is not None, "GPUs are priced here by --price-per-hour"
     mine = f"{money(plan.price_per_hour)} per GPU-hour (--price-per-hour)"
     return mine if len(gpus) == len(plan.gpus) else f"{', '.join(gpus)} {mine}; others {catalog}"
 
@@ -417,7 +431,16 @@ def _fmt(x: float | None, unit: str) -> str:
 # --chart
 
 # each segment's colour: its index in the run reports' PALETTE (littlelm/report/plots.py)
-SEGMENTS = (cat.PARAMS, cat.ACT, cat.STATE, cat.GRADS, cat.COPIES, cat.LOSS, cat.BWD, cat.SCRATCH)
+SEGMENTS: tuple[str, ...] = (
+    cat.PARAMS,
+    cat.ACT,
+    cat.STATE,
+    cat.GRADS,
+    cat.COPIES,
+    cat.LOSS,
+    cat.BWD,
+    cat.SCRATCH,
+)
 SEGMENTS += ("CUDA context & workspaces", "allocator margin")
 
 

@@ -65,7 +65,7 @@ class Memory:
     @property
     def peak_phase(self) -> str:
         phases = self.phases
-        return max(phases, key=phases.get)
+        return max(phases, key=phases.__getitem__)
 
     @property
     def peak(self) -> int:
@@ -104,7 +104,11 @@ class MemoryAccountant(TorchDispatchMode):
             return
         nbytes = block_bytes(st.nbytes())
         self.live[key] = (nbytes, category)
-        self._refs[key] = weakref.ref(st, lambda _, key=key: self._free(key))
+
+        def on_free(_: object, key: int = key) -> None:  # the storage was freed
+            self._free(key)
+
+        self._refs[key] = weakref.ref(st, on_free)
         self._add(category, nbytes)
 
     def relabel(self, t: torch.Tensor, category: str) -> None:
@@ -224,7 +228,7 @@ def _traceable(gpu: bool):
         standin = replace(kernels.CPU, attention=flash_footprint)
         kernels.BACKENDS.update(cpu=standin, cuda=standin)
     adam._get_value = lambda x: 1.0 if isinstance(x, FakeTensor) else real(x)
-    lowp.step_count = lambda x: 1.0 if isinstance(x, FakeTensor) else count(x)
+    lowp.step_count = lambda step: 1.0 if isinstance(step, FakeTensor) else count(step)
     try:
         yield
     finally:
@@ -284,17 +288,19 @@ def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:
         acct.at_forward_end = acct.snapshot().by_category
         acct.region = LOSS  # the loss's backward comes first
 
-    def blocks_backward(*_):
+    def blocks_backward(*_args):
         # what the loss leaves alive now (the stream's gradient) is the blocks' to carry
         for key, (_, cat) in list(acct.live.items()):
             if cat == LOSS:
                 acct.relabel_key(key, BWD)
         acct.region = BWD
 
+    norm_f, blocks = model.norm_f, model.blocks  # the seams every model has (LanguageModel)
+    assert isinstance(norm_f, torch.nn.Module) and isinstance(blocks, torch.nn.ModuleList)
     handles = [
         model.register_forward_hook(end_of_forward),
-        model.norm_f.register_forward_hook(lambda *_: setattr(acct, "region", LOSS)),
-        model.blocks[-1].register_full_backward_pre_hook(blocks_backward),
+        norm_f.register_forward_hook(lambda *_: setattr(acct, "region", LOSS)),
+        blocks[-1].register_full_backward_pre_hook(blocks_backward),
     ]
     for p in model.parameters():
         handles.append(p.register_post_accumulate_grad_hook(lambda p: acct.relabel(p.grad, GRADS)))

@@ -79,15 +79,15 @@ def fmt(value, spec: str) -> str:
     return format(value, spec)
 
 
-def spread(values: list[float], spec: str) -> str:
+def spread(values: list[float | None], spec: str) -> str:
     """'mean ± half the range (n)' over seeds; a single value as it is."""
-    values = [v for v in values if v is not None]
-    if not values:
+    known = [v for v in values if v is not None]
+    if not known:
         return "n/a"
-    if len(values) == 1:
-        return format(values[0], spec)
-    mean = statistics.fmean(values)
-    return f"{format(mean, spec)} ± {format((max(values) - min(values)) / 2, spec)} ({len(values)})"
+    if len(known) == 1:
+        return format(known[0], spec)
+    mean = statistics.fmean(known)
+    return f"{format(mean, spec)} ± {format((max(known) - min(known)) / 2, spec)} ({len(known)})"
 
 
 COLUMNS = ["variant", "val loss", "val bpb", "score", "tokens", "tok/s", "time", "$", "status"]
@@ -172,7 +172,9 @@ def plot_rows(rows: list[Row], out: Path, price: float | None) -> list[Path]:
     }
     seen: dict[str, int] = {}
     lines: dict[str, list[Line]] = {x: [] for x in XAXES}
-    for r in (r for r in rows if r.run is not None):
+    for r in rows:
+        if r.run is None:
+            continue
         style = LINESTYLES[seen.get(r.group, 0) % len(LINESTYLES)]
         seen[r.group] = seen.get(r.group, 0) + 1
         rate = price_per_second(r.run, price)

@@ -83,6 +83,7 @@ def collect(runs: list[RunData]) -> dict[str, dict[tuple[str, str], list[Entry]]
         schedule = shifted(schedule_series(run), start)
         if schedule is not None:
             metric = describe("config", "lr_mult")
+            assert metric is not None, "the catalog describes the schedule's lr_mult"
             entries = figures.setdefault(metric.figure, {}).setdefault(
                 (metric.panel, metric.unit), []
             )
@@ -159,7 +160,8 @@ def build_panel(entries: list[Entry], runs: list[RunData], xaxis: XAxis) -> Pane
         bad = int(np.sum(~np.isfinite(e.series.value)))
         if bad:
             notes.append(f"{label}: non-finite at {bad} logged step(s), drawn as gaps")
-    log_y = first.log_y and all(np.all(ln.y[np.isfinite(ln.y)] > 0) for ln in lines)
+    ys = [np.asarray(ln.y) for ln in lines]  # numpy already (the series' values)
+    log_y = first.log_y and all(np.all(y[np.isfinite(y)] > 0) for y in ys)
     ylim = None
     if first.from_zero and not log_y:
         highs = [np.nanmax(ln.y) for ln in lines if np.any(np.isfinite(ln.y))]
@@ -209,8 +211,9 @@ class XAxis:
 
     @classmethod
     def for_runs(cls, runs: list[RunData]) -> XAxis:
-        tokens = [r.get("tokens") for run in runs for recs in run.records.values() for r in recs]
-        use_tokens = bool(tokens) and all(isinstance(t, (int, float)) for t in tokens)
+        logged = [r.get("tokens") for run in runs for recs in run.records.values() for r in recs]
+        tokens = [t for t in logged if isinstance(t, (int, float))]
+        use_tokens = bool(logged) and len(tokens) == len(logged)  # every record has tokens
         if not use_tokens:
             return cls(False, 1.0, "optimizer step", None)
         starts = [run.grown_start() for run in runs] if len(runs) > 1 else []

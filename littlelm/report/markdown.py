@@ -258,7 +258,9 @@ def eval_table(run: RunData) -> str | None:
 
 def eval_label(col: str) -> str:
     """'val_bpb' -> 'val_bpb (bits/byte)': the field name, as in metrics.jsonl, and its unit."""
-    return f"{col} ({describe('eval', col).unit})"  # eval_table shows described fields only
+    metric = describe("eval", col)
+    assert metric is not None, "eval_table shows described fields only"
+    return f"{col} ({metric.unit})"
 
 
 def cell(value) -> str:

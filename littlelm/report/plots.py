@@ -42,8 +42,8 @@ DPI = 110
 @dataclass
 class Line:
     label: str
-    x: Sequence[float]
-    y: Sequence[float]
+    x: Sequence[float] | np.ndarray
+    y: Sequence[float] | np.ndarray
     color: str | None = None
     style: str = "-"
     marker: str | None = None
@@ -138,7 +138,7 @@ def log_axis(ax: Axes, lines: list[Line]) -> None:
     ax.yaxis.set_minor_formatter(PLAIN if narrow else NullFormatter())
 
 
-def lone_points(y: Sequence[float]) -> bool:
+def lone_points(y: Sequence[float] | np.ndarray) -> bool:
     """True when some finite value has no finite neighbour (a series of one logged point, or
     one between gaps): a line alone draws nothing there, so such a series gets markers."""
     ok = np.pad(np.isfinite(np.asarray(y, dtype=float)), 1)  # False beyond both ends

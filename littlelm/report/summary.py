@@ -15,11 +15,11 @@ class Facts:
     status: str
     step: int | None = None
     max_steps: int | None = None
-    tokens: int | None = None
+    tokens: float | None = None  # the records' largest (finite() reads numbers as floats)
     train_loss: float | None = None
     val_loss: float | None = None
     val_bpb: float | None = None
-    best_val_bpb: tuple[float, int] | None = None  # (value, step)
+    best_val_bpb: tuple[float, int | None] | None = None  # (value, step: None when not logged)
     train_time: float | None = None
     eval_time: float = 0.0
     evals: int = 0
@@ -96,6 +96,7 @@ def facts(run: RunData, price_per_hour: float | None = None) -> Facts:
 def status(run: RunData, step: int | None, max_steps: int | None) -> str:
     if run.records.get("end"):
         end = run.last("end")
+        assert end is not None, "there are end records"
         return "finished" if end.get("finished", True) else "ended early"
     if step is not None and max_steps and step >= max_steps:
         return "finished (no end record)"

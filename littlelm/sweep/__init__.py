@@ -83,8 +83,8 @@ def plan_sweep(opts: SweepOptions) -> tuple[Path, list[Job]]:
     # --budget may be what ends the base run (it has no max_steps): check the base with it
     price = opts.price_per_hour
     if price is None:
-        price = read_base(opts.base, opts.overrides).train.budget
-        price = price.price_per_gpu_hour if price is not None else None
+        base_budget = read_base(opts.base, opts.overrides).train.budget
+        price = base_budget.price_per_gpu_hour if base_budget is not None else None
     budget = parse_budget(opts.budget, price) if opts.budget else None
     base_cfg = load_run(opts.base, [*opts.overrides, *budget_override(budget)])
     variants = make_variants(

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -44,6 +44,7 @@ def finished(run_dir: Path) -> bool:
 
 def read_manifest(path: Path) -> dict:
     """sweep.json as written by `write_manifest`; a hand-edited or cut-short one is an error."""
+    why: str | None  # what is wrong with it
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -189,7 +190,7 @@ def train_command(base: str, overrides: list[str]) -> list[str]:
 class Pool:
     """Variants on devices: at most one process per device; `start(job, device)` makes one."""
 
-    def __init__(self, devices: list[str | None], start: Callable, say: Callable = print):
+    def __init__(self, devices: Sequence[str | None], start: Callable, say: Callable = print):
         self.free, self.start, self.say = list(devices), start, say
         self.running: dict = {}  # process -> (job, device)
         self.failed: list[str] = []

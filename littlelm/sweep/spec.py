@@ -20,12 +20,13 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
+from typing import cast
 
 import yaml
 
 from littlelm.config import parse_yaml, validate
 from littlelm.errors import ConfigError, LittleLMError
-from littlelm.model.gpt import flops_per_token
+from littlelm.model.gpt import GPTConfig, flops_per_token
 from littlelm.schema import MAX_NAME_BYTES, RunConfig, load_run, read_run, run_name_problem
 from littlelm.train.budget import check_budget_fits
 from littlelm.train.device import peak_flops, pick_device, with_precision
@@ -227,8 +228,12 @@ def check_budgets(configs: list[RunConfig], names: list[str]) -> None:
             continue
         device = pick_device(cfg.run.device)
         peak = peak_flops(device, precision=with_precision(cfg, device).train.precision)
-        fpt = flops_per_token(cfg.model, cfg.train.seq_len)
-        problem = check_budget_fits(seconds, cfg.train.batch_tokens, fpt, peak, device.type)
+        # the one model config whose plan is analytic, checked above (no class test: contracts)
+        m = cast(GPTConfig, cfg.model)
+        seq_len, batch_tokens = cfg.train.seq_len, cfg.train.batch_tokens
+        assert seq_len is not None and batch_tokens is not None, "load_run derives them"
+        fpt = flops_per_token(m, seq_len)
+        problem = check_budget_fits(seconds, batch_tokens, fpt, peak, device.type)
         if problem:
             problems.append(f"variant {name}: {problem}")
     if problems:

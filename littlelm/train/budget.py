@@ -42,7 +42,7 @@ from pydantic import Field
 
 from littlelm.config import Cfg
 from littlelm.errors import ConfigError
-from littlelm.optim.schedule import step_progress
+from littlelm.optim.schedule import Progress, step_progress
 from littlelm.progress import duration
 
 # step times whose median is the speed: recent ones, as a shared machine's speed drifts (a mean
@@ -168,6 +168,7 @@ class Budget:
 
     def stepped(self, now: float) -> bool:
         """A step ended at `now`; True when it was the last."""
+        assert self.mark is not None, "start() comes before the first step"
         dt = now - self.mark
         self.spent += dt
         self.session_steps += 1
@@ -244,7 +245,9 @@ class Budget:
         if n < LAST_BELOW:
             return 1.0, True
         loop = max(1e-9, self.seconds - self.end_reserve())
-        p = (self.elapsed(now) + self.per_step()) / loop
+        per = self.per_step()
+        assert per is not None, "steps_left measured it"
+        p = (self.elapsed(now) + per) / loop
         p = max(p, (step + 1) / self.max_steps)  # a step cap may be further along
         return min(p, 1.0 - 1e-9), False
 
@@ -372,7 +375,7 @@ class Steps:
     def __init__(self, max_steps: int):
         self.max_steps = max_steps
 
-    def progress(self, step: int) -> float:
+    def progress(self, step: int) -> Progress:
         """How far through the run the end of step `step` + 1 is (1 at the last step; an exact
         fraction, optim/schedule.py's step_progress)."""
         return step_progress(step, self.max_steps)
@@ -426,7 +429,7 @@ class TimeBudget(Steps):
     (inf without one) until the budget's last step, then that step."""
 
     def __init__(self, budget: Budget, ledger: Ledger, cfg: BudgetConfig, world: int):
-        super().__init__(budget.max_steps)  # type: ignore[arg-type]  (inf without a cap)
+        super().__init__(budget.max_steps)  # type: ignore[arg-type]  # inf without a cap
         self.budget, self.ledger, self.cfg, self.world = budget, ledger, cfg, world
 
     def progress(self, step: int) -> float:
@@ -455,8 +458,9 @@ class TimeBudget(Steps):
         b, t = self.budget, now()
         spent = b.elapsed(t)
         eta = b.seconds - spent
-        if math.isfinite(b.max_steps) and b.per_step() is not None:  # a step cap may come first
-            eta = min(eta, (b.max_steps - step) * b.per_step() + b.end_reserve())
+        per = b.per_step()
+        if math.isfinite(b.max_steps) and per is not None:  # a step cap may come first
+            eta = min(eta, (b.max_steps - step) * per + b.end_reserve())
         return {"eta_s": max(0.0, eta), "budget_spent": spent, "budget_progress": b.progress}
 
     def figures(self) -> dict:
@@ -509,6 +513,7 @@ def train_further(cfg, run: Steps, step: int, tokens: int) -> tuple[str, str]:
     b = cfg.train.budget
     kind = b.kind if b is not None else None
     if isinstance(run, TimeBudget):
+        assert b is not None and kind is not None, "a TimeBudget is train.budget's"
         t = run.budget
         seconds = t.spent + max(t.spent, 4 * (t.per_step() or 0.0)) + t.end_reserve()
         world = cfg.distributed.world_size or 1

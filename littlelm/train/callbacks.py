@@ -16,6 +16,7 @@ import json
 import math
 import time
 import warnings
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -37,22 +38,29 @@ class TrainerView(Protocol):
     cfg: RunConfig
     run_dir: Path
     device: torch.device
-    model: LanguageModel
     optimizer: Any
     data: Any  # data/build.py's Data: the tokenizer and the validation batches
     callbacks: list[Callback]
-    step: int
-    tokens: int
-    max_steps: int
     flops_per_token: int
     peak: float  # the devices' peak FLOP/s
+    autocast: AbstractContextManager  # bf16 autocast or nothing (train/device.py), reusable
+
+    @property
+    def model(self) -> LanguageModel: ...
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def max_steps(self) -> float: ...  # inf under a time budget until its last step
 
     @property
     def is_main(self) -> bool: ...
 
     def log(self, text: str) -> None: ...
-
-    def autocast(self): ...
 
 
 class Callback:
@@ -268,9 +276,11 @@ class Sampler(Callback):
 
     def sample(self, trainer: TrainerView) -> str:
         from littlelm.model.generate import generate
+        from littlelm.model.gpt import GPT
 
         tok, c = trainer.data.tokenizer, self.cfg
         model = trainer.model
+        assert isinstance(model, GPT), "generate's KV caches are GPT's, the only model there is"
         was_training = model.training
         model.eval()
         with trainer.autocast:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,11 @@ from pydantic import Field, model_validator
 
 from littlelm.config import Cfg
 from littlelm.errors import DistributedError, LittleLMError
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from littlelm.model.protocol import LanguageModel
 
 T = TypeVar("T")
 
@@ -269,7 +274,7 @@ class Parallel:
         self.cfg, self.env = cfg, env
         self.rank, self.world, self.local_rank = env.rank, env.world_size, env.local_rank
         self._device = device
-        self.ddp: torch.nn.Module | None = None
+        self.ddp: DistributedDataParallel | None = None
 
     @classmethod
     def single(cls, cfg: DistributedConfig) -> Parallel:
@@ -417,7 +422,7 @@ class Parallel:
     # optimizer's sharding is optim/optimizer.py's. torch's FSDP, DDP and checkpoint modules
     # are imported only by a run that uses them (they are slow to import).
 
-    def shard_model(self, model: torch.nn.Module, precision: str) -> None:
+    def shard_model(self, model: LanguageModel, precision: str) -> None:
         """FSDP2: split the model's parameters across ranks, in place: each unit, then the root.
         Under bf16 the gathered weights are cast to bf16 for compute while the sharded fp32
         weights stay the master copy, and gradients are reduce-scattered in fp32. Nothing for
@@ -433,6 +438,7 @@ class Parallel:
             mp = MixedPrecisionPolicy()
         mesh = init_device_mesh(self._device.type, (self.world,))
         reshard = self.cfg.reshard_after_forward
+        assert isinstance(model, torch.nn.Module), "every model is one (model/protocol.py)"
         for unit in [*model.shard_units(), model]:  # the model says which (shard_units)
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
 
@@ -446,12 +452,15 @@ class Parallel:
 
         # torch 2.13 renamed broadcast_buffers to forward_sync_buffers
         new_name = "forward_sync_buffers" in inspect.signature(DDP).parameters
+        no_sync: dict[str, Any] = {
+            "forward_sync_buffers" if new_name else "broadcast_buffers": False
+        }
         self.ddp = DDP(
             model,
             device_ids=[self._device.index] if self._device.type == "cuda" else None,
             bucket_cap_mb=self.cfg.bucket_cap_mb,
             gradient_as_bucket_view=True,
-            **{"forward_sync_buffers" if new_name else "broadcast_buffers": False},
+            **no_sync,
         )
         return self.ddp
 
@@ -507,7 +516,7 @@ class Parallel:
         )
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        full = get_model_state_dict(model, options=opts)
+        full = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=opts))  # tensors
         every = {n for n, _ in model.named_parameters(remove_duplicate=False)}
         unique = {n for n, _ in model.named_parameters()}
         return {k: v for k, v in full.items() if k not in every - unique}

@@ -15,9 +15,10 @@ once its resolved config (runs/NAME/config.yaml) is used.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from pydantic import Field
@@ -34,6 +35,7 @@ from littlelm.model.grow import (
     logit_gap,
     parent_model_config,
 )
+from littlelm.model.protocol import LanguageModel
 from littlelm.optim.groups import group_table
 from littlelm.optim.schedule import OriginLR, OriginRamp, multiplier
 from littlelm.train.build import optimizer_for
@@ -154,6 +156,7 @@ def complete_growth(cfg: RunConfig) -> RunConfig:
         return _complete_sft(cfg, g)
     if not m.growable:
         raise ConfigError(["grow: only the gpt model can be grown"])
+    m = cast(GPTConfig, cfg.model)  # the one growable model config (no class test: contracts)
     derive = isinstance(g.placement, str) or (m.value_embeds and m.value_embed_layers is None)
     try:
         path = find_parent(g.parent)
@@ -260,12 +263,15 @@ class GrownFrom:
         return f"grown from {where}; new blocks at layers {new or 'none'}; function {check}"
 
 
-def grow_at_start(model: GPT, cfg: RunConfig, resumed_step: int | None, data) -> GrownFrom | None:
+def grow_at_start(
+    model: LanguageModel, cfg: RunConfig, resumed_step: int | None, data
+) -> GrownFrom | None:
     """A fresh grown run (or one resumed at step 0): the parent's weights and origin tags go
     into `model` (None: not a grown run, or one resumed past its start)."""
     g = cfg.starts_from()
     if g is None or resumed_step:
         return None
+    assert isinstance(model, GPT), "complete_growth refuses a model whose config is not growable"
     return grow_from_parent(model, g, data.tokenizer.fingerprint, cfg)
 
 
@@ -304,7 +310,9 @@ def grow_from_parent(
     return GrownFrom(path, steps, tokens, parent, layers, loader, gap, origin, grew=grew)
 
 
-def _verify(model: GPT, parent_cfg: GPTConfig, tensors: dict, path: Path, n_tokens: int) -> float:
+def _verify(
+    model: GPT, parent_cfg: GPTConfig, tensors: Mapping, path: Path, n_tokens: int
+) -> float:
     """Rebuild the parent next to the grown model and compare their logits on a probe."""
     device = model.wte.weight.device
     with torch.random.fork_rng(devices=[]):  # building the parent must not move the run's RNG
@@ -313,7 +321,9 @@ def _verify(model: GPT, parent_cfg: GPTConfig, tensors: dict, path: Path, n_toke
     parent.to(device)
     T = min(n_tokens, parent_cfg.max_seq_len, model.cfg.max_seq_len)
     gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, parent_cfg.vocab_size, (1, T), generator=gen)
+    vocab = parent_cfg.vocab_size
+    assert vocab is not None, "a checkpoint's config has its tokenizer's vocab_size"
+    tokens = torch.randint(0, vocab, (1, T), generator=gen)
     gap, scale = logit_gap(parent, model, tokens)
     del parent
     if gap > VERIFY_RTOL * max(1.0, scale):

@@ -25,10 +25,11 @@ from pydantic import Field
 from littlelm.config import dump_yaml, named, to_tree
 from littlelm.errors import DependencyError
 from littlelm.extras import require
-from littlelm.train.callbacks import Callback, CallbackConfig, numeric_fields
+from littlelm.train.callbacks import Callback, CallbackConfig, TrainerView, numeric_fields
 
 if TYPE_CHECKING:
-    from littlelm.train.trainer import Trainer
+    from torch.utils.tensorboard import SummaryWriter
+    from wandb.sdk.wandb_run import Run
 
 
 def scalars(metrics: dict, prefix: str) -> dict[str, float]:
@@ -61,9 +62,9 @@ class TensorBoardLogger(Callback):
         self.module = require(
             "torch.utils.tensorboard", "logging", "the tensorboard callback", "tensorboard"
         )
-        self.writer = None
+        self.writer: SummaryWriter | None = None  # made at train start
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         log_dir = Path(self.cfg.log_dir) if self.cfg.log_dir else trainer.run_dir / "tensorboard"
         # purge_step: a resumed run hides the events an interrupted one wrote after its checkpoint.
         self.writer = self.module.SummaryWriter(
@@ -80,18 +81,21 @@ class TensorBoardLogger(Callback):
         for tag, value in scalars(metrics, prefix).items():
             self.writer.add_scalar(tag, value, step)
 
-    def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
+    def on_step_end(self, trainer: TrainerView, metrics: dict) -> None:
         if "loss" in metrics:
             self._add(metrics, "train", trainer.step)
 
-    def on_eval(self, trainer: Trainer, metrics: dict) -> None:
+    def on_eval(self, trainer: TrainerView, metrics: dict) -> None:
         self._add(metrics, "eval", trainer.step)
+        assert self.writer is not None, "on_train_start was not called"
         self.writer.flush()
 
-    def on_checkpoint(self, trainer: Trainer, path: Path) -> None:
+    def on_checkpoint(self, trainer: TrainerView, path: Path) -> None:
+        assert self.writer is not None, "on_train_start was not called"
         self.writer.flush()
 
-    def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
+    def on_train_end(self, trainer: TrainerView, metrics: dict) -> None:
+        assert self.writer is not None, "on_train_start was not called"
         self.writer.close()
 
 
@@ -118,13 +122,13 @@ class WandbLogger(Callback):
     def __init__(self, cfg: WandbConfig):
         self.cfg = cfg
         self.wandb = require("wandb", "logging", "the wandb callback")
-        self.run = None
+        self.run: Run | None = None  # started at train start
 
     def mode(self) -> str | None:
         """WANDB_MODE (the machine's choice, e.g. no network) wins over the config's mode."""
         return os.environ.get("WANDB_MODE") or self.cfg.mode
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         c = self.cfg
         kwargs = {
             "project": c.project,
@@ -154,14 +158,15 @@ class WandbLogger(Callback):
         assert self.run is not None, "on_train_start was not called"
         self.run.log({"step": step, **scalars(metrics, prefix)})
 
-    def on_step_end(self, trainer: Trainer, metrics: dict) -> None:
+    def on_step_end(self, trainer: TrainerView, metrics: dict) -> None:
         if "loss" in metrics:
             self._log(metrics, "train", trainer.step)
 
-    def on_eval(self, trainer: Trainer, metrics: dict) -> None:
+    def on_eval(self, trainer: TrainerView, metrics: dict) -> None:
         self._log(metrics, "eval", trainer.step)
 
-    def on_train_end(self, trainer: Trainer, metrics: dict) -> None:
+    def on_train_end(self, trainer: TrainerView, metrics: dict) -> None:
+        assert self.run is not None, "on_train_start was not called"
         for key, value in metrics.items():
             if isinstance(value, (int, float)) and math.isfinite(value):
                 self.run.summary[key] = value

@@ -23,6 +23,9 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -32,7 +35,7 @@ class StopSignals:
         self.requested: str | None = None  # the name of the first signal received
         # a stop decided elsewhere: under torchrun, another rank's signal (`share`)
         self.agreed: str | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
 
     def __enter__(self) -> StopSignals:
         self.requested = self.agreed = None

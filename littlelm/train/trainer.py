@@ -36,7 +36,7 @@ from littlelm.errors import CheckpointError, TrainingError
 from littlelm.optim.schedule import GroupSchedule
 from littlelm.progress import Progress
 from littlelm.train import device as dev
-from littlelm.train.budget import build_budget
+from littlelm.train.budget import Steps, build_budget
 from littlelm.train.build import build_data, build_model, optimizer_for
 from littlelm.train.callbacks import Callback, JSONLLogger, complete_end_record
 from littlelm.train.checkpoint.rundir import check_run_dir
@@ -103,24 +103,28 @@ class Trainer:
             cfg, self.parallel, self.data.tokenizer, self.run_dir, self.data.fingerprint()
         )
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
-        self.model = build_model(cfg, self.device)
+        model = build_model(cfg, self.device)
+        assert isinstance(model, torch.nn.Module)  # every model is one (model/protocol.py)
+        self.model = model  # typed as both: LanguageModel's members and nn.Module's
         # 5. load: a resumed run's weights go in whole, before sharding splits the tensors
         resumed = self.checkpointer.load(resume, self.model)
+        resumed_step: int | None = resumed.loaded.state["step"] if resumed is not None else None
         # 6. grow: a fresh grown run copies its parent's weights (same reason) and tags origins
-        grown = grow_at_start(self.model, cfg, resumed and resumed.loaded.state["step"], self.data)
+        grown = grow_at_start(self.model, cfg, resumed_step, self.data)
         if grown is not None:
             self.log(grown.summary())
         # 7. shard: FSDP replaces the parameters by DTensors, which the optimizer must hold
         self.parallel.shard_model(self.model, cfg.train.precision)
         # 8. optimizer: parameter groups from the sharded parameters and their origin tags, a
         #    grown run's from 6, a resumed one's from its checkpoint
-        origin = grown.origin if grown is not None else resumed and resumed.loaded.origin
+        origin = grown.origin if grown is not None else resumed.loaded.origin if resumed else None
         optimizer = optimizer_for(cfg, self.model, origin=origin)
         self.optimizer = self.parallel.shard_optimizer(optimizer)
         # 9. loader and state: this rank's slice of the data, and the run at step 0
         self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
         self.state = TrainState(self.loader.snapshot(), LossGuard(cfg.guard))
-        self.state.guard.collapse = Collapse(cfg.model.vocab_size, cfg.guard.collapse_steps)
+        vocab = cfg.model.vocab_size  # type: ignore[attr-defined]  # every model config has it (ModelConfig's docstring)
+        self.state.guard.collapse = Collapse(vocab, cfg.guard.collapse_steps)
         # 10. measure: FLOPs per token and peak FLOP/s (a CPU's first probe draws random
         #     matrices from torch's RNG, so it comes before 11 sets the checkpoint's RNG state)
         self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
@@ -190,9 +194,15 @@ class Trainer:
         return self.state.tokens
 
     @property
+    def budget(self) -> Steps:
+        """How far the run is (train/budget.py), set by __init__'s step 12."""
+        assert self.state.budget is not None, "Trainer.__init__ sets it before any step"
+        return self.state.budget
+
+    @property
     def max_steps(self) -> float:
         """The run's steps: train.max_steps, inf under a time budget until its last step."""
-        return self.state.budget.max_steps
+        return self.budget.max_steps
 
     def log(self, text: str) -> None:
         if self.is_main:
@@ -222,7 +232,7 @@ class Trainer:
         return self.stop.requested if self.parallel.world == 1 else self.stop.agreed
 
     def _fit(self, stop_after: int | None) -> dict:
-        s, c, budget = self.state, self.cfg, self.state.budget
+        s, c, budget = self.state, self.cfg, self.budget
         if budget.done(s.step):  # resumed at its end
             return self._already_finished()
         self.checkpointer.write_config()
@@ -277,28 +287,30 @@ class Trainer:
         and moves the counters and the schedule on; only the update is left out."""
         t0 = time.perf_counter()
         s, t = self.state, self.cfg.train
+        accum, batch_tokens, seq_len = t.grad_accum, t.batch_tokens, t.seq_len
+        assert accum and batch_tokens and seq_len, "load_run derives them"
         # forward and backward, micro-batch by micro-batch: gradients accumulate in .grad
         total = torch.zeros((), device=self.device)
         trained = 0  # targets the loss counted (conversations: the assistant's tokens only)
-        for i in range(t.grad_accum):
+        for i in range(accum):
             batch: Batch = next(batches)
-            trained += t.micro_batch_size * t.seq_len if batch.trained is None else batch.trained
+            trained += t.micro_batch_size * seq_len if batch.trained is None else batch.trained
             x, y = (b.to(self.device, non_blocking=True) for b in (batch.x, batch.y))
-            with self.parallel.no_sync(skip=i < t.grad_accum - 1):  # DDP: all-reduce on the last
-                total += micro_step(self.forward, x, y, t.grad_accum, self.autocast)
+            with self.parallel.no_sync(skip=i < accum - 1):  # DDP: all-reduce on the last
+                total += micro_step(self.forward, x, y, accum, self.autocast)
         s.loader = batch.state
-        loss = total / t.grad_accum
+        loss = total / accum
         # clip: measure the gradient norm (before clipping) and clip to train.grad_clip
         norm = grad_norm(self.model.parameters(), t.grad_clip)
         # the loss guard's verdict on this step's loss and norm (one host sync)
         verdict = self._judge(loss, norm)
         # schedule: this step's learning rates (and Muon momentum) at the budget's progress
-        lr_mult = self.schedule.set(self.optimizer, s.step, s.budget.progress(s.step))
+        lr_mult = self.schedule.set(self.optimizer, s.step, self.budget.progress(s.step))
         # update, unless the guard left it out; the gradients are freed either way
         update(self.optimizer, apply=verdict is Verdict.OK)
         s.step += 1
         masked = self.data.masked  # a masked loss counts the targets it trained on (all ranks)
-        s.tokens += self.parallel.total(trained, self.device) if masked else t.batch_tokens
+        s.tokens += self.parallel.total(trained, self.device) if masked else batch_tokens
         synchronize(self.device)  # the step's time includes the device's work
         s.train_time += time.perf_counter() - t0
         return Step(loss, norm, verdict, lr_mult)
@@ -328,6 +340,7 @@ class Trainer:
         s = self.state
         per_step = window.seconds_per_step(s)  # before the record starts a new window
         rows = self.cfg.train.batch_tokens  # MFU counts every row token, also those not trained
+        assert rows is not None, "load_run derives it"
         m = window.record(s, self.parallel.mean, self.flops_per_token, self.peak, rows)
         if self.device.type == "cpu" and (m.get("mfu") or 0) > 1:  # the probe read low
             achieved = self.peak * m["mfu"]
@@ -341,7 +354,7 @@ class Trainer:
                 achieved / world, dev.auto_precision(self.cfg.train.precision, "cpu")
             )
             self.peak, m["mfu"] = achieved, 1.0
-        return {**m, **s.budget.record(s.step, per_step), **s.data_figures()}  # eta_s, time
+        return {**m, **self.budget.record(s.step, per_step), **s.data_figures()}  # eta_s, time
 
     def save(self, final: bool = False) -> Path | None:
         """Checkpoint now. A failed periodic save stops the run, or with
@@ -362,13 +375,13 @@ class Trainer:
         c, s = self.cfg, self.state
         if not self.data.can_evaluate(c.train.seq_len):  # no held-out window: said at start
             return {}
-        with s.budget.aside("eval"):  # the evaluation and its callbacks (samples) take this long
+        with self.budget.aside("eval"):  # the evaluation and its callbacks (samples) take this long
             t0 = time.perf_counter()
             m = validation_metrics(  # the whole held-out data, and each of eval.sets
                 self.model, self.data, c, self.token_bytes, self.device, self.autocast
             )
             m.update(step=s.step, tokens=s.tokens, train_time=s.train_time)
-            m.update(eval_time=time.perf_counter() - t0, **s.budget.figures())
+            m.update(eval_time=time.perf_counter() - t0, **self.budget.figures())
             self.last_eval = m
             for cb in self._my_callbacks():
                 cb.on_eval(self, m)
@@ -376,7 +389,7 @@ class Trainer:
 
     def _finish(self) -> dict:
         s = self.state
-        done = s.budget.done(s.step)
+        done = self.budget.done(s.step)
         if done and self.cfg.eval.at_end:
             self.evaluate()
         if (self.cfg.checkpoint.at_end or not done) and s.saved_step != s.step:
@@ -387,7 +400,7 @@ class Trainer:
             **{k: v for k, v in self.last_eval.items() if k.startswith("val_")},
             **s.data_figures(),
         }
-        final.update(s.budget.close(s.step))  # the final evaluation and save count too
+        final.update(self.budget.close(s.step))  # the final evaluation and save count too
         if done:
             for cb in self._my_callbacks():
                 cb.on_train_end(self, final)

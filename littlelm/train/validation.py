@@ -28,6 +28,7 @@ def validation_metrics(
     (name -> loss / bpb / tokens) when eval.sets names any."""
     e, t = cfg.eval, cfg.train
     batch = e.batch_size or t.micro_batch_size
+    assert t.seq_len is not None, "load_run derives it"
     sums = {
         label: loss_sums(
             model,

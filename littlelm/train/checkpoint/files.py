@@ -116,7 +116,9 @@ def _fsync_tree(path: Path) -> None:
 
 
 def rng_state() -> dict:
-    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    legacy = np.random.get_state()
+    assert isinstance(legacy, tuple), "legacy=True, the default, gives the tuple"
+    _, keys, pos, has_gauss, gauss = legacy
     return {
         "torch": torch.get_rng_state(),
         "numpy": [keys.tolist(), int(pos), int(has_gauss), float(gauss)],
@@ -165,10 +167,12 @@ def save_checkpoint(
 
 def _write_files(tmp: Path, step: int, model, optimizer, state, origin, tokenizer) -> None:
     meta = {"format_version": str(FORMAT_VERSION), "origin": json.dumps(origin)}
-    _write(
-        tmp / "model.safetensors",
-        lambda p: (save_file(model_tensors(model), str(p), metadata=meta), umask_mode(p)),
-    )
+
+    def write_model(p: Path) -> None:
+        save_file(model_tensors(model), str(p), metadata=meta)
+        umask_mode(p)
+
+    _write(tmp / "model.safetensors", write_model)
     _write(tmp / "optimizer.pt", lambda p: torch.save(optimizer.state_dict(), p))
     _write(tmp / "rng.pt", lambda p: torch.save(rng_state(), p))
     if tokenizer is not None:
@@ -291,7 +295,8 @@ class LazyTensors(Mapping):
     the whole model (under torchrun, not one per rank). `shapes` needs no read at all."""
 
     def __init__(self, path: Path):
-        self._file = safe_open(str(path), "pt")  # memory-maps the file; reads nothing yet
+        # memory-maps the file; reads nothing yet (None once released)
+        self._file: safe_open | None = safe_open(str(path), "pt")
         self.shapes = {k: tuple(self._file.get_slice(k).get_shape()) for k in self._file.keys()}  # noqa: SIM118 (not iterable)
         self.metadata = self._file.metadata() or {}
 
@@ -393,7 +398,8 @@ def load_checkpoint(path: Path, with_optimizer: bool = True) -> Loaded:
     return Loaded(path, state, tensors, origin, optim, rng)
 
 
-STATE_TYPES = {  # state.json fields resume reads, and their JSON types
+# state.json fields resume reads, and their JSON types
+STATE_TYPES: dict[str, type | tuple[type, ...]] = {
     "format_version": int,
     "step": int,
     "tokens": int,

@@ -34,7 +34,8 @@ from littlelm.train.checkpoint import files as ckpt
 def config_changes(old: dict, new: dict, schema: type[Cfg]) -> tuple[list[str], list[str]]:
     """(allowed, refused) differences between two config trees, as 'key: old -> new'."""
     a, b = flatten(old), flatten(new)
-    allowed, refused = [], []
+    allowed: list[str] = []
+    refused: list[str] = []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             text = f"{key}: {a.get(key, '(unset)')!r} -> {b.get(key, '(unset)')!r}"

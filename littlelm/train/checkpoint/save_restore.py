@@ -239,6 +239,7 @@ class Checkpointer:
         # every rank reads the same checkpoint (whole tensors; FSDP keeps its slice)
         self.parallel.load_model_state(model, loaded.model, loaded.path)
         loaded.model.release()
+        assert loaded.optimizer is not None and loaded.rng is not None, "loaded with_optimizer"
         resuming.load_optimizer_state(optimizer, loaded.optimizer)
         ckpt.set_rng_state(loaded.rng)
         state.restore_counters(loaded.state, keep_time=True)
