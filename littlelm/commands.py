@@ -176,7 +176,9 @@ def prepare(
     from littlelm.schema import load_data_config
 
     name, items = _split(config, overrides)
-    cfg = load_data_config(name, [*items, f"data.workers={workers}"] if workers else items)
+    cfg = load_data_config(
+        name, [*items, f"data.workers={workers}"] if workers is not None else items
+    )
     _, result = prepare_data(
         cfg, Path(out) if out else None, only, verify="sizes" if no_verify else "checksums"
     )
@@ -515,7 +517,7 @@ def eval_bundle(
 
     from littlelm.eval.bundle import BUNDLE_SHA256, BUNDLE_URL, download_bundle
 
-    sha = None if sha256 == "none" else sha256 or (None if url else BUNDLE_SHA256)
+    sha = None if sha256 == "none" else (sha256 or BUNDLE_SHA256)
     download_bundle(Path(dest) if dest else None, url or BUNDLE_URL, sha, force)
 
 
