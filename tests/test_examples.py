@@ -101,7 +101,7 @@ def check_usage(argv: list[str]) -> None:
     for w in argv:
         if (*path, w) in apps:
             path = (*path, w)
-    if argv[0] == "VERB" or argv == ["--version"] or argv == ["--install-completion"]:
+    if argv[0] in ("VERB", "--help", "--version", "--install-completion"):
         return
     assert path, f"no verb in {argv}"
     app = apps[path]
