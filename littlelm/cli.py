@@ -12,7 +12,8 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from littlelm.errors import LittleLMError
 
@@ -57,8 +58,22 @@ def build_app() -> App:
     data.command(c.prepare)
     data.command(c.inspect)
     app.command(data)
-    app.register_install_completion_command(help="Install tab completion for your shell.")
+    # imported when run: cyclopts' completion modules cost every other command line ~5% start-up
+    app.command("littlelm.cli:install_completion", name="--install-completion", help="Install tab completion for your shell.")  # fmt: skip
     return app
+
+
+def install_completion(
+    *, shell: Literal["bash", "zsh", "fish"] | None = None, output: Path | None = None
+) -> None:
+    """Write the tab completion script for your shell and source it from the shell's rc file.
+
+    Args:
+        shell: bash, zsh or fish (default: the shell running littlelm)
+        output: where to write the script (default: the shell's completion directory)
+    """
+    path = build_app().install_completion(shell=shell, output=output)
+    print(f"wrote {path}; a new shell completes littlelm's verbs, options and configs")
 
 
 def plain_warning(message: Warning | str, *args: object, **kwargs: object) -> str:
