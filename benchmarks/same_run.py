@@ -29,21 +29,35 @@ EVAL_KEYS = ("val_loss", "val_bpb")
 def run_demo(steps: int, micro_batch: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="same_run-") as tmp:
         cmd = [
-            sys.executable, "-m", "littlelm", "train", "demo",
-            f"train.max_steps={steps}", f"train.micro_batch_size={micro_batch}",
-            "train.log_every=1", "eval.every=10", "checkpoint.every=10", "callbacks=[]",
+            sys.executable,
+            "-m",
+            "littlelm",
+            "train",
+            "demo",
+            f"train.max_steps={steps}",
+            f"train.micro_batch_size={micro_batch}",
+            "train.log_every=1",
+            "eval.every=10",
+            "checkpoint.every=10",
+            "callbacks=[]",
             "run.name=same_run",
         ]
         done = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
         if done.returncode != 0:
-            sys.exit(f"the run failed (rc {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+            sys.exit(
+                f"the run failed (rc {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            )
         lines = (Path(tmp) / "runs" / "same_run" / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     start = next(r for r in records if r["kind"] == "start")
     return {
-        "git": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "git": subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
         "params": start["params"],
-        "train": {r["step"]: {k: r[k] for k in TRAIN_KEYS} for r in records if r["kind"] == "train"},
+        "train": {
+            r["step"]: {k: r[k] for k in TRAIN_KEYS} for r in records if r["kind"] == "train"
+        },
         "eval": {r["step"]: {k: r[k] for k in EVAL_KEYS} for r in records if r["kind"] == "eval"},
     }
 
@@ -62,22 +76,30 @@ def compare(before: dict, after: dict) -> int:
                 va = None if a is None else a[key]
                 same = vb == va
                 bad += not same
-                rows.append((kind, str(step), key, f"{vb!r} / {va!r}", "same" if same else "DIFFERENT"))
+                rows.append(
+                    (kind, str(step), key, f"{vb!r} / {va!r}", "same" if same else "DIFFERENT")
+                )
     print(f"before {before['git'][:10]}, after {after['git'][:10]}")
     print("| record | step | figure | before / after | |")
     print("| --- | --- | --- | --- | --- |")
     for row in rows:
         print("| " + " | ".join(row) + " |")
     total = len(rows)
-    print(f"{total - bad} of {total} figures bitwise equal" + ("" if not bad else f"; {bad} differ"))
+    print(
+        f"{total - bad} of {total} figures bitwise equal" + ("" if not bad else f"; {bad} differ")
+    )
     return 1 if bad else 0
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--record", type=Path, help="write this checkout's figures to this JSON file")
-    what.add_argument("--compare", type=Path, help="compare this checkout's figures to this JSON file")
+    what.add_argument(
+        "--compare", type=Path, help="compare this checkout's figures to this JSON file"
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--micro-batch", type=int, default=4)
     args = parser.parse_args()
@@ -86,7 +108,9 @@ def main() -> None:
     figures = json.loads(json.dumps(figures))
     if args.record:
         args.record.write_text(json.dumps(figures, indent=1))
-        print(f"recorded {len(figures['train'])} steps and {len(figures['eval'])} evaluations to {args.record}")
+        print(
+            f"recorded {len(figures['train'])} steps and {len(figures['eval'])} evaluations to {args.record}"
+        )
         return
     sys.exit(compare(json.loads(args.compare.read_text()), figures))
 

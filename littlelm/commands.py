@@ -230,10 +230,10 @@ def inspect(
 
 def list_() -> None:
     """List every registered component."""
-    from littlelm.registry import Registry
+    from littlelm.schema import components
 
-    for kind, reg in Registry.all.items():
-        print(f"{kind}s:\n" + "".join(f"  {e.name:<16} {e.doc}\n" for e in reg.entries()), end="")
+    for kind, rows in components().items():
+        print(f"{kind}s:\n" + "".join(f"  {name:<16} {doc}\n" for name, doc in rows), end="")
 
 
 def sample(

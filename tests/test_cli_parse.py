@@ -11,7 +11,7 @@ import pytest
 
 from littlelm import __version__
 from littlelm.cli import build_app, main
-from littlelm.registry import first_sentence
+from littlelm.config import first_sentence
 
 
 def parse(argv: list[str]):

@@ -28,8 +28,12 @@ def old_runs(tmp_path) -> Path:
 
 
 def train(where: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "littlelm", "train", *args],
-                          cwd=where, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "littlelm", "train", *args],
+        cwd=where,
+        capture_output=True,
+        text=True,
+    )
 
 
 def close(a: float, b: float) -> bool:
@@ -44,7 +48,10 @@ def test_an_old_run_resumes_from_its_checkpoint_and_trains_as_it_would_have(old_
     done = train(old_runs, f"{run}.yaml")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "resum" in done.stdout.lower()  # it resumed; it did not start over
-    records = [json.loads(line) for line in (old_runs / "runs" / run / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line)
+        for line in (old_runs / "runs" / run / "metrics.jsonl").read_text().splitlines()
+    ]
     resumed = [r for r in records if r["kind"] == "train" and r["step"] > 6]
     assert [r["step"] for r in resumed] == [e["step"] for e in expected]
     for got, want in zip(resumed, expected):
@@ -56,12 +63,31 @@ def test_an_old_run_resumes_from_its_checkpoint_and_trains_as_it_would_have(old_
 def test_an_old_run_directorys_own_config_yaml_resumes_it(old_runs):
     done = train(old_runs, "runs/base/config.yaml")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    steps = [json.loads(line) for line in (old_runs / "runs" / "base" / "metrics.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(line)
+        for line in (old_runs / "runs" / "base" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert max(r["step"] for r in steps if r["kind"] == "train") == 8
 
 
 def test_an_old_checkpoint_loads_for_sampling_and_evaluation(old_runs):
-    done = subprocess.run([sys.executable, "-m", "littlelm", "sample", "runs/sft", "--prompt", "reverse abc",
-                           "--max-tokens", "4", "--temperature", "0"], cwd=old_runs, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "littlelm",
+            "sample",
+            "runs/sft",
+            "--prompt",
+            "reverse abc",
+            "--max-tokens",
+            "4",
+            "--temperature",
+            "0",
+        ],
+        cwd=old_runs,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "reverse abc" in done.stdout
