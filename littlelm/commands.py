@@ -635,8 +635,12 @@ def export(
         gguf_type: storage of the GGUF's weight matrices (f16 or f32)
         max_shard_size: largest safetensors file (e.g. 500MB, 2GB); bigger weights are split into shards with an index
     """
+    from littlelm.errors import CheckpointError
+    from littlelm.interop.gguf_export import TYPES
     from littlelm.interop.hf import export
 
+    if gguf_type not in TYPES:  # the exporter's own list: the parser keeps no copy of it
+        raise CheckpointError(f"--gguf-type {gguf_type}: GGUF weights are stored as {' or '.join(TYPES)}")  # fmt: skip
     r = export(checkpoint, out, max_shard_size, gguf, gguf_type)
     if r["gguf"] is not None:
         print(f"wrote {r['gguf']} ({r['arch']}, {gguf_type}): llama-cli -m {r['gguf']}")

@@ -154,3 +154,14 @@ def test_repeated_eval_task_is_scored_once():
     from littlelm.eval.run import parse_labels
 
     assert parse_labels("copa,copa, piqa,copa") == ["copa", "piqa"]
+
+
+def test_export_refuses_a_gguf_type_the_exporter_lacks(tmp_path, capsys):
+    from littlelm.interop.gguf_export import TYPES
+
+    argv = ["export", str(tmp_path), "--gguf", str(tmp_path / "m.gguf"), "--gguf-type", "q8"]
+    assert main(argv) == 2
+    assert (
+        f"--gguf-type q8: GGUF weights are stored as {' or '.join(TYPES)}"
+        in capsys.readouterr().err
+    )
