@@ -11,6 +11,12 @@ takes them out of argv before any parser sees it, so they cost the same with eve
 every command a user types, including tab completion, which runs the program once per <TAB>.
 The table gives the median wall time of --runs runs, and the import time of the library alone.
 A library not installed is reported as such (pip install it into the interpreter running this).
+
+    python benchmarks/cli_startup.py --littlelm TREE [TREE ...] [--runs 5]
+
+times littlelm's own `python -m littlelm --help` and `... train --help` instead, from each
+checkout TREE (PYTHONPATH set to it), the trees interleaved run by run: the before/after check of
+a change to the command line.
 """
 
 from __future__ import annotations
@@ -106,11 +112,37 @@ def timed(cmd: list[str], runs: int) -> tuple[float, int]:
     return statistics.median(times), rc
 
 
+def littlelm_startup(trees: list[str], runs: int) -> None:
+    import os
+
+    cases = (["--help"], ["train", "--help"])
+    times: dict[tuple[str, int], list[float]] = {(t, i): [] for t in trees for i in range(2)}
+    for _ in range(runs):
+        for tree in trees:
+            for i, extra in enumerate(cases):
+                env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+                t0 = time.perf_counter()
+                done = subprocess.run([sys.executable, "-m", "littlelm", *extra], env=env, capture_output=True)  # fmt: skip
+                times[tree, i].append(time.perf_counter() - t0)
+                assert done.returncode == 0, done.stderr.decode()
+    print(f"median of {runs} fresh processes (ms), trees interleaved\n")
+    print("| tree | littlelm --help | littlelm train --help | all --help runs |")
+    print("| --- | --- | --- | --- |")
+    for tree in trees:
+        one, two = (times[tree, i] for i in range(2))
+        runs_ms = " ".join(f"{1000 * t:.0f}" for t in one)
+        print(f"| {tree} | {1000 * statistics.median(one):.0f} | {1000 * statistics.median(two):.0f} | {runs_ms} |")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--libraries", nargs="+", default=list(PROGRAMS))
+    p.add_argument("--littlelm", nargs="+", metavar="TREE", help="time littlelm's own CLI")
     args = p.parse_args()
+    if args.littlelm:
+        littlelm_startup(args.littlelm, args.runs)
+        return
     py = sys.executable
     base, _ = timed([py, "-c", "pass"], args.runs)
     print(f"python {sys.version.split()[0]}, {args.runs} runs each, median wall time (ms); ")

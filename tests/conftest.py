@@ -6,11 +6,14 @@ import importlib
 import json
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from cyclopts import App
 
+from littlelm.cli import build_app
 from littlelm.components import register_all
 
 register_all()  # the test suite is an entry point: every test may read a config
@@ -28,6 +31,15 @@ def _find_shared() -> Path:
 
 
 SHARED = _find_shared()
+APP = build_app()  # the command line, for the tests that walk its verbs
+
+
+def verbs(app: App = APP, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], App]]:
+    """(words, app) of the command line and of every verb and verb group under it."""
+    yield path, app
+    for name in app:
+        if not name.startswith("-"):
+            yield from verbs(app[name], (*path, name))
 
 
 def judge(module: str):

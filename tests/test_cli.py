@@ -112,13 +112,14 @@ JSON_VERBS = {
 
 
 def _verbs_with_json() -> set[str]:
-    from littlelm.cli import build_parser
+    import inspect
 
-    sub = next(a for a in build_parser()._actions if a.dest == "verb")
+    from conftest import verbs
+
     return {
-        verb
-        for verb, parser in sub.choices.items()
-        if any("--json" in a.option_strings for a in parser._actions)
+        " ".join(path)
+        for path, app in verbs()
+        if app.default_command and "json" in inspect.signature(app.default_command).parameters
     }
 
 

@@ -1,6 +1,6 @@
 """Every example command in every `--help` and in README.md and docs/*.md is run: the cheap ones
 for real (`list`, `config show`, `--help`, `--version`), the others parsed by littlelm's own
-parser and their configs validated as the verb would (the config with the same overrides,
+command line and their configs validated as the verb would (the config with the same overrides,
 each sweep variant, the named GPUs); verbs that read a run or checkpoint are parsed only.
 Placeholder file names (run.yaml, big.yaml, ...) stand for the packaged demo config, so their
 overrides are checked against the real schema. Usage lines (`littlelm plan RUN.yaml [--gpu
@@ -8,14 +8,17 @@ NAME ...]`) are checked for their verb and options."""
 
 from __future__ import annotations
 
-import argparse
+import inspect
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
+from cyclopts import CycloptsError
 
-from littlelm.cli import build_parser, main, parse_args
+from conftest import APP, verbs
+from littlelm.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -23,18 +26,17 @@ PACKAGED = {p.stem for p in (ROOT / "littlelm" / "configs").rglob("*.yaml")}
 PLACEHOLDER = re.compile(r"^(\[.*|.*\.\.\..*|[A-Z][A-Z_]*([./].*)?)$")  # RUN, DIR/LABEL, [--x]
 
 
-def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
-    yield path, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield from _parsers(sub, (*path, name))
+def parse(argv: list[str]) -> tuple[Any, dict[str, Any]]:
+    """The function a command line runs and its arguments by name; a bad line raises."""
+    fn, bound, _ = APP.parse_args(argv, exit_on_error=False, print_error=False, verbose=False)
+    return fn, bound.arguments
 
 
 def help_examples() -> list[tuple[str, str]]:
     out = []
-    for path, parser in _parsers(build_parser()):
-        lines = [x.strip() for x in (parser.epilog or "").splitlines()]
+    for path, app in verbs():
+        text = app.default_command.__doc__ if app.default_command else app.help
+        lines = [x.strip() for x in (text or "").splitlines()]
         cmds = [c.strip() for x in lines for c in re.split(r"\s&&\s", x)]
         cmds = [c for c in cmds if c.startswith("littlelm ")]
         out += [(f"help {' '.join(path) or 'littlelm'} #{i}", c) for i, c in enumerate(cmds)]
@@ -94,67 +96,63 @@ def resolve_config(word: str) -> str:
 
 def check_usage(argv: list[str]) -> None:
     """A usage line: its verb exists and takes every option it names."""
-    parsers = dict(_parsers(build_parser()))
+    apps = dict(verbs())
     path: tuple[str, ...] = ()
     for w in argv:
-        if (*path, w) in parsers:
+        if (*path, w) in apps:
             path = (*path, w)
-    parser = parsers[path]
-    if argv[0] == "VERB" or argv == ["--version"]:
+    if argv[0] in ("VERB", "--help", "--version", "--install-completion"):
         return
     assert path, f"no verb in {argv}"
-    options = set(parser._option_string_actions)
+    app = apps[path]
+    options = {"--help", "-h"}
+    if app.default_command is not None:
+        options |= {n for a in app.assemble_argument_collection() for n in a.names}
     named = {w.strip("[]").split("=")[0] for w in argv if w.strip("[").startswith("--")}
     assert named <= options, f"`littlelm {' '.join(path)}` has no {sorted(named - options)}"
 
 
 def check_example(argv: list[str], capsys) -> None:
     if argv and argv[0] == "VERB":  # `littlelm VERB --help`: every verb's help
-        for path, _ in _parsers(build_parser()):
+        for path, _ in verbs():
             if path:
                 check_example([*path, "--help"], capsys)
         return
-    try:
-        args = parse_args(argv)
-    except SystemExit as e:  # --help and --version print and exit 0; a bad word exits 2
-        assert e.code == 0, capsys.readouterr().err
+    fn, args = parse(argv)
+    if getattr(fn, "__module__", None) != "littlelm.commands":  # --help, --version
+        assert main(argv) == 0, capsys.readouterr().err
         return
+    from littlelm.commands import _split
     from littlelm.errors import DataError
     from littlelm.plan.cost import load_catalog
     from littlelm.schema import load_data_config, load_run
     from littlelm.sweep import SweepOptions, plan_sweep
 
-    verb = " ".join(w for w in (args.verb, getattr(args, "config_verb", None)) if w)
-    if verb in ("list", "config show"):  # cheap: run them
-        items = [resolve_config(args.items[0]), *args.items[1:]] if verb != "list" else []
-        flat = ["--flat"] if getattr(args, "flat", False) else []
-        assert main([*verb.split(), *items, *flat]) == 0
-        return
-    if hasattr(args, "items"):
-        from littlelm.cli import _split_config
-
-        config, overrides = _split_config(args.items)
-        config = resolve_config(config)
-        if verb == "data":
-            load_data_config(config, overrides)
-        elif verb == "sweep":
-            devices = args.devices.split(",") if args.devices else None
-            opts = SweepOptions(config, overrides, args.set or [], args.zip, args.budget)
-            opts.seeds, opts.devices, opts.name = args.seeds, devices, args.name
-            opts.price_per_hour = args.price_per_hour
-            plan_sweep(opts)  # every variant's config checked; nothing runs
-        else:
-            world = args.nproc if verb == "train" else getattr(args, "devices", None)
-            world = world if isinstance(world, int) else 1
-            try:
-                load_run(config, overrides, world_size=world)
-            except DataError:  # a tokenizer an earlier step makes (sft_demo's runs/demo)
-                load_run(config, [*overrides, "model.vocab_size=4096"], world_size=world)
+    verb = fn.__name__
+    config, overrides = _split(args.get("config", "demo"), args.get("overrides", ()))
+    if verb == "list_":  # cheap: run them
+        assert main(["list"]) == 0
+    elif verb == "show":
+        flat = ["--flat"] if args.get("flat") else []
+        assert main(["config", "show", resolve_config(config), *overrides, *flat]) == 0
+    elif verb == "grow":
+        load_run(resolve_config(args["to"]), [f"grow.parent={args['parent']}", *overrides])
+    elif verb == "prepare":
+        load_data_config(resolve_config(config), overrides)
+    elif verb == "sweep":
+        devices = args["devices"].split(",") if args.get("devices") else None
+        opts = SweepOptions(resolve_config(config), overrides, args.get("set") or [])
+        opts.zip, opts.budget, opts.seeds = args.get("zip", False), args.get("budget"), args.get("seeds", 1)  # fmt: skip
+        opts.devices, opts.name, opts.price_per_hour = devices, args.get("name"), args.get("price_per_hour")  # fmt: skip
+        plan_sweep(opts)  # every variant's config checked; nothing runs
+    elif "overrides" in inspect.signature(fn).parameters:  # train, plan, bench
+        world = args.get("nproc") or args.get("devices") or 1
+        try:
+            load_run(resolve_config(config), overrides, world_size=world)
+        except DataError:  # a tokenizer an earlier step makes (sft_demo's runs/demo)
+            load_run(resolve_config(config), [*overrides, "model.vocab_size=4096"], world_size=world)  # fmt: skip
         if verb == "plan":
-            load_catalog(args.gpus or []).select(args.gpu)
-    if verb == "grow":
-        run, *rest = args.to
-        load_run(resolve_config(run), [f"grow.parent={args.parent}", *rest])
+            load_catalog(args.get("gpus") or []).select(args.get("gpu"))
 
 
 @pytest.mark.parametrize("where, command", EXAMPLES, ids=[w for w, _ in EXAMPLES])
@@ -164,10 +162,9 @@ def test_every_documented_example_runs_or_validates(where, command, capsys, monk
     monkeypatch.setattr("littlelm.train.device.probe_matmul", lambda *a, **k: 1e12)
     monkeypatch.chdir(tmp_path)  # relative outputs land in the test's directory
     argv = words_of(command)
-    verbs = {p for p, _ in _parsers(build_parser())}
     if (
         (where.endswith("*") and "=" not in command)
-        or tuple(argv) in verbs
+        or tuple(argv) in dict(verbs())
         or any(PLACEHOLDER.match(w) for w in argv if not w.startswith("--") or "[" in w)
     ):
         check_usage(argv)
@@ -190,7 +187,7 @@ def test_a_bad_override_in_an_example_fails(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="did you mean 'optimizer'"):
         check_example(words_of("littlelm train run.yaml train.max_steps=500 optim.lr=3e-3"), capsys)
-    with pytest.raises(AssertionError):  # an option the verb lacks
+    with pytest.raises(CycloptsError):  # an option the verb lacks
         check_example(words_of("littlelm plan demo --gpus-per-node 8"), capsys)
     with pytest.raises(AssertionError):
         check_usage(words_of("littlelm plan RUN.yaml [--gpu-count N]"))

@@ -405,6 +405,27 @@ def prepare_data(
     return tok, result
 
 
+def prepared_section(result: dict[str, tuple[Source, Path, dict]]) -> str:
+    """The data section of a run file that trains on what `prepare_data(cfg, out)` returned."""
+    import json
+
+    ours = [d for src, d, _ in result.values() if not getattr(src, "foreign", False)]
+    lines = [
+        "train on it with this data section in a run file:",
+        "data:",
+        f"  tokenizer: {{name: saved, path: {ours[0]}}}"
+        if ours
+        else "  tokenizer: (this config's: the one that made the token files)",
+        "  sources:",
+    ]
+    for label, (src, directory, _) in result.items():
+        if getattr(src, "foreign", False):  # other tools' token files are used where they are
+            lines.append(f"    {label}: {json.dumps(src.cfg.model_dump(exclude_defaults=True))}")
+            continue
+        lines.append(f"    {label}: {{name: shards, path: {directory}, weight: {src.cfg.weight}}}")
+    return "\n".join(lines)
+
+
 def _refuse_damaged(label: str, directory: Path, manifest: dict, level: str) -> None:
     """A `shards` source has no raw input here to rebuild from: name what is damaged."""
     damaged = damaged_shards(directory, manifest, level)
