@@ -47,12 +47,13 @@ class ShardsConfig(SourceConfig):
     path: str = Field(..., description="A dataset directory written by `littlelm data prepare`.")
 
     def build(self, label: str) -> Source:
-        return PreparedShards(self, label)
+        return PreparedShards(self, label)  # type: ignore[arg-type]  # not documents: the class narrows cfg
 
 
 class PreparedShards(Source):
     """Already prepared token shards; used as they are (their own train/val split)."""
 
+    cfg: ShardsConfig  # type: ignore[assignment]  # a SourceConfig, not a DocumentSourceConfig
     prepared = True
 
     def directory(self) -> Path:

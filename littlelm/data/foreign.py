@@ -108,7 +108,7 @@ class TokensConfig(SourceConfig):
     )
 
     def build(self, label: str) -> Source:
-        return TokenFiles(self, label)
+        return TokenFiles(self, label)  # type: ignore[arg-type]  # token ids: the class narrows cfg
 
 
 # -- one file: reading its header, indexing it once --------------------------------------------

@@ -46,11 +46,11 @@ class SavedTokenizer(Tokenizer):
     """Loads whatever tokenizer littlelm saved in a directory (bpe, tiktoken, ...)."""
 
     @classmethod
-    def from_config(cls, cfg: SavedConfig) -> Tokenizer:  # type: ignore[override]
+    def from_config(cls, cfg: SavedConfig) -> Tokenizer:
         return load_tokenizer(_saved_dir(cfg))
 
     @classmethod
-    def vocab_size_for(cls, cfg: SavedConfig) -> int:  # type: ignore[override]
+    def vocab_size_for(cls, cfg: SavedConfig) -> int:
         return int(read_meta(_saved_dir(cfg))["vocab_size"])
 
 

@@ -191,7 +191,7 @@ def run_chat_eval(
     with autocast(dev, inference_precision(precision, cfg.train.precision, dev)):
         for t in tasks:
             t0 = time.perf_counter()
-            limit = cfg.model.max_seq_len  # type: ignore[attr-defined]  # every model config has it (ModelConfig's docstring)
+            limit = cfg.model.max_seq_len
             asked, left_out = fitting(chat.format, rows[t.label], limit)
             if left_out:
                 print(

@@ -58,7 +58,7 @@ def run_eval(
     dev = pick_device(device)
     model, tok, cfg = load_model(path, dev)
     precision = inference_precision(precision, cfg.train.precision, dev)
-    context = cfg.model.max_seq_len  # type: ignore[attr-defined]  # every model config has it (ModelConfig's docstring)
+    context = cfg.model.max_seq_len
     print(
         f"evaluating {path} ({context}-token context, {precision}) on "
         f"{len(tasks)} task(s) from {data_dir}",

@@ -229,7 +229,7 @@ def check_budgets(configs: list[RunConfig], names: list[str]) -> None:
         device = pick_device(cfg.run.device)
         peak = peak_flops(device, precision=with_precision(cfg, device).train.precision)
         # the one model config whose plan is analytic, checked above (no class test: contracts)
-        m = cast(GPTConfig, cfg.model)
+        m = cfg.model
         seq_len, batch_tokens = cfg.train.seq_len, cfg.train.batch_tokens
         assert seq_len is not None and batch_tokens is not None, "load_run derives them"
         fpt = flops_per_token(m, seq_len)

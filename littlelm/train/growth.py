@@ -156,7 +156,7 @@ def complete_growth(cfg: RunConfig) -> RunConfig:
         return _complete_sft(cfg, g)
     if not m.growable:
         raise ConfigError(["grow: only the gpt model can be grown"])
-    m = cast(GPTConfig, cfg.model)  # the one growable model config (no class test: contracts)
+    m = cfg.model
     derive = isinstance(g.placement, str) or (m.value_embeds and m.value_embed_layers is None)
     try:
         path = find_parent(g.parent)

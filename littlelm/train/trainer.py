@@ -123,7 +123,8 @@ class Trainer:
         # 9. loader and state: this rank's slice of the data, and the run at step 0
         self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
         self.state = TrainState(self.loader.snapshot(), LossGuard(cfg.guard))
-        vocab = cfg.model.vocab_size  # type: ignore[attr-defined]  # every model config has it (ModelConfig's docstring)
+        vocab = cfg.model.vocab_size
+        assert vocab is not None, "resolved by load_run"
         self.state.guard.collapse = Collapse(vocab, cfg.guard.collapse_steps)
         # 10. measure: FLOPs per token and peak FLOP/s (a CPU's first probe draws random
         #     matrices from torch's RNG, so it comes before 11 sets the checkpoint's RNG state)
