@@ -3,7 +3,7 @@
 Export writes what `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads: config.json,
 generation_config.json, safetensors weights (sharded above --max-shard-size, with
 model.safetensors.index.json), the tokenizer (tokenizer.json + tokenizer_config.json), and for
-models no stock class computes, modeling_littlelm.py (arch.py says which is which and why).
+models no stock class computes, modeling_littlelm.py and blocks.py (arch.py says which is which and why).
 
 Stock exports store transformers' names and conventions: RMSNorms without a gain get a gain of
 ones; the embedding RMSNorm (littlelm's default) is folded into the embedding table, which is
@@ -45,7 +45,11 @@ from littlelm.model.kernels import rms_norm
 from littlelm.schema import RunConfig
 from littlelm.train.checkpoint import files as ckpt
 
-MODELING_FILE = Path(__file__).with_name("modeling_littlelm.py")
+# the transformers model of remote-code exports, and the blocks file it imports (relatively:
+# transformers copies both into its module cache)
+MODELING_FILES = [
+    Path(__file__).parent.parent / "model" / name for name in ("modeling_littlelm.py", "blocks.py")
+]
 
 
 def check_parent(path: Path, flag: str) -> None:
@@ -174,7 +178,8 @@ def write_hf_dir(out: Path, tok, hf_tensors: dict, config: dict, arch: str, shar
         gen["do_sample"] = False
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         if arch == "littlelm":
-            shutil.copy(MODELING_FILE, tmp / MODELING_FILE.name)
+            for path in MODELING_FILES:
+                shutil.copy(path, tmp / path.name)
 
 
 @contextmanager
