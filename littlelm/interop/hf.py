@@ -147,6 +147,19 @@ def export(
         check_parent(Path(gguf), "--gguf")
     path = find_checkpoint(source)
     model, tok, _ = load_model(path, "cpu")
+    arch, reason, config, hf_tensors = hf_form(model, tok)
+    if gguf is not None:
+        from littlelm.interop.gguf_export import write_gguf
+
+        with staged_file(Path(gguf)) as tmp:
+            write_gguf(model, tok, hf_tensors, arch, tmp, gguf_type)
+    if out is not None:
+        write_hf_dir(Path(out), tok, hf_tensors, config, arch, max_shard_size)
+    return {"checkpoint": path, "arch": arch, "reason": reason, "out": out, "gguf": gguf}
+
+
+def hf_form(model: GPT, tok) -> tuple[str, str, dict, dict[str, torch.Tensor]]:
+    """(architecture, why, config.json, tensors by their names there) of `model`'s export."""
     m = model.cfg
     arch, reason = A.export_arch(m)
     tensors = ckpt.model_tensors(model)
@@ -156,14 +169,7 @@ def export(
         config, hf_tensors = A.stock_config(m, arch, tok.bos_id), stock_tensors(tensors, m, arch)
     config["torch_dtype"] = str(tensors["wte.weight"].dtype).removeprefix("torch.")
     config["eos_token_id"] = export_rules(tok)[1]  # an imported tokenizer's own eos
-    if gguf is not None:
-        from littlelm.interop.gguf_export import write_gguf
-
-        with staged_file(Path(gguf)) as tmp:
-            write_gguf(model, tok, hf_tensors, arch, tmp, gguf_type)
-    if out is not None:
-        write_hf_dir(Path(out), tok, hf_tensors, config, arch, max_shard_size)
-    return {"checkpoint": path, "arch": arch, "reason": reason, "out": out, "gguf": gguf}
+    return arch, reason, config, hf_tensors
 
 
 def write_hf_dir(out: Path, tok, hf_tensors: dict, config: dict, arch: str, shard: str) -> None:
@@ -225,7 +231,7 @@ def stock_tensors(tensors: dict[str, torch.Tensor], m: GPTConfig, arch: str) -> 
             ones |= {f"blocks.{i}.attn.k_norm.weight": m.head_dim}
     for name, dim in ones.items():
         t.setdefault(name, torch.ones(dim))  # a norm without a gain = a gain of ones
-    table = A.names(A.TABLES[arch], m.n_layer)
+    table = A.names(arch, m)
     return {table[k]: v for k, v in t.items()}
 
 
@@ -386,7 +392,7 @@ def _spans(found: set[int]) -> str:
 
 def littlelm_tensors(hf: dict[str, torch.Tensor], m: GPTConfig, arch: str, src: Path) -> dict:
     """Rename to littlelm's names, pad the vocabulary rows, check every name and shape."""
-    table = A.names(A.TABLES[arch], m.n_layer)
+    table = A.names(arch, m)
     theirs = {v: k for k, v in table.items()} if table else {k: k for k in hf}
     extra = sorted(k for k in hf if k not in theirs and not k.endswith("rotary_emb.inv_freq"))
     if extra:

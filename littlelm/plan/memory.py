@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from littlelm.errors import ConfigError
+from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import group_rows
 from littlelm.plan.trace import (
     ACT,
@@ -273,9 +274,8 @@ def layer_activation_bytes(d: Dims, layer: int) -> float:
 
 
 def mlp_activation_bytes(d: Dims) -> int:
-    """SwiGLU keeps both projections, SiLU's output and the product; relu² (one hand-written
-    op) relu's output and its square."""
-    return (4 if d.model.mlp == "swiglu" else 2) * d.act_bytes * d.model.hidden
+    """The hidden-wide tensors the MLP variant keeps for its backward (model/blocks.py)."""
+    return MLPS[d.model.mlp].saved * d.act_bytes * d.model.hidden
 
 
 def activation_bytes(d: Dims) -> int:
@@ -363,7 +363,7 @@ def block_backward_stages(d: Dims) -> dict[str, float]:
     C, q, kv, h = m.d_model, m.n_head * m.head_dim, m.kv_heads * m.head_dim, m.hidden
     # the stream's gradient, accumulated in place; with residual scalars x0's beside it
     base = sb * C * (2 if m.residual_scalars else 1)
-    mlp = (3 if m.mlp == "swiglu" else 2) * a * h
+    mlp = MLPS[m.mlp].backward * a * h
     qkv = 2 * a * (q + 2 * kv) + a * C + (sb * C if m.residual_scalars else 0)
     # the output's gradient, an fp32 accumulator for dq and the softmax row sums, dq, dk and dv
     # (under GQA at the query heads' width first, then summed into the key/value heads')

@@ -30,6 +30,7 @@ from pydantic import Field
 
 from littlelm.config import Cfg, read_yaml, to_tree
 from littlelm.data.cache import cache_root, digest
+from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import causal_attention
 from littlelm.optim.optimizer import orthogonalize
 from littlelm.plan.memory import Dims, model_tensors
@@ -123,11 +124,9 @@ def gemms(d: Dims) -> list[Gemm]:
         lin("k+v", D, 2 * m.kv_heads * hd),
         lin("attention out", m.n_head * hd, D),
     ]
-    if m.mlp == "swiglu":
-        out.append(lin("mlp gate+up", D, 2 * m.hidden))
-    else:
-        out.append(lin("mlp up", D, m.hidden))
-    out.append(lin("mlp down", m.hidden, D))
+    inputs = MLPS[m.mlp].inputs  # modelled as one GEMM (model/blocks.py)
+    out.append(lin(f"mlp {'+'.join(inputs)}", D, len(inputs) * m.hidden))
+    out.append(lin("mlp c_proj", m.hidden, D))
     out.append(Gemm("lm_head", M, D, m.padded_vocab))  # the head stays in bf16 under fp8
     return out
 
@@ -153,7 +152,7 @@ def elementwise_bytes(d: Dims) -> float:
         per_token += 2 * qk
     if m.residual_scalars:
         per_token += RESIDUAL_SCALAR_PASSES_D * m.d_model
-    per_token += (3 if m.mlp == "swiglu" else 2) * m.hidden  # activation: inputs + output
+    per_token += MLPS[m.mlp].passes * m.hidden  # activation: inputs + output
     blocks = T * per_token * es * m.n_layer * (1 + BACKWARD_FACTOR)
     # loss: logits written, softmax read + written, gradient written, all in fp32 (4 bytes);
     # the softcap's tanh adds a pass each way
