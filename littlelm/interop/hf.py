@@ -147,6 +147,7 @@ def export(
         check_parent(Path(gguf), "--gguf")
     path = find_checkpoint(source)
     model, tok, _ = load_model(path, "cpu")
+    assert isinstance(model, GPT), "export maps GPT's tensors, the one model there is"
     arch, reason, config, hf_tensors = hf_form(model, tok)
     if gguf is not None:
         from littlelm.interop.gguf_export import write_gguf
@@ -266,6 +267,7 @@ def import_model(source: str | Path, out: str | Path) -> dict:
     weights = read_weights(src)
     check_sizes(weights, m, arch, src)  # before anything is built to config.json's sizes
     tok = import_tokenizer(src, hf)
+    assert m.vocab_size is not None, "imported_config reads it from config.json"
     if tok.vocab_size > m.vocab_size:
         raise CheckpointError(
             f"{src}: tokenizer.json has {tok.vocab_size} tokens but the model's vocab_size is "
@@ -479,7 +481,7 @@ def train_yaml(cfg: RunConfig, out: Path, step: str, src: Path) -> str:
         "grow": {"parent": str(out / "checkpoints" / step), "continue_data": False},
         "optimizer": dict(CONTINUE_OPTIMIZER),
         "schedule": {"name": "trapezoidal", "warmup_steps": CONTINUE_WARMUP, "cooldown_frac": 0.4},
-        "train": {"seq_len": min(1024, cfg.model.max_seq_len), "max_steps": 1000},
+        "train": {"seq_len": min(1024, model["max_seq_len"]), "max_steps": 1000},
     }
     head = (
         f"# written by `littlelm import {src}`: continue training the imported model.\n"

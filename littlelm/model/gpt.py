@@ -199,10 +199,15 @@ class GPTConfig(ModelConfig):
         return self.n_kv_head or self.n_head
 
     @property
-    def padded_vocab(self) -> int:
+    def vocab(self) -> int:
+        """vocab_size, which the schema resolves from the tokenizer before a model is built."""
         assert self.vocab_size is not None, "vocab_size is resolved from the tokenizer first"
+        return self.vocab_size
+
+    @property
+    def padded_vocab(self) -> int:
         m = self.vocab_pad_multiple
-        return (self.vocab_size + m - 1) // m * m
+        return (self.vocab + m - 1) // m * m
 
     @property
     def hidden(self) -> int:
@@ -274,6 +279,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         qk, v = self.qk_v(x)  # (B, T, H + Hkv, D), (B, T, Hkv, D)
         if ve is not None:
+            assert self.ve_gate is not None, "GPT.layer passes value embeddings to gated layers"
             # gate in (0, 2), exactly 1 at init: 2·sigmoid(0)
             gate = 2 * torch.sigmoid(self.ve_gate(x[..., : self.ve_channels]))  # (B, T, Hkv)
             ve = ve.to(v.dtype).view(B, T, self.n_kv, self.hd)
@@ -281,10 +287,9 @@ class Attention(nn.Module):
         if self.qk_norm:
             qk = be.rms_norm(qk, eps=self.eps)  # per head: the same for q and k
             if hasattr(self, "q_norm"):  # (H + Hkv, D) gains: q's for query heads, k's for kv
-                gains = [
-                    self.q_norm.weight.expand(self.n_head, -1),
-                    self.k_norm.weight.expand(self.n_kv, -1),
-                ]
+                q_gain, k_gain = self.q_norm.weight, self.k_norm.weight
+                assert q_gain is not None and k_gain is not None, "built affine (qk_norm_affine)"
+                gains = [q_gain.expand(self.n_head, -1), k_gain.expand(self.n_kv, -1)]
                 qk = qk * torch.cat(gains).to(qk.dtype)
         qk = be.apply_rope(qk, cos, sin)
         q, k = qk.split([self.n_head, self.n_kv], dim=2)  # (B, T, H|Hkv, D)
@@ -335,6 +340,9 @@ class GPT(nn.Module):
     - lm_head ~ N(0, 0.001): near-uniform first predictions, loss ≈ ln(vocab) at step 0;
     - residual scalars λ_resid = 1, λ_x0 = 0: the plain residual stream at init.
     """
+
+    rope_cos: torch.Tensor  # (1, max_seq_len, 1, head_dim) buffers: rope_tables
+    rope_sin: torch.Tensor
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -449,7 +457,7 @@ class GPT(nn.Module):
                 x,
                 self.lm_head.weight,
                 targets,
-                c.vocab_size,
+                c.vocab,
                 c.softcap,
                 reduction,
                 self.loss_impl,

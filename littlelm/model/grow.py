@@ -203,6 +203,7 @@ class Growth:
         q_heads = [(h // g) * g2 + h % g for h in range(P.n_head)]  # parent q head -> child
         self.q_rows = torch.cat([torch.arange(c * hd, (c + 1) * hd) for c in q_heads])
         self.kv_rows = torch.arange(P.kv_heads * hd)
+        assert P.vocab_size is not None, "a checkpoint's config has its tokenizer's vocab_size"
         self.C, self.V = torch.arange(P.d_model), torch.arange(P.vocab_size)
         self.hidden = torch.arange(P.hidden)
         self.block_pos = torch.tensor([c for c, p in enumerate(layers) if p is not None])

@@ -20,6 +20,8 @@ Parameter names are littlelm's own, so the weights are stored exactly as trained
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -141,7 +143,9 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q, k = rms_norm(q, None, cfg.norm_eps), rms_norm(k, None, cfg.norm_eps)
             if cfg.qk_norm_affine:
-                q, k = q * self.q_norm.weight.to(q.dtype), k * self.k_norm.weight.to(k.dtype)
+                q_gain, k_gain = self.q_norm.weight, self.k_norm.weight
+                assert q_gain is not None and k_gain is not None, "built with gains"
+                q, k = q * q_gain.to(q.dtype), k * k_gain.to(k.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         if cache is not None:
@@ -210,12 +214,13 @@ class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
         if (cfg.use_cache if use_cache is None else use_cache) and cache is None:
             cache = DynamicCache(config=cfg)
         start = cache.get_seq_length() if cache is not None else 0
-        if position_ids is None:
-            position_ids = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
+        positions: torch.Tensor | None = position_ids
+        if positions is None:
+            positions = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
         x = self.wte(input_ids)
         if cfg.embed_norm:
             x = rms_norm(x, None, cfg.norm_eps)
-        cos, sin = rope(position_ids, cfg.head_dim, cfg.rope_base, x.dtype)
+        cos, sin = rope(positions, cfg.head_dim, cfg.rope_base, x.dtype)
         mask = self._mask(attention_mask, T, start + T, x.device)
         x0 = x
         for i, block in enumerate(self.blocks):
@@ -234,7 +239,8 @@ class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
         name = (
             "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
         )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{name: cache})
+        cache_field: dict[str, Any] = {name: cache}
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **cache_field)
 
     @staticmethod
     def _mask(attention_mask, T: int, S: int, device) -> torch.Tensor | None:
