@@ -151,7 +151,7 @@ WORDS = [
 
 
 def sft_data(work: Path) -> tuple[dict, dict]:
-    """(the base's tokenizer, the SFT runs' data section and grow section), for --sft."""
+    """(the base's tokenizer, the SFT runs' data section and sft section), for --sft."""
     chats = work / "chats.jsonl"
     if not chats.exists():
         rng = random.Random(1)
@@ -170,7 +170,7 @@ def sft_data(work: Path) -> tuple[dict, dict]:
         "val_fraction": 0.05,
         "buffer_docs": 64,
     }
-    return data, {"parent": str(base), "continue_data": False}
+    return data, {"base": str(base)}
 
 
 def make_run(work: Path, name: str, args: argparse.Namespace, steps: int | None = None) -> Path:
@@ -207,7 +207,7 @@ def make_run(work: Path, name: str, args: argparse.Namespace, steps: int | None 
         tree["train"]["max_steps"] = 30
         tree["checkpoint"] = {"every": 30}
     elif args.sft:
-        tree["data"], tree["grow"] = sft_data(work)
+        tree["data"], tree["sft"] = sft_data(work)
     if args.nproc > 1:
         tree["distributed"] = {"shard_adamw": args.zero1}
     for item in args.set or []:  # --set train.precision=fp32 ...

@@ -21,7 +21,6 @@ from torch import nn
 
 from littlelm.components import register_all
 from littlelm.data.build import build_data
-from littlelm.registry import MODELS
 from littlelm.schema import load_run
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.device import autocast
@@ -92,7 +91,7 @@ def capture(run_dir: Path, step: int | None) -> tuple[dict[str, Recorder], float
     cfg = load_run(run_dir / "config.yaml", ["callbacks=[]", "model.fp8=false"])
     found = ckpt.list_checkpoints(run_dir / "checkpoints")
     path = found[-1] if step is None else ckpt.step_dir(run_dir / "checkpoints", step)
-    model = MODELS.get(cfg.model.name)(cfg.model)
+    model = cfg.model.build()
     ckpt.load_model_tensors(model, ckpt.load_checkpoint(path, with_optimizer=False).model, path)
     layers = {}
     for name, m in model.named_modules():

@@ -65,7 +65,7 @@ def make_run(root: Path) -> Path:
         "val_fraction": 0.1,
         "buffer_docs": 16,
     }
-    sft["grow"] = {"parent": str(root / "runs" / "base"), "continue_data": False}
+    sft["sft"] = {"base": str(root / "runs" / "base")}
     sft["train"].update(max_steps=1)
     sft["eval"] = {"every": 1000, "max_tokens": 512}
     sft["checkpoint"] = {"every": 1000}

@@ -53,12 +53,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from pydantic import TypeAdapter
 from torch import nn
 
 from littlelm.components import register_all
 from littlelm.hardware import auto_precision
 from littlelm.model.gpt import GPT, GPTConfig
-from littlelm.registry import OPTIMIZERS
+from littlelm.optim.groups import OptimizerChoice
 from littlelm.train.build import PARAM_DTYPES
 from littlelm.train.device import autocast, peak_flops, tune_cpu_allocator
 from littlelm.train.step import apply_update, micro_step, synchronize
@@ -195,8 +196,10 @@ def build(v: Variant, size: tuple, device: torch.device, data) -> Setup:
         with device:
             model = GPT(cfg).to(dtype=PARAM_DTYPES[v.master_weights])
         model.activation_checkpointing = v.checkpointing
-        opt_cfg = OPTIMIZERS.config_class(v.optimizer)(adamw_8bit=v.adamw_8bit)
-        opt = OPTIMIZERS.get(v.optimizer)(model, opt_cfg, v.stochastic_rounding)
+        opt_cfg = TypeAdapter(OptimizerChoice).validate_python(
+            {"name": v.optimizer, "adamw_8bit": v.adamw_8bit}
+        )
+        opt = opt_cfg.build(model, v.stochastic_rounding)
         fwd = torch.compile(model) if v.compile else model
         flops = model.flops_per_token(seq)
 

@@ -138,12 +138,12 @@ def cmd_data_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from littlelm.registry import Registry
+    from littlelm.schema import components
 
-    for kind, reg in Registry.all.items():
+    for kind, rows in components().items():
         print(f"{kind}s:")
-        for e in reg.entries():
-            print(f"  {e.name:<16} {e.doc}")
+        for name, doc in rows:
+            print(f"  {name:<16} {doc}")
     return 0
 
 

@@ -6,11 +6,13 @@ The flow is
     apply_overrides(tree, origin, ["train.max_steps=100"])
     cfg = validate(RunConfig, tree, origin)            # typed, every default filled in
 
-`validate` walks a pydantic model. Fields marked `Registered(REGISTRY)` hold a component chosen
-by name (`model: {name: gpt, n_layer: 4}`); their section is validated against the config class
-that component registered, so each component owns its typed config. All problems found anywhere
-are raised together as one ConfigError, each naming its dotted key, the file that set it and a
-did-you-mean for misspelled keys and names.
+`validate` walks a pydantic model. A field marked `Kind("optimizer")` holds a component chosen by
+name (`optimizer: {name: adamw, lr: 0.001}`), or a list or mapping of them: its type is the
+component's config class or a union of them discriminated on `name` (`AdamWConfig | MuonConfig`),
+each class beside the code it builds (`cfg.build(...)`). Its section is validated against the
+class it names; an open set (the trainer's callbacks, added from layers above the schema) names a
+`table` instead. All problems found anywhere are raised together as one ConfigError, each naming
+its dotted key, the file that set it and a did-you-mean for misspelled keys and names.
 
 Nothing here knows about models or training: the run's schema lives in `littlelm.schema`.
 """
@@ -21,8 +23,10 @@ import copy
 import math
 import re
 import reprlib
+import types
 import typing
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,17 +34,18 @@ from typing import Any
 import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict
+from pydantic.config import JsonDict
+from pydantic.fields import FieldInfo
 
 from littlelm.errors import ConfigError, did_you_mean
-from littlelm.registry import Registry
 
 CLI = "command line"
 
 # Markers for a field's json_schema_extra, read by `marked`:
 # a resumed run may change it (a section marked so covers its keys; train/checkpoint/resume.py);
-RESUMABLE = {"resumable": True}
+RESUMABLE: JsonDict = {"resumable": True}
 # ... and it does not change which tokens the data loader yields next (grow.continue_data).
-SAME_DATA = {"resumable": True, "same_data": True}
+SAME_DATA: JsonDict = {"resumable": True, "same_data": True}
 
 
 class _Loader(yaml.SafeLoader):
@@ -133,18 +138,86 @@ class Cfg(BaseModel):
 
 
 class ComponentConfig(Cfg):
-    """Base of a registered component's config; `name` picks the component from its registry."""
+    """Base of a component's config: `name` (a Literal in each concrete class) picks the class
+    among those its field offers; each kind's base declares how its configs build their
+    component (`SourceConfig.build(label)`, `OptimizerConfig.build(model, ...)`, ...)."""
 
-    name: str = pydantic.Field("", description="Registered name of the component.")
+    name: str = pydantic.Field("", description="Which component (littlelm list).")
+
+
+def named(name: str, **extra: Any) -> Any:
+    """The `name` field of a component's config class: `name: Literal["adamw"] = named("adamw")`
+    (`extra`: its json_schema_extra markers)."""
+    return pydantic.Field(
+        name, description="Which component (littlelm list).", json_schema_extra=extra or None
+    )
+
+
+def first_sentence(doc: str) -> str:
+    """The docstring's first sentence, its lines joined (`littlelm list` shows it whole)."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\. ", paragraph)  # a full stop, not an "e.g."
+    return paragraph[: end.start() + 1] if end else paragraph
 
 
 @dataclass(frozen=True)
-class Registered:
-    """Field marker: the field holds a component (or a list/dict of them) from `registry`."""
+class Kind:
+    """Field marker: the field holds a component of this kind (or a list or mapping of them),
+    one of the config classes of its type; `table`, for an open set, gives them instead."""
 
-    registry: Registry
-    default: str | None = None  # the component used when the section does not name one
-    container: str | None = None  # None: one component; "list" or "dict": several
+    kind: str
+    table: Callable[[], dict[str, type[ComponentConfig]]] | None = None
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A component field, read from its type: the classes it offers by name, the one used when
+    the section names none, and whether it holds one component, a list or a mapping."""
+
+    kind: str
+    classes: dict[str, type[ComponentConfig]]
+    default: str | None
+    container: str | None  # None: one component; "list" or "dict": several
+
+    def names(self) -> list[str]:
+        return sorted(self.classes)
+
+
+def component_name(cls: type[ComponentConfig]) -> str:
+    return str(cls.model_fields["name"].default)
+
+
+def offered(annotation: Any) -> tuple[type[ComponentConfig], ...]:
+    """The config classes of a union type (or the one class) of components."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    members = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    return tuple(m for m in members if isinstance(m, type) and issubclass(m, ComponentConfig))
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
+
+
+def slot(field: FieldInfo) -> Slot | None:
+    """The component slot of a field marked `Kind`, None for any other field."""
+    kind = next((m for m in field.metadata if isinstance(m, Kind)), None)
+    if kind is None:
+        return None
+    ann: Any = field.annotation
+    # X | None (a section that may be null) offers X; list[X] and dict[str, X] hold several
+    args = [a for a in typing.get_args(ann) if a is not type(None)] if _is_union(ann) else [ann]
+    container: str | None = None
+    if len(args) == 1 and typing.get_origin(args[0]) in (list, dict):
+        container = "list" if typing.get_origin(args[0]) is list else "dict"
+        args = [typing.get_args(args[0])[-1]]
+    if kind.table is not None:
+        classes = kind.table()
+    else:
+        classes = {component_name(c): c for a in args for c in offered(a)}
+    default = field.get_default(call_default_factory=True)
+    name = default.get("name") if isinstance(default, dict) else getattr(default, "name", None)
+    return Slot(kind.kind, classes, name if container is None else None, container)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -286,11 +359,10 @@ def component_paths(cls: type[BaseModel], at: tuple[str, ...] = ()) -> Component
     """Where the sections of `cls` (a schema) hold a component picked by `name:`, with each
     one's default name: {("model",): "gpt", ("data", "sources", "*"): None, ...}."""
     out: Components = {}
-    for key, meta in _registered(cls).items():
-        if meta.container == "dict":
-            out[(*at, key, "*")] = meta.default
-        elif meta.container is None:
-            out[(*at, key)] = meta.default
+    for key, meta in _slots(cls).items():
+        here = (*at, key, "*") if meta.container == "dict" else (*at, key)
+        if meta.container != "list":
+            out[here] = meta.default
     for key, sub in _nested_models(cls).items():
         out.update(component_paths(sub, (*at, key)))
     return out
@@ -353,7 +425,7 @@ def apply_overrides(
 
 def _cli_keys(origin: dict[str, str]) -> set[str]:
     """The keys set by overrides, and every section above them."""
-    out = set()
+    out: set[str] = set()
     for k, v in origin.items():
         if v == CLI:
             parts = k.split(".")
@@ -368,7 +440,14 @@ def _cli_keys(origin: dict[str, str]) -> set[str]:
 def validate(
     cls: type[Cfg], tree: dict, origin: dict[str, str] | None = None, source: str = ""
 ) -> Any:
-    """Validate `tree` against `cls`; raise one ConfigError listing every problem."""
+    """Validate `tree` against `cls`; raise one ConfigError listing every problem. A schema
+    with an `upgrade(tree, origin)` classmethod reads older layouts through it first (on copies;
+    each of its notes is a warning)."""
+    upgrade = getattr(cls, "upgrade", None)
+    if upgrade is not None:
+        tree, origin = copy.deepcopy(tree), dict(origin or {})
+        for note in upgrade(tree, origin):
+            warnings.warn(note, stacklevel=2)
     errors: list[tuple[tuple, str]] = []
     result = _validate_model(cls, tree, (), errors)
     if not errors:
@@ -390,25 +469,20 @@ def _non_finite(cfg: Any) -> list[tuple[tuple, str]]:
     ]
 
 
-def _registered(cls: type[BaseModel]) -> dict[str, Registered]:
-    """Fields of `cls` annotated Annotated[..., Registered(...)]."""
-    out = {}
-    for name, field in cls.model_fields.items():
-        for meta in field.metadata:
-            if isinstance(meta, Registered):
-                out[name] = meta
-    return out
+def _slots(cls: type[BaseModel]) -> dict[str, Slot]:
+    """The component fields of `cls` (marked `Kind`), by name."""
+    return {name: s for name, f in cls.model_fields.items() if (s := slot(f)) is not None}
 
 
-def _nested_models(cls: type[BaseModel]) -> dict[str, type[BaseModel]]:
+def _nested_models(cls: type[BaseModel]) -> dict[str, type[Cfg]]:
     """Fields whose type is itself a config model, possibly Optional: validated recursively so
     that their own component fields are handled too."""
-    out = {}
+    out: dict[str, type[Cfg]] = {}
     for name, field in cls.model_fields.items():
         ann = field.annotation
         candidates = typing.get_args(ann) or (ann,)
         for c in candidates:
-            if isinstance(c, type) and issubclass(c, Cfg) and (_registered(c) or _nested_models(c)):
+            if isinstance(c, type) and issubclass(c, Cfg) and (_slots(c) or _nested_models(c)):
                 out[name] = c
     return out
 
@@ -417,7 +491,7 @@ def _validate_model(cls: type[Cfg], data: Any, loc: tuple, errors: list) -> Any:
     if not isinstance(data, dict):
         errors.append((loc, f"expected a mapping, got {type(data).__name__} {short(data)}"))
         return None
-    special = {**_registered(cls), **_nested_models(cls)}
+    special: dict[str, Any] = {**_slots(cls), **_nested_models(cls)}
     plain = {k: v for k, v in data.items() if k not in special}
     placeholders = {k: cls.model_fields[k].get_default(call_default_factory=True) for k in special}
     try:
@@ -425,13 +499,16 @@ def _validate_model(cls: type[Cfg], data: Any, loc: tuple, errors: list) -> Any:
     except pydantic.ValidationError as e:
         instance = None
         for err in e.errors():
-            errors.append(((*loc, *err["loc"]), _pydantic_message(err, cls, err["loc"])))
+            tag = ("name",) if err["type"] in UNION_TAG_ERRORS else ()  # the key that is wrong
+            errors.append(((*loc, *err["loc"], *tag), _pydantic_message(err, cls, err["loc"])))
     for key, meta in special.items():
         default = cls.model_fields[key].get_default(call_default_factory=True)
-        if isinstance(default, BaseModel):  # an absent section: validate its defaults as data
+        if isinstance(meta, Slot) and isinstance(default, ComponentConfig):
+            default = {"name": default.name}  # an absent component: the default one, by name
+        elif isinstance(default, BaseModel):  # an absent section: validate its defaults as data
             default = default.model_dump()
         value = data.get(key, default)
-        if isinstance(meta, Registered):
+        if isinstance(meta, Slot):
             result = _validate_components(meta, value, (*loc, key), errors)
         elif value is None:
             result = None
@@ -442,53 +519,49 @@ def _validate_model(cls: type[Cfg], data: Any, loc: tuple, errors: list) -> Any:
     return instance
 
 
-def _validate_components(meta: Registered, value: Any, loc: tuple, errors: list) -> Any:
+def _validate_components(meta: Slot, value: Any, loc: tuple, errors: list) -> Any:
     if value is None:
         return None
     if meta.container == "list":
         if not isinstance(value, list):
-            errors.append((loc, f"expected a list of {meta.registry.kind}s, got {short(value)}"))
+            errors.append((loc, f"expected a list of {meta.kind}s, got {short(value)}"))
             return None
         return [_validate_component(meta, v, (*loc, i), errors) for i, v in enumerate(value)]
     if meta.container == "dict":
         if not isinstance(value, dict):
-            errors.append(
-                (loc, f"expected a mapping of label -> {meta.registry.kind}, got {short(value)}")
-            )
+            errors.append((loc, f"expected a mapping of label -> {meta.kind}, got {short(value)}"))
             return None
         return {k: _validate_component(meta, v, (*loc, k), errors) for k, v in value.items()}
     return _validate_component(meta, value, loc, errors)
 
 
-def _validate_component(meta: Registered, value: Any, loc: tuple, errors: list) -> Any:
+def _validate_component(meta: Slot, value: Any, loc: tuple, errors: list) -> Any:
     if isinstance(value, str):
         value = {"name": value}
     if not isinstance(value, dict):
-        errors.append(
-            (loc, f"expected a mapping with 'name: <{meta.registry.kind}>', got {short(value)}")
-        )
+        errors.append((loc, f"expected a mapping with 'name: <{meta.kind}>', got {short(value)}"))
         return None
     name = value.get("name", meta.default)
-    reg = meta.registry
-    if not isinstance(name, str) or name not in reg:
-        hint = did_you_mean(name, reg.names()) if isinstance(name, str) else ""
-        what = (
-            f"unknown {reg.kind} {short(name)}{hint}"
-            if name is not None
-            else f"no {reg.kind} named"
-        )
-        errors.append(((*loc, "name"), f"{what}; known {reg.kind}s: {reg.known()}"))
+    if not isinstance(name, str) or name not in meta.classes:
+        errors.append(((*loc, "name"), unknown_name(meta.kind, name, meta.names())))
         return None
-    cfg_cls = reg.config_class(name)
-    if cfg_cls is None:
-        return name
-    body = {k: v for k, v in value.items() if k != "name"}
-    if "name" in cfg_cls.model_fields:
-        body["name"] = name
-    return _validate_model(cfg_cls, body, loc, errors)
+    return _validate_model(meta.classes[name], {**value, "name": name}, loc, errors)
 
 
-def _pydantic_message(err: dict, cls: type[BaseModel], rel_loc: tuple) -> str:
+def unknown_name(kind: str, name: Any, known: list[str]) -> str:
+    """The message for a component name that is none of `known`."""
+    if name is None:
+        return f"no {kind} named; known {kind}s: {', '.join(known)}"
+    hint = did_you_mean(name, known) if isinstance(name, str) else ""
+    # an empty list is an open table no one filled (littlelm/registry.py)
+    names = ", ".join(known) or "none (littlelm.components.register_all() fills them; the CLI does)"
+    return f"unknown {kind} {short(name)}{hint}; known {kind}s: {names}"
+
+
+UNION_TAG_ERRORS = ("union_tag_invalid", "union_tag_not_found")
+
+
+def _pydantic_message(err: Any, cls: type[BaseModel], rel_loc: tuple) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         owner = _owner_class(cls, rel_loc[:-1])
@@ -499,6 +572,10 @@ def _pydantic_message(err: dict, cls: type[BaseModel], rel_loc: tuple) -> str:
         return f"unknown key{hint}{known}"
     if kind == "missing":
         return "required key is missing"
+    if kind in UNION_TAG_ERRORS:  # said as ours, not as pydantic's dump of the union
+        ctx = err.get("ctx") or {}
+        tags = re.findall(r"'([^']*)'", str(ctx.get("expected_tags", "")))
+        return unknown_name("component", ctx.get("tag"), tags)
     msg = err["msg"]
     if "input" in err and not isinstance(err["input"], dict):
         msg += f", got {short(err['input'])}"
@@ -556,10 +633,13 @@ def marked(cls: type[BaseModel], tree: dict, key: str, marker: str) -> bool:
     in the `json_schema_extra` of the innermost field on the key's path that sets it, so a
     marked section covers its keys unless one of them says otherwise. A component's keys are
     looked up in the config class of the component `tree` names there (when it names none:
-    the registry's default, else the base class all its components' configs share). False
-    when no field on the path sets it."""
-    found, owner, node = False, cls, tree
-    parts = [int(p) if p.isdigit() else p for p in re.split(r"\.|\[(\d+)\]\.?", key) if p]
+    the field's default, else the base class all its classes share). False when no field on
+    the path sets it."""
+    found, node = False, tree
+    owner: type[BaseModel] | None = cls
+    parts: list[str | int] = [
+        int(p) if p.isdigit() else p for p in re.split(r"\.|\[(\d+)\]\.?", key) if p
+    ]
     while parts and owner is not None:
         part = parts.pop(0)
         field = owner.model_fields.get(part) if isinstance(part, str) else None
@@ -569,17 +649,17 @@ def marked(cls: type[BaseModel], tree: dict, key: str, marker: str) -> bool:
         if isinstance(extra, dict) and marker in extra:
             found = bool(extra[marker])
         node = _child(node, part)
-        reg = next((m for m in field.metadata if isinstance(m, Registered)), None)
-        if reg is None:
+        meta = slot(field)
+        if meta is None:
             owner = _owner_class(owner, (part,))
             continue
-        if reg.container and parts:  # step over the list index or the mapping's label
+        if meta.container and parts:  # step over the list index or the mapping's label
             node = _child(node, parts.pop(0))
-        name = node.get("name", reg.default) if isinstance(node, dict) else node
-        if isinstance(name, str) and name in reg.registry:
-            owner = reg.registry.config_class(name)
+        name = node.get("name", meta.default) if isinstance(node, dict) else node
+        if isinstance(name, str) and name in meta.classes:
+            owner = meta.classes[name]
         else:
-            owner = _common_base([e.config for e in reg.registry.entries() if e.config])
+            owner = _common_base(list(meta.classes.values()))
     return found
 
 

@@ -94,7 +94,7 @@ class Console(Callback):
         table = Table(title="parameter groups", title_justify="left")
         for col in ("group", "tensors", "parameters", "optimizer", "lr"):
             table.add_column(col, justify="left" if col in ("group", "optimizer") else "right")
-        for name, n, numel, opt, lr in group_rows(tr.optimizer.param_groups, c.grow):
+        for name, n, numel, opt, lr in group_rows(tr.optimizer.param_groups, c.starts_from()):
             table.add_row(name, str(n), f"{numel:,}", opt, lr)
         if self.progress._open:
             self.progress.message("")

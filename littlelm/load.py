@@ -8,8 +8,8 @@ import torch
 
 from littlelm.checkpoint_dirs import find_checkpoint
 from littlelm.config import validate
-from littlelm.data.tokenizer import Tokenizer, load_tokenizer
-from littlelm.registry import MODELS
+from littlelm.data.tokenizer import Tokenizer
+from littlelm.data.tokenizers import load_tokenizer
 from littlelm.schema import RunConfig
 from littlelm.train.checkpoint import files as ckpt
 
@@ -23,7 +23,7 @@ def load_model(
     path = find_checkpoint(path)
     loaded = ckpt.load_checkpoint(path, with_optimizer=False)
     cfg = validate(RunConfig, loaded.state["config"], source=str(path / "state.json"))
-    model = MODELS.get(cfg.model.name)(cfg.model)
+    model = cfg.model.build()
     ckpt.load_model_tensors(model, loaded.model, path)
     tokenizer = load_tokenizer(path / "tokenizer")
     return model.to(device).eval(), tokenizer, cfg

@@ -3,17 +3,18 @@
 Sections and who owns them:
 
     run         name, output directory, seed, device            (here)
-    model       registered model + its config                   (littlelm.model)
+    model       the model's config (gpt)                        (littlelm.model.gpt)
     data        tokenizer, sources, split, packing              (littlelm.data.build)
-    optimizer   registered optimizer + its config               (littlelm.optim.groups)
-    schedule    registered lr schedule + its config             (littlelm.optim.schedule)
+    optimizer   adamw or muon, by name, with its options        (littlelm.optim.groups)
+    schedule    lr schedule, by name, with its options          (littlelm.optim.schedule)
     train       batch, steps, precision, compile, clipping      (littlelm.train.trainer)
     eval        validation loss / bits per byte, named sets     (littlelm.train.validation)
     checkpoint  interval, retention, save-failure policy        (littlelm.train.trainer)
     guard       non-finite / spiking losses, rollback           (littlelm.train.guard)
     distributed ddp/fsdp, optimizer sharding, world size        (littlelm.train.distributed)
-    callbacks   list of registered callbacks                    (littlelm.train.callbacks)
-    grow        start from a smaller trained checkpoint         (littlelm.model.grow)
+    callbacks   list of callbacks, by name                      (littlelm.train.callbacks)
+    grow        start from a smaller trained checkpoint         (littlelm.train.growth)
+    sft         fine-tune a base model (post-training)          (littlelm.train.growth)
 
 `resolve` returns a new config with the values derived from others filled in (vocabulary size
 from the tokenizer, which `load_run` looks up, so that resolving reads no file; sequence length, gradient accumulation, step count from a token budget), so
@@ -23,16 +24,21 @@ given is left as it is.
 Which keys a resumed run may change is declared on the fields themselves
 (`json_schema_extra=RESUMABLE`; `resumable` below reads it for train/checkpoint/resume.py).
 
-This module sits below the trainer and above the components: it composes the sections owned by
-model/, optim/ and data/ (which never see the root config) and those of the train layer's
-helpers (littlelm/sections.py). The component registries must be filled before a config is
-validated: the entry points call `littlelm.components.register_all()`.
+This module sits above the components and the trainer: it composes the sections owned by
+model/, optim/, data/ and train/ (which never import it at run time: the trainer is handed the
+RunConfig, and names its type only for the type checker), each section's class beside the code
+it configures, each component field a union of the config classes it may hold, chosen by `name`
+(littlelm/config.py). `callbacks:` alone is an open table (littlelm/registry.py), since eval/'s
+callback sits above the schema; it is filled at the first lookup or by
+`littlelm.components.register_all()`.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -42,23 +48,29 @@ from pydantic import Field, field_validator
 from littlelm.config import (
     RESUMABLE,
     Cfg,
-    Registered,
+    ComponentConfig,
+    Kind,
     apply_overrides,
     component_paths,
+    first_sentence,
     load_tree,
     marked,
     packaged_names,
+    slot,
     validate,
 )
 from littlelm.data.build import DataConfig
-from littlelm.data.tokenizer import vocab_size_of
+from littlelm.data.tokenizers import vocab_size_of
 from littlelm.errors import ConfigError
-from littlelm.model.protocol import ModelConfig
+from littlelm.model.gpt import GPTConfig
 from littlelm.optim.base import OptimizerConfig
-from littlelm.optim.groups import ORIGINS
-from littlelm.optim.schedule import resolve_lr_multipliers
-from littlelm.registry import CALLBACKS, MODELS, OPTIMIZERS, SCHEDULES
-from littlelm.sections import BudgetConfig, DistributedConfig, GrowConfig, GuardConfig
+from littlelm.optim.groups import ORIGINS, MuonConfig, OptimizerChoice
+from littlelm.optim.schedule import ScheduleChoice, TrapezoidalConfig, resolve_lr_multipliers
+from littlelm.registry import callback_classes
+from littlelm.train.budget import BudgetConfig
+from littlelm.train.distributed import DistributedConfig
+from littlelm.train.growth import GrowConfig, SFTConfig
+from littlelm.train.guard import GuardConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 # Most filesystems allow 255 bytes per name; littlelm adds up to ~40 (`-bench`, `.log`, `.tmp`)
@@ -251,17 +263,18 @@ class RunConfig(Cfg):
     run: RunSection = Field(
         default_factory=RunSection, description="Name, output directory, seed, device."
     )
-    model: Annotated[ModelConfig, Registered(MODELS, default="gpt")] = Field(
-        default_factory=lambda: {"name": "gpt"}, description="The model (littlelm list)."
+    # one model today: a new one makes this `GPTConfig | ItsConfig` (model/protocol.py)
+    model: Annotated[GPTConfig, Kind("model")] = Field(
+        default_factory=GPTConfig, description="The model (littlelm list)."
     )
     data: DataConfig = Field(default_factory=DataConfig, description="Tokenizer, sources, packing.")
-    optimizer: Annotated[OptimizerConfig, Registered(OPTIMIZERS, default="muon")] = Field(
-        default_factory=lambda: {"name": "muon"},
+    optimizer: Annotated[OptimizerChoice, Kind("optimizer")] = Field(
+        default_factory=MuonConfig,
         description="Optimizer and its per-role lrs.",
         json_schema_extra=RESUMABLE,
     )
-    schedule: Annotated[Any, Registered(SCHEDULES, default="trapezoidal")] = Field(
-        default_factory=lambda: {"name": "trapezoidal"},
+    schedule: Annotated[ScheduleChoice, Kind("schedule")] = Field(
+        default_factory=TrapezoidalConfig,
         description="Learning-rate schedule.",
         json_schema_extra=RESUMABLE,
     )
@@ -284,7 +297,7 @@ class RunConfig(Cfg):
         description="Several processes (torchrun): ddp or fsdp, optimizer sharding.",
         json_schema_extra=RESUMABLE,
     )
-    callbacks: Annotated[Any, Registered(CALLBACKS, container="list")] = Field(
+    callbacks: Annotated[list[Any], Kind("callback", table=callback_classes)] = Field(
         default_factory=list,
         description="Extra callbacks (samples, loggers, evals).",
         json_schema_extra=RESUMABLE,
@@ -292,6 +305,44 @@ class RunConfig(Cfg):
     grow: GrowConfig | None = Field(
         None, description="Grow a smaller trained checkpoint into this model; null = random init."
     )
+    sft: SFTConfig | None = Field(
+        None,
+        description="Supervised fine-tuning: start from a base model's weights "
+        "(docs/post-training.md); null = not a fine-tuning run.",
+    )
+
+    @classmethod
+    def upgrade(cls, tree: dict, origin: dict[str, str]) -> list[str]:
+        """Read an older layout as today's, in place (`config.validate` calls this before
+        validating): an SFT run written before `sft:` existed started from its base through a
+        same-shape `grow:` (a grow section without growth's own settings, in a run with a chat
+        source), in YAML files and in the config.yaml of run directories and checkpoints. Returns
+        a note per change."""
+        g = tree.get("grow")
+        if not isinstance(g, dict) or tree.get("sft") is not None or not _old_sft(tree, g):
+            return []
+        tree["sft"] = {
+            "base": g["parent"],
+            "continue_data": g.get("continue_data", True),  # grow's default, kept
+            **({"verify_tokens": g["verify_tokens"]} if "verify_tokens" in g else {}),
+        }
+        tree["grow"] = None
+        renames = {"grow.parent": "sft.base"}
+        for key in [k for k in origin if k == "grow" or k.startswith("grow.")]:
+            where = origin.pop(key)
+            if key not in ("grow.placement", "grow.widened", "grow.lr_multipliers"):
+                origin[renames.get(key, "sft." + key.partition(".")[2])] = where
+        return [
+            "an SFT run's grow: section is read as sft: {base: ...}, post-training's own "
+            "section; write it there (docs/post-training.md)"
+        ]
+
+    def starts_from(self) -> GrowConfig | None:
+        """The checkpoint whose weights the run starts from, as growth (train/growth.py) copies
+        it: grow:, or sft:'s base as a same-shape grow; None for a run from random weights."""
+        if self.sft is not None:
+            return self.sft.as_grow(self.model.n_layer)
+        return self.grow
 
     def run_dir(self) -> Path:
         return Path(self.run.out_dir) / self.run.name
@@ -313,6 +364,27 @@ class RunConfig(Cfg):
         return self.model_copy(update={"train": train, "optimizer": optimizer})
 
 
+def components(cls: type[Cfg] = RunConfig) -> dict[str, list[tuple[str, str]]]:
+    """Every component a run file may name, by kind (model, tokenizer, ...): (name, the first
+    sentence of its config's docstring), as `littlelm list` prints them."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for field in cls.model_fields.values():
+        meta = slot(field)
+        if meta is not None:
+            out.setdefault(meta.kind, []).extend(
+                (name, first_sentence(c.__doc__ or "")) for name, c in sorted(meta.classes.items())
+            )
+        for sub in typing.get_args(field.annotation) or (field.annotation,):
+            if (
+                isinstance(sub, type)
+                and issubclass(sub, Cfg)
+                and not issubclass(sub, ComponentConfig)
+            ):
+                for kind, rows in components(sub).items():
+                    out.setdefault(kind, []).extend(rows)
+    return out
+
+
 def find_config(path: str | Path) -> Path:
     """A path, or the name of a packaged config (`demo` -> littlelm/configs/demo.yaml,
     `plans/3b_grow` -> littlelm/configs/plans/3b_grow.yaml)."""
@@ -327,7 +399,7 @@ def find_config(path: str | Path) -> Path:
     raise ConfigError([f"config file not found: {path} (packaged configs: {known})"])
 
 
-def load_run(path: str | Path, overrides: list[str] = (), world_size: int = 1) -> RunConfig:
+def load_run(path: str | Path, overrides: Sequence[str] = (), world_size: int = 1) -> RunConfig:
     """Read, merge, override, validate and resolve a run file. The files it reads: the run
     file with its includes, and, when model.vocab_size is not set, what the tokenizer's
     vocabulary size needs (a saved, Hugging Face or tiktoken tokenizer's files)."""
@@ -337,13 +409,13 @@ def load_run(path: str | Path, overrides: list[str] = (), world_size: int = 1) -
     return resolve(cfg, world_size, str(path), vocab_size=vocab)
 
 
-def load_data_config(path: str | Path, overrides: list[str] = ()) -> DataConfig:
+def load_data_config(path: str | Path, overrides: Sequence[str] = ()) -> DataConfig:
     """The validated data section of a run file (or of a file holding only `data:`)."""
     tree, origin, path = read_run(path, overrides)
     return validate(RunConfig, tree, origin, str(path)).data
 
 
-def read_run(path: str | Path, overrides: list[str] = ()) -> tuple[dict, dict[str, str], Path]:
+def read_run(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict, dict[str, str], Path]:
     """(the merged tree, the file or override that set each key, the file): includes of paths
     or packaged names, then the overrides; a component renamed on the way starts afresh."""
     path = find_config(path)
@@ -390,10 +462,35 @@ def resolve(
     # layers) are filled in at start-up (train/growth.py complete_growth): resolving reads no file
     grow, more = _resolve_grow_lr(cfg.grow, cfg.optimizer)
     problems += more
+    if cfg.grow is not None and cfg.sft is not None:
+        problems.append(
+            "grow and sft are both set: a run starts from one checkpoint; sft: {base: ...} for "
+            "fine-tuning a base of this shape, grow: {parent: ...} for a larger model"
+        )
     if problems:
         raise ConfigError(problems, source or None)
     update = {"model": m, "train": train, "distributed": dist, "grow": grow}
     return cfg.model_copy(update=copy.deepcopy(update), deep=True)
+
+
+def _old_sft(tree: dict, g: dict) -> bool:
+    """Whether `grow:` (of `tree`) is how SFT was configured before `sft:`: the parent with
+    only the keys SFT uses (or growth's resolved to nothing: the identity placement and no lr
+    multipliers, as a run directory's config.yaml has them), and a chat source."""
+    sources = (tree.get("data") or {}).get("sources") or {}
+    chat = isinstance(sources, dict) and any(
+        (s.get("name") if isinstance(s, dict) else s) == "chat" for s in sources.values()
+    )
+    n_layer = (tree.get("model") or {}).get("n_layer")
+    return (
+        chat
+        and "parent" in g
+        and set(g)
+        <= {"parent", "continue_data", "verify_tokens", "placement", "widened", "lr_multipliers"}
+        and g.get("placement", list(range(n_layer or 0))) == list(range(n_layer or 0))
+        and g.get("widened", "old") == "old"
+        and not g.get("lr_multipliers")
+    )
 
 
 def _resolve_grow_lr(
@@ -471,7 +568,7 @@ def _budget(t: TrainConfig, batch_tokens: int) -> tuple[int | None, list[str]]:
         return None, [
             "train.budget.dollars needs train.budget.price_per_gpu_hour (dollars per GPU-hour)"
         ]
-    if b.kind == "tokens":
+    if b.kind == "tokens" and b.tokens is not None:
         if b.tokens < batch_tokens:
             return None, [
                 f"train.budget.tokens {b.tokens:,} is less than one step's batch of "

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from littlelm.components import register_all
-from littlelm.config import Registered
+from littlelm.config import Slot, slot
 from littlelm.schema import RunConfig
 
 register_all()  # an entry point: fill the registries before reading a config
@@ -30,9 +30,9 @@ the including file wins, and command-line overrides (`littlelm train run.yaml
 train.max_steps=100`) win over both. `littlelm config show run.yaml` prints the result with
 every default and derived value filled in.
 
-Sections marked *component* pick a registered component by `name` (`littlelm list` shows them
-all); the keys that follow depend on that name. A file or override that names another component
-starts that section afresh: `data: {tokenizer: {name: byte}}` over demo's
+Sections marked *component* pick a component by `name` (`littlelm list` shows them all); the
+keys that follow depend on that name. A file or override that names another component starts
+that section afresh: `data: {tokenizer: {name: byte}}` over demo's
 `{name: bpe, vocab_size: 4096}` (or `data.tokenizer.name=byte`) gives a byte tokenizer, without
 the bpe's `vocab_size`; keys set by earlier overrides on the same command line stay.
 """
@@ -49,6 +49,8 @@ def default_of(field) -> str:
     if field.is_required():
         return "required"
     value = field.get_default(call_default_factory=True)
+    if slot(field) and isinstance(value, BaseModel):  # a component: the one named by default
+        return f"`{{'name': {value.name!r}}}`"
     if isinstance(value, BaseModel):
         return "(section)"
     return f"`{value!r}`"
@@ -60,26 +62,26 @@ def table(cls: type[BaseModel], skip=()) -> list[str]:
         if name in skip:
             continue
         doc = (field.description or "").replace("|", "\\|")
-        rows.append(f"| `{name}` | `{type_name(field.annotation)}` | {default_of(field)} | {doc} |")
+        kind = "component" if slot(field) else type_name(field.annotation)
+        rows.append(f"| `{name}` | `{kind}` | {default_of(field)} | {doc} |")
     return rows
 
 
-def component_section(title: str, meta: Registered) -> list[str]:
-    reg = meta.registry
+def component_section(title: str, meta: Slot) -> list[str]:
     many = {"list": " (a list of these)", "dict": " (a mapping label -> one of these)"}.get(
-        meta.container, ""
+        meta.container or "", ""
     )
-    lines = [f"## `{title}` (component: {reg.kind}{many})", ""]
+    lines = [f"## `{title}` (component: {meta.kind}{many})", ""]
     if meta.container == "dict":
         title += ".LABEL"
     elif meta.container == "list":
         title += "[i]"
-    for e in reg.entries():
-        own = e.config.__dict__.get("__doc__") if e.config is not None else None
-        doc = " ".join((own or e.doc).split())
-        lines += [f"### `{title}: {{name: {e.name}}}`", "", doc, ""]
-        if e.config is not None and [f for f in e.config.model_fields if f != "name"]:
-            lines += [*table(e.config, skip=("name",)), ""]
+    for name in meta.names():
+        cls = meta.classes[name]
+        doc = " ".join((cls.__dict__.get("__doc__") or "").split())
+        lines += [f"### `{title}: {{name: {name}}}`", "", doc, ""]
+        if [f for f in cls.model_fields if f != "name"]:
+            lines += [*table(cls, skip=("name",)), ""]
     return lines
 
 
@@ -99,7 +101,7 @@ def _is_dict(ann) -> bool:
 def render() -> str:
     lines = [HEADER]
     for name, field in RunConfig.model_fields.items():
-        reg = next((m for m in field.metadata if isinstance(m, Registered)), None)
+        reg = slot(field)
         if reg is not None:
             lines += component_section(name, reg)
             continue
@@ -108,7 +110,7 @@ def render() -> str:
         )
         lines += [f"## `{name}`", "", field.description or "", "", *table(cls), ""]
         for sub_name, sub in cls.model_fields.items():
-            sub_reg = next((m for m in sub.metadata if isinstance(m, Registered)), None)
+            sub_reg = slot(sub)
             if sub_reg is not None:
                 section = component_section(f"{name}.{sub_name}", sub_reg)
                 lines += ["#" + line if line.startswith("#") else line for line in section]

@@ -73,12 +73,10 @@ def test_trapezoidal_follows_progress():
 def test_a_budget_run_and_a_step_run_follow_one_curve(schedule):
     """One schedule form for both kinds of run: a time budget whose steps take exactly
     1/total of it gets the multipliers of the run bounded at `total` steps."""
-    from littlelm.components import register_all
-    from littlelm.registry import SCHEDULES
+    from pydantic import TypeAdapter
 
-    register_all()
-    cfg = SCHEDULES.config_class(schedule["name"])(**schedule)
-    fn, total = sch.build_schedule(cfg), 100
+    cfg = TypeAdapter(sch.ScheduleChoice).validate_python(schedule)
+    fn, total = cfg.build(), 100
     by_steps = [fn(s, sch.step_progress(s, total)) for s in range(total)]
     b = bg.Budget(float(total), end_eval=False, end_save=False)
     by_budget, now = [], 0.0

@@ -3,6 +3,7 @@ chat evaluation (docs/post-training.md)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import shutil
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from safetensors.torch import load_file
 
 from conftest import make_corpus, tiny_tree, write_config
@@ -22,10 +24,11 @@ from littlelm.cli import main
 from littlelm.config import validate
 from littlelm.data.build import DataConfig, build_data
 from littlelm.data.chat import CHAT_TOKENS, assistant_mask, chat_format, conversation_problem
-from littlelm.errors import DataError
+from littlelm.errors import ConfigError, DataError
 from littlelm.model.kernels import linear_cross_entropy
 from littlelm.schema import load_run
 from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.growth import complete_growth
 from littlelm.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -305,7 +308,7 @@ def sft_trees(tmp_path: Path, **features) -> tuple[Path, dict]:
         "buffer_docs": 16,
     }
     sft["model"] = base["model"]
-    sft["grow"] = {"parent": str(tmp_path / "runs" / "base"), "continue_data": False}
+    sft["sft"] = {"base": str(tmp_path / "runs" / "base")}
     sft["train"].update(max_steps=8, log_every=1)
     sft["eval"] = {"every": 4, "max_tokens": 512}
     sft["checkpoint"] = {"every": 4}
@@ -338,6 +341,47 @@ def test_sft_run_counts_trained_tokens_and_resumes_bitwise(tmp_path):
     wa = load_file(ckpt.latest_checkpoint(straight.run_dir() / "checkpoints") / "model.safetensors")
     wb = load_file(ckpt.latest_checkpoint(split.run_dir() / "checkpoints") / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def old_layout(tree: dict, **grow) -> dict:
+    """`tree` as littlelm wrote SFT runs before `sft:` existed: the base under `grow:`."""
+    old = copy.deepcopy(tree)
+    sft = old.pop("sft")
+    old["grow"] = {"parent": sft["base"], "continue_data": sft.get("continue_data", False), **grow}
+    return old
+
+
+@pytest.mark.slow
+def test_an_old_layout_sft_run_trains_and_resumes_as_the_new_one(tmp_path):
+    _, tree = sft_trees(tmp_path)
+    new = load_run(write_config(tmp_path / "new.yaml", tree))
+    assert Trainer(new, resume="never").fit()["finished"]
+    # an SFT run file of the old layout: read as sft (one note), the same run
+    tree["run"]["name"] = "old"
+    with pytest.warns(UserWarning, match="read as sft:"):
+        old = load_run(write_config(tmp_path / "old.yaml", old_layout(tree)))
+    assert old.grow is None and old.sft == new.sft
+    assert Trainer(old, resume="never").fit(stop_after=3)["step"] == 3
+    # its run directory as the old littlelm wrote it (config.yaml and the checkpoint's config:
+    # the resolved grow section, no sft) resumes from the old file and finishes the same run
+    run_dir = old.run_dir()
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    resolved = {"placement": list(range(saved["model"]["n_layer"])), "widened": "old"}
+    legacy = old_layout(saved, verify_tokens=64, lr_multipliers={}, **resolved)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(legacy))
+    state_file = ckpt.latest_checkpoint(run_dir / "checkpoints") / "state.json"
+    state = json.loads(state_file.read_text())
+    state["config"] = old_layout(state["config"], verify_tokens=64, lr_multipliers={}, **resolved)
+    state_file.write_text(json.dumps(state))
+    with pytest.warns(UserWarning, match="read as sft:"):
+        assert Trainer(load_run(tmp_path / "old.yaml")).fit()["finished"]
+    a, b = records(new.run_dir()), records(run_dir)
+    assert [(r["step"], r["loss"]) for r in a] == [(r["step"], r["loss"]) for r in b]
+    # a model section of another shape than the base's is refused, naming both
+    tree["model"]["n_layer"] += 1
+    tree["run"]["name"] = "deeper"
+    with pytest.raises(ConfigError, match="n_layer 2, the model section n_layer 3.*grow:"):
+        complete_growth(load_run(write_config(tmp_path / "deeper.yaml", tree)))
 
 
 @pytest.mark.slow
@@ -630,7 +674,7 @@ def test_an_imported_models_template_renders_as_transformers_does(tmp_path, bos_
     transformers = pytest.importorskip("transformers")
     from tokenizers import AddedToken
 
-    from littlelm.data.tokenizer import load_tokenizer
+    from littlelm.data.tokenizers import load_tokenizer
     from littlelm.interop.hf_tokenizer import export_tokenizer, import_tokenizer
 
     raw = trained_bpe(chat_tokens=False).tok
@@ -779,7 +823,7 @@ def test_a_model_from_before_the_chat_tokens_gets_them_and_fine_tunes(tmp_path, 
         "sources": {"chat": {"name": "chat", "dataset": str(src)}},
         "val_fraction": 0.1,
     }
-    sft["grow"] = {"parent": str(tmp_path / "runs" / "chat"), "continue_data": False}
+    sft["sft"] = {"base": str(tmp_path / "runs" / "chat")}
     sft["train"]["max_steps"] = 2
     assert Trainer(load_run(write_config(tmp_path / "sft.yaml", sft)), resume="never").fit()[
         "finished"

@@ -129,7 +129,7 @@ def chatml_sft_tree(root: Path) -> dict:
         "buffer_docs": 16,
     }
     tree["model"] = to_tree(cfg)["model"]
-    tree["grow"] = {"parent": str(base["out"]), "continue_data": False}
+    tree["sft"] = {"base": str(base["out"])}
     tree["train"].update(seq_len=64)  # a ChatML conversation with its system turn: ~45 tokens
     return tree
 

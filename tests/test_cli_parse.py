@@ -10,7 +10,7 @@ import pytest
 
 from littlelm import __version__
 from littlelm.cli import main, parse_args
-from littlelm.registry import first_sentence
+from littlelm.config import first_sentence
 
 
 @pytest.mark.parametrize(

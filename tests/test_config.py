@@ -158,7 +158,7 @@ def test_resolved_config_round_trips(tiny_config):
 def test_every_shipped_config_validates(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths in a config resolve against an empty directory
     tree, origin = load_tree(path)
-    base = tree.get("grow", {}).get("parent")
+    base = (tree.get("sft") or {}).get("base") or (tree.get("grow") or {}).get("parent")
     if base is None:
         assert load_run(path).train.max_steps >= 1
         return
@@ -173,12 +173,38 @@ def test_every_shipped_config_validates(path, tmp_path, monkeypatch):
         complete_growth(load_run(path))
 
 
+def test_an_sft_run_under_grow_reads_as_sft_and_growth_stays_growth(tmp_path, corpus):
+    from conftest import tiny_tree, write_config
+
+    chat = {"name": "chat", "dataset": str(corpus)}
+    tree = tiny_tree(corpus, tmp_path)
+    tree["data"]["sources"] = {"c": chat}
+    tree["grow"] = {"parent": "runs/base"}
+    with pytest.warns(UserWarning, match=r"grow: section is read as sft: .*post-training"):
+        cfg = load_run(write_config(tmp_path / "old.yaml", tree))
+    # grow's continue_data default (true) is kept: the same run as before
+    assert cfg.grow is None and (cfg.sft.base, cfg.sft.continue_data) == ("runs/base", True)
+    # an error in a translated key names its new place and the file that set it
+    tree["grow"]["verify_tokens"] = -1
+    with pytest.warns(UserWarning), pytest.raises(ConfigError, match=r"sft\.verify_tokens \(.*old"):
+        load_run(write_config(tmp_path / "old.yaml", tree))
+    # growth's own settings, or no chat source: growth, as written
+    for grow, sources in (
+        ({"parent": "runs/base", "placement": "end"}, {"c": chat}),
+        ({"parent": "runs/base"}, tiny_tree(corpus, tmp_path)["data"]["sources"]),
+    ):
+        tree["grow"], tree["data"]["sources"] = grow, sources
+        cfg = load_run(write_config(tmp_path / "grow.yaml", tree))
+        assert cfg.sft is None and cfg.grow.parent == "runs/base"
+    tree["sft"] = {"base": "runs/base"}
+    with pytest.raises(ConfigError, match="grow and sft are both set"):
+        load_run(write_config(tmp_path / "both.yaml", tree))
+
+
 def test_every_config_field_has_a_description():
-    from littlelm.registry import Registry
+    from littlelm.config import slot
 
     classes = {RunConfig}
-    for reg in Registry.all.values():
-        classes.update(e.config for e in reg.entries() if e.config)
     seen, missing = set(), []
     while classes:
         cls = classes.pop()
@@ -186,6 +212,8 @@ def test_every_config_field_has_a_description():
         for name, field in cls.model_fields.items():
             if not field.description:
                 missing.append(f"{cls.__name__}.{name}")
+            meta = slot(field)  # a component field: every class it may hold
+            classes.update(c for c in (meta.classes.values() if meta else ()) if c not in seen)
             ann = field.annotation
             if isinstance(ann, type) and hasattr(ann, "model_fields") and ann not in seen:
                 classes.add(ann)

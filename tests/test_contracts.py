@@ -15,7 +15,7 @@ import torch
 
 from conftest import tiny_tree, write_config
 from littlelm.config import to_tree, validate
-from littlelm.data.tokenizer import vocab_size_of
+from littlelm.data.tokenizers import vocab_size_of
 from littlelm.errors import ConfigError, DataError
 from littlelm.model.protocol import ModelConfig
 from littlelm.optim.base import OptimizerConfig
@@ -33,19 +33,19 @@ def fresh_python(code: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_importing_fills_no_registry_and_the_first_lookup_fills_them(tiny_config):
+def test_importing_fills_no_table_and_the_first_lookup_fills_it(tiny_config):
     out = fresh_python(
         "import littlelm.schema as s\n"
-        "from littlelm.registry import Registry\n"
-        "print(sum(len(r._entries) for r in Registry.all.values()))\n"
+        "from littlelm.registry import CALLBACKS\n"
+        "print(len(CALLBACKS))\n"
         f"print(s.load_run({str(tiny_config)!r}).model.name)\n"  # no register_all() call
-        "print(min(len(r._entries) for r in Registry.all.values()))\n"
+        "print(sorted(CALLBACKS))\n"
     )
     lines = out.stdout.splitlines()
     assert out.returncode == 0, out.stderr
     assert lines[0] == "0"  # nothing registered as a side effect of importing the schema
     assert lines[1] == "gpt"
-    assert int(lines[2]) > 0  # the first lookup filled every registry
+    assert lines[2] == str(["core", "jsonl", "sample", "tensorboard", "wandb"])  # the first lookup
 
 
 def test_the_python_api_stands_alone(tiny_config):
@@ -66,12 +66,14 @@ def test_the_python_api_stands_alone(tiny_config):
     assert "GPT trapezoidal" in out.stdout
 
 
-def test_an_empty_registry_still_says_how_to_fill_it():
+def test_an_empty_table_still_says_how_to_fill_it():
     out = fresh_python(
         "import littlelm.registry as r\n"
+        "from littlelm.config import validate\n"
+        "from littlelm.schema import RunConfig\n"
         "r.fill_on_first_use(lambda: None)\n"  # as if nothing could be registered
         "try:\n"
-        "    r.MODELS.get('gpt')\n"
+        "    validate(RunConfig, {'callbacks': [{'name': 'sample'}]})\n"
         "except Exception as e:\n"
         "    print(e)\n"
     )

@@ -10,7 +10,8 @@ from littlelm.data.loader import BestFitPacker, DataExhausted, DocStream, Mixtur
 from littlelm.data.shards import HEADER_SIZE, Shard, write_shard
 from littlelm.data.sources import split_long
 from littlelm.data.split import ValSplit, content_hash
-from littlelm.data.tokenizer import BPEConfig, BPETokenizer, ByteTokenizer, load_tokenizer
+from littlelm.data.tokenizer import BPEConfig, BPETokenizer, ByteTokenizer
+from littlelm.data.tokenizers import load_tokenizer
 from littlelm.errors import DataError
 
 FP = "ab" * 32

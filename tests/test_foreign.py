@@ -225,7 +225,7 @@ def test_the_index_is_cached_and_the_tokens_memory_mapped(tmp_path):
     cfg = foreign_files(tmp_path, "nanogpt", docs)
     open_source(cfg, tmp_path)
     cached = sorted((tmp_path / "cache" / "token-index").iterdir())
-    assert [p.suffix for p in cached] == [".index", ".json"]
+    assert [p.suffix for p in cached] == [".index"]  # the figures and the index, one file
     train, _, _ = open_source(cfg, tmp_path)  # from the index
     assert (
         isinstance(train[0].tokens.base, (np.memmap, memoryview))

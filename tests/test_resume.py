@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from conftest import tiny_tree, write_config
 from littlelm.cli import main
 from littlelm.errors import CheckpointError, RunDirError
-from littlelm.schema import load_run
+from littlelm.schema import RunConfig, load_run, resumable
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.checkpoint import resume as resuming
 from littlelm.train.checkpoint.rundir import RunLock
@@ -208,11 +208,11 @@ def test_one_trainer_per_run_directory(tiny_config):
 def test_config_changes_are_reported_with_values():
     old = {"model": {"d_model": 32}, "optimizer": {"name": "muon", "lr": 0.02}}
     new = {"model": {"d_model": 64}, "optimizer": {"name": "muon", "lr": 0.03}}
-    allowed, refused = resuming.config_changes(old, new)
+    allowed, refused = resuming.config_changes(old, new, RunConfig)
     assert allowed == ["optimizer.lr: 0.02 -> 0.03"]
     assert refused == ["model.d_model: 32 -> 64"]
-    assert resuming.resumable("data.sources.web.weight")
-    assert not resuming.resumable("data.sources.web.path")
+    assert resumable("data.sources.web.weight")
+    assert not resumable("data.sources.web.path")
 
 
 def test_a_checkpoint_from_before_a_new_field_resumes_at_its_default(tiny_config):

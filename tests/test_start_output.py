@@ -7,11 +7,11 @@ import io
 import json
 
 import pytest
+from pydantic import TypeAdapter
 
 from littlelm.console import Console, FirstSteps
-from littlelm.optim.schedule import schedule_warnings
+from littlelm.optim.schedule import ScheduleChoice, schedule_warnings
 from littlelm.progress import Progress
-from littlelm.registry import SCHEDULES
 from littlelm.schema import load_run
 from littlelm.train.trainer import Trainer
 
@@ -23,7 +23,7 @@ class Terminal(io.StringIO):
 
 def _schedule(name: str = "trapezoidal", **options):
     """A validated schedule section, as the run file would give it."""
-    return SCHEDULES.config_class(name)(name=name, **options)
+    return TypeAdapter(ScheduleChoice).validate_python({"name": name, **options})
 
 
 def test_first_steps_and_schedule_warning_before_the_first_log_step(tiny_config):

@@ -18,11 +18,8 @@ from littlelm.data.tokenizer import (
     HuggingFaceConfig,
     HuggingFaceJSON,
     Sample,
-    SavedConfig,
-    SavedTokenizer,
-    load_tokenizer,
-    vocab_size_of,
 )
+from littlelm.data.tokenizers import SavedConfig, SavedTokenizer, load_tokenizer, vocab_size_of
 from littlelm.errors import DataError
 
 GPT2 = SHARED / "data" / "tokenizers" / "gpt2.tiktoken"
@@ -201,7 +198,7 @@ def test_long_documents_are_encoded_in_pieces_with_the_same_tokens(bpe, monkeypa
 
 MEASURE = """
 import resource, sys, numpy as np
-from littlelm.data.tokenizer import load_tokenizer
+from littlelm.data.tokenizers import load_tokenizer
 tok = load_tokenizer(sys.argv[1])
 row = np.random.default_rng(0).choice(np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", np.uint8), 4_000_000).tobytes().decode()
 tok.encode_docs([row[:100_000]])  # the library's pools and caches, before the baseline

@@ -11,15 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from littlelm.config import RESUMABLE, SAME_DATA, Cfg, Registered
+from littlelm.config import RESUMABLE, SAME_DATA, Cfg, Kind, named
 from littlelm.data.cache import cache_root, content_hash
 from littlelm.data.chat import chat_format
+from littlelm.data.conversations import ChatConfig
+from littlelm.data.foreign import TokensConfig
+from littlelm.data.hub import HFConfig
 from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
 from littlelm.data.prepare import (
     damaged_shards,
@@ -29,21 +32,55 @@ from littlelm.data.prepare import (
     read_manifest,
     resolve_tokenizer,
 )
+from littlelm.data.records import JSONLConfig, ParquetConfig
 from littlelm.data.shards import Shard
-from littlelm.data.sources import Source, SourceConfig
-from littlelm.data.tokenizer import Tokenizer
+from littlelm.data.sources import PythonConfig, Source, SourceConfig, StdlibConfig, TextConfig
+from littlelm.data.tokenizer import BPEConfig, Tokenizer
+from littlelm.data.tokenizers import TokenizerChoice
 from littlelm.errors import DataError
-from littlelm.registry import DATASETS, TOKENIZERS
+
+
+class ShardsConfig(SourceConfig):
+    """Token shards made by `littlelm data prepare --out DIR` (one dataset directory)."""
+
+    name: Literal["shards"] = named("shards")
+    path: str = Field(..., description="A dataset directory written by `littlelm data prepare`.")
+
+    def build(self, label: str) -> Source:
+        return PreparedShards(self, label)
+
+
+class PreparedShards(Source):
+    """Already prepared token shards; used as they are (their own train/val split)."""
+
+    prepared = True
+
+    def directory(self) -> Path:
+        return Path(self.cfg.path).expanduser()
+
+
+SourceChoice = Annotated[
+    TextConfig
+    | PythonConfig
+    | StdlibConfig
+    | JSONLConfig
+    | ParquetConfig
+    | HFConfig
+    | TokensConfig
+    | ChatConfig
+    | ShardsConfig,
+    Field(discriminator="name"),
+]
 
 
 class DataConfig(Cfg):
     """Where tokens come from and how they are packed."""
 
-    tokenizer: Annotated[Any, Registered(TOKENIZERS, default="bpe")] = Field(
-        default_factory=lambda: {"name": "bpe"},
+    tokenizer: Annotated[TokenizerChoice, Kind("tokenizer")] = Field(
+        default_factory=BPEConfig,
         description="Tokenizer: byte, bpe, tiktoken, huggingface, saved (littlelm list).",
     )
-    sources: Annotated[Any, Registered(DATASETS, container="dict")] = Field(
+    sources: Annotated[dict[str, SourceChoice], Kind("dataset")] = Field(
         default_factory=dict, description="Mapping label -> data source (with its weight)."
     )
     val_fraction: float = Field(
@@ -94,21 +131,6 @@ class DataConfig(Cfg):
         ge=1,
         json_schema_extra=SAME_DATA,
     )
-
-
-class ShardsConfig(SourceConfig):
-    """Token shards made by `littlelm data prepare --out DIR` (one dataset directory)."""
-
-    path: str = Field(..., description="A dataset directory written by `littlelm data prepare`.")
-
-
-class PreparedShards(Source):
-    """Already prepared token shards; used as they are (their own train/val split)."""
-
-    prepared = True
-
-    def directory(self) -> Path:
-        return Path(self.cfg.path).expanduser()
 
 
 @dataclass
@@ -328,7 +350,7 @@ def build_sources(cfg: DataConfig) -> dict[str, Source]:
         raise DataError(
             "data.sources is empty: name at least one source, e.g. data.sources.main.name=text"
         )
-    return {label: DATASETS.get(sc.name)(sc, label) for label, sc in cfg.sources.items()}
+    return {label: sc.build(label) for label, sc in cfg.sources.items()}
 
 
 def prepare_data(
@@ -352,7 +374,7 @@ def prepare_data(
     }
     root = cache_root(cfg.cache_dir)
     foreign = [k for k, s in sources.items() if getattr(s, "foreign", False)]
-    if foreign and TOKENIZERS.get(cfg.tokenizer.name).trainable:
+    if foreign and cfg.tokenizer.tokenizer_class().trainable:
         raise DataError(
             f"data.sources.{foreign[0]} holds token ids another tool made, which mean something "
             f"only under the tokenizer that made them, but data.tokenizer {cfg.tokenizer.name!r} "

@@ -28,6 +28,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from littlelm.config import named
 from littlelm.data.chat import conversation_problem
 from littlelm.data.hub import HFConfig, HubDataset
 
@@ -36,6 +37,7 @@ class ChatConfig(HFConfig):
     """Conversations (messages or Alpaca rows) for supervised fine-tuning; the loss counts the
     assistant's tokens only."""
 
+    name: Literal["chat"] = named("chat")  # type: ignore[assignment]
     dataset: str = Field(
         ...,
         description="A JSONL or Parquet file, a directory of them, a `datasets` save_to_disk "
@@ -55,6 +57,9 @@ class ChatConfig(HFConfig):
         description="Conversations are never cut: one that does not fit the rest of a row "
         "starts the next row, the rest being padding the loss ignores.",
     )
+
+    def build(self, label: str) -> ChatSource:
+        return ChatSource(self, label)
 
 
 ALPACA = ("instruction", "input", "output")

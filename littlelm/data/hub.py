@@ -29,9 +29,11 @@ import time
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 
+from littlelm.config import named
 from littlelm.data.cache import cache_root, digest
 from littlelm.data.records import ParquetFiles, open_lines
 from littlelm.data.sources import LOADER_ONLY, DocumentSourceConfig, Unit, find_files
@@ -44,6 +46,9 @@ RETRY_WAIT = 5.0  # seconds before the first retry, doubled after each
 
 
 class HFConfig(DocumentSourceConfig):
+    """A Hugging Face dataset (hub id or local copy), one document per row."""
+
+    name: Literal["hf"] = named("hf")
     dataset: str = Field(
         ...,
         description="A hub dataset id (owner/name), or a local directory: one written by "
@@ -75,6 +80,9 @@ class HFConfig(DocumentSourceConfig):
         if v is not None and not template_fields(v):
             raise ValueError("a template names at least one column, e.g. '{title}\\n{text}'")
         return v
+
+    def build(self, label: str) -> HubDataset:
+        return HubDataset(self, label)
 
 
 def template_fields(template: str) -> list[str]:

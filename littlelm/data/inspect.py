@@ -13,7 +13,8 @@ import numpy as np
 
 from littlelm.data.prepare import MANIFEST, read_manifest
 from littlelm.data.shards import Shard
-from littlelm.data.tokenizer import Tokenizer, load_tokenizer
+from littlelm.data.tokenizer import Tokenizer
+from littlelm.data.tokenizers import load_tokenizer
 from littlelm.errors import DataError
 from littlelm.progress import human
 

@@ -35,17 +35,16 @@ from pathlib import Path
 
 import numpy as np
 
-from littlelm.config import ComponentConfig
 from littlelm.data.cache import digest
 from littlelm.data.chat import chat_format
 from littlelm.data.meter import Meter
 from littlelm.data.shards import Shard, read_header
 from littlelm.data.sources import Source, Unit
 from littlelm.data.split import ValSplit
-from littlelm.data.tokenizer import META, Tokenizer, load_tokenizer
+from littlelm.data.tokenizer import META, Tokenizer, TokenizerConfig
+from littlelm.data.tokenizers import load_tokenizer
 from littlelm.data.workers import UNITS, UnitJob, pool_size, run_units, unit_record_path
 from littlelm.errors import DataError
-from littlelm.registry import TOKENIZERS
 
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
@@ -69,7 +68,7 @@ def train_documents(source: Source, split: ValSplit) -> Iterator[str]:
 
 
 def resolve_tokenizer(
-    cfg: ComponentConfig,
+    cfg: TokenizerConfig,
     sources: dict[str, Source],
     splits: dict[str, ValSplit],
     root: Path,
@@ -77,7 +76,7 @@ def resolve_tokenizer(
 ) -> Tokenizer:
     """The run's tokenizer: built directly, or trained on the raw sources' training documents
     (in proportion to their weights) and cached under root/tokenizers."""
-    cls = TOKENIZERS.get(cfg.name)
+    cls = cfg.tokenizer_class()
     if not cls.trainable:
         return cls.from_config(cfg)
     raw = {k: s for k, s in sources.items() if not s.prepared}

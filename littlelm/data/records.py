@@ -14,10 +14,12 @@ import gzip
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import zstandard
 from pydantic import Field
 
+from littlelm.config import named
 from littlelm.data.sources import DocumentSourceConfig, Source, Unit, cut_points
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -25,6 +27,9 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 class JSONLConfig(DocumentSourceConfig):
+    """JSON Lines files (plain, .gz or .zst), the text taken from one field of each record."""
+
+    name: Literal["jsonl"] = named("jsonl")
     path: str | list[str] = Field(
         ...,
         description="A .jsonl[.gz|.zst] file, a directory of them, a glob, or a list of these.",
@@ -32,6 +37,9 @@ class JSONLConfig(DocumentSourceConfig):
     field: str = Field(
         "text", description="Key holding each record's text; dots reach nested keys (meta.text)."
     )
+
+    def build(self, label: str) -> Source:
+        return JSONLFiles(self, label)
 
 
 def _compression(path: Path) -> str | None:
@@ -136,10 +144,16 @@ class JSONLFiles(Source):
 
 
 class ParquetConfig(DocumentSourceConfig):
+    """Parquet files (e.g. Hugging Face datasets), the text taken from one string column."""
+
+    name: Literal["parquet"] = named("parquet")
     path: str | list[str] = Field(
         ..., description="A .parquet file, a directory of them, a glob, or a list of these."
     )
     column: str = Field("text", description="Column holding each row's text.")
+
+    def build(self, label: str) -> Source:
+        return ParquetFiles(self, label)
 
 
 class ParquetFiles(Source):

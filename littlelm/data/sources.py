@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from littlelm.config import RESUMABLE, ComponentConfig
+from littlelm.config import RESUMABLE, ComponentConfig, named
 from littlelm.errors import DataError
 
 
@@ -49,6 +49,10 @@ class SourceConfig(ComponentConfig):
         "docs/data.md).",
         json_schema_extra=RESUMABLE,
     )
+
+    def build(self, label: str) -> Source:
+        """The source this config describes, its documents (or tokens) labelled `label`."""
+        raise NotImplementedError(f"{type(self).__name__} builds no source")
 
 
 LOADER_ONLY = {"weight", "long_docs"}  # options that do not change the prepared shards
@@ -295,6 +299,9 @@ def _units(text: str, max_chars: int) -> Iterator[str]:
 
 
 class TextConfig(DocumentSourceConfig):
+    """Plain UTF-8 text files."""
+
+    name: Literal["text"] = named("text")
     path: str | list[str] = Field(
         ..., description="A .txt file, a directory of them, a glob, or a list of these."
     )
@@ -302,6 +309,9 @@ class TextConfig(DocumentSourceConfig):
         "file",
         description="One document per file, per blank-line-separated paragraph, or per line.",
     )
+
+    def build(self, label: str) -> Source:
+        return TextFiles(self, label)
 
 
 class TextFiles(Source):
@@ -339,10 +349,16 @@ class TextFiles(Source):
 
 
 class PythonConfig(DocumentSourceConfig):
+    """Every .py file of a source tree, one document per file (hidden, cache and site-packages directories skipped)."""
+
+    name: Literal["python"] = named("python")
     path: str | list[str] = Field(
         ..., description="A directory of Python sources (searched recursively), a glob, or files."
     )
     include_tests: bool = Field(True, description="Also take test packages (test/, tests/).")
+
+    def build(self, label: str) -> Source:
+        return PythonFiles(self, label)
 
 
 class PythonFiles(Source):
@@ -373,10 +389,16 @@ class PythonFiles(Source):
 
 
 class StdlibConfig(DocumentSourceConfig):
+    """Every .py file of the Python standard library (or of `root`), one document per file."""
+
+    name: Literal["python_stdlib"] = named("python_stdlib")
     root: str | None = Field(
         None, description="Directory of Python sources; null = this interpreter's standard library."
     )
     include_tests: bool = Field(False, description="Also take test packages (test/, tests/).")
+
+    def build(self, label: str) -> Source:
+        return PythonStdlib(self, label)
 
 
 class PythonStdlib(PythonFiles):

@@ -19,13 +19,14 @@ import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Literal
 from unittest import mock
 
 import numpy as np
 from pydantic import Field
 
-from littlelm.config import ComponentConfig
-from littlelm.data.tokenizer import Tokenizer, join_docs
+from littlelm.config import named
+from littlelm.data.tokenizer import Tokenizer, TokenizerConfig, join_docs
 from littlelm.errors import DataError
 
 RANKS = "ranks.tiktoken"
@@ -34,8 +35,10 @@ ALIASES = {
 }  # same ranks, pattern and special tokens; tiktoken's single-file form
 
 
-class TiktokenConfig(ComponentConfig):
+class TiktokenConfig(TokenizerConfig):
     """A tiktoken BPE encoding, from a local .tiktoken file or tiktoken's cache."""
+
+    name: Literal["tiktoken"] = named("tiktoken")
 
     encoding: str = Field(
         "r50k_base",
@@ -51,6 +54,10 @@ class TiktokenConfig(ComponentConfig):
     threads: int | None = Field(
         None, description="Threads for batch encoding; null = every core.", ge=1
     )
+
+    @classmethod
+    def tokenizer_class(cls) -> type[Tokenizer]:
+        return TiktokenTokenizer
 
 
 class TiktokenTokenizer(Tokenizer):

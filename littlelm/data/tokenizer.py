@@ -20,15 +20,14 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import Field
 
-from littlelm.checkpoint_dirs import find_checkpoint
-from littlelm.config import ComponentConfig
+from littlelm.config import ComponentConfig, named
 from littlelm.data.chat import CHAT_TOKENS
 from littlelm.errors import DataError
-from littlelm.registry import TOKENIZERS
 
 META = "tokenizer_meta.json"
 BOS = "<|bos|>"
@@ -115,7 +114,7 @@ class Tokenizer:
         """Extra fields `from_dir` needs, stored in tokenizer_meta.json."""
         return {}
 
-    # Class-level hooks, so a new tokenizer plugs in by registering itself.
+    # Class-level hooks, which the tokenizer's config reaches through `tokenizer_class()`
     trainable = False  # learns from the run's documents (then `train` is called)
 
     @classmethod
@@ -147,6 +146,15 @@ class Tokenizer:
         return cfg.model_dump()
 
 
+class TokenizerConfig(ComponentConfig):
+    """Base of a tokenizer's config: `tokenizer_class()` is the tokenizer it describes, which
+    builds itself from it (`from_config`, or `train` on the run's documents when trainable)."""
+
+    @classmethod
+    def tokenizer_class(cls) -> type[Tokenizer]:
+        raise NotImplementedError(f"{cls.__name__} names no tokenizer")
+
+
 def join_docs(docs: list[np.ndarray], bos: int) -> tuple[np.ndarray, np.ndarray]:
     """Documents given as arrays of ids, ready for a shard: (tokens, lengths), each document
     BOS first, flattened."""
@@ -156,8 +164,14 @@ def join_docs(docs: list[np.ndarray], bos: int) -> tuple[np.ndarray, np.ndarray]
     return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), lengths
 
 
-class ByteConfig(ComponentConfig):
+class ByteConfig(TokenizerConfig):
     """Bytes 0-255 are tokens 0-255; BOS is 256."""
+
+    name: Literal["byte"] = named("byte")
+
+    @classmethod
+    def tokenizer_class(cls) -> type[Tokenizer]:
+        return ByteTokenizer
 
 
 class ByteTokenizer(Tokenizer):
@@ -341,8 +355,10 @@ def _read_tokenizer_json(path: Path):
         ) from None
 
 
-class BPEConfig(ComponentConfig):
+class BPEConfig(TokenizerConfig):
     """Byte-level BPE trained on a sample of the run's training documents."""
+
+    name: Literal["bpe"] = named("bpe")
 
     vocab_size: int = Field(8192, description="Vocabulary size, special tokens included.", ge=260)
     train_chars: int = Field(
@@ -357,6 +373,10 @@ class BPEConfig(ComponentConfig):
         "<|assistant|>, <|end|>: docs/post-training.md); false = a tokenizer as trained before "
         "they existed (same fingerprint and cache entry).",
     )
+
+    @classmethod
+    def tokenizer_class(cls) -> type[Tokenizer]:
+        return BPETokenizer
 
 
 class BPETokenizer(HFTokenizer):
@@ -483,8 +503,10 @@ class Sample:
         return out
 
 
-class HuggingFaceConfig(ComponentConfig):
+class HuggingFaceConfig(TokenizerConfig):
     """A Hugging Face tokenizer.json file (Llama, Mistral, GPT-NeoX, SmolLM, ...)."""
+
+    name: Literal["huggingface"] = named("huggingface")
 
     path: str = Field(..., description="A tokenizer.json file, or a directory holding one.")
     bos_token: str | None = Field(
@@ -492,6 +514,10 @@ class HuggingFaceConfig(ComponentConfig):
         description="Special token that starts every document; null = the first of <|bos|>, "
         "<s>, <|begin_of_text|>, <|endoftext|>, <bos> the tokenizer has.",
     )
+
+    @classmethod
+    def tokenizer_class(cls) -> type[Tokenizer]:
+        return HuggingFaceJSON
 
 
 BOS_CANDIDATES = (BOS, "<s>", "<|begin_of_text|>", "<|endoftext|>", "<bos>")
@@ -520,35 +546,6 @@ class HuggingFaceJSON(HFTokenizer):
         return cls.from_config(cfg).vocab_size
 
 
-class SavedConfig(ComponentConfig):
-    """A tokenizer saved by littlelm: a prepared dataset's (or a checkpoint's) tokenizer/."""
-
-    path: str = Field(
-        ...,
-        description="The tokenizer directory, a prepared dataset holding tokenizer/, or a run "
-        "or checkpoint directory (its newest checkpoint's tokenizer: fine-tuning a base run).",
-    )
-
-
-class SavedTokenizer(Tokenizer):
-    """Loads whatever tokenizer littlelm saved in a directory (bpe, tiktoken, ...)."""
-
-    @classmethod
-    def from_config(cls, cfg: SavedConfig) -> Tokenizer:
-        return load_tokenizer(_saved_dir(cfg))
-
-    @classmethod
-    def vocab_size_for(cls, cfg: SavedConfig) -> int:
-        return int(read_meta(_saved_dir(cfg))["vocab_size"])
-
-
-def _saved_dir(cfg: SavedConfig) -> Path:
-    path = Path(cfg.path).expanduser()
-    if (path / "checkpoints").is_dir():  # a run directory: its newest checkpoint's tokenizer
-        path = find_checkpoint(path)
-    return path / "tokenizer" if (path / "tokenizer" / META).is_file() else path
-
-
 def read_meta(directory: Path) -> dict:
     meta_path = directory / META
     if not meta_path.is_file():
@@ -560,25 +557,3 @@ def read_meta(directory: Path) -> dict:
         return json.loads(meta_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise DataError(f"{meta_path} is unreadable ({e}); prepare the data again") from None
-
-
-def load_tokenizer(directory: str | Path) -> Tokenizer:
-    """Load a tokenizer saved by `Tokenizer.save`, checking its fingerprint."""
-    directory = Path(directory)
-    meta = read_meta(directory)
-    kind = meta.get("kind")
-    if kind not in TOKENIZERS:
-        raise DataError(
-            f"{directory / META}: unknown tokenizer kind {kind!r}; known: {TOKENIZERS.known()}"
-        )
-    tok = TOKENIZERS.get(kind).from_dir(directory, meta)
-    if meta.get("fingerprint") != tok.fingerprint:
-        raise DataError(
-            f"{directory}: tokenizer files do not match their recorded fingerprint (edited or corrupt)"
-        )
-    return tok
-
-
-def vocab_size_of(cfg: ComponentConfig) -> int:
-    """The vocabulary size a tokenizer config will produce, without building it."""
-    return TOKENIZERS.get(cfg.name).vocab_size_for(cfg)

@@ -21,13 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from littlelm.config import ComponentConfig
 from littlelm.data.chat import chat_format
-from littlelm.data.components import register
 from littlelm.data.shards import ShardWriter
-from littlelm.data.sources import Source, Unit
+from littlelm.data.sources import Source, SourceConfig, Unit
 from littlelm.data.split import ValSplit
-from littlelm.data.tokenizer import Tokenizer, load_tokenizer
+from littlelm.data.tokenizer import Tokenizer
+from littlelm.data.tokenizers import load_tokenizer
 from littlelm.errors import DataError, LittleLMError
 
 BATCH_BYTES = 1 << 20  # text handed to the tokenizer at once
@@ -41,7 +40,7 @@ Report = Callable[[int, int], None]  # (text bytes, tokens) just tokenized
 class UnitJob:
     """Everything a worker needs to tokenize one unit (picklable)."""
 
-    source: ComponentConfig
+    source: SourceConfig
     label: str
     unit: Unit
     uid: int
@@ -58,9 +57,7 @@ def unit_record_path(out: Path, uid: int) -> Path:
 
 def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
     """Tokenize one unit into shards under job.out; returns (and writes) its record."""
-    from littlelm.registry import DATASETS
-
-    source: Source = DATASETS.get(job.source.name)(job.source, job.label)
+    source: Source = job.source.build(job.label)  # the config's class came with the pickle
     out = Path(job.out)
     writers = {s: _SplitWriter(out, s, job.uid, tok, job.shard_tokens) for s in ("train", "val")}
     pending: dict[str, list[str]] = {"train": [], "val": []}
@@ -233,8 +230,6 @@ _WORKER: dict = {}
 
 def _init_worker(tok_dir: str, threads: int, reports) -> None:
     os.environ["RAYON_NUM_THREADS"] = str(threads)  # the `tokenizers` thread pool
-    register()  # a spawned worker is an entry point: the sources and tokenizers it may meet
-
     tok = load_tokenizer(tok_dir)
     if hasattr(tok, "threads"):
         tok.threads = threads

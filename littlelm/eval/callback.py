@@ -18,17 +18,18 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from littlelm.config import ComponentConfig
-from littlelm.train.callbacks import Callback, JSONLLogger
+from littlelm.config import named
+from littlelm.train.callbacks import Callback, CallbackConfig, JSONLLogger
 
 if TYPE_CHECKING:
     from littlelm.eval.core import SuiteResult
     from littlelm.train.trainer import Trainer
 
 
-class CoreEvalConfig(ComponentConfig):
+class CoreEvalConfig(CallbackConfig):
     """Scores the model on CORE (or any task list) at intervals; table at the end."""
 
+    name: Literal["core"] = named("core")
     every: int = Field(0, description="Steps between evaluations; 0 = only at the end.", ge=0)
     at_end: bool = Field(True, description="Evaluate after the last step.")
     bundle: str | None = Field(
@@ -50,6 +51,9 @@ class CoreEvalConfig(ComponentConfig):
         ge=0,
         le=1,
     )
+
+    def build(self) -> CoreEval:
+        return CoreEval(self)
 
 
 class CoreEval(Callback):

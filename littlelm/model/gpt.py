@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from littlelm.config import RESUMABLE
+from littlelm.config import RESUMABLE, named
 from littlelm.model.blocks import MLP, MLPS, MLPName, hidden_width
 from littlelm.model.fp8 import check_fp8_device, linear
 from littlelm.model.kernels import (
@@ -38,6 +38,7 @@ class GPTConfig(ModelConfig):
     """Shape and features of the GPT. Derived values (vocab size, MLP width) are filled in by
     `resolve()` and shown in the resolved config."""
 
+    name: Literal["gpt"] = named("gpt")
     vocab_size: int | None = Field(
         None, description="Real vocabulary size; null = take it from the tokenizer.", ge=2
     )
@@ -222,6 +223,10 @@ class GPTConfig(ModelConfig):
         if self.value_embed_layers is not None:
             return layer in self.value_embed_layers
         return layer % 2 == (self.n_layer - 1) % 2
+
+    def build(self) -> GPT:
+        """The model, freshly initialised (from the current RNG state)."""
+        return GPT(self)
 
 
 class RMSNorm(nn.Module):

@@ -36,7 +36,7 @@ logits match the parent's to rounding (tests/test_grow.py checks each kind).
 
 Origin tags (for per-tag learning rates, optim/groups.py): a tensor copied whole is `old`; a
 tensor with no parent counterpart is `new`; a tensor partly copied (a widened matrix, the
-per-layer scalar vectors after depth growth) takes `grow.widened` (littlelm/sections.py; default `old`, which
+per-layer scalar vectors after depth growth) takes `grow.widened` (train/growth.py; default `old`, which
 protects the parent's function); token-indexed tables and lm_head that hold copied weights are
 `embedding`.
 """

@@ -1,17 +1,18 @@
 """The contract between a model and the rest of littlelm: what the schema, the trainer, the
-planner's trace, growth and evaluation may ask of any registered model, so that none of them
-tests for a concrete class.
+planner's trace, growth and evaluation may ask of any model, so that none of them tests for a
+concrete class.
 
-    ModelConfig     base class of a registered model's config section (pydantic)
+    ModelConfig     base class of a model's config section (pydantic)
     LanguageModel   what a built model offers (typing.Protocol; model/gpt.py's GPT is one)
 
-A new model registers `MODELS.register("name", config=ItsConfig)(ItsClass)`, derives its config
-from ModelConfig and gives its class the members of LanguageModel.
+A new model derives its config from ModelConfig, with `name: Literal["its_name"]` and a `build()`
+that returns the model, gives its class the members of LanguageModel, and joins the schema's
+`model:` field as one more member of its union (littlelm/schema.py; today gpt is the only one).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -33,6 +34,10 @@ class ModelConfig(ComponentConfig):
     # (its fake-tensor trace covers any model)
     analytic_plan: ClassVar[bool] = False
 
+    def build(self) -> Any:
+        """The model, freshly initialised (from the current RNG state): a LanguageModel."""
+        raise NotImplementedError(f"{type(self).__name__} builds no model")
+
     def check_device(self, device: torch.device) -> None:
         """Raise a ConfigError naming the fix when a configured feature cannot run on `device`
         (called before any data is prepared). The default: every device will do."""
@@ -53,10 +58,17 @@ class LanguageModel(Protocol):
     """A built model, as the trainer, the optimizer builders and the planner use it (besides
     being an nn.Module: parameters, to, train/eval, state_dict)."""
 
-    cfg: ModelConfig
     activation_checkpointing: bool  # train.activation_checkpointing: recompute layers in backward
     blocks: nn.ModuleList  # the layers, in order (FSDP units; the trace's backward seam)
-    norm_f: nn.Module  # the final norm: its forward starts the loss (the trace's forward seam)
+
+    # read-only members, so that a model's own classes match (GPT's cfg is a GPTConfig)
+    @property
+    def cfg(self) -> ModelConfig: ...
+
+    @property
+    def norm_f(self) -> nn.Module:
+        """The final norm: its forward starts the loss (the trace's forward seam)."""
+        ...
 
     def role(self, name: str) -> str:
         """The role (one of ROLES) of the parameter called `name`."""

@@ -1,13 +1,12 @@
-"""Optimizers and schedules (registered by littlelm.components.register_all)."""
+"""Optimizers and schedules: the `optimizer:` and `schedule:` sections' choices, each config
+building its component (`cfg.build(...)`)."""
 
 from littlelm.optim.groups import build_optimizer, plan_groups
 from littlelm.optim.optimizer import MuonAdamW, orthogonalize
-from littlelm.optim.schedule import build_schedule
 
 __all__ = [
     "MuonAdamW",
     "build_optimizer",
-    "build_schedule",
     "orthogonalize",
     "plan_groups",
 ]

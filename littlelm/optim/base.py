@@ -1,4 +1,4 @@
-"""The contract of an optimizer's config: every registered optimizer's config derives from
+"""The contract of an optimizer's config: every optimizer's config derives from
 `OptimizerConfig` and answers, for its own options, what the trainer, the planner, the trace
 and the schema ask, so that none of them tests for a concrete class or probes for a field.
 """
@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from pydantic import Field
 
 from littlelm.config import ComponentConfig
@@ -28,13 +30,25 @@ class OptimizerConfig(ComponentConfig):
 
     name: str = Field(
         "",
-        description="Registered name of the component.",
+        description="Which optimizer (littlelm list).",
         # another optimizer has another state layout: a resumed run keeps its optimizer
         json_schema_extra={"resumable": False},
     )
 
     def traits(self) -> OptimizerTraits:
         raise NotImplementedError
+
+    def build(
+        self,
+        model: Any,
+        stochastic_rounding: bool = False,
+        origin: dict[str, str] | None = None,
+    ) -> torch.optim.Optimizer:
+        """The optimizer over `model`'s parameters with growth's `origin` tags (None: a run
+        never grown), rounding each update stochastically into bf16 parameters when asked.
+        `model`: an nn.Module with `cfg` and `role` (model/protocol.py's LanguageModel, a type
+        optim/ may not import)."""
+        raise NotImplementedError(f"{type(self).__name__} builds no optimizer")
 
     def with_native_bf16(self, native: bool) -> OptimizerConfig:
         """This config with its `auto` dtypes made concrete for a device that does (or does

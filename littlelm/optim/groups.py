@@ -8,7 +8,8 @@ pair. Its base lr is the role's lr from the optimizer config times
 `lr_multipliers[origin]`; the schedule multiplies every base lr by the same factor each step,
 and in a grown run `grow.lr_multipliers` (optim/schedule.py) by its origin's factor at that step.
 
-Two optimizers are registered:
+Two optimizers, the `optimizer:` section's choices (`OptimizerChoice`, on its `name`), each
+built by `build_optimizer` (`cfg.build(model, ...)`):
 - `muon`: Muon for the 2-D hidden matrices, AdamW for everything else (the modern recipe);
 - `adamw`: AdamW for everything, still with a learning rate per role.
 """
@@ -18,13 +19,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from littlelm.config import RESUMABLE
+from littlelm.config import RESUMABLE, named
 from littlelm.errors import ConfigError
 from littlelm.hardware import auto_precision
 from littlelm.optim.base import OptimizerConfig, OptimizerTraits
@@ -35,6 +36,8 @@ from littlelm.optim.schedule import momentum_warmup
 class AdamWConfig(OptimizerConfig):
     """AdamW for every parameter, with a learning rate per role."""
 
+    # another optimizer has another state layout: a resumed run keeps its optimizer
+    name: Literal["adamw"] = named("adamw", resumable=False)
     lr: float = Field(3e-4, description="Learning rate of the hidden matrices.", gt=0)
     embedding_lr: float | None = Field(
         None, description="lr of the token embedding; null = lr.", gt=0
@@ -76,6 +79,19 @@ class AdamWConfig(OptimizerConfig):
     def traits(self) -> OptimizerTraits:
         return OptimizerTraits("adamw", adamw_8bit=self.adamw_8bit)
 
+    def muon_options(self) -> dict[str, Any]:
+        """The options of Muon's groups (AdamW has none: every group is AdamW's)."""
+        return {}
+
+    def build(
+        self,
+        model: Any,
+        stochastic_rounding: bool = False,
+        origin: dict[str, str] | None = None,
+    ) -> MuonAdamW:
+        """The optimizer over `model`'s parameters (build_optimizer, below)."""
+        return build_optimizer(model, self, stochastic_rounding, origin)
+
     def origin_multipliers(self) -> dict[str, float]:
         return self.lr_multipliers
 
@@ -97,6 +113,8 @@ class AdamWConfig(OptimizerConfig):
 class MuonConfig(AdamWConfig):
     """Muon for the hidden matrices, AdamW (per-role lrs) for embeddings, lm_head and scalars."""
 
+    # Muon takes AdamW's options (for the parameters it leaves to AdamW) and adds its own
+    name: Literal["muon"] = named("muon", resumable=False)  # type: ignore[assignment]
     lr: float = Field(0.02, description="Muon learning rate of the hidden matrices.", gt=0)
     embedding_lr: float | None = Field(0.2, description="AdamW lr of the token embedding.", gt=0)
     value_embedding_lr: float | None = Field(
@@ -129,6 +147,9 @@ class MuonConfig(AdamWConfig):
             "muon", nesterov=self.nesterov, adamw_8bit=self.adamw_8bit, ns_dtype=self.ns_dtype
         )
 
+    def muon_options(self) -> dict[str, Any]:
+        return {"momentum": self.momentum, "nesterov": self.nesterov, "ns_steps": self.ns_steps}
+
     def with_native_bf16(self, native: bool) -> MuonConfig:
         if self.ns_dtype != "auto":
             return self
@@ -142,6 +163,8 @@ class MuonConfig(AdamWConfig):
             steps=self.momentum_warmup_steps,
         )
 
+
+OptimizerChoice = Annotated[AdamWConfig | MuonConfig, Field(discriminator="name")]
 
 ORIGINS = ("embedding", "old", "new")
 NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -169,11 +192,12 @@ def origin_tags(model: nn.Module, optimizer: MuonAdamW) -> dict[str, str]:
 
 
 def plan_groups(
-    model: nn.Module, cfg: AdamWConfig, use_muon: bool, origin: dict[str, str] | None = None
+    model: Any, cfg: AdamWConfig, use_muon: bool, origin: dict[str, str] | None = None
 ) -> list[dict]:
     """The parameter groups for `model` under `cfg` (MuonAdamW's, see optim/optimizer.py), with
     `origin`'s tags (a parameter it lacks: `default_origin`), in a stable order: the AdamW
-    groups, then the Muon groups, each by role and origin."""
+    groups, then the Muon groups, each by role and origin. `model`: an nn.Module with `cfg` and
+    `role` (model/protocol.py's LanguageModel, a type optim/ may not import)."""
     width_scale = math.sqrt(768 / model.cfg.d_model) if cfg.scale_lr_by_width else 1.0
     fused = next(model.parameters()).device.type in ("cpu", "cuda")  # else foreach
     buckets: dict[tuple[str, str], list[nn.Parameter]] = {}
@@ -183,21 +207,22 @@ def plan_groups(
             tag = (origin or {}).get(name) or default_origin(role)
             buckets.setdefault((role, tag), []).append(p)
     groups = []
-    for role, origin in sorted(buckets, key=lambda key: _order(key, use_muon)):
+    for role, tag in sorted(buckets, key=lambda key: _order(key, use_muon)):
         kind = "muon" if use_muon and role == "matrix" else "adamw"
-        lr = role_lr(cfg, role) * cfg.lr_multipliers.get(origin, 1.0)
+        lr = role_lr(cfg, role) * cfg.lr_multipliers.get(tag, 1.0)
+        options: dict[str, Any]
         if kind == "adamw":
             lr *= width_scale
             options = {"betas": cfg.betas, "eps": cfg.eps, "fused": fused}
         else:
-            options = {"momentum": cfg.momentum, "nesterov": cfg.nesterov, "ns_steps": cfg.ns_steps}
+            options = cfg.muon_options()
         groups.append(
             {
-                "params": buckets[role, origin],
+                "params": buckets[role, tag],
                 "kind": kind,
                 "role": role,
-                "origin": origin,  # grow.lr_multipliers move each origin's lr (GroupSchedule, optim/schedule.py)
-                "name": f"{role}/{origin}",
+                "origin": tag,  # grow.lr_multipliers move each origin's lr (GroupSchedule, optim/schedule.py)
+                "name": f"{role}/{tag}",
                 "lr": lr,
                 "base_lr": lr,
                 "weight_decay": cfg.weight_decay if role == "matrix" else 0.0,

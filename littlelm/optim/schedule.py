@@ -9,7 +9,8 @@ function, so a budget run follows the curve a step run of the same config does. 
 steps (both kinds of run know them); the decay phase follows progress and reaches its final value
 exactly at progress 1, even inside the warmup.
 
-Registered by name; the config's schedule section picks one and sets its options:
+The config's schedule section picks one by name (`ScheduleChoice`) and sets its options; the
+config builds the function (`cfg.build()`):
 
     schedule: {name: trapezoidal, warmup_steps: 100, cooldown_frac: 0.4, floor: 0.0}
 
@@ -25,12 +26,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from littlelm.config import Cfg, ComponentConfig
-from littlelm.registry import SCHEDULES
+from littlelm.config import Cfg, ComponentConfig, named
 
 Schedule = Callable[[int, float], float]  # (step, progress in [0, 1]) -> multiplier
 
@@ -83,7 +83,22 @@ def momentum_warmup(step: int, start: float, end: float, steps: int) -> float:
     return start + (end - start) * min(1.0, step / steps)
 
 
-class TrapezoidalConfig(ComponentConfig):
+class ScheduleConfig(ComponentConfig):
+    """Base of a schedule's config: its options are the keyword arguments of its function."""
+
+    def build(self) -> Schedule:
+        """The schedule with these options: (step, progress) -> multiplier."""
+        return functools.partial(self.function(), **self.model_dump(exclude={"name"}))
+
+    def function(self) -> Callable[..., float]:
+        raise NotImplementedError(f"{type(self).__name__} names no schedule function")
+
+
+class TrapezoidalConfig(ScheduleConfig):
+    """Linear warmup, hold at 1, then a linear cooldown to `floor` over the last cooldown_frac of
+    the run (from progress 1 - cooldown_frac to 1)."""
+
+    name: Literal["trapezoidal"] = named("trapezoidal")
     warmup_steps: int = Field(0, description="Steps of linear warmup from 0.", ge=0)
     cooldown_frac: float = Field(
         0.4, description="Fraction of the run spent cooling down.", ge=0, le=1
@@ -92,23 +107,38 @@ class TrapezoidalConfig(ComponentConfig):
         0.0, description="Multiplier reached at the end of the cooldown.", ge=0, le=1
     )
 
+    def function(self) -> Callable[..., float]:
+        return trapezoidal
 
-class CosineConfig(ComponentConfig):
+
+class CosineConfig(ScheduleConfig):
+    """Linear warmup, and half a cosine from 1 at progress 0 to `floor` at progress 1 (the
+    warmup's steps are inside that span: the curve goes on where the warmup ends)."""
+
+    name: Literal["cosine"] = named("cosine")
     warmup_steps: int = Field(0, description="Steps of linear warmup from 0.", ge=0)
     floor: float = Field(0.0, description="Multiplier reached at the last step.", ge=0, le=1)
 
+    def function(self) -> Callable[..., float]:
+        return cosine
 
-class ConstantConfig(ComponentConfig):
+
+class ConstantConfig(ScheduleConfig):
+    """Linear warmup, then 1 (no decay phase: the last step keeps the full lr)."""
+
+    name: Literal["constant"] = named("constant")
     warmup_steps: int = Field(0, description="Steps of linear warmup from 0.", ge=0)
 
-
-def build_schedule(cfg: ComponentConfig) -> Schedule:
-    """The schedule `cfg` names, with its options: (step, progress) -> multiplier."""
-    fn = SCHEDULES.get(cfg.name)
-    return functools.partial(fn, **cfg.model_dump(exclude={"name"}))
+    def function(self) -> Callable[..., float]:
+        return constant
 
 
-def schedule_warnings(cfg: ComponentConfig, max_steps: int) -> list[str]:
+ScheduleChoice = Annotated[
+    TrapezoidalConfig | CosineConfig | ConstantConfig, Field(discriminator="name")
+]
+
+
+def schedule_warnings(cfg: ScheduleConfig, max_steps: int) -> list[str]:
     """Problems of `cfg` (the schedule section) over a run of `max_steps`, each with its fix,
     for the console to print before the first step: a schedule whose warmup covers the whole
     run, or whose cooldown begins inside the warmup, trains without the cooldown it was
@@ -129,7 +159,7 @@ def schedule_warnings(cfg: ComponentConfig, max_steps: int) -> list[str]:
     start = math.floor(max_steps * (1 - Fraction(repr(frac))))
     if warmup <= start:
         return []
-    drop = build_schedule(cfg)(warmup, step_progress(warmup, max_steps))
+    drop = cfg.build()(warmup, step_progress(warmup, max_steps))
     fit = (max_steps - warmup) / max_steps
     return [
         f"the cooldown (schedule.cooldown_frac={frac}: steps {start}-{max_steps}) starts inside "

@@ -36,7 +36,6 @@ from littlelm.plan.trace import (
     Memory,
     block_bytes,
 )
-from littlelm.registry import MODELS
 
 if TYPE_CHECKING:
     from littlelm.model.gpt import GPTConfig
@@ -63,7 +62,7 @@ def model_tensors(m) -> tuple[tuple[Param, ...], tuple[int, ...]]:
     key = m.model_dump_json()
     if key not in _TENSORS:
         with torch.device("meta"):
-            model = MODELS.get(m.name)(m)
+            model = m.build()
         params = tuple(Param(n, tuple(p.shape), model.role(n)) for n, p in model.named_parameters())
         buffers = tuple(b.numel() for b in model.buffers() if b.is_floating_point())
         _TENSORS[key] = (params, buffers)

@@ -34,7 +34,6 @@ from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import causal_attention
 from littlelm.optim.optimizer import orthogonalize
 from littlelm.plan.memory import Dims, model_tensors
-from littlelm.registry import MODELS
 from littlelm.schema import load_run
 from littlelm.train.device import tune_cpu_allocator
 
@@ -402,7 +401,7 @@ def _model_call(d: Dims):
     on a CPU runs far below the bandwidth of one large add (mixed dtypes, strided views,
     row reductions)."""
     m = _layers_dims(d).model
-    model = MODELS.get(m.name)(m).to(torch.bfloat16 if d.master_bf16 else torch.float32)
+    model = m.build().to(torch.bfloat16 if d.master_bf16 else torch.float32)
     model.activation_checkpointing = d.checkpointing
     ids = torch.randint(m.vocab, (d.micro_batch, d.seq_len))
     cast = torch.autocast("cpu", torch.bfloat16) if d.bf16 else contextlib.nullcontext()

@@ -111,9 +111,9 @@ def schedule_series(run: RunData, points: int = 2000) -> Series | None:
         return None
     if cfg.train.budget is not None and cfg.train.budget.kind in ("hours", "dollars"):
         return None  # the schedule followed measured time (train/budget.py): the logged lr shows it
-    from littlelm.optim.schedule import build_schedule, step_progress
+    from littlelm.optim.schedule import step_progress
 
-    fn, total = build_schedule(cfg.schedule), cfg.train.max_steps
+    fn, total = cfg.schedule.build(), cfg.train.max_steps
     idx = np.unique(np.r_[np.arange(min(total, 200)), np.linspace(0, total - 1, points).round()])
     mult = np.array([fn(int(s), step_progress(int(s), total)) for s in idx])
     steps = idx + 1  # the multiplier of step index s is logged with the record of step s + 1

@@ -135,8 +135,6 @@ def model_size(run: RunData, start: dict) -> tuple[dict | None, float | None]:
         return None, None
     import torch
 
-    from littlelm.registry import MODELS
-
     with torch.device("meta"):
-        model = MODELS.get(cfg.model.name)(cfg.model)
+        model = cfg.model.build()
     return model.param_counts(), float(model.flops_per_token(cfg.train.seq_len))

@@ -38,10 +38,12 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import Field
+
+from littlelm.config import Cfg
 from littlelm.errors import ConfigError
-from littlelm.optim.schedule import build_schedule, step_progress
+from littlelm.optim.schedule import step_progress
 from littlelm.progress import duration
-from littlelm.sections import BudgetConfig
 
 # step times whose median is the speed: recent ones, as a shared machine's speed drifts (a mean
 # of 32 kept a 2-minute demo budget on a contended CPU's slow start, 7.4 s/step against the 4
@@ -55,6 +57,48 @@ LEDGER_EVERY = 5.0  # seconds between writes of RUN_DIR/budget.json
 # A CUDA peak comes from a table.
 PEAK_SLACK = {"cpu": 1000.0}
 EVAL_FORWARD_SHARE = 1 / 3  # an eval token costs about a third of a training token (no backward)
+
+
+class BudgetConfig(Cfg):
+    tokens: int | None = Field(
+        None, description="Train on this many tokens (sets train.max_steps).", ge=1
+    )
+    hours: float | None = Field(
+        None,
+        description="Train for this many hours of wall-clock (evaluations and saves included); "
+        "the schedule's decay ends with the budget.",
+        gt=0,
+    )
+    dollars: float | None = Field(
+        None,
+        description="Spend this many dollars: hours = dollars / (price_per_gpu_hour × gpus).",
+        gt=0,
+    )
+    price_per_gpu_hour: float | None = Field(
+        None, description="Dollars per GPU-hour (needed by a dollars budget).", gt=0
+    )
+    gpus: int | None = Field(
+        None, description="GPUs paid for; null = the run's processes (world size).", ge=1
+    )
+
+    @property
+    def kind(self) -> str | None:
+        set_ = [k for k in ("tokens", "hours", "dollars") if getattr(self, k) is not None]
+        return set_[0] if len(set_) == 1 else None
+
+    def seconds(self, world: int = 1) -> float | None:
+        """The budget in seconds of wall-clock; None for a tokens budget."""
+        if self.hours is not None:
+            return self.hours * 3600
+        if self.dollars is not None and self.price_per_gpu_hour:
+            return self.dollars / (self.price_per_gpu_hour * (self.gpus or world)) * 3600
+        return None
+
+    def dollars_for(self, seconds: float, world: int = 1) -> float | None:
+        """What `seconds` of the run cost (None without a price)."""
+        if not self.price_per_gpu_hour:
+            return None
+        return seconds / 3600 * self.price_per_gpu_hour * (self.gpus or world)
 
 
 def now() -> float:
@@ -515,7 +559,7 @@ def build_budget(
         agree=agree,
     )
     log = Ledger(ledger)
-    for note in restore(budget, saved, log.read(), build_schedule(cfg.schedule)):
+    for note in restore(budget, saved, log.read(), cfg.schedule.build()):
         say(note)
     run = TimeBudget(budget, log, b, cfg.distributed.world_size or 1)
     if budget.finished and saved is not None:

@@ -3,7 +3,7 @@ bench, which runs the trainer) and the planner's fake-tensor trace all call thes
 planned is what is trained.
 
     model = build_model(cfg, device)          # parameters in train.master_weights' dtype
-    optimizer = build_optimizer(cfg, model)   # once the model is loaded, grown and sharded
+    optimizer = optimizer_for(cfg, model)     # once the model is loaded, grown and sharded
     model, optimizer = build(cfg, device)     # both at once (the planner's trace)
     data = build_data(cfg, log)               # the trainer's data, checked against the model
 
@@ -15,13 +15,16 @@ torch's AdamW).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from littlelm.data import build as data_build
 from littlelm.errors import ConfigError
 from littlelm.model.protocol import LanguageModel
-from littlelm.registry import MODELS, OPTIMIZERS
-from littlelm.schema import RunConfig
+
+if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
+    from littlelm.schema import RunConfig
 
 # dtype of the parameters, their gradients and the optimizer state (train.master_weights)
 PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -30,13 +33,13 @@ PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def build(cfg: RunConfig, device: torch.device, traced: bool = False):
     """The model and its optimizer, as a fresh (not resumed, not grown) run starts."""
     model = build_model(cfg, device, traced)
-    return model, build_optimizer(cfg, model, traced)
+    return model, optimizer_for(cfg, model, traced)
 
 
 def build_model(cfg: RunConfig, device: torch.device, traced: bool = False) -> LanguageModel:
-    """The registered model of `cfg.model`, freshly initialised (from the current RNG state),
-    on `device` in train.master_weights' dtype, with train.activation_checkpointing set."""
-    model = MODELS.get(cfg.model.name)(cfg.model)
+    """The model `cfg.model` builds, freshly initialised (from the current RNG state), on
+    `device` in train.master_weights' dtype, with train.activation_checkpointing set."""
+    model = cfg.model.build()
     dtype = PARAM_DTYPES[cfg.train.master_weights]
     if traced:
         _cast(model, dtype)
@@ -46,14 +49,14 @@ def build_model(cfg: RunConfig, device: torch.device, traced: bool = False) -> L
     return model
 
 
-def build_optimizer(
+def optimizer_for(
     cfg: RunConfig, model: LanguageModel, traced: bool = False, origin: dict | None = None
 ):
-    """The registered optimizer of `cfg.optimizer` over `model`'s parameters (its groups and
-    lrs: optim/groups.py) with growth's `origin` tags (None: a run never grown), rounding
+    """The run's optimizer: what `cfg.optimizer` builds over `model`'s parameters (its groups
+    and lrs: optim/groups.py) with growth's `origin` tags (None: a run never grown), rounding
     stochastically when train.stochastic_rounding is on."""
     oc = cfg.optimizer.traceable() if traced else cfg.optimizer
-    return OPTIMIZERS.get(oc.name)(model, oc, cfg.train.stochastic_rounding, origin)
+    return oc.build(model, cfg.train.stochastic_rounding, origin)
 
 
 def build_data(cfg: RunConfig, log, progress=None):
@@ -68,14 +71,16 @@ def build_data(cfg: RunConfig, log, progress=None):
                 f"{data.tokenizer.vocab_size}; leave model.vocab_size null"
             ]
         )
+    seq_len = cfg.train.seq_len
+    assert seq_len is not None, "a resolved config has train.seq_len (schema.resolve)"
     evaluates = cfg.eval.every or cfg.eval.at_end
-    warning = data.val_warning(cfg.train.seq_len) if evaluates else None
+    warning = data.val_warning(seq_len) if evaluates else None
     if warning:
         log(f"warning: {warning}")
-    cropped = data.crop_warning(cfg.train.seq_len)
+    cropped = data.crop_warning(seq_len)
     if cropped:  # said at start, not only as the crop rate at the end
         log(f"warning: {cropped}")
-    for note in data.chat_notes(cfg.train.seq_len):  # conversations too long for a row
+    for note in data.chat_notes(seq_len):  # conversations too long for a row
         log(f"warning: {note}")
     return data
 

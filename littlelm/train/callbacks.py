@@ -17,12 +17,11 @@ import math
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field
 
-from littlelm.config import ComponentConfig
-from littlelm.registry import CALLBACKS
+from littlelm.config import ComponentConfig, named
 
 if TYPE_CHECKING:
     import torch
@@ -79,12 +78,20 @@ class Callback:
         pass
 
 
-def build_callback(cfg: ComponentConfig) -> Callback:
-    return CALLBACKS.get(cfg.name)(cfg)
+class CallbackConfig(ComponentConfig):
+    """Base of a callback's config (the `callbacks:` list): it builds the callback."""
+
+    def build(self) -> Callback:
+        raise NotImplementedError(f"{type(self).__name__} builds no callback")
 
 
-class JSONLConfig(ComponentConfig):
-    pass
+class JSONLConfig(CallbackConfig):
+    """Appends every logged step and evaluation to RUN_DIR/metrics.jsonl (always on)."""
+
+    name: Literal["jsonl"] = named("jsonl")
+
+    def build(self) -> JSONLLogger:
+        return JSONLLogger(self)
 
 
 class JSONLLogger(Callback):
@@ -175,7 +182,7 @@ def grown_from(trainer: TrainerView) -> dict:
     that a report comparing it with its parent continues the parent's curves."""
     from littlelm.train.growth import lineage_start
 
-    grow = trainer.cfg.grow
+    grow = trainer.cfg.starts_from()
     start = lineage_start(grow.parent) if grow is not None else None
     return {"grown_from": start} if start is not None else {}
 
@@ -221,7 +228,10 @@ def truncate_metrics(path: Path, step: int) -> None:
     tmp.replace(path)
 
 
-class SampleConfig(ComponentConfig):
+class SampleConfig(CallbackConfig):
+    """Prints (and logs to RUN_DIR/samples.txt) a generated continuation of a prompt."""
+
+    name: Literal["sample"] = named("sample")
     every: int = Field(0, description="Steps between samples; 0 = only at the end.", ge=0)
     at_end: bool = Field(True, description="Sample after the last step.")
     prompt: str = Field("", description="Text the sample continues (after BOS).")
@@ -231,6 +241,9 @@ class SampleConfig(ComponentConfig):
         50, description="Sample among the k likeliest tokens; null = all.", ge=1
     )
     seed: int = Field(0, description="Seed of the sampling generator.")
+
+    def build(self) -> Sampler:
+        return Sampler(self)
 
 
 class Sampler(Callback):

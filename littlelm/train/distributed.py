@@ -27,13 +27,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
+from pydantic import Field, model_validator
 
+from littlelm.config import Cfg
 from littlelm.errors import DistributedError, LittleLMError
-from littlelm.sections import DistributedConfig
 
 T = TypeVar("T")
 
@@ -41,6 +42,53 @@ T = TypeVar("T")
 # by a launcher we understand.
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal the kernel sends when our parent dies
+
+
+class DistributedConfig(Cfg):
+    """How several processes share a run (ignored by a single process)."""
+
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="ddp: every rank holds the whole model; fsdp: parameters, gradients and "
+        "optimizer state are split across ranks (FSDP2).",
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="Collective backend; auto = nccl on CUDA, gloo on the CPU."
+    )
+    shard_muon: bool = Field(
+        True,
+        description="Each rank orthogonalises only the Muon matrices it owns and the updates are "
+        "gathered; false = every rank repeats every update (ddp only).",
+    )
+    shard_adamw: bool = Field(
+        False,
+        description="ddp: split AdamW's moments across ranks (ZeRO-1); fsdp always splits them.",
+    )
+    reshard_after_forward: bool = Field(
+        True,
+        description="fsdp: free gathered parameters after forward (ZeRO-3); false keeps them "
+        "until backward (ZeRO-2: less communication, more memory).",
+    )
+    bucket_cap_mb: int = Field(25, description="ddp: gradient all-reduce bucket size in MiB.", ge=1)
+    timeout_s: int = Field(
+        1800,
+        description="Seconds a collective (or joining the group) may wait before the run fails.",
+        ge=1,
+    )
+    world_size: int | None = Field(
+        None,
+        description="Processes in the run: derived from torchrun's WORLD_SIZE; do not set.",
+        ge=1,
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> DistributedConfig:
+        if self.strategy == "fsdp" and not self.shard_muon:
+            raise ValueError(
+                "shard_muon=false is ddp-only: under fsdp every rank holds a slice of each "
+                "matrix, so Muon always runs on the rank that owns the whole matrix"
+            )
+        return self
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from pydantic import Field
 
 from littlelm.checkpoint_dirs import find_checkpoint
-from littlelm.config import flatten, marked, to_tree
+from littlelm.config import RESUMABLE, Cfg, flatten, marked, to_tree
 from littlelm.errors import CheckpointError, ConfigError, LittleLMError, TrainingError
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.grow import (
@@ -35,12 +36,89 @@ from littlelm.model.grow import (
 )
 from littlelm.optim.groups import group_table
 from littlelm.optim.schedule import OriginLR, OriginRamp, multiplier
-from littlelm.schema import RunConfig
-from littlelm.sections import GrowConfig
-from littlelm.train.build import build_optimizer
+from littlelm.train.build import optimizer_for
 from littlelm.train.checkpoint import files as ckpt
 
+if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
+    from littlelm.schema import RunConfig
+
 VERIFY_RTOL = 1e-4  # of the largest logit; fp32 growth lands near 1e-6
+
+
+class GrowConfig(Cfg):
+    """Start a run from a smaller trained checkpoint instead of random weights (docs/growth.md).
+    The run's `model` section is the grown shape."""
+
+    parent: str = Field(
+        ..., description="Checkpoint directory, or run directory (its newest checkpoint)."
+    )
+    placement: Literal["interleave", "end", "start"] | list[int | None] = Field(
+        "interleave",
+        description="Where parent blocks go: interleave (new blocks spread between them), end, "
+        "start, or a list giving each layer's parent block (null = new); resolved to the list.",
+    )
+    widened: Literal["old", "new"] = Field(
+        "old",
+        description="Origin tag of tensors only partly copied (widened matrices, per-layer "
+        "scalar vectors).",
+    )
+    continue_data: bool = Field(
+        True,
+        description="Continue the parent's data stream where it stopped (needs the parent's "
+        "data section and run.seed); false = start the data from the beginning.",
+    )
+    verify_tokens: int = Field(
+        64,
+        description="Tokens of a probe on which the grown model's logits must match the "
+        "parent's at the start (fp32); 0 = skip.",
+        ge=0,
+    )
+    lr_multipliers: dict[str, OriginLR] | None = Field(
+        None,
+        description="lr multiplier per origin tag (old, new, embedding) over the grown run's "
+        "steps: a number (constant) or {start, end, ramp_steps, shape} (a ramp, then the run's "
+        "schedule); null = the measured default (none yet: one lr for all; docs/growth.md), "
+        "or none when optimizer.lr_multipliers is set. Resolved to what the run uses.",
+        # a learning-rate setting like optimizer.lr: a pure function of the step, so a resumed
+        # run may change it (the new value applies from the resumed step on)
+        json_schema_extra=RESUMABLE,
+    )
+
+
+class SFTConfig(Cfg):
+    """Supervised fine-tuning: start from a trained base model's weights, with a fresh optimizer
+    (docs/post-training.md). The run's `model` section is the base's shape. The loss counts the
+    assistant's tokens of each conversation (a `chat` source's mask) and the conversations are
+    rendered in the base tokenizer's chat format (littlelm's chat tokens, or an imported model's
+    chat_template): both belong to the data and the tokenizer, which chat, serve and export read
+    too, so they are not set here."""
+
+    base: str = Field(
+        ...,
+        description="The base model: a checkpoint directory, or a run directory (its newest "
+        "checkpoint). Its weights are copied in and checked to reproduce its logits.",
+    )
+    continue_data: bool = Field(
+        False,
+        description="Continue the base's data stream where it stopped (needs the base's data "
+        "section and run.seed); false = start this run's data from its beginning.",
+    )
+    verify_tokens: int = Field(
+        64,
+        description="Tokens of a probe on which the copied model's logits must match the "
+        "base's at the start (fp32); 0 = skip.",
+        ge=0,
+    )
+
+    def as_grow(self, n_layer: int) -> GrowConfig:
+        """The same-shape growth that starts the run (train/growth.py copies and checks): every
+        layer from the base's block of the same index."""
+        return GrowConfig(
+            parent=self.base,
+            placement=list(range(n_layer)),
+            continue_data=self.continue_data,
+            verify_tokens=self.verify_tokens,
+        )
 
 
 def lineage_start(checkpoint: str | Path, depth: int = 16) -> dict | None:
@@ -52,7 +130,8 @@ def lineage_start(checkpoint: str | Path, depth: int = 16) -> dict | None:
     except (OSError, ValueError):
         return None
     start = {"checkpoint": str(checkpoint), "step": state["step"], "tokens": state["tokens"]}
-    grandparent = ((state.get("config") or {}).get("grow") or {}).get("parent")
+    config = state.get("config") or {}
+    grandparent = (config.get("sft") or {}).get("base") or (config.get("grow") or {}).get("parent")
     earlier = lineage_start(grandparent, depth - 1) if grandparent and depth > 1 else None
     if earlier is not None:
         start["step"] += earlier["step"]
@@ -68,9 +147,11 @@ def complete_growth(cfg: RunConfig) -> RunConfig:
     config loading itself reads no checkpoint. A config that has them already (a run
     directory's) needs no parent, so a run resumes after its parent is gone. Raises ConfigError
     naming what is wrong."""
-    g, m = cfg.grow, cfg.model
+    g, m = cfg.starts_from(), cfg.model
     if g is None:
         return cfg
+    if cfg.sft is not None:
+        return _complete_sft(cfg, g)
     if not m.growable:
         raise ConfigError(["grow: only the gpt model can be grown"])
     derive = isinstance(g.placement, str) or (m.value_embeds and m.value_embed_layers is None)
@@ -97,23 +178,59 @@ def complete_growth(cfg: RunConfig) -> RunConfig:
     return cfg.model_copy(update={"grow": g, "model": m})
 
 
-def find_parent(path: str | Path) -> Path:
+def _complete_sft(cfg: RunConfig, g: GrowConfig) -> RunConfig:
+    """complete_growth of an SFT run: sft.base made the exact checkpoint, the model checked to
+    have the base's shape, model.value_embed_layers the base's."""
+    m, layers = cfg.model, list(range(cfg.model.n_layer))  # the identity placement
+    try:
+        path = find_parent(g.parent, "sft.base")
+    except CheckpointError as e:
+        if m.value_embeds and m.value_embed_layers is None:
+            raise ConfigError([str(e)]) from None
+        return cfg  # nothing to derive: a resumed run needs no base
+    try:
+        parent = parent_model_config(read_parent_state(path, "sft.base"), path)
+    except LittleLMError as e:
+        raise ConfigError([f"sft: {e}"]) from None
+    shape = ("n_layer", "d_model", "n_head", "kv_heads", "hidden", "vocab_size")
+    differ = [k for k in shape if getattr(parent, k) != getattr(m, k)]
+    if differ:
+        raise ConfigError(
+            [
+                f"sft.base: {path} has {', '.join(f'{k} {getattr(parent, k)}' for k in differ)}, "
+                f"the model section {', '.join(f'{k} {getattr(m, k)}' for k in differ)}; an SFT "
+                "run has its base's shape (copy the base's model section; to grow the base into a "
+                "larger model, use grow: {parent: ...}, docs/growth.md)"
+            ]
+        )
+    if m.value_embeds and m.value_embed_layers is None:
+        ve_layers = grown_value_embed_layers(parent, m, layers)
+        m = m.model_copy(update={"value_embed_layers": ve_layers})
+    problems = check_growable(parent, m, layers)
+    if problems:
+        raise ConfigError(problems)
+    sft = cfg.sft.model_copy(update={"base": str(path)})
+    return cfg.model_copy(update={"sft": sft, "model": m})
+
+
+def find_parent(path: str | Path, key: str = "grow.parent") -> Path:
     """A checkpoint directory, or the newest complete checkpoint of a run directory."""
     try:
         return find_checkpoint(path)
     except CheckpointError as e:
+        section = key.partition(".")[0]
         raise CheckpointError(
-            f"grow.parent: {e}; give a checkpoint directory (runs/NAME/checkpoints/step_N) or a "
-            "run directory (its newest checkpoint is used); to look at or plan the grown shape "
-            "without the parent, override grow=null"
+            f"{key}: {e}; give a checkpoint directory (runs/NAME/checkpoints/step_N) or a "
+            "run directory (its newest checkpoint is used); to look at or plan the model "
+            f"without it, override {section}=null"
         ) from None
 
 
-def read_parent_state(path: Path) -> dict:
+def read_parent_state(path: Path, key: str = "grow.parent") -> dict:
     try:
         return json.loads((path / "state.json").read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"grow.parent: cannot read {path / 'state.json'} ({e})") from None
+        raise CheckpointError(f"{key}: cannot read {path / 'state.json'} ({e})") from None
 
 
 @dataclass
@@ -146,17 +263,18 @@ class GrownFrom:
 def grow_at_start(model: GPT, cfg: RunConfig, resumed_step: int | None, data) -> GrownFrom | None:
     """A fresh grown run (or one resumed at step 0): the parent's weights and origin tags go
     into `model` (None: not a grown run, or one resumed past its start)."""
-    if cfg.grow is None or resumed_step:
+    g = cfg.starts_from()
+    if g is None or resumed_step:
         return None
-    return grow_from_parent(model, cfg.grow, data.tokenizer.fingerprint, to_tree(cfg))
+    return grow_from_parent(model, g, data.tokenizer.fingerprint, cfg)
 
 
 def grow_from_parent(
-    model: GPT, g: GrowConfig, fingerprint: str | None, run_tree: dict | None = None
+    model: GPT, g: GrowConfig, fingerprint: str | None, run: RunConfig | None = None
 ) -> GrownFrom:
     """Copy the parent checkpoint into `model` (freshly initialised, any device). The parent's
-    tokenizer must have `fingerprint` (None: not checked); with grow.continue_data, `run_tree`
-    (this run's config as plain data) must have the parent's data section and seed."""
+    tokenizer must have `fingerprint` (None: not checked); with grow.continue_data, `run` (this
+    run's config) must have the parent's data section and seed."""
     path = find_parent(g.parent)
     loaded = ckpt.load_checkpoint(path, with_optimizer=False)
     parent = parent_model_config(loaded.state, path)
@@ -175,8 +293,8 @@ def grow_from_parent(
     origin = grow_into(model, loaded.model, parent, layers, g.widened)
     gap = _verify(model, parent, loaded.model, path, g.verify_tokens) if g.verify_tokens else None
     loader = None
-    if g.continue_data and run_tree is not None:
-        _check_same_data(loaded.state.get("config", {}), run_tree, path)
+    if g.continue_data and run is not None:
+        _check_same_data(loaded.state.get("config", {}), run, path)
         loader = loaded.state.get("loader")
     state = loaded.state
     steps, tokens = state["step"], state.get("tokens", 0)
@@ -207,13 +325,14 @@ def _verify(model: GPT, parent_cfg: GPTConfig, tensors: dict, path: Path, n_toke
     return gap
 
 
-def _check_same_data(parent: dict, child: dict, path: Path) -> None:
+def _check_same_data(parent: dict, run: RunConfig, path: Path) -> None:
+    child = to_tree(run)
     old, new = flatten(parent.get("data", {}), "data"), flatten(child.get("data", {}), "data")
     keys = sorted(
         k
         for k in set(old) | set(new)
         # data keys marked SAME_DATA (prefetch, cache_dir, ...) do not change what comes next
-        if old.get(k) != new.get(k) and not marked(RunConfig, child, k, "same_data")
+        if old.get(k) != new.get(k) and not marked(type(run), child, k, "same_data")
     )
     if parent.get("run", {}).get("seed") != child.get("run", {}).get("seed"):
         keys.append("run.seed")
@@ -234,8 +353,9 @@ def preview_growth(cfg: Any) -> list[str]:
     cfg = complete_growth(cfg)
     torch.manual_seed(cfg.run.seed)
     model = GPT(cfg.model)
-    grown = grow_from_parent(model, cfg.grow, None, None)
-    groups = build_optimizer(cfg, model, origin=grown.origin).param_groups
+    g = cfg.starts_from()
+    grown = grow_from_parent(model, g, None, None)
+    groups = optimizer_for(cfg, model, origin=grown.origin).param_groups
     m = model.cfg
     where = " ".join("new" if p is None else str(p) for p in grown.layers)
     lines = [
@@ -248,9 +368,9 @@ def preview_growth(cfg: Any) -> list[str]:
     ]
     lines += [
         f"{name:<26}{n:>8}{numel:>14,}  {opt:<10}  {lr}"
-        for name, n, numel, opt, lr in group_rows(groups, cfg.grow)
+        for name, n, numel, opt, lr in group_rows(groups, g)
     ]
-    if not cfg.grow.lr_multipliers and not cfg.optimizer.origin_multipliers():
+    if cfg.grow is not None and not g.lr_multipliers and not cfg.optimizer.origin_multipliers():
         lines.append(
             "one lr for old and new weights: on the parent's own data the loss jumps after "
             "growth, then ended lowest at three of four seed runs; on new data it learns the new "

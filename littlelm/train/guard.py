@@ -25,8 +25,46 @@ from __future__ import annotations
 import math
 from collections import deque
 from enum import Enum
+from typing import Literal
 
-from littlelm.sections import GuardConfig
+from pydantic import Field
+
+from littlelm.config import Cfg
+
+
+class GuardConfig(Cfg):
+    enabled: bool = Field(
+        True,
+        description="Check each step's loss and gradient norm (one host sync per step); "
+        "skip non-finite updates.",
+    )
+    spike_factor: float | None = Field(
+        None,
+        description="Also skip a step whose loss exceeds this multiple of the mean loss of the "
+        "last spike_window accepted steps; null = off.",
+        gt=1,
+    )
+    spike_window: int = Field(
+        50, description="Accepted steps averaged for the spike test (it starts after them).", ge=1
+    )
+    max_consecutive: int = Field(
+        5, description="Skipped steps in a row that trigger on_persistent.", ge=1
+    )
+    on_persistent: Literal["rollback", "stop"] = Field(
+        "rollback",
+        description="After max_consecutive skipped steps: reload the last checkpoint and go on "
+        "with the next batches, or stop the run.",
+    )
+    max_rollbacks: int = Field(
+        3, description="Rollbacks allowed in one run; one more stops it.", ge=0
+    )
+    collapse_steps: int = Field(
+        20,
+        description="Steps in a row with a zero gradient norm and the loss at the uniform level "
+        "ln(vocab_size) after which the run counts as collapsed (a dead model, e.g. from a huge "
+        "lr) and each such step as bad; 0 = off.",
+        ge=0,
+    )
 
 
 class Verdict(Enum):

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from littlelm.config import ComponentConfig, dump_yaml, to_tree
+from littlelm.config import dump_yaml, named, to_tree
 from littlelm.errors import DependencyError
 from littlelm.extras import require
-from littlelm.train.callbacks import Callback, numeric_fields
+from littlelm.train.callbacks import Callback, CallbackConfig, numeric_fields
 
 if TYPE_CHECKING:
     from littlelm.train.trainer import Trainer
@@ -40,15 +40,19 @@ def scalars(metrics: dict, prefix: str) -> dict[str, float]:
     }
 
 
-class TensorBoardConfig(ComponentConfig):
+class TensorBoardConfig(CallbackConfig):
     """Writes train and eval metrics as TensorBoard event files."""
 
+    name: Literal["tensorboard"] = named("tensorboard")
     log_dir: str | None = Field(
         None, description="Directory of the event files; null = RUN_DIR/tensorboard."
     )
     flush_secs: float = Field(
         30, description="Seconds between writes of buffered events to disk.", gt=0
     )
+
+    def build(self) -> TensorBoardLogger:
+        return TensorBoardLogger(self)
 
 
 class TensorBoardLogger(Callback):
@@ -91,9 +95,10 @@ class TensorBoardLogger(Callback):
         self.writer.close()
 
 
-class WandbConfig(ComponentConfig):
+class WandbConfig(CallbackConfig):
     """Logs train and eval metrics and the resolved config to Weights & Biases."""
 
+    name: Literal["wandb"] = named("wandb")
     project: str = Field("littlelm", description="W&B project the run goes to.")
     entity: str | None = Field(None, description="W&B team or user; null = your default entity.")
     run_name: str | None = Field(None, description="Name shown in W&B; null = run.name.")
@@ -104,6 +109,9 @@ class WandbConfig(ComponentConfig):
         description="online, offline (write locally; `wandb sync` later) or disabled; "
         "null = WANDB_MODE, else online. WANDB_MODE, when set, wins.",
     )
+
+    def build(self) -> WandbLogger:
+        return WandbLogger(self)
 
 
 class WandbLogger(Callback):

@@ -26,20 +26,19 @@ import io
 import math
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from littlelm.config import flatten, to_tree
 from littlelm.data.loader import Batch, DataExhausted, Prefetcher, StopWaiting
 from littlelm.errors import CheckpointError, TrainingError
-from littlelm.optim.schedule import GroupSchedule, build_schedule
+from littlelm.optim.schedule import GroupSchedule
 from littlelm.progress import Progress
-from littlelm.schema import RunConfig
 from littlelm.train import device as dev
 from littlelm.train.budget import build_budget
-from littlelm.train.build import build_data, build_model, build_optimizer
-from littlelm.train.callbacks import Callback, JSONLLogger, build_callback, complete_end_record
+from littlelm.train.build import build_data, build_model, optimizer_for
+from littlelm.train.callbacks import Callback, JSONLLogger, complete_end_record
 from littlelm.train.checkpoint.rundir import check_run_dir
 from littlelm.train.checkpoint.save_restore import Checkpointer
 from littlelm.train.checkpoint.state import TrainState, Window
@@ -49,6 +48,9 @@ from littlelm.train.guard import Collapse, LossGuard, Verdict
 from littlelm.train.signals import StopSignals
 from littlelm.train.step import grad_norm, micro_step, seed_everything, synchronize, update
 from littlelm.train.validation import validation_metrics
+
+if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
+    from littlelm.schema import RunConfig
 
 
 class Step(NamedTuple):
@@ -93,7 +95,7 @@ class Trainer:
         #     checkpoints) is refused before any data preparation or tokenizer training
         Checkpointer.refuse_early(cfg, self.run_dir, resume)
         # 2. callbacks: a missing optional package (wandb, tensorboard) fails before data prep
-        self.callbacks = [*callbacks, JSONLLogger(), *map(build_callback, cfg.callbacks)]
+        self.callbacks = [*callbacks, JSONLLogger(), *(c.build() for c in cfg.callbacks)]
         # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
         progress = self.progress if self.is_main else Progress(io.StringIO())  # rank 0 shows it
         self.data = self.parallel.in_turns(lambda: build_data(cfg, self.log, progress))
@@ -113,7 +115,7 @@ class Trainer:
         # 8. optimizer: parameter groups from the sharded parameters and their origin tags, a
         #    grown run's from 6, a resumed one's from its checkpoint
         origin = grown.origin if grown is not None else resumed and resumed.loaded.origin
-        optimizer = build_optimizer(cfg, self.model, origin=origin)
+        optimizer = optimizer_for(cfg, self.model, origin=origin)
         self.optimizer = self.parallel.shard_optimizer(optimizer)
         # 9. loader and state: this rank's slice of the data, and the run at step 0
         self.loader = self._make_loader(self.parallel.rank, self.parallel.world)
@@ -145,9 +147,9 @@ class Trainer:
             say=self.log,  # a changed budget refits the schedule, and says so
         )
         # the lrs at (step, progress), times a grown run's factor per origin; Muon's momentum
-        origins = (cfg.grow and cfg.grow.lr_multipliers) or {}
+        origins = (cfg.grow and cfg.grow.lr_multipliers) or {}  # sft: one lr per role
         momentum = cfg.optimizer.momentum_schedule()
-        self.schedule = GroupSchedule(build_schedule(cfg.schedule), origins, momentum)
+        self.schedule = GroupSchedule(cfg.schedule.build(), origins, momentum)
         # bf16 autocast or nothing: one context (reusable) for every step and evaluation
         self.autocast = dev.autocast(self.device, cfg.train.precision)
         # 13. wrap: DDP and torch.compile around the finished model; checkpoints, evaluation

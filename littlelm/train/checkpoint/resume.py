@@ -12,9 +12,10 @@ delete this run's.
 A config may differ from its checkpoint's only in the keys its schema marks resumable, next to
 each field (`json_schema_extra=RESUMABLE`: training length, logging, evaluation, checkpointing,
 optimizer hyper-parameters but not the optimizer, schedule, guard, mixture weights, how the
-loss is computed, ...; `littlelm.schema.resumable`); every other difference (model shape,
+loss is computed, ...; `config.marked`); every other difference (model shape,
 tokenizer, data sources, batch shape, seed) is refused, naming each key with its old and new
-value.
+value. `schema` is the run config's class (littlelm/schema.py's RunConfig, which sits above
+train/ and is handed in).
 """
 
 from __future__ import annotations
@@ -25,37 +26,40 @@ from pathlib import Path
 
 import torch
 
-from littlelm.config import flatten, to_tree, validate
+from littlelm.config import Cfg, flatten, marked, to_tree, validate
 from littlelm.errors import CheckpointError, ConfigError
-from littlelm.schema import RunConfig, resumable
 from littlelm.train.checkpoint import files as ckpt
 
 
-def config_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
+def config_changes(old: dict, new: dict, schema: type[Cfg]) -> tuple[list[str], list[str]]:
     """(allowed, refused) differences between two config trees, as 'key: old -> new'."""
     a, b = flatten(old), flatten(new)
     allowed, refused = [], []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             text = f"{key}: {a.get(key, '(unset)')!r} -> {b.get(key, '(unset)')!r}"
-            (allowed if resumable(key, new if key in b else old) else refused).append(text)
+            tree = new if key in b else old
+            (allowed if marked(schema, tree, key, "resumable") else refused).append(text)
     return allowed, refused
 
 
-def with_defaults(saved: dict) -> dict:
+def with_defaults(saved: dict, schema: type[Cfg]) -> dict:
     """A checkpoint's config with the fields added to littlelm since it was written filled in
     with their defaults, so that upgrading littlelm mid-run changes no setting; as saved when
     it no longer validates (the differences then name what to restore)."""
     try:
-        return to_tree(validate(RunConfig, saved))
+        return to_tree(validate(schema, saved))
     except ConfigError:
         return saved
 
 
-def check_compatible(state: dict, config: dict, fingerprint: str, path: Path) -> list[str]:
+def check_compatible(
+    state: dict, config: dict, fingerprint: str | None, path: Path, schema: type[Cfg]
+) -> list[str]:
     """Raise CheckpointError when `config` cannot continue the checkpoint's run; return the
     allowed differences (for the log)."""
-    allowed, refused = config_changes(with_defaults(state.get("config", {})), config)
+    saved = with_defaults(state.get("config", {}), schema)
+    allowed, refused = config_changes(saved, config, schema)
     if state.get("tokenizer") != fingerprint:
         keys = [c for c in refused if c.startswith("data.tokenizer.")]
         refused.insert(
@@ -111,7 +115,7 @@ def choose(ckpt_dir: Path, resume: str) -> list[Path]:
     return [path]
 
 
-def refuse_early(ckpt_dir: Path, resume: str, config: dict) -> None:
+def refuse_early(ckpt_dir: Path, resume: str, config: dict, schema: type[Cfg]) -> None:
     """Refuse now, before any data preparation or tokenizer training, a resume that `load`
     would refuse later: `never` or PATH over newer checkpoints (`choose`), or a config that
     differs from the checkpoint's in a key that cannot change. Reads state.json only; the
@@ -123,9 +127,11 @@ def refuse_early(ckpt_dir: Path, resume: str, config: dict) -> None:
             ckpt.check_state_types(state, path)
         except (OSError, ValueError, ckpt.UnreadableCheckpoint):
             continue
-        _, refused = config_changes(with_defaults(state.get("config", {})), config)
+        saved = with_defaults(state.get("config", {}), schema)
+        _, refused = config_changes(saved, config, schema)
         other_tokenizer = any(c.startswith("data.tokenizer.") for c in refused)
-        check_compatible(state, config, None if other_tokenizer else state.get("tokenizer"), path)
+        fingerprint = None if other_tokenizer else state.get("tokenizer")
+        check_compatible(state, config, fingerprint, path, schema)
         return
 
 

@@ -152,7 +152,7 @@ class Checkpointer:
     @staticmethod
     def refuse_early(cfg, run_dir: Path, resume: str) -> None:
         """Before any data work: a resume `load` would refuse (resume.refuse_early)."""
-        resuming.refuse_early(run_dir / "checkpoints", resume, to_tree(cfg))
+        resuming.refuse_early(run_dir / "checkpoints", resume, to_tree(cfg), type(cfg))
 
     def load(self, resume: str, model) -> Resumed | None:
         """Read the checkpoint to resume from (None: start fresh), check this run may continue
@@ -166,7 +166,7 @@ class Checkpointer:
         if loaded is None:
             return None
         changes = resuming.check_compatible(
-            loaded.state, to_tree(self.cfg), self.tokenizer.fingerprint, loaded.path
+            loaded.state, to_tree(self.cfg), self.tokenizer.fingerprint, loaded.path, type(self.cfg)
         )
         ckpt.load_model_tensors(model, loaded.model, loaded.path)
         loaded.model.release()  # the weights are in the model: unmap their file now
