@@ -1,5 +1,7 @@
 """docs/architecture.md's "One optimizer step": the files of littlelm that one `Trainer.train_step`
-crosses, measured, are the ones the page lists, and there are at most 10 (issue 30)."""
+crosses, measured, are the ones the page lists, and there are at most 11: issue 30's 10, and
+model/blocks.py since the MLP variants are one description the planner and export read too
+(issue 47)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def documented_step_files() -> list[str]:
     return [line.split()[0] for line in block.splitlines() if line and not line[0].isspace()]
 
 
-def test_one_step_crosses_the_documented_files_and_at_most_ten(tiny_config):
+def test_one_step_crosses_the_documented_files_and_at_most_eleven(tiny_config):
     cfg = load_run(tiny_config, ["train.max_steps=100"])
     trainer = Trainer(cfg, resume="never")
     batches = Prefetcher(trainer.loader, cfg.data.prefetch)
@@ -54,7 +56,7 @@ def test_one_step_crosses_the_documented_files_and_at_most_ten(tiny_config):
     finally:
         batches.close()
     listed = documented_step_files()
-    assert len(listed) == len(set(listed)) <= 10, listed
+    assert len(listed) == len(set(listed)) <= 11, listed
     assert crossed == set(listed), (
         f"crossed but not listed: {sorted(crossed - set(listed))}; "
         f"listed but not crossed: {sorted(set(listed) - crossed)}"

@@ -17,12 +17,28 @@ refused by name, with what the user can do.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from littlelm.errors import CheckpointError
 from littlelm.model.gpt import GPTConfig
 
-# littlelm parameter name -> transformers name; "{i}" is the layer index
+
+# The MLP variants (model/blocks.py) a stock class computes: its gated MLP, act(gate_proj(x)) ·
+# up_proj(x) -> down_proj, with transformers' `hidden_act`, and the variant's linears' names
+# there. A variant without an entry is exported with littlelm's modeling file.
+@dataclass(frozen=True)
+class StockMLP:
+    hidden_act: str
+    names: dict[str, str]  # littlelm linear (blocks.MLPSpec.inputs, c_proj) -> transformers'
+
+
+STOCK_MLP = {
+    "swiglu": StockMLP("silu", {"c_gate": "gate_proj", "c_fc": "up_proj", "c_proj": "down_proj"}),
+}
+
+# littlelm parameter name -> transformers name; "{i}" is the layer index (the MLP's: STOCK_MLP)
 LLAMA = {
     "wte.weight": "model.embed_tokens.weight",
     "norm_f.weight": "model.norm.weight",
@@ -33,9 +49,6 @@ LLAMA = {
     "blocks.{i}.attn.c_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
     "blocks.{i}.attn.c_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
     "blocks.{i}.attn.c_proj.weight": "model.layers.{i}.self_attn.o_proj.weight",
-    "blocks.{i}.mlp.c_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "blocks.{i}.mlp.c_fc.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "blocks.{i}.mlp.c_proj.weight": "model.layers.{i}.mlp.down_proj.weight",
 }
 QWEN3 = {
     **LLAMA,
@@ -59,13 +72,19 @@ REMOTE_FEATURES = {  # GPTConfig switch -> why no stock class has it
 }
 
 
-def names(table: dict[str, str] | None, n_layer: int) -> dict[str, str]:
-    """The table expanded for n_layer layers: littlelm name -> transformers name."""
+def names(arch: str, m: GPTConfig) -> dict[str, str]:
+    """littlelm name -> transformers name of every tensor of m in the stock architecture
+    `arch` (empty for littlelm's own names): the table and m's MLP, for m.n_layer layers."""
+    table = TABLES[arch]
     if table is None:
         return {}
+    mlp = {
+        f"blocks.{{i}}.mlp.{ours}.weight": f"model.layers.{{i}}.mlp.{theirs}.weight"
+        for ours, theirs in STOCK_MLP[m.mlp].names.items()
+    }
     out = {}
-    for ours, theirs in table.items():
-        layers = range(n_layer) if "{i}" in ours else [None]
+    for ours, theirs in {**table, **mlp}.items():
+        layers = range(m.n_layer) if "{i}" in ours else [None]
         out.update({ours.format(i=i): theirs.format(i=i) for i in layers})
     return out
 
@@ -75,7 +94,7 @@ def export_arch(m: GPTConfig) -> tuple[str, str]:
     remote = [why for key, why in REMOTE_FEATURES.items() if getattr(m, key)]
     if m.value_embeds and not any(m.has_value_embed(i) for i in range(m.n_layer)):
         remote.remove(REMOTE_FEATURES["value_embeds"])
-    if m.mlp != "swiglu":
+    if m.mlp not in STOCK_MLP:
         remote.append(f"the {m.mlp} MLP")
     if m.qkv_bias and m.qk_norm:
         remote.append("q/k/v biases together with QK-norm")
@@ -108,7 +127,7 @@ def stock_config(m: GPTConfig, arch: str, bos_id: int) -> dict:
         "num_attention_heads": m.n_head,
         "num_key_value_heads": m.kv_heads,
         "head_dim": m.head_dim,
-        "hidden_act": "silu",
+        "hidden_act": STOCK_MLP[m.mlp].hidden_act,
         "max_position_embeddings": m.max_seq_len,
         "rms_norm_eps": norm_eps(m),
         "rope_parameters": {"rope_type": "default", "rope_theta": m.rope_base},
@@ -193,8 +212,9 @@ def check_importable(hf: dict, source: str) -> str:
             "Qwen2.5 up to 7B, TinyLlama), or remove the scaling from config.json to import it "
             "with plain RoPE, which changes its outputs: continued training then has to recover",
         )
-    if hf.get("hidden_act", "silu") != "silu":
-        raise _refuse(source, f"a {hf['hidden_act']} MLP", "littlelm's gated MLP is SwiGLU")
+    if stock_mlp(hf) is None:
+        gated = ", ".join(f"{k} ({v.hidden_act})" for k, v in STOCK_MLP.items())
+        raise _refuse(source, f"a {hf['hidden_act']} MLP", f"littlelm's gated MLPs: {gated}")
     if hf.get("mlp_bias") or (arch != "qwen2" and hf.get("attention_bias")):
         raise _refuse(
             source,
@@ -203,6 +223,12 @@ def check_importable(hf: dict, source: str) -> str:
             "as Qwen2 and Qwen2.5 have them)",
         )
     return arch
+
+
+def stock_mlp(hf: dict) -> str | None:
+    """The MLP variant computing a stock config's gated MLP (its hidden_act), or None."""
+    act = hf.get("hidden_act", "silu")
+    return next((k for k, v in STOCK_MLP.items() if v.hidden_act == act), None)
 
 
 def sliding_window(hf: dict, arch: str) -> int | None:
@@ -230,7 +256,7 @@ def imported_config(hf: dict, arch: str) -> GPTConfig:
         head_size=hf.get("head_dim") or hf["hidden_size"] // heads,
         max_seq_len=context,
         rope_base=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
-        mlp="swiglu",
+        mlp=stock_mlp(hf),
         mlp_hidden=hf["intermediate_size"],
         qk_norm=arch == "qwen3",
         qk_norm_affine=arch == "qwen3",

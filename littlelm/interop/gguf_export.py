@@ -39,6 +39,7 @@ from littlelm.interop import arch as A
 from littlelm.interop.hf_tokenizer import chat_config, export_rules, raw_tokenizer, stop_ids
 from littlelm.model.gpt import GPTConfig
 
+LLAMA_CPP_ACT = "silu"  # llama.cpp's llama, qwen2 and qwen3 gate their MLPs with SiLU only
 TYPES = ("f32", "f16")  # what each 2-D weight is stored as; norms and biases stay f32
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # llama.cpp's token types
 
@@ -56,6 +57,13 @@ def write_gguf(model, tok: Tokenizer, hf_tensors: dict, arch: str, out: Path, dt
             "one, or use the Hugging Face directory (`--out`) with transformers"
         )
     m: GPTConfig = model.cfg
+    act = A.STOCK_MLP[m.mlp].hidden_act
+    if act != LLAMA_CPP_ACT:
+        raise CheckpointError(
+            f"the {m.mlp} MLP gates with {act}, and llama.cpp's {arch} architecture with "
+            f"{LLAMA_CPP_ACT} only, so it has no GGUF form; use the Hugging Face directory "
+            "(`--out`) with transformers"
+        )
     w = gguf.GGUFWriter(str(out), arch)
     _model_keys(w, m, arch, dtype, gguf)
     _tokenizer_keys(w, tok)

@@ -3,7 +3,7 @@
 Export writes what `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads: config.json,
 generation_config.json, safetensors weights (sharded above --max-shard-size, with
 model.safetensors.index.json), the tokenizer (tokenizer.json + tokenizer_config.json), and for
-models no stock class computes, modeling_littlelm.py (arch.py says which is which and why).
+models no stock class computes, modeling_littlelm.py and blocks.py (arch.py says which is which and why).
 
 Stock exports store transformers' names and conventions: RMSNorms without a gain get a gain of
 ones; the embedding RMSNorm (littlelm's default) is folded into the embedding table, which is
@@ -45,7 +45,11 @@ from littlelm.model.kernels import rms_norm
 from littlelm.schema import RunConfig
 from littlelm.train.checkpoint import files as ckpt
 
-MODELING_FILE = Path(__file__).with_name("modeling_littlelm.py")
+# the transformers model of remote-code exports, and the blocks file it imports (relatively:
+# transformers copies both into its module cache)
+MODELING_FILES = [
+    Path(__file__).parent.parent / "model" / name for name in ("modeling_littlelm.py", "blocks.py")
+]
 
 
 def check_parent(path: Path, flag: str) -> None:
@@ -144,6 +148,19 @@ def export(
     path = find_checkpoint(source)
     model, tok, _ = load_model(path, "cpu")
     assert isinstance(model, GPT), "export maps GPT's tensors, the one model there is"
+    arch, reason, config, hf_tensors = hf_form(model, tok)
+    if gguf is not None:
+        from littlelm.interop.gguf_export import write_gguf
+
+        with staged_file(Path(gguf)) as tmp:
+            write_gguf(model, tok, hf_tensors, arch, tmp, gguf_type)
+    if out is not None:
+        write_hf_dir(Path(out), tok, hf_tensors, config, arch, max_shard_size)
+    return {"checkpoint": path, "arch": arch, "reason": reason, "out": out, "gguf": gguf}
+
+
+def hf_form(model: GPT, tok) -> tuple[str, str, dict, dict[str, torch.Tensor]]:
+    """(architecture, why, config.json, tensors by their names there) of `model`'s export."""
     m = model.cfg
     arch, reason = A.export_arch(m)
     tensors = ckpt.model_tensors(model)
@@ -153,14 +170,7 @@ def export(
         config, hf_tensors = A.stock_config(m, arch, tok.bos_id), stock_tensors(tensors, m, arch)
     config["torch_dtype"] = str(tensors["wte.weight"].dtype).removeprefix("torch.")
     config["eos_token_id"] = export_rules(tok)[1]  # an imported tokenizer's own eos
-    if gguf is not None:
-        from littlelm.interop.gguf_export import write_gguf
-
-        with staged_file(Path(gguf)) as tmp:
-            write_gguf(model, tok, hf_tensors, arch, tmp, gguf_type)
-    if out is not None:
-        write_hf_dir(Path(out), tok, hf_tensors, config, arch, max_shard_size)
-    return {"checkpoint": path, "arch": arch, "reason": reason, "out": out, "gguf": gguf}
+    return arch, reason, config, hf_tensors
 
 
 def write_hf_dir(out: Path, tok, hf_tensors: dict, config: dict, arch: str, shard: str) -> None:
@@ -175,7 +185,8 @@ def write_hf_dir(out: Path, tok, hf_tensors: dict, config: dict, arch: str, shar
         gen["do_sample"] = False
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         if arch == "littlelm":
-            shutil.copy(MODELING_FILE, tmp / MODELING_FILE.name)
+            for path in MODELING_FILES:
+                shutil.copy(path, tmp / path.name)
 
 
 @contextmanager
@@ -221,7 +232,7 @@ def stock_tensors(tensors: dict[str, torch.Tensor], m: GPTConfig, arch: str) -> 
             ones |= {f"blocks.{i}.attn.k_norm.weight": m.head_dim}
     for name, dim in ones.items():
         t.setdefault(name, torch.ones(dim))  # a norm without a gain = a gain of ones
-    table = A.names(A.TABLES[arch], m.n_layer)
+    table = A.names(arch, m)
     return {table[k]: v for k, v in t.items()}
 
 
@@ -383,7 +394,7 @@ def _spans(found: set[int]) -> str:
 
 def littlelm_tensors(hf: dict[str, torch.Tensor], m: GPTConfig, arch: str, src: Path) -> dict:
     """Rename to littlelm's names, pad the vocabulary rows, check every name and shape."""
-    table = A.names(A.TABLES[arch], m.n_layer)
+    table = A.names(arch, m)
     theirs = {v: k for k, v in table.items()} if table else {k: k for k in hf}
     extra = sorted(k for k in hf if k not in theirs and not k.endswith("rotary_emb.inv_freq"))
     if extra:

@@ -1,6 +1,7 @@
 """The GPT: a decoder-only transformer with the features of modern small-model recipes.
 
-Read top-down: GPTConfig, then the pieces (rope, Attention, MLPs, Block), then GPT.forward.
+Read top-down: GPTConfig, then the pieces (rope, Attention, Block), then GPT.forward; the MLP
+variants are described once in model/blocks.py, which the planner and export read too.
 Every feature is a config switch so the planner and the ablations see the same code.
 """
 
@@ -16,6 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from littlelm.config import RESUMABLE, named
+from littlelm.model.blocks import MLP, MLPS, MLPName, hidden_width
 from littlelm.model.fp8 import check_fp8_device, linear
 from littlelm.model.kernels import (
     Backend,
@@ -54,7 +56,10 @@ class GPTConfig(ModelConfig):
     )
     max_seq_len: int = Field(1024, description="Longest context in tokens (RoPE table size).", ge=2)
     rope_base: float = Field(10000.0, description="RoPE base frequency.", gt=0)
-    mlp: Literal["relu2", "swiglu"] = Field("relu2", description="MLP type: relu² or SwiGLU.")
+    mlp: MLPName = Field(
+        "relu2",
+        description=f"MLP type: {' or '.join(s.title for s in MLPS.values())}.",
+    )
     mlp_ratio: float = Field(
         4.0, description="MLP hidden width / d_model (SwiGLU uses 2/3 of it).", gt=0
     )
@@ -195,17 +200,21 @@ class GPTConfig(ModelConfig):
         return self.n_kv_head or self.n_head
 
     @property
-    def padded_vocab(self) -> int:
+    def vocab(self) -> int:
+        """vocab_size, which the schema resolves from the tokenizer before a model is built."""
         assert self.vocab_size is not None, "vocab_size is resolved from the tokenizer first"
+        return self.vocab_size
+
+    @property
+    def padded_vocab(self) -> int:
         m = self.vocab_pad_multiple
-        return (self.vocab_size + m - 1) // m * m
+        return (self.vocab + m - 1) // m * m
 
     @property
     def hidden(self) -> int:
         if self.mlp_hidden is not None:
             return self.mlp_hidden
-        width = self.mlp_ratio * self.d_model * (2 / 3 if self.mlp == "swiglu" else 1)
-        return max(64, round(width / 64) * 64)
+        return hidden_width(self.mlp, self.d_model, self.mlp_ratio)
 
     def has_value_embed(self, layer: int) -> bool:
         """The listed layers, or alternating layers always including the last one."""
@@ -275,6 +284,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         qk, v = self.qk_v(x)  # (B, T, H + Hkv, D), (B, T, Hkv, D)
         if ve is not None:
+            assert self.ve_gate is not None, "GPT.layer passes value embeddings to gated layers"
             # gate in (0, 2), exactly 1 at init: 2·sigmoid(0)
             gate = 2 * torch.sigmoid(self.ve_gate(x[..., : self.ve_channels]))  # (B, T, Hkv)
             ve = ve.to(v.dtype).view(B, T, self.n_kv, self.hd)
@@ -282,10 +292,9 @@ class Attention(nn.Module):
         if self.qk_norm:
             qk = be.rms_norm(qk, eps=self.eps)  # per head: the same for q and k
             if hasattr(self, "q_norm"):  # (H + Hkv, D) gains: q's for query heads, k's for kv
-                gains = [
-                    self.q_norm.weight.expand(self.n_head, -1),
-                    self.k_norm.weight.expand(self.n_kv, -1),
-                ]
+                q_gain, k_gain = self.q_norm.weight, self.k_norm.weight
+                assert q_gain is not None and k_gain is not None, "built affine (qk_norm_affine)"
+                gains = [q_gain.expand(self.n_head, -1), k_gain.expand(self.n_kv, -1)]
                 qk = qk * torch.cat(gains).to(qk.dtype)
         qk = be.apply_rope(qk, cos, sin)
         q, k = qk.split([self.n_head, self.n_kv], dim=2)  # (B, T, H|Hkv, D)
@@ -303,27 +312,6 @@ class Attention(nn.Module):
         return self.c_proj(y)
 
 
-class ReLU2MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.c_fc = block_linear(cfg, cfg.d_model, cfg.hidden)
-        self.c_proj = block_linear(cfg, cfg.hidden, cfg.d_model)
-
-    def forward(self, x, kernels: Backend):
-        return self.c_proj(kernels.relu_squared(self.c_fc(x)))
-
-
-class SwiGLUMLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.c_fc = block_linear(cfg, cfg.d_model, cfg.hidden)
-        self.c_gate = block_linear(cfg, cfg.d_model, cfg.hidden)
-        self.c_proj = block_linear(cfg, cfg.hidden, cfg.d_model)
-
-    def forward(self, x, kernels: Backend):
-        return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))
-
-
 def block_linear(cfg: GPTConfig, in_features: int, out_features: int) -> nn.Linear:
     """The blocks' matmul layers: FP8 when model.fp8 is on and the shape passes the filter."""
     return linear(in_features, out_features, cfg.fp8, cfg.fp8_min_dim, cfg.fp8_grad_dtype)
@@ -335,7 +323,7 @@ class Block(nn.Module):
         self.norm1 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
         self.attn = Attention(cfg, layer)
         self.norm2 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
-        self.mlp = SwiGLUMLP(cfg) if cfg.mlp == "swiglu" else ReLU2MLP(cfg)
+        self.mlp = MLP(cfg.mlp, cfg.d_model, cfg.hidden, lambda i, o: block_linear(cfg, i, o))
 
     def forward(self, x, cos, sin, kernels: Backend, ve=None, cache=None, mask=None):
         dt = compute_dtype(x)  # normalise straight into the matmul dtype: one cast, not three
@@ -357,6 +345,9 @@ class GPT(nn.Module):
     - lm_head ~ N(0, 0.001): near-uniform first predictions, loss ≈ ln(vocab) at step 0;
     - residual scalars λ_resid = 1, λ_x0 = 0: the plain residual stream at init.
     """
+
+    rope_cos: torch.Tensor  # (1, max_seq_len, 1, head_dim) buffers: rope_tables
+    rope_sin: torch.Tensor
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -471,7 +462,7 @@ class GPT(nn.Module):
                 x,
                 self.lm_head.weight,
                 targets,
-                c.vocab_size,
+                c.vocab,
                 c.softcap,
                 reduction,
                 self.loss_impl,
@@ -545,7 +536,7 @@ def flops_per_token(cfg: GPTConfig, seq_len: int) -> int:
     C, q, kv = cfg.d_model, cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     hid, V = cfg.hidden, cfg.padded_vocab
     attn = 2 * C * q + 2 * C * kv  # q, proj; k, v
-    mlp = (3 if cfg.mlp == "swiglu" else 2) * C * hid
+    mlp = MLPS[cfg.mlp].matmul_weights(C, hid)
     gates = (
         cfg.ve_gate_channels
         * cfg.kv_heads

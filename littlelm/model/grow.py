@@ -52,6 +52,7 @@ import torch
 
 from littlelm.config import validate
 from littlelm.errors import CheckpointError
+from littlelm.model.blocks import MLPS
 from littlelm.model.gpt import GPT, GPTConfig
 
 PLACEMENTS = ("interleave", "end", "start")
@@ -217,7 +218,7 @@ class Growth:
             src = tensors.get(f"blocks.{p}.{rest}")
             if src is None:  # a value-embedding gate the parent block did not have
                 return None
-            return BLOCK_RULES[rest.removesuffix(".weight")](self, src)
+            return block_rule(rest.removesuffix(".weight"))(self, src)
         if name.startswith("value_embeds."):
             p = self.layers[int(name.split(".")[1])]
             if p is None:
@@ -254,14 +255,20 @@ BLOCK_RULES: dict[str, Callable[[Growth, torch.Tensor], Copy]] = {
     "attn.c_v": _reads(lambda g: g.kv_rows),
     "attn.ve_gate": _reads(lambda g: torch.arange(g.parent.kv_heads)),
     "attn.c_proj": _writes(lambda g: g.q_rows),
-    "mlp.c_fc": _reads(lambda g: g.hidden),
-    "mlp.c_gate": _reads(lambda g: g.hidden),
-    "mlp.c_proj": _writes(lambda g: g.hidden),
+    "mlp.c_proj": _writes(lambda g: g.hidden),  # the MLP's inputs: block_rule
     "attn.q_norm": lambda g, src: Copy(src, (torch.arange(src.numel()),)),  # head_dim fixed
     "attn.k_norm": lambda g, src: Copy(src, (torch.arange(src.numel()),)),
     "norm1": lambda g, src: Copy(src, (g.C,)),
     "norm2": lambda g, src: Copy(src, (g.C,)),
 }
+
+
+def block_rule(name: str) -> Callable[[Growth, torch.Tensor], Copy]:
+    """The rule for block tensor `name` (`attn.c_q`, ...): BLOCK_RULES', or for the input
+    linears of any MLP variant (model/blocks.py) new hidden rows, as a reader of the stream."""
+    if name.startswith("mlp.") and any(name[4:] in s.inputs for s in MLPS.values()):
+        return _reads(lambda g: g.hidden)
+    return BLOCK_RULES[name]
 
 
 @torch.no_grad()

@@ -569,7 +569,7 @@ class Backend:
     residual_mix: Callable  # (x, x0, a, b) -> a·x + b·x0
     gated_add: Callable  # (v, gate, ve) -> v + gate[..., None]·ve
     apply_rope: Callable  # (x, cos, sin)
-    loss: str
+    loss: LossImpl
     kernels: str  # one line for the start-up summary
 
 
@@ -653,6 +653,6 @@ def run_backend(model_cfg, device: torch.device | str) -> Backend:
     return select_backend(getattr(model_cfg, "backend", "auto"), device)
 
 
-def loss_impl(configured: str, backend: Backend) -> str:
+def loss_impl(configured: LossImpl | Literal["auto"], backend: Backend) -> LossImpl:
     """`model.loss`, with `auto` replaced by the backend's loss."""
     return backend.loss if configured == "auto" else configured

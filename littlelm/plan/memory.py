@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from littlelm.errors import ConfigError
+from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import group_rows
 from littlelm.plan.trace import (
     ACT,
@@ -238,7 +239,7 @@ def weight_copy_bytes(d: Dims) -> int:
     attn_in = ("attn.c_q.", "attn.c_k.", "attn.c_v.")
     mats = [p for p in d.params if p.role == "matrix" and not any(k in p.name for k in attn_in)]
     total += sum(block_bytes(2 * p.numel) for p in mats)
-    return total + (block_bytes(2 * m.vocab_size * C) if m.loss == "plain" else 0)
+    return total + (block_bytes(2 * m.vocab * C) if m.loss == "plain" else 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,15 +273,15 @@ def layer_activation_bytes(d: Dims, layer: int) -> float:
 
 
 def mlp_activation_bytes(d: Dims) -> int:
-    """SwiGLU keeps both projections, SiLU's output and the product; relu² (one hand-written
-    op) relu's output and its square."""
-    return (4 if d.model.mlp == "swiglu" else 2) * d.act_bytes * d.model.hidden
+    """The hidden-wide tensors the MLP variant keeps for its backward (model/blocks.py)."""
+    return MLPS[d.model.mlp].saved * d.act_bytes * d.model.hidden
 
 
 def activation_bytes(d: Dims) -> int:
     """All blocks (with activation checkpointing only their inputs), plus the embedding's
     lookup and its normalised x0, norm_f, the token ids and the RoPE tables cast to bf16."""
     m, sb = d.model, d.param_bytes
+    per_token: float
     if d.checkpointing:  # each layer keeps only its input; the last layer's output too
         per_token = m.n_layer * sb * m.d_model
     else:
@@ -307,7 +308,7 @@ def chunked_loss_stages(d: Dims) -> dict[str, float]:
     with a soft cap the capped copy; d(lm_head) from the first group's end on), a group's end
     (the product beside its fp32 sum), and the loss's backward (d(x), d(lm_head) scaled)."""
     m, N, a = d.model, d.tokens, d.act_bytes
-    C, V, Vp = m.d_model, m.vocab_size, m.padded_vocab
+    C, V, Vp = m.d_model, m.vocab, m.padded_vocab
     n = min(d.model.loss_chunk, N)
     rows = block_bytes(N) + block_bytes(4 * N) + block_bytes(a * N * C) + BLOCK_SCALAR
     dw = block_bytes(4 * V * C)
@@ -334,7 +335,7 @@ def plain_loss_stages(d: Dims) -> dict[str, float]:
     """lm_head over the real rows, its fp32 copy, the soft cap (tanh keeps its output),
     log-softmax (keeps its output), and their gradients in the backward."""
     m, N = d.model, d.tokens
-    C, V = m.d_model, m.vocab_size
+    C, V = m.d_model, m.vocab
     cap = m.softcap is not None
     x = 2 * C if d.bf16 else 0  # norm_f output (counted in activations)
     logits = (2 * V + 4 * V) if d.bf16 else 4 * V  # matmul output (+ its fp32 copy)
@@ -362,7 +363,7 @@ def block_backward_stages(d: Dims) -> dict[str, float]:
     C, q, kv, h = m.d_model, m.n_head * m.head_dim, m.kv_heads * m.head_dim, m.hidden
     # the stream's gradient, accumulated in place; with residual scalars x0's beside it
     base = sb * C * (2 if m.residual_scalars else 1)
-    mlp = (3 if m.mlp == "swiglu" else 2) * a * h
+    mlp = MLPS[m.mlp].backward * a * h
     qkv = 2 * a * (q + 2 * kv) + a * C + (sb * C if m.residual_scalars else 0)
     # the output's gradient, an fp32 accumulator for dq and the softmax row sums, dq, dk and dv
     # (under GQA at the query heads' width first, then summed into the key/value heads')
@@ -372,7 +373,7 @@ def block_backward_stages(d: Dims) -> dict[str, float]:
     if m.tie_embeddings:  # the lm_head half of the tied embedding's gradient waits for the rest
         fixed += block_bytes(d.param_bytes * m.padded_vocab * C)
     rope_norm = 3 * a * (q + kv) + a * kv  # d(q|k), RoPE's output, the swapped halves; d(v)
-    stages = {
+    stages: dict[str, float] = {
         "mlp": N * (base + mlp),
         "rope and qk-norm": N * (base + rope_norm),
         "attention inputs": N * (base + qkv),
@@ -479,7 +480,7 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
     else:  # norm_f's output and lm_head cast for the chunks are alive beside the loss
         loss[ACT] += block_bytes(a * N * m.d_model)
         if d.bf16 and not d.master_bf16:
-            loss[COPIES] += block_bytes(2 * m.vocab_size * m.d_model)
+            loss[COPIES] += block_bytes(2 * m.vocab * m.d_model)
         loss[GRADS] = c[GRADS] if accumulating else 0
     # by the top block's attention backward its MLP's tensors and norm2's output are freed
     # (with checkpointing the stages count that already)

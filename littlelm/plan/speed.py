@@ -30,6 +30,7 @@ from pydantic import Field
 
 from littlelm.config import Cfg, read_yaml, to_tree
 from littlelm.data.cache import cache_root, digest
+from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import causal_attention
 from littlelm.optim.optimizer import orthogonalize
 from littlelm.plan.memory import Dims, model_tensors
@@ -122,11 +123,9 @@ def gemms(d: Dims) -> list[Gemm]:
         lin("k+v", D, 2 * m.kv_heads * hd),
         lin("attention out", m.n_head * hd, D),
     ]
-    if m.mlp == "swiglu":
-        out.append(lin("mlp gate+up", D, 2 * m.hidden))
-    else:
-        out.append(lin("mlp up", D, m.hidden))
-    out.append(lin("mlp down", m.hidden, D))
+    inputs = MLPS[m.mlp].inputs  # modelled as one GEMM (model/blocks.py)
+    out.append(lin(f"mlp {'+'.join(inputs)}", D, len(inputs) * m.hidden))
+    out.append(lin("mlp c_proj", m.hidden, D))
     out.append(Gemm("lm_head", M, D, m.padded_vocab))  # the head stays in bf16 under fp8
     return out
 
@@ -152,7 +151,7 @@ def elementwise_bytes(d: Dims) -> float:
         per_token += 2 * qk
     if m.residual_scalars:
         per_token += RESIDUAL_SCALAR_PASSES_D * m.d_model
-    per_token += (3 if m.mlp == "swiglu" else 2) * m.hidden  # activation: inputs + output
+    per_token += MLPS[m.mlp].passes * m.hidden  # activation: inputs + output
     blocks = T * per_token * es * m.n_layer * (1 + BACKWARD_FACTOR)
     # loss: logits written, softmax read + written, gradient written, all in fp32 (4 bytes);
     # the softcap's tanh adds a pass each way
@@ -404,7 +403,7 @@ def _model_call(d: Dims):
     m = _layers_dims(d).model
     model = m.build().to(torch.bfloat16 if d.master_bf16 else torch.float32)
     model.activation_checkpointing = d.checkpointing
-    ids = torch.randint(m.vocab_size, (d.micro_batch, d.seq_len))
+    ids = torch.randint(m.vocab, (d.micro_batch, d.seq_len))
     cast = torch.autocast("cpu", torch.bfloat16) if d.bf16 else contextlib.nullcontext()
 
     def step():
@@ -414,6 +413,11 @@ def _model_call(d: Dims):
         model.zero_grad(set_to_none=True)
 
     return step
+
+
+def _rate_of(rates: dict[tuple, float]) -> Callable[[Gemm, str], float]:
+    """Rates.gemm_rate from the FLOP/s measured per (m, k, n, product)."""
+    return lambda g, product: rates[(g.m, g.k, g.n, product)]
 
 
 def measure_rates(ds: list[Dims]) -> list[Rates]:
@@ -429,19 +433,27 @@ def measure_rates(ds: list[Dims]) -> list[Rates]:
         pd = probe_dims(d)
         keys = {}  # (m, k, n, product) of d's GEMMs -> the measurement that times it
         for g, pg in zip(gemms(d), gemms(pd)):
-            shape = ("gemm", pg.m, pg.k, pg.n, dtype)
-            if (*shape, "forward") not in calls:
+            gemm = ("gemm", pg.m, pg.k, pg.n, dtype)
+            if (*gemm, "forward") not in calls:
                 for product, call in _gemm_calls(pg.m, pg.k, pg.n, dtype).items():
-                    calls[(*shape, product)] = call
+                    probe = (*gemm, product)
+                    calls[probe] = call
             for product in PRODUCTS:  # d's shapes, and the probe's (its layers' model)
-                probe = (*shape, product)
+                probe = (*gemm, product)
                 keys[(g.m, g.k, g.n, product)] = keys[(pg.m, pg.k, pg.n, product)] = probe
         m = pd.model
-        attention = ("attention", pd.micro_batch, pd.seq_len, m.n_head, m.kv_heads, m.head_dim)
+        attention: tuple = (
+            "attention",
+            pd.micro_batch,
+            pd.seq_len,
+            m.n_head,
+            m.kv_heads,
+            m.head_dim,
+        )
         attention += (dtype,)
         if attention not in calls:
             calls[attention] = _attention_call(pd, dtype)
-        layers = ("layers", pd.micro_batch, pd.seq_len, m.model_dump_json(), pd.bf16)
+        layers: tuple = ("layers", pd.micro_batch, pd.seq_len, m.model_dump_json(), pd.bf16)
         layers += (pd.master_bf16, pd.checkpointing)
         if layers not in calls:
             calls[layers] = _model_call(pd)
@@ -451,8 +463,8 @@ def measure_rates(ds: list[Dims]) -> list[Rates]:
             n = max(1, min(count, NS_ELEMENTS // (shape[-1] * shape[-2])))
             key = ("newton-schulz", shape, n, ns_dtype)
             if key not in calls:
-                g = torch.randn(n, *shape[-2:])
-                calls[key] = lambda g=g, t=ns_dtype: orthogonalize(g, 5, dtype=t)
+                mats = torch.randn(n, *shape[-2:])
+                calls[key] = lambda mats=mats, t=ns_dtype: orthogonalize(mats, 5, dtype=t)
             ns.append((key, n, d.muon_owned(count)))
         plans.append((pd, keys, attention, layers, ns))
     calls[("bandwidth",)] = _bandwidth_call()
@@ -469,7 +481,7 @@ def measure_rates(ds: list[Dims]) -> list[Rates]:
             attention=attention_flops(d) / d.model.n_layer / t[attention],
             bandwidth=3 * BANDWIDTH_ELEMENTS * 4 / t[("bandwidth",)],
             launch=t[("launch",)] / LAUNCH_OPS,
-            gemm_rate=lambda g, product, rate=rate: rate[(g.m, g.k, g.n, product)],
+            gemm_rate=_rate_of(rate),
             newton_schulz=sum(t[key] / n * owned for key, n, owned in ns),
             source=source,
         )

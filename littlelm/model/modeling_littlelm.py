@@ -2,8 +2,9 @@
 
 `littlelm export` copies this file next to the weights when the model uses a feature no stock
 transformers architecture has (relu² MLP, value embeddings, residual scalars, logit softcap,
-un-gained QK-norm with an embedding norm, ...). It depends on torch and transformers only, and
-computes what littlelm/model/gpt.py computes, in the same order (fp32 logits within 1e-4):
+un-gained QK-norm with an embedding norm, ...), with blocks.py (littlelm/model/blocks.py: the MLP
+variants, which littlelm's model builds from too). It depends on torch and transformers only,
+and computes what littlelm/model/gpt.py computes, in the same order (fp32 logits within 1e-4):
 
     x = wte(ids), RMS-normalised (embed_norm); x0 = x
     per layer i:  x = λ_resid[i]·x + λ_x0[i]·x0                     (residual_scalars)
@@ -11,7 +12,7 @@ computes what littlelm/model/gpt.py computes, in the same order (fp32 logits wit
     attn:         q, k, v projections; v += 2·sigmoid(gate(x[:ve_gate_channels]))·ve[i](ids)
                   on value-embedding layers; RMS-norm q and k per head (qk_norm, optional
                   gains), RoPE on the two halves of each head, causal SDPA (grouped queries)
-    mlp:          c_proj(relu(c_fc(x))²)  or  c_proj(silu(c_gate(x))·c_fc(x))
+    mlp:          blocks.MLPS[mlp]: c_proj(relu(c_fc(x))²), c_proj(silu(c_gate(x))·c_fc(x)), ...
     logits = softcap(lm_head(norm_f(x))[:vocab_size]),  softcap(l) = c·tanh(l/c)
 
 Parameter names are littlelm's own, so the weights are stored exactly as trained.
@@ -19,12 +20,16 @@ Parameter names are littlelm's own, so the weights are stored exactly as trained
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .blocks import MLP, TorchOps  # shipped beside this file: transformers resolves the import
 
 
 class LittleLMConfig(PretrainedConfig):
@@ -138,7 +143,9 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q, k = rms_norm(q, None, cfg.norm_eps), rms_norm(k, None, cfg.norm_eps)
             if cfg.qk_norm_affine:
-                q, k = q * self.q_norm.weight.to(q.dtype), k * self.k_norm.weight.to(k.dtype)
+                q_gain, k_gain = self.q_norm.weight, self.k_norm.weight
+                assert q_gain is not None and k_gain is not None, "built with gains"
+                q, k = q * q_gain.to(q.dtype), k * k_gain.to(k.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         if cache is not None:
@@ -151,32 +158,17 @@ class Attention(nn.Module):
         return self.c_proj(y.transpose(1, 2).reshape(B, T, H * D))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: LittleLMConfig):
-        super().__init__()
-        self.swiglu = cfg.mlp == "swiglu"
-        self.c_fc = nn.Linear(cfg.d_model, cfg.hidden, bias=False)
-        if self.swiglu:
-            self.c_gate = nn.Linear(cfg.d_model, cfg.hidden, bias=False)
-        self.c_proj = nn.Linear(cfg.hidden, cfg.d_model, bias=False)
-
-    def forward(self, x):
-        if self.swiglu:
-            return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))
-        return self.c_proj(torch.relu(self.c_fc(x)).square())
-
-
 class Block(nn.Module):
     def __init__(self, cfg: LittleLMConfig, layer: int):
         super().__init__()
         self.norm1 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
         self.attn = Attention(cfg, layer)
         self.norm2 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg.mlp, cfg.d_model, cfg.hidden)
 
     def forward(self, x, cos, sin, ve, cache, mask):
         x = x + self.attn(self.norm1(x), cos, sin, ve, cache, mask)
-        return x + self.mlp(self.norm2(x))
+        return x + self.mlp(self.norm2(x), TorchOps)
 
 
 class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
@@ -222,12 +214,13 @@ class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
         if (cfg.use_cache if use_cache is None else use_cache) and cache is None:
             cache = DynamicCache(config=cfg)
         start = cache.get_seq_length() if cache is not None else 0
-        if position_ids is None:
-            position_ids = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
+        positions: torch.Tensor | None = position_ids
+        if positions is None:
+            positions = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
         x = self.wte(input_ids)
         if cfg.embed_norm:
             x = rms_norm(x, None, cfg.norm_eps)
-        cos, sin = rope(position_ids, cfg.head_dim, cfg.rope_base, x.dtype)
+        cos, sin = rope(positions, cfg.head_dim, cfg.rope_base, x.dtype)
         mask = self._mask(attention_mask, T, start + T, x.device)
         x0 = x
         for i, block in enumerate(self.blocks):
@@ -246,7 +239,8 @@ class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
         name = (
             "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
         )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{name: cache})
+        cache_field: dict[str, Any] = {name: cache}
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **cache_field)
 
     @staticmethod
     def _mask(attention_mask, T: int, S: int, device) -> torch.Tensor | None:
