@@ -20,13 +20,12 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import cast
 
 import yaml
 
 from littlelm.config import parse_yaml, validate
 from littlelm.errors import ConfigError, LittleLMError
-from littlelm.model.gpt import GPTConfig, flops_per_token
+from littlelm.model.gpt import flops_per_token
 from littlelm.schema import MAX_NAME_BYTES, RunConfig, load_run, read_run, run_name_problem
 from littlelm.train.budget import check_budget_fits
 from littlelm.train.device import peak_flops, pick_device, with_precision

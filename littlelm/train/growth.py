@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import Field
@@ -184,7 +184,8 @@ def complete_growth(cfg: RunConfig) -> RunConfig:
 def _complete_sft(cfg: RunConfig, g: GrowConfig) -> RunConfig:
     """complete_growth of an SFT run: sft.base made the exact checkpoint, the model checked to
     have the base's shape, model.value_embed_layers the base's."""
-    m, layers = cfg.model, list(range(cfg.model.n_layer))  # the identity placement
+    m = cfg.model
+    layers: list[int | None] = list(range(m.n_layer))  # the identity placement
     try:
         path = find_parent(g.parent, "sft.base")
     except CheckpointError as e:
@@ -212,6 +213,7 @@ def _complete_sft(cfg: RunConfig, g: GrowConfig) -> RunConfig:
     problems = check_growable(parent, m, layers)
     if problems:
         raise ConfigError(problems)
+    assert cfg.sft is not None, "called for an SFT run only"
     sft = cfg.sft.model_copy(update={"base": str(path)})
     return cfg.model_copy(update={"sft": sft, "model": m})
 
