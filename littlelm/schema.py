@@ -69,8 +69,8 @@ from littlelm.optim.schedule import ScheduleChoice, TrapezoidalConfig, resolve_l
 from littlelm.registry import callback_classes
 from littlelm.train.budget import BudgetConfig
 from littlelm.train.distributed import DistributedConfig
-from littlelm.train.growth import GrowConfig, SFTConfig
 from littlelm.train.guard import GuardConfig
+from littlelm.train.start_from import GrowConfig, SFTConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 # Most filesystems allow 255 bytes per name; littlelm adds up to ~40 (`-bench`, `.log`, `.tmp`)

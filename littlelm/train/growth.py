@@ -18,13 +18,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import Field
 
 from littlelm.checkpoint_dirs import find_checkpoint
-from littlelm.config import RESUMABLE, Cfg, flatten, marked, to_tree
+from littlelm.config import flatten, marked, to_tree
 from littlelm.errors import CheckpointError, ConfigError, LittleLMError, TrainingError
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.grow import (
@@ -40,87 +39,12 @@ from littlelm.optim.groups import group_table
 from littlelm.optim.schedule import OriginLR, OriginRamp, multiplier
 from littlelm.train.build import optimizer_for
 from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.start_from import GrowConfig
 
 if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
     from littlelm.schema import RunConfig
 
 VERIFY_RTOL = 1e-4  # of the largest logit; fp32 growth lands near 1e-6
-
-
-class GrowConfig(Cfg):
-    """Start a run from a smaller trained checkpoint instead of random weights (docs/growth.md).
-    The run's `model` section is the grown shape."""
-
-    parent: str = Field(
-        ..., description="Checkpoint directory, or run directory (its newest checkpoint)."
-    )
-    placement: Literal["interleave", "end", "start"] | list[int | None] = Field(
-        "interleave",
-        description="Where parent blocks go: interleave (new blocks spread between them), end, "
-        "start, or a list giving each layer's parent block (null = new); resolved to the list.",
-    )
-    widened: Literal["old", "new"] = Field(
-        "old",
-        description="Origin tag of tensors only partly copied (widened matrices, per-layer "
-        "scalar vectors).",
-    )
-    continue_data: bool = Field(
-        True,
-        description="Continue the parent's data stream where it stopped (needs the parent's "
-        "data section and run.seed); false = start the data from the beginning.",
-    )
-    verify_tokens: int = Field(
-        64,
-        description="Tokens of a probe on which the grown model's logits must match the "
-        "parent's at the start (fp32); 0 = skip.",
-        ge=0,
-    )
-    lr_multipliers: dict[str, OriginLR] | None = Field(
-        None,
-        description="lr multiplier per origin tag (old, new, embedding) over the grown run's "
-        "steps: a number (constant) or {start, end, ramp_steps, shape} (a ramp, then the run's "
-        "schedule); null = the measured default (none yet: one lr for all; docs/growth.md), "
-        "or none when optimizer.lr_multipliers is set. Resolved to what the run uses.",
-        # a learning-rate setting like optimizer.lr: a pure function of the step, so a resumed
-        # run may change it (the new value applies from the resumed step on)
-        json_schema_extra=RESUMABLE,
-    )
-
-
-class SFTConfig(Cfg):
-    """Supervised fine-tuning: start from a trained base model's weights, with a fresh optimizer
-    (docs/post-training.md). The run's `model` section is the base's shape. The loss counts the
-    assistant's tokens of each conversation (a `chat` source's mask) and the conversations are
-    rendered in the base tokenizer's chat format (littlelm's chat tokens, or an imported model's
-    chat_template): both belong to the data and the tokenizer, which chat, serve and export read
-    too, so they are not set here."""
-
-    base: str = Field(
-        ...,
-        description="The base model: a checkpoint directory, or a run directory (its newest "
-        "checkpoint). Its weights are copied in and checked to reproduce its logits.",
-    )
-    continue_data: bool = Field(
-        False,
-        description="Continue the base's data stream where it stopped (needs the base's data "
-        "section and run.seed); false = start this run's data from its beginning.",
-    )
-    verify_tokens: int = Field(
-        64,
-        description="Tokens of a probe on which the copied model's logits must match the "
-        "base's at the start (fp32); 0 = skip.",
-        ge=0,
-    )
-
-    def as_grow(self, n_layer: int) -> GrowConfig:
-        """The same-shape growth that starts the run (train/growth.py copies and checks): every
-        layer from the base's block of the same index."""
-        return GrowConfig(
-            parent=self.base,
-            placement=list(range(n_layer)),
-            continue_data=self.continue_data,
-            verify_tokens=self.verify_tokens,
-        )
 
 
 def lineage_start(checkpoint: str | Path, depth: int = 16) -> dict | None:
