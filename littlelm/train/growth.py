@@ -80,7 +80,6 @@ def complete_growth(cfg: RunConfig) -> RunConfig:
         return _complete_sft(cfg, g)
     if not m.growable:
         raise ConfigError(["grow: only the gpt model can be grown"])
-    m = cfg.model
     derive = isinstance(g.placement, str) or (m.value_embeds and m.value_embed_layers is None)
     try:
         path = find_parent(g.parent)
@@ -96,13 +95,19 @@ def complete_growth(cfg: RunConfig) -> RunConfig:
         except (LittleLMError, ValueError) as e:
             raise ConfigError([f"grow: {e}"]) from None
         g = g.model_copy(update={"placement": layers})
-        if m.value_embeds and m.value_embed_layers is None:
-            ve_layers = grown_value_embed_layers(parent, m, layers)
-            m = m.model_copy(update={"value_embed_layers": ve_layers})
-        problems = check_growable(parent, m, layers)
-        if problems:
-            raise ConfigError(problems)
+        m = _grown_model(parent, m, layers)
     return cfg.model_copy(update={"grow": g, "model": m})
+
+
+def _grown_model(parent: GPTConfig, m: GPTConfig, layers: list[int | None]) -> GPTConfig:
+    """The model section `m` with value_embed_layers derived from the parent's when unset,
+    checked to grow from `parent` by `layers` with its function kept."""
+    if m.value_embeds and m.value_embed_layers is None:
+        ve_layers = grown_value_embed_layers(parent, m, layers)
+        m = m.model_copy(update={"value_embed_layers": ve_layers})
+    if problems := check_growable(parent, m, layers):
+        raise ConfigError(problems)
+    return m
 
 
 def _complete_sft(cfg: RunConfig, g: GrowConfig) -> RunConfig:
@@ -131,12 +136,7 @@ def _complete_sft(cfg: RunConfig, g: GrowConfig) -> RunConfig:
                 "larger model, use grow: {parent: ...}, docs/growth.md)"
             ]
         )
-    if m.value_embeds and m.value_embed_layers is None:
-        ve_layers = grown_value_embed_layers(parent, m, layers)
-        m = m.model_copy(update={"value_embed_layers": ve_layers})
-    problems = check_growable(parent, m, layers)
-    if problems:
-        raise ConfigError(problems)
+    m = _grown_model(parent, m, layers)
     assert cfg.sft is not None, "called for an SFT run only"
     sft = cfg.sft.model_copy(update={"base": str(path)})
     return cfg.model_copy(update={"sft": sft, "model": m})
