@@ -37,7 +37,7 @@ class ChatConfig(HFConfig):
     """Conversations (messages or Alpaca rows) for supervised fine-tuning; the loss counts the
     assistant's tokens only."""
 
-    name: Literal["chat"] = named("chat")  # type: ignore[assignment]
+    name: Literal["chat"] = named("chat")  # type: ignore[assignment]  # a subclass narrows the discriminator
     dataset: str = Field(
         ...,
         description="A JSONL or Parquet file, a directory of them, a `datasets` save_to_disk "

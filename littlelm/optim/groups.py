@@ -114,7 +114,7 @@ class MuonConfig(AdamWConfig):
     """Muon for the hidden matrices, AdamW (per-role lrs) for embeddings, lm_head and scalars."""
 
     # Muon takes AdamW's options (for the parameters it leaves to AdamW) and adds its own
-    name: Literal["muon"] = named("muon", resumable=False)  # type: ignore[assignment]
+    name: Literal["muon"] = named("muon", resumable=False)  # type: ignore[assignment]  # a subclass narrows the discriminator
     lr: float = Field(0.02, description="Muon learning rate of the hidden matrices.", gt=0)
     embedding_lr: float | None = Field(0.2, description="AdamW lr of the token embedding.", gt=0)
     value_embedding_lr: float | None = Field(
