@@ -59,7 +59,7 @@ def exact_match(run_dir: Path) -> float:
     out = run_dir / "bench_chat_eval.json"
     if not out.is_file():
         run_chat_eval(run_dir, TASKS, device="cpu", out=out)
-    return json.loads(out.read_text())["tasks"][0]["acc"]
+    return json.loads(out.read_text())["tasks"][0]["accuracy"]
 
 
 def main() -> int:
