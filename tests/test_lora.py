@@ -255,4 +255,3 @@ def test_a_run_training_embeddings_exports_merged_and_says_why_no_adapter(tmp_pa
     assert (tmp_path / "hf" / "config.json").is_file() and not (
         tmp_path / "hf" / "adapter"
     ).exists()
-
