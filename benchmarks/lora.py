@@ -9,7 +9,8 @@ runs it; the LoRA one adds the `lora:` section. Each is trained unless its run d
 (runs/bench-sft-full, runs/bench-sft-lora-r{rank}-lr{lr}) holds a finished run, and resumes
 when one was stopped (SIGTERM saves: the benchmark may be run in pieces), then scored by
 `littlelm eval RUN --chat data/chat_example/tasks` (200 held-out questions, greedy). Step time
-is the run's training time (evaluations and saves left out) over its steps. Run from the
+is the run's training time (evaluations and saves left out) over its steps; val loss is the
+masked loss on the held-out 2% of the conversations at the end. Run from the
 repository root. Prints one table.
 """
 
@@ -101,15 +102,15 @@ def main() -> int:
         rows.append((label, end, acc))
     full_acc = rows[0][2]
     print(
-        f"\n{'run':<34}{'trainable':>12}{'of total':>10}{'s/step':>8}{'exact match':>13}"
-        f"{'vs full':>9}"
+        f"\n{'run':<34}{'trainable':>12}{'of total':>10}{'s/step':>8}{'val loss':>10}"
+        f"{'exact match':>13}{'vs full':>9}"
     )
     for label, end, acc in rows:
         share = end["trainable"] / end["total"]
         ratio = acc / full_acc if full_acc else float("nan")
         print(
             f"{label:<34}{end['trainable']:>12,}{share:>10.1%}{end['train_time'] / end['step']:>8.3f}"
-            f"{acc:>13.3f}{ratio:>9.1%}"
+            f"{end.get('val_loss', float('nan')):>10.4f}{acc:>13.3f}{ratio:>9.1%}"
         )
     return 0
 
