@@ -255,3 +255,38 @@ def test_a_run_training_embeddings_exports_merged_and_says_why_no_adapter(tmp_pa
     assert (tmp_path / "hf" / "config.json").is_file() and not (
         tmp_path / "hf" / "adapter"
     ).exists()
+
+
+def test_lora_on_an_imported_model_loads_in_peft_on_the_model_it_came_from(tmp_path):
+    """A transformers model brought in by `littlelm import`, continued with LoRA from its
+    train.yaml: peft puts the exported adapters on the original model directory."""
+    peft = judge("peft")
+    transformers = judge("transformers")
+    import yaml
+
+    from littlelm.interop.hf import export, import_model
+
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "base"}, model=LLAMA)
+    base["train"]["max_steps"] = 2
+    Trainer(load_run(write_config(tmp_path / "base.yaml", base)), resume="never").fit()
+    export(tmp_path / "runs" / "base", tmp_path / "hf")  # stands for a downloaded model
+    import_model(tmp_path / "hf", tmp_path / "runs" / "imported")
+    tree = yaml.safe_load((tmp_path / "runs" / "imported" / "train.yaml").read_text())
+    tree["data"]["sources"] = {"text": {"name": "text", "path": str(corpus), "split": "paragraph"}}
+    tree["run"].update(name="imported-lora", device="cpu")
+    tree["train"] = {"micro_batch_size": 4, "seq_len": 32, "max_steps": 3}
+    tree["eval"] = {"every": 0, "at_end": False}
+    tree["lora"] = {"rank": 4, "lr": 0.05, "targets": ["mlp"]}
+    cfg = load_run(write_config(tmp_path / "lora.yaml", tree))
+    Trainer(cfg, resume="never").fit()
+    export(cfg.run_dir(), tmp_path / "hf_lora")
+    wrapped = Trainer(cfg).model.eval()
+    original = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").float()
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        before = original(ids).logits
+        model = peft.PeftModel.from_pretrained(original, tmp_path / "hf_lora" / "adapter")
+        ours, theirs = wrapped(ids), model.eval()(ids).logits
+    assert (ours - before).abs().max() > 1e-3
+    assert (theirs - ours).abs().max().item() < 1e-4
