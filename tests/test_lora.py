@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import judge, make_corpus, tiny_tree, write_config
+from littlelm.cli import main
 from littlelm.errors import CheckpointError, ConfigError
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.lora import (
@@ -257,7 +258,7 @@ def test_a_run_training_embeddings_exports_merged_and_says_why_no_adapter(tmp_pa
     ).exists()
 
 
-def test_lora_on_an_imported_model_loads_in_peft_on_the_model_it_came_from(tmp_path):
+def test_lora_on_an_imported_model_loads_in_peft_on_the_model_it_came_from(tmp_path, capsys):
     """A transformers model brought in by `littlelm import`, continued with LoRA from its
     train.yaml: peft puts the exported adapters on the original model directory."""
     peft = judge("peft")
@@ -279,7 +280,9 @@ def test_lora_on_an_imported_model_loads_in_peft_on_the_model_it_came_from(tmp_p
     tree["eval"] = {"every": 0, "at_end": False}
     tree["lora"] = {"rank": 4, "lr": 0.05, "targets": ["mlp"]}
     cfg = load_run(write_config(tmp_path / "lora.yaml", tree))
-    Trainer(cfg, resume="never").fit()
+    assert main(["train", str(tmp_path / "lora.yaml")]) == 0
+    # d_model 32, MLP 64 (swiglu): r·(32 + 64) for c_gate, c_fc and c_proj, in 2 layers
+    assert "lora: 2,304 trainable parameters" in capsys.readouterr().out
     export(cfg.run_dir(), tmp_path / "hf_lora")
     wrapped = Trainer(cfg).model.eval()
     original = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").float()
