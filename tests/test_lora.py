@@ -293,3 +293,35 @@ def test_lora_on_an_imported_model_loads_in_peft_on_the_model_it_came_from(tmp_p
         ours, theirs = wrapped(ids), model.eval()(ids).logits
     assert (ours - before).abs().max() > 1e-3
     assert (theirs - ours).abs().max().item() < 1e-4
+
+
+def test_gguf_of_a_lora_run_is_the_merged_model(tmp_path):
+    """`export --gguf` writes the merged model: transformers' GGUF reader computes littlelm's
+    merged logits (fp32 weights)."""
+    judge("gguf")
+    transformers = judge("transformers")
+    from littlelm.interop.hf import export
+    from littlelm.load import load_model
+
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "base"}, model=LLAMA)
+    base["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 300, "train_chars": 5000}
+    base["train"]["max_steps"] = 2
+    Trainer(load_run(write_config(tmp_path / "base.yaml", base)), resume="never").fit()
+    tree = tiny_tree(corpus, tmp_path / "runs", run={"name": "lora"}, model=LLAMA)
+    tree["data"]["tokenizer"] = {"name": "saved", "path": str(tmp_path / "runs" / "base")}
+    tree["grow"] = {"parent": str(tmp_path / "runs" / "base"), "continue_data": False}
+    tree["lora"] = {"rank": 4, "lr": 0.05}
+    tree["train"]["max_steps"] = 2
+    cfg = load_run(write_config(tmp_path / "lora.yaml", tree))
+    Trainer(cfg, resume="never").fit()
+    out = tmp_path / "gguf" / "lora.gguf"
+    export(cfg.run_dir(), None, gguf=out, gguf_type="f32")
+    merged, tok, _ = load_model(cfg.run_dir())
+    plain, _, _ = load_model(tmp_path / "runs" / "base")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out.parent, gguf_file=out.name).eval()
+    ids = torch.randint(0, tok.vocab_size, (2, 24), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        ours = merged(ids)
+        assert (ours - plain(ids)).abs().max() > 1e-3
+        assert (hf(ids).logits - ours).abs().max().item() < 1e-4
