@@ -147,7 +147,19 @@ def test_lora_run_keeps_adapters_alone_resumes_bitwise_and_loads_merged(tmp_path
     trainer.fit()
     tree["run"]["name"] = "split"
     split = load_run(write_config(tmp_path / "split.yaml", tree))
-    assert Trainer(split, resume="never").fit(stop_after=4)["step"] == 4
+    stopped = Trainer(split, resume="never")
+    assert stopped.fit(stop_after=4)["step"] == 4
+    # a rollback (the loss guard's) puts the checkpoint's adapters back, the base untouched
+    at4 = load_file(split.run_dir() / "checkpoints" / "step_000004" / "model.safetensors")
+    frozen = {n: p.clone() for n, p in stopped.model.named_parameters() if not p.requires_grad}
+    with torch.no_grad():
+        for p in stopped.model.parameters():
+            if p.requires_grad:
+                p.add_(1.0)
+    stopped.checkpointer.rollback(stopped.state, stopped.model, stopped.optimizer)
+    params = dict(stopped.model.named_parameters())
+    assert all(torch.equal(params[k], at4[k]) for k in at4)
+    assert all(torch.equal(params[k], v) for k, v in frozen.items())
     Trainer(split).fit()  # resumes from step 3's checkpoint: base, adapters, their moments, RNG
     assert (
         losses(straight.run_dir()) == losses(split.run_dir()) and len(losses(split.run_dir())) == 6
