@@ -1,6 +1,7 @@
 """The verbs on a whole run file, which tie several packages together and so sit above them
 (pyproject's layers): train (the Trainer, printing with console.py), config show and list (the
-schema), data prepare (the schema's data section), sweep (runs, then report/compare.py's table).
+schema), data prepare (the schema's data section), sweep (runs, then report/compare.py's table;
+in sweep/, its --help and <TAB> would import sweep/__init__.py's schema, and with it torch).
 The verbs of one package live in its verbs.py; cli.py registers them all."""
 
 from __future__ import annotations
