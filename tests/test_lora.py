@@ -256,15 +256,14 @@ def test_peft_on_the_exported_base_computes_the_lora_run_and_so_does_the_merged_
     assert (merged_logits - theirs).abs().max().item() < 1e-4
 
 
-def test_a_run_training_embeddings_exports_merged_and_says_why_no_adapter(tmp_path):
-    from littlelm.interop.hf import export
+def test_a_run_training_embeddings_exports_merged_and_says_why_no_adapter(tmp_path, capsys):
 
     _, tree = base_and_lora(tmp_path, train_embeddings=True)
     tree["train"]["max_steps"] = 1
     cfg = load_run(write_config(tmp_path / "lora.yaml", tree))
     Trainer(cfg, resume="never").fit()
-    info = export(cfg.run_dir(), tmp_path / "hf")
-    assert info["adapter"] is None and "train_embeddings" in info["adapter_note"]
+    assert main(["export", str(cfg.run_dir()), "--out", str(tmp_path / "hf")]) == 0
+    assert "no PEFT adapter: lora.train_embeddings" in capsys.readouterr().out
     assert (tmp_path / "hf" / "config.json").is_file() and not (
         tmp_path / "hf" / "adapter"
     ).exists()

@@ -22,7 +22,8 @@ def export(
 
     As stock LlamaForCausalLM / Qwen3ForCausalLM when the model's features allow, else with
     littlelm's modeling file (trust_remote_code=True); see docs/interop.md. A Hugging Face model
-    directory comes in the other way: littlelm import.
+    directory comes in the other way: littlelm import. A LoRA run's export is its merged model,
+    with the adapters alone in PEFT's format in OUT/adapter (docs/post-training.md).
 
     examples:
       littlelm export runs/demo --out hf/demo
@@ -49,6 +50,13 @@ def export(
         print(f"exported {r['checkpoint']} to {r['out']} as {r['arch']}: {r['reason']}")
         print(f"load it: AutoModelForCausalLM.from_pretrained({str(r['out'])!r}{remote})")
         print(f"and its tokenizer: AutoTokenizer.from_pretrained({str(r['out'])!r}{remote})")
+        if r["adapter"] is not None:  # a LoRA run: its adapters for PEFT too
+            print(
+                f"and its LoRA adapters alone (PEFT): PeftModel.from_pretrained(BASE, "
+                f"{str(r['adapter'])!r}), BASE the export of its base (docs/post-training.md)"
+            )
+        if r["adapter_note"] is not None:
+            print(r["adapter_note"])
 
 
 def import_(hf_dir: str, /, *, out: str) -> None:
