@@ -261,11 +261,3 @@ def merge_lora(model: nn.Module) -> nn.Module:
         del model.adapter_lr
     return model
 
-
-def adapter_tensors(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
-    """{the base linear's weight name: (A, B, scale)} of a wrapped model, for export."""
-    out = {}
-    for name, m in model.named_modules():
-        if isinstance(m, LoRALinear):
-            out[f"{name}.weight"] = (m.lora_A.detach(), m.lora_B.detach(), m.scale)
-    return out
