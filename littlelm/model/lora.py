@@ -260,4 +260,3 @@ def merge_lora(model: nn.Module) -> nn.Module:
     if hasattr(model, "adapter_lr"):
         del model.adapter_lr
     return model
-
