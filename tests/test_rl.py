@@ -135,8 +135,11 @@ def rl_records(run_dir: Path) -> list[tuple]:
     return [tuple(r[k] for k in keep) for r in map(json.loads, lines) if "rl_reward" in r]
 
 
-def weights(run_dir: Path) -> dict:
-    return load_file(ckpt.latest_checkpoint(run_dir / "checkpoints") / "model.safetensors")
+def weights(run_dir: Path, vocab: int = 264) -> dict:
+    """The newest checkpoint's tensors; the embedding's padding rows (past the tokenizer's
+    `vocab`, never read) left out: a run started from another's draws its own."""
+    w = load_file(ckpt.latest_checkpoint(run_dir / "checkpoints") / "model.safetensors")
+    return {k: v[:vocab] if k in ("wte.weight", "lm_head.weight") else v for k, v in w.items()}
 
 
 @pytest.mark.slow
