@@ -238,7 +238,8 @@ def make_run(work: Path, name: str, args: argparse.Namespace, steps: int | None 
         tree["data"], tree["sft"] = sft_data(work)
     if args.rl and name == "base":  # the SFT model RL starts from: conversations from random
         tree["data"], _ = sft_data(work)
-        tree["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 400, "train_chars": 200_000}
+        # the conversations' few letters make few merges: bytes, BOS, chat tokens and some
+        tree["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 270, "train_chars": 200_000}
         tree["train"]["max_steps"] = 150
         tree["checkpoint"] = {"every": 150}
     elif args.rl:
