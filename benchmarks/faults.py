@@ -4,6 +4,7 @@
     python benchmarks/faults.py --nproc 2      # torchrun, gloo, DDP with ZeRO-1 AdamW
     python benchmarks/faults.py --sft          # the runs are SFT (docs/post-training.md)
     python benchmarks/faults.py --lora         # the runs train LoRA adapters on a frozen base
+    python benchmarks/faults.py --rl --steps 100   # the runs are RL from an SFT run (rl:)
 
 1. Trains a small config (2 layers, d_model 64, byte tokenizer, synthetic text) without
    interruption: the reference. With `--nproc N` (N > 1) both runs are `littlelm train ...
@@ -72,6 +73,11 @@ the RNG a resume must restore) on a frozen base run trained first, continuing it
 adapters alone and every resume loads the base again from its checkpoint, checked by its
 fingerprint; everything above is checked the same way (the final weights compared are the
 adapters).
+With `--rl` the two runs are RL with verifiable rewards (train/rl.py): the base is an SFT run
+on those conversations (150 steps from random weights, so that sampled replies are right some
+of the time), and both runs start from it (`sft.base`) with `rl:` groups sampled at temperature
+1 and scored by exact match; besides the losses and weights, every logged step's mean reward
+must be bitwise equal: a resumed run samples exactly the replies of the uninterrupted one.
 
 Exit status 0 only when every check passes. On 2 CPU cores the default run takes about one
 minute, `--nproc 2` (10 kills, 200 steps) about two, and the cases of steps 4 and 5 about three
@@ -181,6 +187,27 @@ def sft_data(work: Path) -> tuple[dict, dict]:
     return data, {"base": str(base)}
 
 
+def rl_section(work: Path) -> dict:
+    """The RL runs' rl: section (--rl), its prompts written beside the conversations."""
+    prompts = work / "prompts.jsonl"
+    if not prompts.exists():
+        rng = random.Random(2)
+        rows = []
+        for _ in range(500):
+            letters = [rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))]
+            q, a = f"Reverse: {' '.join(letters)}", " ".join(reversed(letters))
+            rows.append({"question": q, "answer": a})
+        prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {
+        "prompts": str(prompts),
+        "group_size": 4,
+        "prompts_per_step": 4,
+        "max_new_tokens": 16,
+        "kl_coef": 0.05,
+        "reward": "exact",
+    }
+
+
 def make_run(work: Path, name: str, args: argparse.Namespace, steps: int | None = None) -> Path:
     rng = random.Random(0)
     corpus = work / "corpus.txt"
@@ -221,6 +248,16 @@ def make_run(work: Path, name: str, args: argparse.Namespace, steps: int | None 
         tree["lora"] = {"rank": 8, "dropout": 0.1, "lr": 0.003}
         if not args.sft:
             tree["grow"] = {"parent": str(work / "runs" / "base")}
+    if args.rl and name == "base":  # the SFT model RL starts from: conversations from random
+        tree["data"], _ = sft_data(work)
+        # the conversations' few letters make few merges: bytes, BOS, chat tokens and some
+        tree["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 270, "train_chars": 200_000}
+        tree["train"]["max_steps"] = 150
+        tree["checkpoint"] = {"every": 150}
+    elif args.rl:
+        tree["data"], tree["sft"] = sft_data(work)
+        tree["rl"] = rl_section(work)
+        tree["optimizer"] = {"name": "adamw", "lr": 3e-4}
     if args.nproc > 1:
         tree["distributed"] = {"shard_adamw": args.zero1}
     for item in args.set or []:  # --set train.precision=fp32 ...
@@ -462,6 +499,12 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
 
 
+def rewards(run_dir: Path) -> dict[int, float]:
+    """Each logged step's mean RL reward (--rl; log_every is 1)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["rl_reward"] for r in records if "rl_reward" in r}
+
+
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(ckpt.latest_checkpoint(run_dir / "checkpoints") / "model.safetensors")
 
@@ -494,6 +537,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", help="cpu (bitwise check) or cuda")
     ap.add_argument("--sft", action="store_true", help="SFT runs from a base run (conversations)")
     ap.add_argument("--lora", action="store_true", help="LoRA runs on a frozen base run")
+    ap.add_argument("--rl", action="store_true", help="RL runs from an SFT run (rl:, exact match)")
     ap.add_argument(
         "--set",
         action="append",
@@ -959,7 +1003,7 @@ def main() -> int:
     env = {**os.environ, "LITTLELM_CACHE": str(work / "cache")}
     t0 = time.monotonic()
 
-    if args.sft or args.lora:  # the base model both SFT (or LoRA) runs start from
+    if args.sft or args.lora or args.rl:  # the base model the SFT, LoRA or RL runs start from
         base = Child(make_run(work, "base", args), env, 1)
         if base.drain() != 0:
             print("".join(base.out + base.err))
@@ -979,6 +1023,8 @@ def main() -> int:
     weights_equal = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     la, lb = losses(work / "runs" / "reference"), losses(work / "runs" / "faulted")
     losses_equal = la == lb and len(la) == args.steps
+    ra, rb = rewards(work / "runs" / "reference"), rewards(work / "runs" / "faulted")
+    rewards_equal = ra == rb and len(ra) == (args.steps if args.rl else 0)
     w_diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     l_diff = max(abs(la[k] - lb.get(k, float("inf"))) for k in la)
     recovered = sum(r.good for r in rows)
@@ -1008,7 +1054,12 @@ def main() -> int:
         f" (largest difference {l_diff:.3g})\n"
         f"wall time: {total:.0f}s (uninterrupted run {ref_time:.0f}s)"
     )
-    exact = (weights_equal and losses_equal) or args.device != "cpu"
+    if args.rl:
+        same = "yes" if rewards_equal else "NO"
+        print(f"per-step RL mean rewards ({len(rb)} steps) bitwise equal: {same}")
+    exact = (weights_equal and losses_equal and (rewards_equal or not args.rl)) or (
+        args.device != "cpu"
+    )
     cases = extra_cases(args, work, env) if args.cases else []
     for name, text, ok in cases:
         print(f"{name}: {'ok' if ok else 'FAILED'}: {text}")

@@ -16,6 +16,7 @@ Sections and who owns them:
     grow        start from a smaller trained checkpoint         (littlelm.train.growth)
     sft         fine-tune a base model (post-training)          (littlelm.train.growth)
     lora        train low-rank adapters on a frozen base        (littlelm.model.lora)
+    rl          RL with verifiable rewards after SFT            (littlelm.train.rl)
 
 `resolve` returns a new config with the values derived from others filled in (vocabulary size
 from the tokenizer, which `load_run` looks up, so that resolving reads no file; sequence length, gradient accumulation, step count from a token budget), so
@@ -72,6 +73,8 @@ from littlelm.registry import callback_classes
 from littlelm.train.budget import BudgetConfig
 from littlelm.train.distributed import DistributedConfig
 from littlelm.train.guard import GuardConfig
+from littlelm.train.rl import RLConfig
+from littlelm.train.rl import problems as rl_problems
 from littlelm.train.start_from import GrowConfig, SFTConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
@@ -317,6 +320,11 @@ class RunConfig(Cfg):
         description="Train low-rank adapters (LoRA) on the frozen weights the run starts from "
         "(sft.base or grow.parent; docs/post-training.md); null = train every weight.",
     )
+    rl: RLConfig | None = Field(
+        None,
+        description="RL with verifiable rewards (GRPO-style) from the SFT model sft.base names "
+        "(docs/post-training.md); null = the loss is the data's next-token loss.",
+    )
 
     @classmethod
     def upgrade(cls, tree: dict, origin: dict[str, str]) -> list[str]:
@@ -475,6 +483,7 @@ def resolve(
             "fine-tuning a base of this shape, grow: {parent: ...} for a larger model"
         )
     problems += _lora_problems(cfg, world_size)
+    problems += rl_problems(cfg)
     if problems:
         raise ConfigError(problems, source or None)
     update = {"model": m, "train": train, "distributed": dist, "grow": grow}

@@ -23,6 +23,7 @@ leading BOS the template writes itself.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -73,6 +74,14 @@ def conversation_problem(messages) -> tuple[str, str] | None:
     if expect == "assistant":
         return "roles out of order", "the last message is a user turn with no reply"
     return None
+
+
+def extract(reply: str) -> str:
+    """The answer in a reply: after the last `####`, else all of it; trimmed, commas of numbers
+    dropped (GSM8K style). Chat evaluation (eval/chat_eval.py) and RL's rewards (train/rewards.py)
+    read answers with it."""
+    text = reply.rsplit("####", 1)[-1].strip()
+    return re.sub(r"(?<=\d),(?=\d)", "", text)
 
 
 def json_lines(lines, name: str, hint: str = "") -> Iterator[tuple[str, object]]:

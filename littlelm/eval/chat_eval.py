@@ -27,7 +27,6 @@ The table gives each task's accuracy and its centred score, (accuracy - baseline
 from __future__ import annotations
 
 import json
-import re
 import string
 import sys
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from littlelm.data.chat import check_messages, json_lines
+from littlelm.data.chat import check_messages, extract, json_lines
 from littlelm.errors import DataError
 
 KINDS = ("generative", "choice")
@@ -118,13 +117,6 @@ def read_rows(path: Path, kind: str) -> list[dict]:
     if not rows:
         raise DataError(f"{path}: no rows")
     return rows
-
-
-def extract(reply: str) -> str:
-    """The answer in a reply: after the last `####`, else all of it; trimmed, commas of numbers
-    dropped."""
-    text = reply.rsplit("####", 1)[-1].strip()
-    return re.sub(r"(?<=\d),(?=\d)", "", text)
 
 
 def score_generative(chat, rows: list[dict]) -> tuple[float, list[dict]]:

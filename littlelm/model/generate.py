@@ -110,3 +110,38 @@ def pick(
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     probs = torch.softmax(logits.float(), dim=-1)
     return int(torch.multinomial(probs, 1, generator=gen))
+
+
+@torch.no_grad()
+def sample_group(
+    model: GPT,
+    prompt: list[int],
+    n: int,
+    max_tokens: int,
+    temperature: float,
+    gen: torch.Generator,
+    stop: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`n` continuations of one `prompt` sampled side by side through one batched KV cache
+    (RL's group, train/rl.py). Returns (tokens (n, max_tokens), lengths (n,)): a row's reply is
+    its first `length` tokens, the `stop` token included when it came; after it the row holds
+    `stop` (filler). The prompt and max_tokens must fit the context (the caller checks)."""
+    device = model.wte.weight.device
+    caches = model.new_caches(n, len(prompt) + max_tokens)
+    x = torch.tensor([prompt], device=device).expand(n, -1)
+    logits = model(x, caches=caches)[:, -1]  # (n, V)
+    out = torch.full((n, max_tokens), stop, dtype=torch.long, device=device)
+    lengths = torch.full((n,), max_tokens, dtype=torch.long, device=device)
+    done = torch.zeros(n, dtype=torch.bool, device=device)
+    for i in range(max_tokens):
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+        nxt = torch.where(done, stop, nxt)  # a finished row only holds filler
+        out[:, i] = nxt
+        ended = (nxt == stop) & ~done
+        lengths[ended] = i + 1
+        done |= ended
+        if bool(done.all()) or i + 1 == max_tokens:
+            break
+        logits = model(nxt[:, None], caches=caches)[:, -1]
+    return out, lengths

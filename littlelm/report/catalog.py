@@ -42,6 +42,7 @@ FIGURES = {
     "memory": "Memory",
     "data": "Data",
     "evals": "Evaluation scores",
+    "rl": "RL: reward, pass@1, KL to the SFT model, reply length, time per step",
     "other": "Other logged metrics",
 }
 
@@ -72,6 +73,20 @@ KNOWN: dict[tuple[str, str], Metric] = {
     ),
     ("rollback", "failed_at"): Metric(
         "rollback to the point on x, from the step", "step", "guard", points=True
+    ),
+    # RL runs (train/rl.py): means over the steps since the last record
+    ("train", "rl_reward"): Metric("mean reward of the sampled replies", "reward", "rl"),
+    ("train", "rl_pass1"): Metric(
+        "sampled replies scoring 1 (pass@1)", "fraction", "rl", from_zero=True
+    ),
+    ("train", "rl_kl"): Metric("KL to the SFT model (k3)", "nats/reply token", "rl"),
+    ("train", "rl_reply_tokens"): Metric("reply length", "tokens", "rl", from_zero=True),
+    ("train", "rl_flat_frac"): Metric(
+        "groups with equal rewards (no signal)", "fraction", "rl", from_zero=True
+    ),
+    ("train", "rl_sample_s"): Metric("sampling", "s/step", "rl", "rl time", from_zero=True),
+    ("train", "rl_learn_s"): Metric(
+        "loss and gradients", "s/step", "rl", "rl time", from_zero=True
     ),
 }
 

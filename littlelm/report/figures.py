@@ -39,6 +39,10 @@ CAPTIONS = {
     "memory": "Memory as logged by the trainer.",
     "data": "Data pipeline statistics as logged by the loader.",
     "evals": "Evaluation scores logged at evaluation steps.",
+    "rl": "An RL run's sampled replies (train/rl.py): their mean reward and the fraction that "
+    "score 1 (pass@1 at the sampling temperature), the k3 KL to the SFT model per reply token, "
+    "reply length, groups with equal rewards, and the seconds per step sampling vs computing "
+    "the loss and gradients.",
     "other": "Further numeric fields found in metrics.jsonl, plotted as logged.",
 }
 

@@ -45,6 +45,7 @@ from littlelm.train.checkpoint.state import TrainState, Window
 from littlelm.train.distributed import Parallel
 from littlelm.train.growth import check_lora_start, complete_growth, grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
+from littlelm.train.rl import RL
 from littlelm.train.signals import StopSignals
 from littlelm.train.step import grad_norm, micro_step, seed_everything, synchronize, update
 from littlelm.train.validation import validation_metrics
@@ -167,6 +168,10 @@ class Trainer:
         #     and sampling use the bare `self.model`
         forward = self.parallel.wrap(self.model)
         self.forward = torch.compile(forward) if cfg.train.compiles(self.device) else forward
+        # 14. RL (train/rl.py): a step's loss from replies sampled and scored, not from batches
+        self.rl = (
+            RL(cfg, self.model, self.device, self.autocast, self.data.tokenizer) if cfg.rl else None
+        )
 
     # ---- construction steps (in the order __init__ calls them) --------------------------------
 
@@ -294,19 +299,13 @@ class Trainer:
         and moves the counters and the schedule on; only the update is left out."""
         t0 = time.perf_counter()
         s, t = self.state, self.cfg.train
-        accum, batch_tokens, seq_len = t.grad_accum, t.batch_tokens, t.seq_len
-        assert accum and batch_tokens and seq_len, "load_run derives them"
-        # forward and backward, micro-batch by micro-batch: gradients accumulate in .grad
-        total = torch.zeros((), device=self.device)
-        trained = 0  # targets the loss counted (conversations: the assistant's tokens only)
-        for i in range(accum):
-            batch: Batch = next(batches)
-            trained += t.micro_batch_size * seq_len if batch.trained is None else batch.trained
-            x, y = (b.to(self.device, non_blocking=True) for b in (batch.x, batch.y))
-            with self.parallel.no_sync(skip=i < accum - 1):  # DDP: all-reduce on the last
-                total += micro_step(self.forward, x, y, accum, self.autocast)
-        s.loader = batch.state
-        loss = total / accum
+        batch_tokens = t.batch_tokens
+        assert batch_tokens, "load_run derives it"
+        # forward and backward: gradients accumulate in .grad; `trained`: the targets counted
+        if self.rl is None:
+            loss, trained = self._micro_batches(batches)
+        else:  # RL: the loss on replies sampled and scored now (train/rl.py), their tokens
+            loss, trained = self.rl.forward_backward(s.step, self.forward)
         # clip: measure the gradient norm (before clipping) and clip to train.grad_clip
         norm = grad_norm(self.model.parameters(), t.grad_clip)
         # the loss guard's verdict on this step's loss and norm (one host sync)
@@ -316,11 +315,30 @@ class Trainer:
         # update, unless the guard left it out; the gradients are freed either way
         update(self.optimizer, apply=verdict is Verdict.OK)
         s.step += 1
-        masked = self.data.masked  # a masked loss counts the targets it trained on (all ranks)
+        # a masked loss (conversations, RL's replies) counts the targets it trained on (all ranks)
+        masked = self.data.masked or self.rl is not None
         s.tokens += self.parallel.total(trained, self.device) if masked else batch_tokens
         synchronize(self.device)  # the step's time includes the device's work
         s.train_time += time.perf_counter() - t0
         return Step(loss, norm, verdict, lr_mult)
+
+    def _micro_batches(self, batches) -> tuple[torch.Tensor, int]:
+        """Forward and backward of `grad_accum` micro-batches: gradients accumulate in .grad.
+        Returns the mean loss (detached) and the targets it counted (conversations: the
+        assistant's tokens only)."""
+        t = self.cfg.train
+        accum, seq_len = t.grad_accum, t.seq_len
+        assert accum and seq_len, "load_run derives them"
+        total = torch.zeros((), device=self.device)
+        trained = 0
+        for i in range(accum):
+            batch: Batch = next(batches)
+            trained += t.micro_batch_size * seq_len if batch.trained is None else batch.trained
+            x, y = (b.to(self.device, non_blocking=True) for b in (batch.x, batch.y))
+            with self.parallel.no_sync(skip=i < accum - 1):  # DDP: all-reduce on the last
+                total += micro_step(self.forward, x, y, accum, self.autocast)
+        self.state.loader = batch.state
+        return total / accum, trained
 
     def _judge(self, loss: torch.Tensor, norm: torch.Tensor) -> Verdict:
         """The loss guard's verdict on this step (one host sync for both numbers). Under torchrun
@@ -361,7 +379,8 @@ class Trainer:
                 achieved / world, dev.auto_precision(self.cfg.train.precision, "cpu")
             )
             self.peak, m["mfu"] = achieved, 1.0
-        return {**m, **self.budget.record(s.step, per_step), **s.data_figures()}  # eta_s, time
+        rl = self.rl.figures() if self.rl else {}  # reward, pass@1, KL, ... since the last record
+        return {**m, **self.budget.record(s.step, per_step), **s.data_figures(), **rl}
 
     def save(self, final: bool = False) -> Path | None:
         """Checkpoint now. A failed periodic save stops the run, or with
