@@ -45,11 +45,79 @@ if TYPE_CHECKING:
 class Param:
     name: str
     shape: tuple[int, ...]
-    role: str  # the model's role for it (model/protocol.py ROLES)
+    role: str  # the model's role for it (model/protocol.py ROLES), "adapter" for LoRA's A and B
+    trainable: bool = True  # False: a LoRA run's frozen base (no gradient, no optimizer state)
+    nf4: bool = False  # stored in 4-bit NF4 with its quantization constants (QLoRA's base)
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def module(self) -> str:
+        """The module's name within its block ("attn.c_q", "mlp.c_proj"), else ""."""
+        parts = self.name.split(".")
+        return ".".join(parts[2:-1]) if parts[0] == "blocks" and len(parts) > 3 else ""
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """What a run's `lora:` section (model/lora.py) makes of the model, as the formulas read
+    it: each target linear's weight frozen with two trainable factors beside it, A (rank, in)
+    and B (out, rank); everything else frozen but the embeddings and norms it names."""
+
+    rank: int
+    targets: tuple[str, ...]  # modules within a block: "attn.c_q", ..., "mlp.c_proj"
+    dropout: bool = False  # lora.dropout > 0: each adapter keeps its dropped input and mask
+    nf4: bool = False  # lora.quantize: nf4 (QLoRA): the target weights in 4-bit NF4
+    train_embeddings: bool = False
+    train_norms: bool = False
+
+    @classmethod
+    def of(cls, lora, model: GPTConfig) -> Adapters | None:
+        """From a LoRAConfig (None: a full run)."""
+        if lora is None:
+            return None
+        groups = [lora.targets] if isinstance(lora.targets, str) else list(lora.targets)
+        attention = ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj")
+        mlp = (*(f"mlp.{n}" for n in MLPS[model.mlp].inputs), "mlp.c_proj")
+        targets: tuple[str, ...] = ()
+        if {"attention", "all_linear"} & set(groups):
+            targets += attention
+        if {"mlp", "all_linear"} & set(groups):
+            targets += mlp
+        return cls(
+            rank=lora.rank,
+            targets=targets,
+            dropout=lora.dropout > 0,
+            nf4=lora.quantize == "nf4",
+            train_embeddings=lora.train_embeddings,
+            train_norms=lora.train_norms,
+        )
+
+    def targeted(self, p: Param) -> bool:
+        return p.role == "matrix" and p.name.endswith(".weight") and p.module in self.targets
+
+    def trains(self, p: Param) -> bool:
+        """Is a parameter that is not a target trained in full?"""
+        if p.role in ("embedding", "lm_head"):  # wte, and lm_head when untied
+            return self.train_embeddings
+        return self.train_norms and "norm" in p.name.rsplit(".", 2)[-2]
+
+    def apply(self, params: tuple[Param, ...]) -> tuple[Param, ...]:
+        """The model's parameters with each target's weight frozen (NF4 under QLoRA) and its
+        two factors after it; the rest trainable as `trains` says."""
+        out: list[Param] = []
+        for p in params:
+            if not self.targeted(p):
+                out.append(replace(p, trainable=self.trains(p)))
+                continue
+            rows, cols = p.shape
+            module = p.name.removesuffix(".weight")
+            out.append(replace(p, trainable=False, nf4=self.nf4))
+            out.append(Param(f"{module}.lora_A", (self.rank, cols), "adapter"))
+            out.append(Param(f"{module}.lora_B", (rows, self.rank), "adapter"))
+        return tuple(out)
 
 
 _TENSORS: dict[str, tuple[tuple[Param, ...], tuple[int, ...]]] = {}
@@ -93,6 +161,8 @@ class Dims:
     strategy: str = "ddp"  # distributed.strategy: "ddp" or "fsdp"
     shard_muon: bool = True  # distributed.shard_muon (ddp): Muon momentum of owned matrices only
     shard_adamw: bool = False  # distributed.shard_adamw (ddp): ZeRO-1, AdamW moments split
+    lora: Adapters | None = None  # the run's `lora:` section (None: every parameter trains)
+    fine_tunes: bool = False  # starts from trained weights (sft: or lora:): LoRA applies
     # the trace's peak over the analytic model's at the configured micro-batch: a plan scales
     # every analytic figure by it (plan/planner.py), so the trace stays the one reference
     trace_scale: float = 1.0
@@ -111,6 +181,7 @@ class Dims:
         accum = max(1, seqs // mb)
         traits = oc.traits()
         params, buffers = model_tensors(cfg.model)
+        lora = Adapters.of(getattr(cfg, "lora", None), cfg.model)
         return cls(
             model=cfg.model,
             micro_batch=mb,
@@ -120,8 +191,10 @@ class Dims:
             ns_bf16=traits.ns_dtype in ("bf16", "auto"),
             optimizer=traits.kind,
             nesterov=traits.nesterov,
-            params=params,
+            params=lora.apply(params) if lora else params,
             buffers=buffers,
+            lora=lora,
+            fine_tunes=cfg.sft is not None or lora is not None,
             master_bf16=t.master_weights == "bf16",
             adamw_8bit=traits.adamw_8bit,
             checkpointing=t.activation_checkpointing,
@@ -160,16 +233,38 @@ class Dims:
     def n_params(self) -> int:
         return sum(p.numel for p in self.params)
 
+    @property
+    def trainable(self) -> tuple[Param, ...]:
+        """The parameters that get gradients and optimizer state (all but a LoRA run's base)."""
+        return tuple(p for p in self.params if p.trainable)
+
+    @property
+    def n_trainable(self) -> int:
+        return sum(p.numel for p in self.trainable)
+
+    def without_lora(self) -> Dims:
+        """The same run trained in full (every parameter, as the model builds them)."""
+        return replace(self, params=model_tensors(self.model)[0], lora=None)
+
+    def with_lora(self, lora: Adapters) -> Dims:
+        return replace(self, params=lora.apply(model_tensors(self.model)[0]), lora=lora)
+
     def numel(self, role: str) -> int:
         return sum(p.numel for p in self.params if p.role == role)
 
     def muon_param(self, p: Param) -> bool:
-        return self.optimizer == "muon" and p.role == "matrix"
+        return self.optimizer == "muon" and p.role == "matrix" and p.trainable
 
     @property
     def ddp_ranks(self) -> int:
         """Ranks of a ddp run (1 for one process or fsdp, whose sharding fsdp_per_gpu models)."""
         return self.world if self.strategy == "ddp" else 1
+
+    @property
+    def head_trains(self) -> bool:
+        """Does lm_head get a gradient (always, but in a LoRA run without train_embeddings)?"""
+        head = "embedding" if self.model.tie_embeddings else "lm_head"
+        return any(p.trainable for p in self.params if p.role == head)
 
     def muon_owned(self, count: int) -> int:
         """Matrices of a Muon bucket of `count` that rank 0 (which owns the most) steps."""
@@ -181,7 +276,7 @@ class Dims:
         """(shape, count) of each Muon bucket: same-shaped matrices of one optimizer group (a
         fresh run has one per role, and Muon steps the matrices'; growth's origins split groups
         further, but a planned run starts fresh)."""
-        return list(Counter(p.shape for p in self.params if self.muon_param(p)).items())
+        return list(Counter(p.shape for p in self.trainable if self.muon_param(p)).items())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -189,13 +284,34 @@ class Dims:
 
 
 def gradient_bytes(d: Dims) -> int:
-    return sum(block_bytes(d.param_bytes * p.numel) for p in d.params)
+    return sum(block_bytes(d.param_bytes * p.numel) for p in d.trainable)
+
+
+# bitsandbytes' NF4 (Linear4bit, QLoRA's defaults): two weights per byte; an absmax per block of
+# 64 weights, itself quantized to 8 bits (double quantization) with an fp32 absmax per 256 of
+# them and its 256-entry fp32 code book
+NF4_BLOCK, NF4_BLOCK2, NF4_CODE = 64, 256, 256
+
+
+def nf4_bytes(numel: int) -> int:
+    """One NF4 weight: the packed codes and its quantization constants (each its own tensor)."""
+    blocks = -(-numel // NF4_BLOCK)
+    return (
+        block_bytes(-(-numel // 2))  # the codes, two per byte
+        + block_bytes(blocks)  # the absmax of each block, 8-bit
+        + block_bytes(4 * -(-blocks // NF4_BLOCK2))  # their fp32 absmax
+        + block_bytes(4 * NF4_CODE)  # the second quantization's code book
+        + block_bytes(4)  # its offset (the mean it subtracts)
+    )
 
 
 def parameter_bytes(d: Dims) -> int:
-    """Parameters (one gradient's size each) and the RoPE tables, in train.master_weights'
-    dtype (fp32 or bf16)."""
-    return gradient_bytes(d) + sum(block_bytes(d.param_bytes * n) for n in d.buffers)
+    """Parameters and the RoPE tables, in train.master_weights' dtype (fp32 or bf16); QLoRA's
+    frozen target weights in NF4 (`nf4_bytes`)."""
+    own = sum(
+        nf4_bytes(p.numel) if p.nf4 else block_bytes(d.param_bytes * p.numel) for p in d.params
+    )
+    return own + sum(block_bytes(d.param_bytes * n) for n in d.buffers)
 
 
 BNB_MIN_8BIT = 4096  # bitsandbytes keeps tensors smaller than this in 32-bit state
@@ -220,7 +336,7 @@ def optimizer_state_bytes(d: Dims) -> int:
         block_bytes(d.param_bytes * math.prod(shape)) * d.muon_owned(count)
         for shape, count in d.muon_buckets()
     )
-    for p in d.params:
+    for p in d.trainable:
         if not d.muon_param(p):
             total += adamw_state_bytes(d, -(-p.numel // w) if d.shard_adamw else p.numel)
     return total
@@ -321,13 +437,12 @@ def chunked_loss_stages(d: Dims) -> dict[str, float]:
     chunk = fp32_rows * block_bytes(4 * n * V) + max(logits_copy, small)
     running = dw if (a != 4 or many_groups) else 0  # in fp32 the first product is the sum
     padded = Vp != V or d.param_bytes != 4  # d(lm_head) into a zero-padded tensor of its dtype
+    # a frozen lm_head (LoRA): its gradient, made in the forward all the same, is not scaled
+    scaled = (dw + (block_bytes(d.param_bytes * Vp * C) if padded else 0)) if d.head_trains else 0
     return {
         "chunk": rows + buf + chunk + (dw if many_groups else 0),
         "group": rows + buf + block_bytes(a * V * C) + running,
-        "backward": rows
-        + block_bytes(a * N * C)
-        + 2 * dw
-        + (block_bytes(d.param_bytes * Vp * C) if padded else 0),
+        "backward": rows + block_bytes(a * N * C) + dw + scaled,
     }
 
 
@@ -341,6 +456,7 @@ def plain_loss_stages(d: Dims) -> dict[str, float]:
     logits = (2 * V + 4 * V) if d.bf16 else 4 * V  # matmul output (+ its fp32 copy)
     saved = 8 * V if cap else 4 * V  # tanh output + log-softmax output, or log-softmax only
     head_grad = (2 + d.param_bytes) * V * C if d.bf16 else 4 * V * C
+    head_grad *= d.head_trains  # a frozen lm_head (LoRA) gets none
     return {
         "logits": N * logits,
         "softcap": N * (4 * V + 8 * V) if cap else 0,
@@ -370,7 +486,9 @@ def block_backward_stages(d: Dims) -> dict[str, float]:
     gqa = m.kv_heads != m.n_head
     flash = a * q + 4 * q + 4 * m.n_head + a * q + 2 * a * kv + (2 * a * q if gqa else 0)
     fixed = 3 * BLOCK_SCALAR + (2 * BLOCK_SCALAR if m.residual_scalars else 0)
-    if m.tie_embeddings:  # the lm_head half of the tied embedding's gradient waits for the rest
+    if (
+        m.tie_embeddings and d.head_trains
+    ):  # the lm_head half of the tied embedding's gradient waits for the rest
         fixed += block_bytes(d.param_bytes * m.padded_vocab * C)
     rope_norm = 3 * a * (q + kv) + a * kv  # d(q|k), RoPE's output, the swapped halves; d(v)
     stages: dict[str, float] = {
@@ -400,9 +518,9 @@ def optimizer_scratch_bytes(d: Dims) -> int:
     of `optimizer.step()`: fused AdamW none, the stochastic-rounding AdamW (optim/lowp.py) three
     fp32 tensors of the largest size; Muon's per bucket, plus under sharded Muon the owned
     updates and their all-gather; ZeRO-1's slices and their fp32 all-gather."""
-    peak = (len(d.params) + 2) * block_bytes(4)
+    peak = (len(d.trainable) + 2) * block_bytes(4)
     w = d.ddp_ranks
-    adam = [p.numel for p in d.params if not d.muon_param(p)]
+    adam = [p.numel for p in d.trainable if not d.muon_param(p)]
     if adam and d.stochastic_rounding:
         largest = max(adam)
         peak = max(peak, 3 * block_bytes(4 * (-(-largest // w) if d.shard_adamw else largest)))
@@ -418,7 +536,7 @@ def optimizer_scratch_bytes(d: Dims) -> int:
             need += d.ns_bytes * (w + 1) * k
         peak = max(peak, need)
     if d.shard_adamw and w > 1:
-        slices = sum(-(-p.numel // w) for p in d.params if not d.muon_param(p))
+        slices = sum(-(-p.numel // w) for p in d.trainable if not d.muon_param(p))
         peak = max(peak, 4 * (w + 1) * slices)
     return peak
 
@@ -459,7 +577,7 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
     The optimizer step: parameters, state, gradients and scratch."""
     m, N, L, a = d.model, d.tokens, d.model.n_layer, d.act_bytes
     kept = {PARAMS: c[PARAMS], STATE: c[STATE]}
-    head_grad = block_bytes(d.param_bytes * m.padded_vocab * m.d_model)
+    head_grad = block_bytes(d.param_bytes * m.padded_vocab * m.d_model) if d.head_trains else 0
     if d.checkpointing:
         layer = [int(m.d_model * d.param_bytes * N)] * L
     else:
@@ -471,7 +589,9 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
         grads_top = grads_bottom = c[GRADS]
     else:
         embeds = sum(
-            block_bytes(d.param_bytes * p.numel) for p in d.params if p.role.endswith("embedding")
+            block_bytes(d.param_bytes * p.numel)
+            for p in d.trainable
+            if p.role.endswith("embedding")
         )
         grads_top, grads_bottom = head_grad, c[GRADS] - embeds
     loss = {**kept, COPIES: c[COPIES], ACT: c[ACT], LOSS: c[LOSS]}
