@@ -95,6 +95,16 @@ class Adapters:
             train_norms=lora.train_norms,
         )
 
+    @property
+    def attention(self) -> bool:
+        """Do the attention's linears have adapters (then each is its own matmul: LoRALinear
+        is not the plain nn.Linear whose weights the attention stacks)?"""
+        return any(t.startswith("attn.") for t in self.targets)
+
+    @property
+    def mlp(self) -> bool:
+        return any(t.startswith("mlp.") for t in self.targets)
+
     def targeted(self, p: Param) -> bool:
         return p.role == "matrix" and p.name.endswith(".weight") and p.module in self.targets
 
@@ -102,7 +112,9 @@ class Adapters:
         """Is a parameter that is not a target trained in full?"""
         if p.role in ("embedding", "lm_head"):  # wte, and lm_head when untied
             return self.train_embeddings
-        return self.train_norms and "norm" in p.name.rsplit(".", 2)[-2]
+        module = p.name.split(".")[-2] if "." in p.name else ""  # norm1, norm_f, q_norm, ...
+        norm = module.startswith("norm") or module.endswith("_norm")
+        return self.train_norms and norm and p.name.endswith(".weight")
 
     def apply(self, params: tuple[Param, ...]) -> tuple[Param, ...]:
         """The model's parameters with each target's weight frozen (NF4 under QLoRA) and its
@@ -261,6 +273,18 @@ class Dims:
         return self.world if self.strategy == "ddp" else 1
 
     @property
+    def frozen_input(self) -> bool:
+        """Does the first block's input carry no gradient (a LoRA run whose embedding and first
+        norm's gain are frozen)? Then that block's ops before its first adapter record nothing
+        for the backward: autograd keeps what a gradient needs, and none flows there."""
+        lo = self.lora
+        return (
+            lo is not None
+            and not lo.train_embeddings
+            and not (lo.train_norms and self.model.norm_affine)
+        )
+
+    @property
     def head_trains(self) -> bool:
         """Does lm_head get a gradient (always, but in a LoRA run without train_embeddings)?"""
         head = "embedding" if self.model.tie_embeddings else "lm_head"
@@ -348,13 +372,36 @@ def weight_copy_bytes(d: Dims) -> int:
     other block matmul weight cast once per forward, and the plain loss's lm_head rows."""
     m, C = d.model, d.model.d_model
     qkv = (m.n_head + 2 * m.kv_heads) * m.head_dim * C
+    lo = d.lora
+    stacked = lo is None or not lo.attention  # adapted q, k, v are three matmuls, not one
+    # a frozen weight's copy is kept for its input's gradient, which the first block's
+    # attention does not need when its input carries none (Dims.frozen_input)
+    quiet = 1 if d.frozen_input else 0
     # under activation checkpointing the stack is remade with its layer in the backward pass
-    total = 0 if d.checkpointing else m.n_layer * block_bytes(d.act_bytes * qkv)
+    stacks = 0 if d.checkpointing or not stacked else m.n_layer - quiet
+    total = stacks * block_bytes(d.act_bytes * qkv)
     if not d.bf16 or d.master_bf16:
         return total
-    attn_in = ("attn.c_q.", "attn.c_k.", "attn.c_v.")
-    mats = [p for p in d.params if p.role == "matrix" and not any(k in p.name for k in attn_in)]
-    total += sum(block_bytes(2 * p.numel) for p in mats)
+    attn_in = ("attn.c_q", "attn.c_k", "attn.c_v")
+    for p in d.params:
+        if p.nf4 or p.role not in ("matrix", "adapter"):
+            continue  # NF4 weights are dequantized, used and freed (model/nf4.py)
+        if stacked and p.module in attn_in:
+            continue  # in the stack
+        first = p.name.startswith("blocks.0.") and quiet
+        # (an adapter's copy is autocast's, cached for the forward: a trained leaf's cast)
+        if first and p.role == "matrix" and p.module in (*attn_in, "attn.ve_gate"):
+            continue  # reads the first block's input: no gradient, no copy kept
+        mlp_in = p.module.startswith("mlp.") and p.module != "mlp.c_proj"
+        if (
+            first
+            and p.role == "matrix"
+            and (p.module == "attn.c_proj" or mlp_in)
+            and not lo.attention
+        ):  # type: ignore[union-attr]  # quiet implies lora
+            continue  # the first block's attention is frozen: nothing up to the MLP's adapters
+            # carries a gradient (c_proj's input does, from them)
+        total += block_bytes(2 * p.numel)
     return total + (block_bytes(2 * m.vocab * C) if m.loss == "plain" else 0)
 
 
@@ -368,14 +415,28 @@ def layer_activation_bytes(d: Dims, layer: int) -> float:
     C, H, Hkv = m.d_model, m.n_head, m.kv_heads
     q, kv = H * m.head_dim, Hkv * m.head_dim
     ve = m.has_value_embed(layer)
+    lo = d.lora
+    if lo is not None and layer == 0 and d.frozen_input and not lo.attention:
+        # a frozen attention on an input without gradient records nothing: the block keeps
+        # its MLP's tensors (and norm2's output, the adapters' input) only
+        return a * C + mlp_activation_bytes(d) + adapter_activation_bytes(d, "mlp.")
     # the stream (the embedding's dtype): the mixed input, after attention, after the MLP
     total = (3 if m.residual_scalars else 2) * sb * C
     total += 2 * a * C + 2 * 4  # two norms' outputs, written in the matmul dtype, and 1/rms
+    if lo is not None and layer == 0 and d.frozen_input:  # norm1 and the mix get no gradient
+        total -= (2 if m.residual_scalars else 1) * sb * C + 4
+    if lo is not None and not lo.attention:  # norm1's output: read by frozen matmuls only
+        total -= a * C
+    if lo is not None and not lo.mlp:  # norm2's output, c_proj's input: read by frozen ones
+        total -= a * C + a * m.hidden
     if m.norm_affine:
         total += 2 * a * C  # the gain's product is a new tensor; its mul keeps the norm output
     # q, k and v come out of one matmul; that output stays alive while qk-norm keeps q and k
-    # (views of it) or attention keeps v (a view of it, when no value embedding replaces v)
-    if m.qk_norm or not ve:
+    # (views of it) or attention keeps v (a view of it, when no value embedding replaces v);
+    # adapted, q and k are one tensor (their outputs concatenated) and v another
+    if lo is not None and lo.attention:
+        total += (a * (q + kv) if m.qk_norm else 0) + (a * kv if not ve else 0)
+    elif m.qk_norm or not ve:
         total += a * (q + 2 * kv)
     if m.qk_norm:
         total += 4 * (H + Hkv)  # 1/rms per head
@@ -385,7 +446,22 @@ def layer_activation_bytes(d: Dims, layer: int) -> float:
     if ve:  # v + gate·ve, ve in the matmul dtype, the gate's sigmoid and 2·sigmoid
         total += 2 * a * kv + 2 * a * Hkv
     total += a * q + 4 * H  # attention output and FlashAttention's log-sum-exp (fp32)
-    return total + mlp_activation_bytes(d)
+    return total + mlp_activation_bytes(d) + adapter_activation_bytes(d)
+
+
+def adapter_activation_bytes(d: Dims, within: str = "") -> int:
+    """What one block's adapters (those of modules starting with `within`) keep per token: A's
+    output (rank wide, read by B's gradient); with dropout, the dropped input and its mask."""
+    lo = d.lora
+    if lo is None:
+        return 0
+    widths = {p.module: p.shape[1] for p in d.params if p.role == "matrix" and p.module}
+    total = 0
+    for module in lo.targets:
+        if module.startswith(within):
+            total += d.act_bytes * lo.rank
+            total += (d.act_bytes + 1) * widths[module] if lo.dropout else 0
+    return total
 
 
 def mlp_activation_bytes(d: Dims) -> int:
@@ -491,6 +567,12 @@ def block_backward_stages(d: Dims) -> dict[str, float]:
     ):  # the lm_head half of the tied embedding's gradient waits for the rest
         fixed += block_bytes(d.param_bytes * m.padded_vocab * C)
     rope_norm = 3 * a * (q + kv) + a * kv  # d(q|k), RoPE's output, the swapped halves; d(v)
+    lo = d.lora
+    if lo is not None and lo.mlp:
+        # adapted linears: the base's and the adapter's input gradients, and the adapter's
+        # rank-wide one between its B and A (measured on the trace: the MLP's backward peaks
+        # with two of the stream's width and one of the rank's beside its hidden gradients)
+        mlp += 2 * a * C + a * lo.rank
     stages: dict[str, float] = {
         "mlp": N * (base + mlp),
         "rope and qk-norm": N * (base + rope_norm),
