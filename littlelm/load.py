@@ -10,8 +10,10 @@ from littlelm.checkpoint_dirs import find_checkpoint
 from littlelm.config import validate
 from littlelm.data.tokenizer import Tokenizer
 from littlelm.data.tokenizers import load_tokenizer
+from littlelm.model.lora import merge_lora
 from littlelm.schema import RunConfig
 from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.checkpoint.save_restore import load_lora
 
 __all__ = ["find_checkpoint", "load_model"]  # find_checkpoint: littlelm/checkpoint_dirs.py
 
@@ -19,11 +21,16 @@ __all__ = ["find_checkpoint", "load_model"]  # find_checkpoint: littlelm/checkpo
 def load_model(
     path: str | Path, device: str | torch.device = "cpu"
 ) -> tuple[torch.nn.Module, Tokenizer, RunConfig]:
-    """(model in eval mode, tokenizer, the run's config) from a checkpoint."""
+    """(model in eval mode, tokenizer, the run's config) from a checkpoint; a LoRA run's
+    adapters merged into its base's weights (the plain model: every verb reads it as any other)."""
     path = find_checkpoint(path)
     loaded = ckpt.load_checkpoint(path, with_optimizer=False)
     cfg = validate(RunConfig, loaded.state["config"], source=str(path / "state.json"))
     model = cfg.model.build()
-    ckpt.load_model_tensors(model, loaded.model, path)
+    if "lora_base" in loaded.state:  # a LoRA run: base + adapters, merged into the plain model
+        load_lora(model, loaded, cfg.lora)
+        merge_lora(model)
+    else:
+        ckpt.load_model_tensors(model, loaded.model, path)
     tokenizer = load_tokenizer(path / "tokenizer")
     return model.to(device).eval(), tokenizer, cfg

@@ -15,6 +15,7 @@ Sections and who owns them:
     callbacks   list of callbacks, by name                      (littlelm.train.callbacks)
     grow        start from a smaller trained checkpoint         (littlelm.train.growth)
     sft         fine-tune a base model (post-training)          (littlelm.train.growth)
+    lora        train low-rank adapters on a frozen base        (littlelm.model.lora)
 
 `resolve` returns a new config with the values derived from others filled in (vocabulary size
 from the tokenizer, which `load_run` looks up, so that resolving reads no file; sequence length, gradient accumulation, step count from a token budget), so
@@ -63,6 +64,7 @@ from littlelm.data.build import DataConfig
 from littlelm.data.tokenizers import vocab_size_of
 from littlelm.errors import ConfigError
 from littlelm.model.gpt import GPTConfig
+from littlelm.model.lora import LoRAConfig
 from littlelm.optim.base import OptimizerConfig
 from littlelm.optim.groups import ORIGINS, MuonConfig, OptimizerChoice
 from littlelm.optim.schedule import ScheduleChoice, TrapezoidalConfig, resolve_lr_multipliers
@@ -310,6 +312,11 @@ class RunConfig(Cfg):
         description="Supervised fine-tuning: start from a base model's weights "
         "(docs/post-training.md); null = not a fine-tuning run.",
     )
+    lora: LoRAConfig | None = Field(
+        None,
+        description="Train low-rank adapters (LoRA) on the frozen weights the run starts from "
+        "(sft.base or grow.parent; docs/post-training.md); null = train every weight.",
+    )
 
     @classmethod
     def upgrade(cls, tree: dict, origin: dict[str, str]) -> list[str]:
@@ -467,10 +474,34 @@ def resolve(
             "grow and sft are both set: a run starts from one checkpoint; sft: {base: ...} for "
             "fine-tuning a base of this shape, grow: {parent: ...} for a larger model"
         )
+    problems += _lora_problems(cfg, world_size)
     if problems:
         raise ConfigError(problems, source or None)
     update = {"model": m, "train": train, "distributed": dist, "grow": grow}
     return cfg.model_copy(update=copy.deepcopy(update), deep=True)
+
+
+def _lora_problems(cfg: RunConfig, world_size: int) -> list[str]:
+    """What a LoRA run cannot combine with (a LoRA run without a base is refused at start-up,
+    train/growth.py: the planner may look at such a config)."""
+    if cfg.lora is None:
+        return []
+    problems = []
+    if world_size > 1 and cfg.distributed.strategy == "fsdp":
+        # FSDP2 itself shards frozen parameters; what is not built nor tested is a LoRA run's
+        # checkpoint (adapters only) and its rollback through littlelm's FSDP gather and load
+        problems.append(
+            "lora with distributed.strategy=fsdp is not supported yet (a LoRA run's checkpoint "
+            "keeps only the adapters, and littlelm's FSDP save, resume and rollback of such "
+            "checkpoints are not built); use distributed.strategy=ddp: the base is frozen, so "
+            "each rank holds its weights but no gradients or optimizer state for them"
+        )
+    if cfg.model.fp8:
+        problems.append(
+            "lora with model.fp8: FP8 base linears under adapters are not supported; turn "
+            "model.fp8 off for a LoRA run"
+        )
+    return problems
 
 
 def _old_sft(tree: dict, g: dict) -> bool:

@@ -412,6 +412,8 @@ class GPT(nn.Module):
             return "value_embedding"
         if name.startswith("lm_head."):
             return "lm_head"
+        if ".lora_" in name:  # model/lora.py's A and B
+            return "adapter"
         if name.startswith("blocks.") and name.endswith(".weight") and "norm" not in name:
             return "matrix"
         return "scalar"

@@ -19,8 +19,9 @@ from torch import nn
 
 from littlelm.config import ComponentConfig
 
-# the parameter roles a model assigns (optim/groups.py gives each its own lr and optimizer)
-ROLES = ("embedding", "value_embedding", "lm_head", "matrix", "scalar")
+# the parameter roles a model assigns (optim/groups.py gives each its own lr and optimizer);
+# adapter: a LoRA adapter's A or B (model/lora.py)
+ROLES = ("embedding", "value_embedding", "lm_head", "matrix", "scalar", "adapter")
 
 
 class ModelConfig(ComponentConfig):

@@ -209,10 +209,14 @@ def plan_groups(
     groups = []
     for role, tag in sorted(buckets, key=lambda key: _order(key, use_muon)):
         kind = "muon" if use_muon and role == "matrix" else "adamw"
-        lr = role_lr(cfg, role) * cfg.lr_multipliers.get(tag, 1.0)
+        if role == "adapter":  # LoRA's A and B: AdamW at lora.lr, set on the model (model/lora.py)
+            lr = model.adapter_lr * cfg.lr_multipliers.get(tag, 1.0)
+        else:
+            lr = role_lr(cfg, role) * cfg.lr_multipliers.get(tag, 1.0)
         options: dict[str, Any]
-        if kind == "adamw":
+        if kind == "adamw" and role != "adapter":  # lora.lr is the adapters' lr as given
             lr *= width_scale
+        if kind == "adamw":
             options = {"betas": cfg.betas, "eps": cfg.eps, "fused": fused}
         else:
             options = cfg.muon_options()
@@ -233,7 +237,7 @@ def plan_groups(
 
 
 def _order(key: tuple[str, str], use_muon: bool) -> tuple[bool, int, int]:
-    roles = ("embedding", "value_embedding", "matrix", "scalar", "lm_head")
+    roles = ("embedding", "value_embedding", "matrix", "scalar", "lm_head", "adapter")
     return use_muon and key[0] == "matrix", roles.index(key[0]), ORIGINS.index(key[1])
 
 

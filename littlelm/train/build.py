@@ -3,6 +3,7 @@ bench, which runs the trainer) and the planner's fake-tensor trace all call thes
 planned is what is trained.
 
     model = build_model(cfg, device)          # parameters in train.master_weights' dtype
+    with_lora(cfg, model)                     # lora: adapters on, once the base weights are in
     optimizer = optimizer_for(cfg, model)     # once the model is loaded, grown and sharded
     model, optimizer = build(cfg, device)     # both at once (the planner's trace)
     data = build_data(cfg, log)               # the trainer's data, checked against the model
@@ -21,6 +22,7 @@ import torch
 
 from littlelm.data import build as data_build
 from littlelm.errors import ConfigError
+from littlelm.model.lora import add_lora, check_lora
 from littlelm.model.protocol import LanguageModel
 
 if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
@@ -31,8 +33,10 @@ PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def build(cfg: RunConfig, device: torch.device, traced: bool = False):
-    """The model and its optimizer, as a fresh (not resumed, not grown) run starts."""
+    """The model (with a LoRA run's adapters) and its optimizer, as a fresh (not resumed, not
+    grown) run starts."""
     model = build_model(cfg, device, traced)
+    with_lora(cfg, model)
     return model, optimizer_for(cfg, model, traced)
 
 
@@ -46,6 +50,21 @@ def build_model(cfg: RunConfig, device: torch.device, traced: bool = False) -> L
     else:
         model = model.to(device, dtype)
     model.activation_checkpointing = cfg.train.activation_checkpointing
+    return model
+
+
+def with_lora(cfg: RunConfig, model: LanguageModel) -> LanguageModel:
+    """A LoRA run's model (`cfg.lora`; model/lora.py): `model`, its base weights in already
+    (adapters start from them: B = 0), with its linears wrapped and all but the trained tensors
+    frozen, in place. The trainer calls it after copying the base in (train/growth.py) or on
+    resume (train/checkpoint/save_restore.py); the planner's trace right after the build."""
+    if cfg.lora is None:
+        return model
+    assert isinstance(model, torch.nn.Module), "every model is one (model/protocol.py)"
+    problems = check_lora(model, cfg.lora)
+    if problems:
+        raise ConfigError(problems)
+    add_lora(model, cfg.lora)
     return model
 
 

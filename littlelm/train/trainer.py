@@ -37,13 +37,13 @@ from littlelm.optim.schedule import GroupSchedule
 from littlelm.progress import Progress
 from littlelm.train import device as dev
 from littlelm.train.budget import Steps, build_budget
-from littlelm.train.build import build_data, build_model, optimizer_for
+from littlelm.train.build import build_data, build_model, optimizer_for, with_lora
 from littlelm.train.callbacks import Callback, JSONLLogger, complete_end_record
 from littlelm.train.checkpoint.rundir import check_run_dir
 from littlelm.train.checkpoint.save_restore import Checkpointer
 from littlelm.train.checkpoint.state import TrainState, Window
 from littlelm.train.distributed import Parallel
-from littlelm.train.growth import complete_growth, grow_at_start
+from littlelm.train.growth import check_lora_start, complete_growth, grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
 from littlelm.train.signals import StopSignals
 from littlelm.train.step import grad_norm, micro_step, seed_everything, synchronize, update
@@ -113,6 +113,12 @@ class Trainer:
         grown = grow_at_start(self.model, cfg, resumed_step, self.data)
         if grown is not None:
             self.log(grown.summary())
+        # 6b. lora: a fresh LoRA run puts its adapters on the base copied in 6 (a resumed one's
+        #     went on in 5, between the base and the checkpoint's adapters), before the
+        #     sharding and the optimizer see the parameters
+        if cfg.lora is not None and resumed is None:
+            check_lora_start(cfg, grown)
+            with_lora(cfg, self.model)
         # 7. shard: FSDP replaces the parameters by DTensors, which the optimizer must hold
         self.parallel.shard_model(self.model, cfg.train.precision)
         # 8. optimizer: parameter groups from the sharded parameters and their origin tags, a

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import pickle
@@ -398,6 +399,26 @@ def load_checkpoint(path: Path, with_optimizer: bool = True) -> Loaded:
     return Loaded(path, state, tensors, origin, optim, rng)
 
 
+def fingerprint(path: Path) -> str:
+    """What identifies checkpoint `path` cheaply: a hash of its state.json (step, tokens, data
+    position, config) and of its weights' layout (the safetensors header: names, dtypes, shapes,
+    offsets) and size. A LoRA run records its base's, and refuses a base that changed; reading
+    every weight of a 3B base at each save and resume is what it avoids, so a base whose weights
+    were rewritten in place with the same layout and state.json would pass."""
+    h = hashlib.sha256()
+    try:
+        h.update((path / "state.json").read_bytes())
+        weights = path / "model.safetensors"
+        with open(weights, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else 0
+            h.update(head + f.read(min(n, 100_000_000)))
+        h.update(str(weights.stat().st_size).encode())
+    except OSError as e:
+        raise CheckpointError(f"cannot read the checkpoint {path} ({e.strerror or e})") from None
+    return h.hexdigest()[:16]
+
+
 # state.json fields resume reads, and their JSON types
 STATE_TYPES: dict[str, type | tuple[type, ...]] = {
     "format_version": int,
@@ -409,6 +430,7 @@ STATE_TYPES: dict[str, type | tuple[type, ...]] = {
     "guard": dict,
     "loader_world_size": int,
     "loader_ranks": list,
+    "lora_base": dict,
 }
 REQUIRED_STATE = ("step",)
 

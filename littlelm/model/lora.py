@@ -1,0 +1,270 @@
+"""LoRA: train a low-rank update of a frozen model instead of the model (docs/post-training.md).
+
+Each targeted linear y = W x (+ b) becomes y = W x (+ b) + (alpha / rank) · B A dropout(x),
+with W (and b) frozen, A (rank × in) and B (out × rank) trained. B starts at zero, so a model
+with fresh adapters computes exactly what its base computes; `merge_lora` folds B A back into W,
+giving the plain model (what sample, chat, eval, serve and export read).
+
+    add_lora(model, cfg)        # in place: targeted linears wrapped, everything else frozen
+    trainable_count(model)      # parameters the optimizer updates
+    trained_tensors(model)      # what a LoRA checkpoint keeps: adapters + fully trained tensors
+    load_trained(model, tensors, source)   # ... and puts back into a wrapped model
+    merge_lora(model)           # in place: back to plain linears, W + (alpha/rank)·B A
+
+Which linears (`targets`): attention = each block's c_q, c_k, c_v and c_proj; mlp = the MLP's
+input linears and its c_proj; all_linear = both. lm_head is never a target (as in PEFT's
+`all-linear`): `train_embeddings` trains it in full instead, with the token embedding. The
+value-embedding gates and tables, residual scalars and (unless `train_norms`) the norms stay
+frozen.
+
+The frozen base linear is made by one function, `frozen_base`: `quantize: nf4` (QLoRA) will
+make it a 4-bit one there; this module refuses it until then.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, field_validator
+from torch import nn
+
+from littlelm.config import Cfg
+from littlelm.errors import CheckpointError, ConfigError
+
+TargetRole = Literal["attention", "mlp"]
+ATTENTION = ("c_q", "c_k", "c_v", "c_proj")
+
+
+class LoRAConfig(Cfg):
+    """Train low-rank adapters on a frozen base model instead of every weight (LoRA)."""
+
+    rank: int = Field(16, description="Rank r of each adapter (A is r × in, B is out × r).", ge=1)
+    alpha: float = Field(
+        32.0, description="Scale of the adapters' output: alpha / rank times B A x.", gt=0
+    )
+    dropout: float = Field(
+        0.0, description="Dropout on the adapters' input (training only).", ge=0, lt=1
+    )
+    targets: Literal["attention", "mlp", "all_linear"] | list[TargetRole] = Field(
+        "all_linear",
+        description="Linears that get adapters: attention (c_q, c_k, c_v, c_proj of each "
+        "block), mlp (the MLP's linears), all_linear (both; lm_head is not a target, as in "
+        "PEFT's all-linear), or a list of attention and mlp.",
+    )
+    train_embeddings: bool = Field(
+        False,
+        description="Also train the token embedding in full (and lm_head when untied).",
+    )
+    train_norms: bool = Field(
+        False,
+        description="Also train the norms' gains in full (needs model.norm_affine or "
+        "model.qk_norm_affine).",
+    )
+    quantize: Literal["none", "nf4"] = Field(
+        "none",
+        description="Storage of the frozen base linears: none (the training dtype) or nf4 "
+        "(QLoRA: 4-bit NormalFloat).",
+    )
+    lr: float = Field(
+        1e-3,
+        description="AdamW learning rate of the adapters, in either optimizer (the "
+        "optimizer section's betas and eps; no width scaling, no weight decay); the schedule "
+        "moves it like every lr.",
+        gt=0,
+    )
+
+    @field_validator("targets")
+    @classmethod
+    def _targets(cls, targets):
+        if isinstance(targets, list):
+            if not targets:
+                raise ValueError("lists no linears: give attention, mlp or both")
+            if len(set(targets)) != len(targets):
+                raise ValueError(f"{targets} lists a role twice")
+        return targets
+
+    @field_validator("quantize")
+    @classmethod
+    def _quantize(cls, quantize: str) -> str:
+        if quantize == "nf4":  # the frozen_base seam below is where it goes
+            raise ValueError(
+                "nf4 (QLoRA) is not available in this littlelm yet; use quantize: none (the "
+                "base in the training dtype)"
+            )
+        return quantize
+
+    def roles(self) -> tuple[str, ...]:
+        """The targeted roles: ('attention', 'mlp') for all_linear."""
+        if self.targets == "all_linear":
+            return ("attention", "mlp")
+        if isinstance(self.targets, str):
+            return (self.targets,)
+        return tuple(self.targets)
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+def frozen_base(linear: nn.Linear, quantize: str = "none") -> nn.Linear:
+    """The frozen base of an adapted linear: `linear` itself, its weight (and bias) no longer
+    trained. The seam of quantized bases (QLoRA's nf4 makes a 4-bit one here)."""
+    if quantize != "none":
+        raise ConfigError([f"lora.quantize {quantize!r} is not available yet; use none"])
+    for p in linear.parameters():
+        p.requires_grad_(False)
+    return linear
+
+
+class LoRALinear(nn.Module):
+    """A frozen linear plus a trained low-rank update: base(x) + scale · B A dropout(x)."""
+
+    def __init__(self, base: nn.Linear, rank: int, scale: float, dropout: float):
+        super().__init__()
+        self.base = base
+        self.in_features, self.out_features = base.in_features, base.out_features
+        w = base.weight
+        self.lora_A = nn.Parameter(
+            torch.empty(rank, self.in_features, dtype=w.dtype, device=w.device)
+        )
+        self.lora_B = nn.Parameter(
+            torch.zeros(self.out_features, rank, dtype=w.dtype, device=w.device)
+        )
+        # A ~ U(±1/sqrt(in)): A x has about the scale of x / sqrt(3) per rank channel; B = 0
+        # makes the update zero at the start, so the wrapped model is its base exactly
+        bound = 1 / math.sqrt(self.in_features)
+        with torch.no_grad():
+            self.lora_A.uniform_(-bound, bound)
+        self.scale = scale
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)
+        return self.base(x) + update * self.scale
+
+    @torch.no_grad()
+    def merged(self) -> nn.Linear:
+        """The base linear with the update folded into its weight (computed in fp32)."""
+        w = self.base.weight
+        delta = (self.lora_B.float() @ self.lora_A.float()) * self.scale
+        w.copy_((w.float() + delta).to(w.dtype))
+        return self.base
+
+
+def _targets(model: nn.Module, roles: tuple[str, ...]) -> list[tuple[nn.Module, str]]:
+    """(parent module, attribute) of every linear `roles` target, block by block."""
+    out: list[tuple[nn.Module, str]] = []
+    for block in getattr(model, "blocks", []):
+        if "attention" in roles:
+            out += [(block.attn, name) for name in ATTENTION]
+        if "mlp" in roles:
+            out += [(block.mlp, name) for name in (*block.mlp.spec.inputs, "c_proj")]
+    return out
+
+
+def add_lora(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
+    """Wrap `model`'s targeted linears (in place; returns it) and freeze everything but the
+    adapters and what cfg trains in full (train_embeddings, train_norms). Adapters take the
+    linear's dtype and device, and A is drawn from the current RNG state."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for parent, name in _targets(model, cfg.roles()):
+        linear = getattr(parent, name)
+        if isinstance(linear, LoRALinear):
+            raise ValueError("add_lora: this model has adapters already")
+        base = frozen_base(linear, cfg.quantize)
+        setattr(parent, name, LoRALinear(base, cfg.rank, cfg.scale, cfg.dropout))
+    for name, p in model.named_parameters():
+        if cfg.train_embeddings and name.split(".")[0] in ("wte", "lm_head"):
+            p.requires_grad_(True)  # lm_head is wte itself when tied: trained once
+        if cfg.train_norms and _is_norm(name):
+            p.requires_grad_(True)
+    model.adapter_lr = cfg.lr  # type: ignore[assignment]  # optim/groups.py reads it (optim/ may not import model/)
+    return model
+
+
+def _is_norm(name: str) -> bool:
+    """A norm's gain: norm1, norm2, norm_f, q_norm, k_norm (model/gpt.py's RMSNorm weights)."""
+    module = name.split(".")[-2] if "." in name else ""
+    return name.endswith(".weight") and (module.startswith("norm") or module.endswith("_norm"))
+
+
+def check_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
+    """Problems of LoRA on `model`'s config: a requested full-trained tensor it does not have."""
+    problems = []
+    if cfg.train_norms and not any(_is_norm(n) for n, _ in model.named_parameters()):
+        problems.append(
+            "lora.train_norms: this model's norms have no gains to train (model.norm_affine "
+            "and model.qk_norm_affine are false); turn train_norms off"
+        )
+    return problems
+
+
+def has_lora(model: nn.Module) -> bool:
+    return any(isinstance(m, LoRALinear) for m in model.modules())
+
+
+def trainable_count(model: nn.Module) -> int:
+    """Parameters the optimizer updates (requires_grad; a tied tensor counted once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def trained_names(model: nn.Module) -> list[str]:
+    """Names of the trained parameters (adapters and full-trained tensors), a tied one once."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def trained_tensors(state: Mapping[str, torch.Tensor], model: nn.Module) -> dict:
+    """Of `state` (the model's state dict, or its gathered copy), what a LoRA checkpoint keeps:
+    the trained parameters; the frozen base stays where it is (its checkpoint)."""
+    keep = set(trained_names(model))
+    return {k: v for k, v in state.items() if k in keep}
+
+
+@torch.no_grad()
+def load_trained(model: nn.Module, tensors: Mapping, source: Path) -> None:
+    """Put a LoRA checkpoint's tensors (trained_tensors) into a wrapped model whose base is in."""
+    own = dict(model.named_parameters())
+    names = set(trained_names(model))
+    missing = sorted(names - set(tensors))
+    unexpected = sorted(set(tensors) - names)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{source}: its LoRA tensors do not fit this run's adapters (missing {missing[:4]}, "
+            f"unexpected {unexpected[:4]}); the lora and model sections must be the checkpoint's"
+        )
+    for name in names:
+        t = tensors[name]
+        if tuple(t.shape) != tuple(own[name].shape):
+            raise CheckpointError(
+                f"{source}: {name} is {tuple(t.shape)} in the checkpoint, "
+                f"{tuple(own[name].shape)} here; the lora.rank must be the checkpoint's"
+            )
+        own[name].copy_(t)
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its base linear (in place; returns `model`): the plain model,
+    computing what the wrapped one computes (up to rounding in the weights' dtype)."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, LoRALinear):
+                setattr(module, name, child.merged())
+    if hasattr(model, "adapter_lr"):
+        del model.adapter_lr
+    return model
+
+
+def adapter_tensors(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
+    """{the base linear's weight name: (A, B, scale)} of a wrapped model, for export."""
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, LoRALinear):
+            out[f"{name}.weight"] = (m.lora_A.detach(), m.lora_B.detach(), m.scale)
+    return out

@@ -1,0 +1,196 @@
+"""LoRA (model/lora.py): wrapping, counts, the function at init, merging, the optimizer's groups,
+a LoRA run's checkpoints and resume, loading it merged, its PEFT export, and the refusals."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import make_corpus, tiny_tree, write_config
+from littlelm.errors import CheckpointError, ConfigError
+from littlelm.model.gpt import GPT, GPTConfig
+from littlelm.model.lora import (
+    LoRAConfig,
+    LoRALinear,
+    add_lora,
+    merge_lora,
+    trainable_count,
+)
+from littlelm.optim.groups import AdamWConfig, MuonConfig
+from littlelm.schema import load_run
+from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.trainer import Trainer
+
+
+def tiny_gpt(**kw) -> GPT:
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=50, n_layer=2, d_model=32, n_head=2, max_seq_len=16)
+    return GPT(GPTConfig(**{**cfg, **kw}))
+
+
+def perturbed(model: GPT, seed: int = 1) -> GPT:
+    """B drawn at random: adapters that have learned something."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.1)
+    return model
+
+
+TOKENS = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+
+
+def test_all_linear_wraps_every_block_linear_and_freezes_the_rest():
+    model = add_lora(tiny_gpt(), LoRAConfig(rank=4))
+    wrapped = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+    # relu2's MLP: c_fc, c_proj; attention: c_q, c_k, c_v, c_proj; lm_head is not a target
+    assert len(wrapped) == 2 * 6 and not any(n.startswith("lm_head") for n in wrapped)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_" in n for n in trained)
+    # r·(in + out) per linear: attention 4 × (32 + 32), c_fc (32 + 128), mlp c_proj (128 + 32)
+    assert trainable_count(model) == 2 * 4 * (4 * 64 + 160 + 160)
+
+
+def test_targets_by_role_and_full_trained_tensors():
+    attn = add_lora(tiny_gpt(), LoRAConfig(rank=2, targets="attention"))
+    assert {n.rsplit(".", 1)[-1] for n, m in attn.named_modules() if isinstance(m, LoRALinear)} == {
+        "c_q",
+        "c_k",
+        "c_v",
+        "c_proj",
+    }
+    assert not isinstance(attn.blocks[0].mlp.c_fc, LoRALinear)
+    mlp = add_lora(tiny_gpt(mlp="swiglu"), LoRAConfig(rank=2, targets=["mlp"]))
+    assert isinstance(mlp.blocks[1].mlp.c_gate, LoRALinear)
+    assert not isinstance(mlp.blocks[1].attn.c_q, LoRALinear)
+    full = add_lora(
+        tiny_gpt(norm_affine=True), LoRAConfig(rank=2, train_embeddings=True, train_norms=True)
+    )
+    trained = {n for n, p in full.named_parameters() if p.requires_grad}
+    assert {"wte.weight", "lm_head.weight", "norm_f.weight", "blocks.0.norm1.weight"} <= trained
+    assert not any(n.startswith("value_embeds") or "lambdas" in n for n in trained)
+
+
+def test_fresh_adapters_compute_the_base_exactly_and_merging_keeps_the_function():
+    base = tiny_gpt().eval()
+    want = base(TOKENS)
+    model = add_lora(copy.deepcopy(base), LoRAConfig(rank=4, alpha=8)).eval()
+    assert torch.equal(model(TOKENS), want)  # B = 0
+    perturbed(model)
+    adapted = model(TOKENS)
+    assert (adapted - want).abs().max() > 1e-3  # the adapters do something
+    merged = merge_lora(model)
+    assert not any(isinstance(m, LoRALinear) for m in merged.modules())
+    torch.testing.assert_close(merged(TOKENS), adapted, atol=1e-5, rtol=0)
+    # the merged model is a plain GPT: its state dict loads into a fresh one
+    plain = tiny_gpt()
+    plain.load_state_dict(merged.state_dict())
+
+
+def test_adapters_get_adamw_at_lora_lr_and_the_base_no_group():
+    for opt in (MuonConfig(), AdamWConfig()):
+        model = add_lora(tiny_gpt(), LoRAConfig(rank=4, lr=3e-3))
+        groups = opt.build(model).param_groups
+        assert [(g["role"], g["kind"], g["lr"]) for g in groups] == [("adapter", "adamw", 3e-3)]
+        assert sum(p.numel() for g in groups for p in g["params"]) == trainable_count(model)
+
+
+def test_config_refusals():
+    from littlelm.config import validate
+    from littlelm.schema import RunConfig
+
+    with pytest.raises(ConfigError, match="nf4"):
+        validate(RunConfig, {"lora": {"quantize": "nf4"}})
+    with pytest.raises(ConfigError, match="lists no linears"):
+        validate(RunConfig, {"lora": {"targets": []}})
+    with pytest.raises(ValueError, match="train_norms"):
+        from littlelm.model.lora import check_lora
+
+        problems = check_lora(tiny_gpt(), LoRAConfig(train_norms=True))
+        raise ValueError(problems[0])
+
+
+# -- runs ---------------------------------------------------------------------------------------
+
+
+def base_and_lora(tmp_path: Path, **lora) -> tuple[Path, dict]:
+    """A tiny base run (3 steps) and a LoRA run continuing its pretraining (grow: the same shape)."""
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "base"})
+    base["train"]["max_steps"] = 3
+    Trainer(load_run(write_config(tmp_path / "base.yaml", base)), resume="never").fit()
+    tree = tiny_tree(corpus, tmp_path / "runs", run={"name": "lora"})
+    tree["grow"] = {"parent": str(tmp_path / "runs" / "base")}
+    tree["lora"] = {"rank": 4, "lr": 0.01, **lora}
+    tree["train"].update(max_steps=6)
+    return tmp_path / "runs" / "base", tree
+
+
+def losses(run_dir: Path) -> list[tuple]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines) if "loss" in r]
+
+
+def test_lora_run_keeps_adapters_alone_resumes_bitwise_and_loads_merged(tmp_path):
+    base_dir, tree = base_and_lora(tmp_path, dropout=0.1, train_embeddings=True)
+    straight = load_run(write_config(tmp_path / "straight.yaml", tree))
+    trainer = Trainer(straight, resume="never")
+    assert trainable_count(trainer.model) < trainer.model.param_counts()["total"] // 2
+    trainer.fit()
+    tree["run"]["name"] = "split"
+    split = load_run(write_config(tmp_path / "split.yaml", tree))
+    assert Trainer(split, resume="never").fit(stop_after=4)["step"] == 4
+    Trainer(split).fit()  # resumes from step 3's checkpoint: base, adapters, their moments, RNG
+    assert (
+        losses(straight.run_dir()) == losses(split.run_dir()) and len(losses(split.run_dir())) == 6
+    )
+    newest = ckpt.latest_checkpoint(split.run_dir() / "checkpoints")
+    saved = load_file(newest / "model.safetensors")
+    full = {"wte.weight", "lm_head.weight"}  # train_embeddings: trained in full (untied)
+    assert full <= set(saved) and all(".lora_" in k for k in set(saved) - full)
+    other = load_file(
+        ckpt.latest_checkpoint(straight.run_dir() / "checkpoints") / "model.safetensors"
+    )
+    assert all(torch.equal(saved[k], other[k]) for k in saved)
+    state = json.loads((newest / "state.json").read_text())
+    assert Path(state["lora_base"]["path"]).parent.parent == base_dir
+
+    from littlelm.load import load_model
+
+    merged, _, _ = load_model(newest)
+    assert not any(isinstance(m, LoRALinear) for m in merged.modules())
+    t = Trainer(split)  # the wrapped model, as training computes it
+    t.model.eval()
+    x = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(merged(x), t.model(x), atol=1e-5, rtol=0)
+
+    # the base changed under the adapters: refused, naming it
+    base_ckpt = Path(state["lora_base"]["path"])
+    st = json.loads((base_ckpt / "state.json").read_text())
+    st["tokens"] += 1
+    (base_ckpt / "state.json").write_text(json.dumps(st))
+    with pytest.raises(CheckpointError, match="changed since"):
+        load_model(newest)
+
+
+def test_lora_from_random_weights_or_a_grown_model_is_refused(tmp_path):
+    _, tree = base_and_lora(tmp_path)
+    fresh = copy.deepcopy(tree)
+    del fresh["grow"]
+    with pytest.raises(ConfigError, match="random weights"):
+        Trainer(load_run(write_config(tmp_path / "r.yaml", fresh)), resume="never")
+    grown = copy.deepcopy(tree)
+    grown["model"]["n_layer"] = 3
+    grown["run"]["name"] = "grown"
+    with pytest.raises(ConfigError, match="grown"):
+        Trainer(load_run(write_config(tmp_path / "g.yaml", grown)), resume="never")
+    fsdp = copy.deepcopy(tree)
+    fsdp["distributed"] = {"strategy": "fsdp"}
+    with pytest.raises(ConfigError, match="fsdp"):
+        load_run(write_config(tmp_path / "f.yaml", fsdp), world_size=2)
