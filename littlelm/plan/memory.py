@@ -372,8 +372,7 @@ def weight_copy_bytes(d: Dims) -> int:
     other block matmul weight cast once per forward, and the plain loss's lm_head rows."""
     m, C = d.model, d.model.d_model
     qkv = (m.n_head + 2 * m.kv_heads) * m.head_dim * C
-    lo = d.lora
-    stacked = lo is None or not lo.attention  # adapted q, k, v are three matmuls, not one
+    stacked = d.lora is None or not d.lora.attention  # adapted q, k, v: three matmuls, not one
     # a frozen weight's copy is kept for its input's gradient, which the first block's
     # attention does not need when its input carries none (Dims.frozen_input)
     quiet = 1 if d.frozen_input else 0
@@ -388,19 +387,14 @@ def weight_copy_bytes(d: Dims) -> int:
             continue  # NF4 weights are dequantized, used and freed (model/nf4.py)
         if stacked and p.module in attn_in:
             continue  # in the stack
-        first = p.name.startswith("blocks.0.") and quiet
-        # (an adapter's copy is autocast's, cached for the forward: a trained leaf's cast)
-        if first and p.role == "matrix" and p.module in (*attn_in, "attn.ve_gate"):
+        # a frozen weight of the first block; an adapter's copy is kept all the same (autocast
+        # caches a trained leaf's cast for the forward)
+        first = p.name.startswith("blocks.0.") and quiet and p.role == "matrix"
+        if first and p.module in (*attn_in, "attn.ve_gate"):
             continue  # reads the first block's input: no gradient, no copy kept
         mlp_in = p.module.startswith("mlp.") and p.module != "mlp.c_proj"
-        if (
-            first
-            and p.role == "matrix"
-            and (p.module == "attn.c_proj" or mlp_in)
-            and not lo.attention
-        ):  # type: ignore[union-attr]  # quiet implies lora
-            continue  # the first block's attention is frozen: nothing up to the MLP's adapters
-            # carries a gradient (c_proj's input does, from them)
+        if first and stacked and (p.module == "attn.c_proj" or mlp_in):
+            continue  # a frozen first attention: no gradient until the MLP's adapters' outputs
         total += block_bytes(2 * p.numel)
     return total + (block_bytes(2 * m.vocab * C) if m.loss == "plain" else 0)
 
