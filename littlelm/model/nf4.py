@@ -21,6 +21,8 @@ backward but the codes), so the trace counts QLoRA's memory without the kernels.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
@@ -45,16 +47,18 @@ def check_nf4(device: torch.device) -> None:
     require("bitsandbytes", "gpu", "lora.quantize: nf4 (QLoRA)")
 
 
-def nf4_base(linear: nn.Linear) -> nn.Module:
+def nf4_base(linear: nn.Linear) -> nn.Linear:
     """QLoRA's frozen base for `linear`: bitsandbytes' Linear4bit, or under the planner's
-    FakeTensorMode (model/train.build's traced build) the stand-in with its footprint. Either
+    FakeTensorMode (train/build.py's traced build) the stand-in with its footprint. Either
     carries `adapter_dtype`, the dtype `linear`'s weights were trained in, which the adapters
     beside it take."""
     dtype = linear.weight.dtype
     fake = isinstance(linear.weight, FakeTensor)
     base = NF4Footprint(linear) if fake else nf4_linear(linear)
-    base.adapter_dtype = dtype
-    return base
+    # a plain attribute (Module.__setattr__ is typed for tensors and modules only)
+    object.__setattr__(base, "adapter_dtype", dtype)
+    # Linear4bit is an nn.Linear; the stand-in has the attributes LoRALinear reads of one
+    return cast(nn.Linear, base)
 
 
 def nf4_linear(linear: nn.Linear) -> nn.Module:
@@ -91,7 +95,8 @@ def nf4_linear(linear: nn.Linear) -> nn.Module:
 def dequantized(base: nn.Module) -> torch.Tensor:
     """The weight a Linear4bit multiplies by: its NF4 codes dequantized (bf16, out × in)."""
     bnb = require("bitsandbytes", "gpu", "lora.quantize: nf4 (QLoRA)")
-    return bnb.functional.dequantize_4bit(base.weight.data, base.weight.quant_state)
+    weight: Any = base.weight  # bitsandbytes' Params4bit, which carries its quant_state
+    return bnb.functional.dequantize_4bit(weight.data, weight.quant_state)
 
 
 def is_nf4(module: nn.Module) -> bool:

@@ -171,7 +171,7 @@ def elementwise_bytes(d: Dims) -> float:
     loss = T * m.padded_vocab * 4 * logit_passes
     nf4 = sum(p.numel for p in d.params if p.nf4)
     params = d.n_params - nf4
-    casts = params * (4 + 2) if d.bf16 and not d.master_bf16 else 0  # fp32 -> bf16 copies
+    casts: float = params * (4 + 2) if d.bf16 and not d.master_bf16 else 0  # fp32 -> bf16
     # QLoRA dequantizes each NF4 weight to bf16 in the forward and again in the backward
     casts += nf4 * (0.5 + 2) * 2
     # read + write the sum, read the new part: the trained parameters' gradients only
