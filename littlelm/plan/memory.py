@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from littlelm.errors import ConfigError
+from littlelm.model import blocks
 from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import group_rows
 from littlelm.plan.trace import (
@@ -416,9 +417,9 @@ def layer_activation_bytes(d: Dims, layer: int) -> float:
         return a * C + mlp_activation_bytes(d) + adapter_activation_bytes(d, "mlp.")
     # the stream (the embedding's dtype): the mixed input, after attention, after the MLP
     total = (3 if m.residual_scalars else 2) * sb * C
-    total += 2 * a * C + 2 * 4  # two norms' outputs, written in the matmul dtype, and 1/rms
+    total += 2 * (a * C + blocks.NORM_KEEPS)  # two norms: outputs (in the matmul dtype) and 1/rms
     if lo is not None and layer == 0 and d.frozen_input:  # norm1 and the mix get no gradient
-        total -= (2 if m.residual_scalars else 1) * sb * C + 4
+        total -= (2 if m.residual_scalars else 1) * sb * C + blocks.NORM_KEEPS
     if lo is not None and not lo.attention:  # norm1's output: read by frozen matmuls only
         total -= a * C
     if lo is not None and not lo.mlp:  # norm2's output, c_proj's input: read by frozen ones
@@ -433,7 +434,7 @@ def layer_activation_bytes(d: Dims, layer: int) -> float:
     elif m.qk_norm or not ve:
         total += a * (q + 2 * kv)
     if m.qk_norm:
-        total += 4 * (H + Hkv)  # 1/rms per head
+        total += blocks.NORM_KEEPS * (H + Hkv)  # the norm per head
     if m.qk_norm and m.qk_norm_affine:
         total += a * (q + kv)  # the gains' product is a new tensor
     total += a * (q + kv)  # q and k after RoPE, kept by attention
@@ -472,7 +473,7 @@ def activation_bytes(d: Dims) -> int:
         per_token = m.n_layer * sb * m.d_model
     else:
         per_token = sum(layer_activation_bytes(d, i) for i in range(m.n_layer))
-    per_token += 2 * sb * m.d_model + 2 * 4 + 8 * 2  # lookup, x0, 2 norms' 1/rms, ids
+    per_token += 2 * sb * m.d_model + 2 * blocks.NORM_KEEPS + 8 * 2  # lookup, x0, 2 norms, ids
     if m.loss == "plain":
         per_token += d.act_bytes * m.d_model  # norm_f's output, kept by lm_head
     casts = d.bf16 and not d.master_bf16
@@ -725,8 +726,8 @@ def fsdp_per_gpu(d: Dims, shards: int) -> tuple[dict[str, int], int]:
     gathered while the loss runs (in bf16, so autocast makes no copies of it)."""
     c = estimate(replace(d, strategy="fsdp", world=shards)).categories
     per = 2 + d.param_bytes  # bf16 weights gathered + gradients (the parameters' dtype)
-    blocks = sum(p.numel for p in d.params if p.name.startswith("blocks."))
-    gathered = 2 * max(1, blocks // d.model.n_layer) * per  # two units (blocks)
+    in_blocks = sum(p.numel for p in d.params if p.name.startswith("blocks."))
+    gathered = 2 * max(1, in_blocks // d.model.n_layer) * per  # two units (blocks)
     per_gpu = {k: v // shards if k in (PARAMS, GRADS, STATE, SCRATCH) else v for k, v in c.items()}
     per_gpu[COPIES] += gathered
     sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards
