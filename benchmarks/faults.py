@@ -3,6 +3,7 @@
     python benchmarks/faults.py [--kills 10] [--seed 0] [--steps 300] [--every 25]
     python benchmarks/faults.py --nproc 2      # torchrun, gloo, DDP with ZeRO-1 AdamW
     python benchmarks/faults.py --sft          # the runs are SFT (docs/post-training.md)
+    python benchmarks/faults.py --lora         # the runs train LoRA adapters on a frozen base
 
 1. Trains a small config (2 layers, d_model 64, byte tokenizer, synthetic text) without
    interruption: the reference. With `--nproc N` (N > 1) both runs are `littlelm train ...
@@ -64,6 +65,13 @@ With `--sft` the two runs are supervised fine-tuning instead: a base run (BPE to
 chat tokens) is trained first, and both runs start from it (`grow.parent`) on synthetic
 conversations (the `chat` source), with the loss on the assistant's tokens only and
 conversations packed whole with padding; everything above is checked the same way.
+
+With `--lora` the two runs train LoRA adapters (rank 8, dropout 0.1: the dropout draws from
+the RNG a resume must restore) on a frozen base run trained first, continuing its pretraining
+(`grow.parent`, the same shape; with `--sft` too: SFT from the base): their checkpoints hold the
+adapters alone and every resume loads the base again from its checkpoint, checked by its
+fingerprint; everything above is checked the same way (the final weights compared are the
+adapters).
 
 Exit status 0 only when every check passes. On 2 CPU cores the default run takes about one
 minute, `--nproc 2` (10 kills, 200 steps) about two, and the cases of steps 4 and 5 about three
@@ -204,10 +212,15 @@ def make_run(work: Path, name: str, args: argparse.Namespace, steps: int | None 
     }
     if args.sft and name == "base":  # the base model: a BPE tokenizer with the chat tokens
         tree["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 400, "train_chars": 200_000}
+    if (args.sft or args.lora) and name == "base":
         tree["train"]["max_steps"] = 30
         tree["checkpoint"] = {"every": 30}
     elif args.sft:
         tree["data"], tree["sft"] = sft_data(work)
+    if args.lora and name != "base":  # adapters on the base (--sft's, or continued pretraining)
+        tree["lora"] = {"rank": 8, "dropout": 0.1, "lr": 0.003}
+        if not args.sft:
+            tree["grow"] = {"parent": str(work / "runs" / "base")}
     if args.nproc > 1:
         tree["distributed"] = {"shard_adamw": args.zero1}
     for item in args.set or []:  # --set train.precision=fp32 ...
@@ -480,6 +493,7 @@ def parse_args() -> argparse.Namespace:
     )
     ap.add_argument("--device", default="cpu", help="cpu (bitwise check) or cuda")
     ap.add_argument("--sft", action="store_true", help="SFT runs from a base run (conversations)")
+    ap.add_argument("--lora", action="store_true", help="LoRA runs on a frozen base run")
     ap.add_argument(
         "--set",
         action="append",
@@ -945,7 +959,7 @@ def main() -> int:
     env = {**os.environ, "LITTLELM_CACHE": str(work / "cache")}
     t0 = time.monotonic()
 
-    if args.sft:  # the base model both SFT runs start from
+    if args.sft or args.lora:  # the base model both SFT (or LoRA) runs start from
         base = Child(make_run(work, "base", args), env, 1)
         if base.drain() != 0:
             print("".join(base.out + base.err))

@@ -20,6 +20,7 @@ import time
 import torch
 
 from littlelm.model.kernels import run_backend
+from littlelm.model.lora import trainable_count
 from littlelm.optim.schedule import schedule_warnings
 from littlelm.progress import Progress, duration, human
 from littlelm.schema import RunConfig
@@ -90,6 +91,13 @@ class Console(Callback):
             f"{ranks}; {steps}"
         )
         self.say(f"speed: {speed_summary(c, tr.device)}; MFU against {tr.peak / 1e12:.3g} TFLOP/s")
+        if c.lora is not None:  # what trains: the adapters (+ any full-trained tensors)
+            n, lo = trainable_count(tr.model), c.lora
+            self.say(
+                f"lora: {n:,} trainable parameters ({n / counts['total']:.2%} of the model), "
+                f"rank {lo.rank} on {' and '.join(lo.roles())} linears, alpha {lo.alpha:g}; "
+                "the base is frozen"
+            )
         if tr.auto_fp32:
             self.say(
                 f"precision auto -> fp32: this device ({tr.device.type}) has no native bf16 "

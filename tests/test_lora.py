@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import make_corpus, tiny_tree, write_config
+from conftest import judge, make_corpus, tiny_tree, write_config
+from littlelm.cli import main
 from littlelm.errors import CheckpointError, ConfigError
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.lora import (
@@ -120,13 +121,14 @@ def test_config_refusals():
 # -- runs ---------------------------------------------------------------------------------------
 
 
-def base_and_lora(tmp_path: Path, **lora) -> tuple[Path, dict]:
-    """A tiny base run (3 steps) and a LoRA run continuing its pretraining (grow: the same shape)."""
+def base_and_lora(tmp_path: Path, model: dict | None = None, **lora) -> tuple[Path, dict]:
+    """A tiny base run (3 steps; `model` features over the tiny defaults) and a LoRA run
+    continuing its pretraining (grow: the same shape)."""
     corpus = make_corpus(tmp_path / "corpus.txt")
-    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "base"})
+    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "base"}, model=model or {})
     base["train"]["max_steps"] = 3
     Trainer(load_run(write_config(tmp_path / "base.yaml", base)), resume="never").fit()
-    tree = tiny_tree(corpus, tmp_path / "runs", run={"name": "lora"})
+    tree = tiny_tree(corpus, tmp_path / "runs", run={"name": "lora"}, model=model or {})
     tree["grow"] = {"parent": str(tmp_path / "runs" / "base")}
     tree["lora"] = {"rank": 4, "lr": 0.01, **lora}
     tree["train"].update(max_steps=6)
@@ -146,7 +148,19 @@ def test_lora_run_keeps_adapters_alone_resumes_bitwise_and_loads_merged(tmp_path
     trainer.fit()
     tree["run"]["name"] = "split"
     split = load_run(write_config(tmp_path / "split.yaml", tree))
-    assert Trainer(split, resume="never").fit(stop_after=4)["step"] == 4
+    stopped = Trainer(split, resume="never")
+    assert stopped.fit(stop_after=4)["step"] == 4
+    # a rollback (the loss guard's) puts the checkpoint's adapters back, the base untouched
+    at4 = load_file(split.run_dir() / "checkpoints" / "step_000004" / "model.safetensors")
+    frozen = {n: p.clone() for n, p in stopped.model.named_parameters() if not p.requires_grad}
+    with torch.no_grad():
+        for p in stopped.model.parameters():
+            if p.requires_grad:
+                p.add_(1.0)
+    stopped.checkpointer.rollback(stopped.state, stopped.model, stopped.optimizer)
+    params = dict(stopped.model.named_parameters())
+    assert all(torch.equal(params[k], at4[k]) for k in at4)
+    assert all(torch.equal(params[k], v) for k, v in frozen.items())
     Trainer(split).fit()  # resumes from step 3's checkpoint: base, adapters, their moments, RNG
     assert (
         losses(straight.run_dir()) == losses(split.run_dir()) and len(losses(split.run_dir())) == 6
@@ -195,3 +209,131 @@ def test_lora_from_random_weights_or_a_grown_model_is_refused(tmp_path):
     fsdp["distributed"] = {"strategy": "fsdp"}
     with pytest.raises(ConfigError, match="fsdp"):
         load_run(write_config(tmp_path / "f.yaml", fsdp), world_size=2)
+
+
+LLAMA = dict(mlp="swiglu", qk_norm=False, softcap=None, residual_scalars=False, value_embeds=False)
+
+
+@pytest.mark.parametrize(
+    "features,targets",
+    [({}, "all_linear"), (LLAMA, ["attention"])],
+    ids=["littlelm-remote-code", "llama-attention"],
+)
+def test_peft_on_the_exported_base_computes_the_lora_run_and_so_does_the_merged_export(
+    tmp_path, features, targets
+):
+    """peft, the judge: PeftModel.from_pretrained(base export, DIR/adapter) gives littlelm's
+    logits of the wrapped model within 1e-4 (fp32); the merged export (DIR) gives them too."""
+    peft = judge("peft")
+    transformers = judge("transformers")
+    from littlelm.interop.hf import export
+    from littlelm.load import load_model
+
+    base_dir, tree = base_and_lora(tmp_path, features, targets=targets, lr=0.05, alpha=4)
+    tree["train"]["max_steps"] = 3
+    cfg = load_run(write_config(tmp_path / "lora.yaml", tree))
+    Trainer(cfg, resume="never").fit()
+    assert export(base_dir, tmp_path / "hf_base")["adapter"] is None  # not a LoRA run
+    info = export(cfg.run_dir(), tmp_path / "hf_lora")
+    assert info["adapter"] == tmp_path / "hf_lora" / "adapter"
+
+    wrapped = Trainer(cfg).model.eval()  # resumed at its end: base + adapters, as trained
+    plain, _, _ = load_model(base_dir)
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(5))
+    auto = transformers.AutoModelForCausalLM
+    with torch.no_grad():
+        ours = wrapped(ids)
+        assert (ours - plain(ids)).abs().max() > 1e-3  # the adapters changed the function
+        base_hf = auto.from_pretrained(tmp_path / "hf_base", trust_remote_code=True)
+        model = peft.PeftModel.from_pretrained(base_hf.float(), tmp_path / "hf_lora" / "adapter")
+        n_adapted = sum(1 for m in model.modules() if isinstance(m, peft.tuners.lora.LoraLayer))
+        want = sum(isinstance(m, LoRALinear) for m in wrapped.modules())
+        assert n_adapted == want  # each of ours, no more (c_proj is in attention and the MLP)
+        theirs = model.eval()(ids).logits
+        merged = auto.from_pretrained(tmp_path / "hf_lora", trust_remote_code=True).eval()
+        merged_logits = merged(ids).logits
+    assert (theirs - ours).abs().max().item() < 1e-4
+    assert (merged_logits - ours).abs().max().item() < 1e-4
+    assert (merged_logits - theirs).abs().max().item() < 1e-4
+
+
+def test_a_run_training_embeddings_exports_merged_and_says_why_no_adapter(tmp_path, capsys):
+
+    _, tree = base_and_lora(tmp_path, train_embeddings=True)
+    tree["train"]["max_steps"] = 1
+    cfg = load_run(write_config(tmp_path / "lora.yaml", tree))
+    Trainer(cfg, resume="never").fit()
+    assert main(["export", str(cfg.run_dir()), "--out", str(tmp_path / "hf")]) == 0
+    assert "no PEFT adapter: lora.train_embeddings" in capsys.readouterr().out
+    assert (tmp_path / "hf" / "config.json").is_file() and not (
+        tmp_path / "hf" / "adapter"
+    ).exists()
+
+
+def test_lora_on_an_imported_model_loads_in_peft_on_the_model_it_came_from(tmp_path, capsys):
+    """A transformers model brought in by `littlelm import`, continued with LoRA from its
+    train.yaml: peft puts the exported adapters on the original model directory."""
+    peft = judge("peft")
+    transformers = judge("transformers")
+    import yaml
+
+    from littlelm.interop.hf import export, import_model
+
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "base"}, model=LLAMA)
+    base["train"]["max_steps"] = 2
+    Trainer(load_run(write_config(tmp_path / "base.yaml", base)), resume="never").fit()
+    export(tmp_path / "runs" / "base", tmp_path / "hf")  # stands for a downloaded model
+    import_model(tmp_path / "hf", tmp_path / "runs" / "imported")
+    tree = yaml.safe_load((tmp_path / "runs" / "imported" / "train.yaml").read_text())
+    tree["data"]["sources"] = {"text": {"name": "text", "path": str(corpus), "split": "paragraph"}}
+    tree["run"].update(name="imported-lora", device="cpu")
+    tree["train"] = {"micro_batch_size": 4, "seq_len": 32, "max_steps": 3}
+    tree["eval"] = {"every": 0, "at_end": False}
+    tree["lora"] = {"rank": 4, "lr": 0.05, "targets": ["mlp"]}
+    cfg = load_run(write_config(tmp_path / "lora.yaml", tree))
+    assert main(["train", str(tmp_path / "lora.yaml")]) == 0
+    # d_model 32, MLP 64 (swiglu): r·(32 + 64) for c_gate, c_fc and c_proj, in 2 layers
+    assert "lora: 2,304 trainable parameters" in capsys.readouterr().out
+    export(cfg.run_dir(), tmp_path / "hf_lora")
+    wrapped = Trainer(cfg).model.eval()
+    original = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").float()
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        before = original(ids).logits
+        model = peft.PeftModel.from_pretrained(original, tmp_path / "hf_lora" / "adapter")
+        ours, theirs = wrapped(ids), model.eval()(ids).logits
+    assert (ours - before).abs().max() > 1e-3
+    assert (theirs - ours).abs().max().item() < 1e-4
+
+
+def test_gguf_of_a_lora_run_is_the_merged_model(tmp_path):
+    """`export --gguf` writes the merged model: transformers' GGUF reader computes littlelm's
+    merged logits (fp32 weights)."""
+    judge("gguf")
+    transformers = judge("transformers")
+    from littlelm.interop.hf import export
+    from littlelm.load import load_model
+
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    base = tiny_tree(corpus, tmp_path / "runs", run={"name": "base"}, model=LLAMA)
+    base["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 300, "train_chars": 5000}
+    base["train"]["max_steps"] = 2
+    Trainer(load_run(write_config(tmp_path / "base.yaml", base)), resume="never").fit()
+    tree = tiny_tree(corpus, tmp_path / "runs", run={"name": "lora"}, model=LLAMA)
+    tree["data"]["tokenizer"] = {"name": "saved", "path": str(tmp_path / "runs" / "base")}
+    tree["grow"] = {"parent": str(tmp_path / "runs" / "base"), "continue_data": False}
+    tree["lora"] = {"rank": 4, "lr": 0.05}
+    tree["train"]["max_steps"] = 2
+    cfg = load_run(write_config(tmp_path / "lora.yaml", tree))
+    Trainer(cfg, resume="never").fit()
+    out = tmp_path / "gguf" / "lora.gguf"
+    export(cfg.run_dir(), None, gguf=out, gguf_type="f32")
+    merged, tok, _ = load_model(cfg.run_dir())
+    plain, _, _ = load_model(tmp_path / "runs" / "base")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out.parent, gguf_file=out.name).eval()
+    ids = torch.randint(0, tok.vocab_size, (2, 24), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        ours = merged(ids)
+        assert (ours - plain(ids)).abs().max() > 1e-3
+        assert (hf(ids).logits - ours).abs().max().item() < 1e-4

@@ -39,6 +39,7 @@ from littlelm.interop.hf_tokenizer import (
     import_tokenizer,
     stop_ids,
 )
+from littlelm.interop.peft_export import ADAPTER_DIR, adapter_problem, write_adapter
 from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.kernels import rms_norm
@@ -146,7 +147,7 @@ def export(
     if gguf is not None:
         check_parent(Path(gguf), "--gguf")
     path = find_checkpoint(source)
-    model, tok, _ = load_model(path, "cpu")
+    model, tok, cfg = load_model(path, "cpu")  # a LoRA run's merged (load.py)
     assert isinstance(model, GPT), "export maps GPT's tensors, the one model there is"
     arch, reason, config, hf_tensors = hf_form(model, tok)
     if gguf is not None:
@@ -154,9 +155,28 @@ def export(
 
         with staged_file(Path(gguf)) as tmp:
             write_gguf(model, tok, hf_tensors, arch, tmp, gguf_type)
+    adapter, note = None, None
     if out is not None:
-        write_hf_dir(Path(out), tok, hf_tensors, config, arch, max_shard_size)
-    return {"checkpoint": path, "arch": arch, "reason": reason, "out": out, "gguf": gguf}
+        extra = None
+        if cfg.lora is not None:  # the adapters alone too, for PEFT (interop/peft_export.py)
+            lora = cfg.lora
+            note = adapter_problem(lora)
+            if note is None:
+                adapter = Path(out) / ADAPTER_DIR
+
+                def extra(tmp: Path) -> None:
+                    write_adapter(path, tmp, model.cfg, arch, lora)
+
+        write_hf_dir(Path(out), tok, hf_tensors, config, arch, max_shard_size, extra)
+    return {
+        "checkpoint": path,
+        "arch": arch,
+        "reason": reason,
+        "out": out,
+        "gguf": gguf,
+        "adapter": adapter,  # a LoRA run's PEFT adapter (DIR/adapter), or None
+        "adapter_note": note,  # why a LoRA run's export has none
+    }
 
 
 def hf_form(model: GPT, tok) -> tuple[str, str, dict, dict[str, torch.Tensor]]:
@@ -173,7 +193,11 @@ def hf_form(model: GPT, tok) -> tuple[str, str, dict, dict[str, torch.Tensor]]:
     return arch, reason, config, hf_tensors
 
 
-def write_hf_dir(out: Path, tok, hf_tensors: dict, config: dict, arch: str, shard: str) -> None:
+def write_hf_dir(
+    out: Path, tok, hf_tensors: dict, config: dict, arch: str, shard: str, extra=None
+) -> None:
+    """The export directory `out`, written whole or not at all; `extra(tmp)` adds files to it
+    (a LoRA run's adapter)."""
     with staged(out) as tmp:
         export_tokenizer(tok, tmp)  # first: a refused tokenizer writes nothing else
         write_weights(hf_tensors, tmp, shard)
@@ -187,6 +211,8 @@ def write_hf_dir(out: Path, tok, hf_tensors: dict, config: dict, arch: str, shar
         if arch == "littlelm":
             for path in MODELING_FILES:
                 shutil.copy(path, tmp / path.name)
+        if extra is not None:
+            extra(tmp)
 
 
 @contextmanager

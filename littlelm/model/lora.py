@@ -35,6 +35,7 @@ from torch import nn
 
 from littlelm.config import Cfg
 from littlelm.errors import CheckpointError
+from littlelm.model.blocks import Norm
 from littlelm.model.nf4 import dequantized, is_nf4, nf4_base
 
 TargetRole = Literal["attention", "mlp"]
@@ -189,22 +190,22 @@ def add_lora(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
     for name, p in model.named_parameters():
         if cfg.train_embeddings and name.split(".")[0] in ("wte", "lm_head"):
             p.requires_grad_(True)  # lm_head is wte itself when tied: trained once
-        if cfg.train_norms and _is_norm(name):
-            p.requires_grad_(True)
+    for gain in _norm_gains(model) if cfg.train_norms else []:
+        gain.requires_grad_(True)
     model.adapter_lr = cfg.lr  # type: ignore[assignment]  # optim/groups.py reads it (optim/ may not import model/)
     return model
 
 
-def _is_norm(name: str) -> bool:
-    """A norm's gain: norm1, norm2, norm_f, q_norm, k_norm (model/gpt.py's RMSNorm weights)."""
-    module = name.split(".")[-2] if "." in name else ""
-    return name.endswith(".weight") and (module.startswith("norm") or module.endswith("_norm"))
+def _norm_gains(model: nn.Module) -> list[nn.Parameter]:
+    """The gains of the model's norms (model/blocks.py's Norm with affine: norm1, norm2, norm_f,
+    q_norm, k_norm)."""
+    return [m.weight for m in model.modules() if isinstance(m, Norm) and m.weight is not None]
 
 
 def check_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     """Problems of LoRA on `model`'s config: a requested full-trained tensor it does not have."""
     problems = []
-    if cfg.train_norms and not any(_is_norm(n) for n, _ in model.named_parameters()):
+    if cfg.train_norms and not _norm_gains(model):
         problems.append(
             "lora.train_norms: this model's norms have no gains to train (model.norm_affine "
             "and model.qk_norm_affine are false); turn train_norms off"

@@ -1,0 +1,94 @@
+"""A LoRA run's adapters in PEFT's format: `littlelm export LORA_RUN --out DIR` writes the merged
+model in DIR (as any export) and the adapters alone in DIR/adapter/:
+
+    adapter_config.json        peft_type LORA: r, lora_alpha, lora_dropout, target_modules
+    adapter_model.safetensors  base_model.model.<module>.lora_A.weight (r × in) / lora_B.weight
+
+for `peft.PeftModel.from_pretrained(base, "DIR/adapter")`, where `base` is the export of the
+run's base checkpoint (`littlelm export BASE --out BASE_DIR`: the same architecture, so the
+module names are those interop/arch.py maps littlelm's to). PEFT scales B A by lora_alpha / r,
+as littlelm does (alpha / rank).
+
+Tensors LoRA trains in full (lora.train_embeddings, train_norms) have no place there that
+loads onto the base's export unchanged (their exported form is transformed: a normalised,
+vocabulary-cut embedding), so such a run's export writes the merged model alone and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from littlelm.interop import arch as A
+from littlelm.model.gpt import GPTConfig
+from littlelm.model.lora import LoRAConfig
+from littlelm.train.checkpoint import files as ckpt
+
+ADAPTER_DIR = "adapter"
+
+
+def adapter_problem(lora: LoRAConfig) -> str | None:
+    """Why a LoRA run's adapters cannot be exported for PEFT (None: they can)."""
+    if lora.train_embeddings or lora.train_norms:
+        trained = [k for k in ("train_embeddings", "train_norms") if getattr(lora, k)]
+        return (
+            f"no PEFT adapter: lora.{' and lora.'.join(trained)} trained tensors in full, which a "
+            "PEFT adapter on the base's export cannot hold as exported; the merged model in the "
+            "directory has them"
+        )
+    return None
+
+
+def peft_tensors(checkpoint: Path, m: GPTConfig, arch: str) -> tuple[dict, list[str]]:
+    """(PEFT's adapter tensors, the transformers module names they adapt) of a LoRA checkpoint
+    whose export has architecture `arch`."""
+    table = A.names(arch, m)  # {} for littlelm's own names (remote code)
+    loaded = ckpt.load_checkpoint(checkpoint, with_optimizer=False)
+    out: dict[str, torch.Tensor] = {}
+    modules = []
+    for name in loaded.model:
+        module, _, which = name.rpartition(".")  # blocks.0.attn.c_q, lora_A
+        theirs = table.get(f"{module}.weight", f"{module}.weight").removesuffix(".weight")
+        out[f"base_model.model.{theirs}.{which}.weight"] = loaded.model[name].contiguous()
+        modules.append(theirs)
+    loaded.model.release()
+    return out, sorted(set(modules))
+
+
+def target_pattern(modules: list[str]) -> str:
+    """A regular expression PEFT full-matches against module names: exactly `modules` (as
+    templates over the layer index). Suffix names would not do: littlelm's own names have a
+    c_proj in both attention and the MLP, and one may be a target without the other."""
+    templates = sorted({re.sub(r"\.\d+\.", ".{i}.", m) for m in modules})
+    return "|".join(re.escape(t).replace(r"\{i\}", r"\d+") for t in templates)
+
+
+def write_adapter(checkpoint: Path, out: Path, m: GPTConfig, arch: str, lora: LoRAConfig) -> Path:
+    """DIR/adapter/ (adapter_config.json, adapter_model.safetensors) inside the export `out`
+    (being written). Returns the folder."""
+    tensors, modules = peft_tensors(checkpoint, m, arch)
+    folder = out / ADAPTER_DIR
+    folder.mkdir()
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    ckpt.umask_mode(folder / "adapter_model.safetensors")
+    state = json.loads((checkpoint / "state.json").read_text())
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": state["lora_base"]["path"],
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": target_pattern(modules),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "use_rslora": False,
+        "modules_to_save": None,
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    return folder
