@@ -19,6 +19,9 @@ own time limit; a failure is reported and the next section runs):
     fp8-loss       the demo-shaped model for 200 steps in bf16 and in FP8, at two seeds
     sft            SFT of the fp8-loss section's bf16 model on the shipped chat task, then
                    `littlelm chat --prompt` and `littlelm eval --chat` on the GPU
+    qlora          `littlelm bench` of that SFT as QLoRA (lora.quantize=nf4: bitsandbytes'
+                   4-bit base, adapters trained): steps, a save and a resume, its peak memory
+                   against the plan's; --dry-run: the refusal on the CPU, named
     bench-largest  configs/plans/3b_grow (3.1B, fp32 AdamW) at the largest micro-batch the plan
                    says fits this GPU: the plan's fit boundary itself is under test
 
@@ -117,6 +120,7 @@ LIMITS = {
     "loss-memory": 90,
     "fp8-loss": 180,
     "sft": 150,
+    "qlora": 120,
     "bench-largest": 300,
 }
 
@@ -422,6 +426,54 @@ class Check:
         )
         return {"ok": rc == 0, "line": line}
 
+    def qlora(self, limit: float) -> dict:
+        """QLoRA of the sft section's base, benched: the NF4 base must build, train, save and
+        resume, and its measured peak meet the plan's. On the CPU (--dry-run) the run must be
+        refused with the fix named, not crash."""
+        base = self.runs / "fp8" / "fp8check-bf16"
+        chat = self.runs / "chat"
+        if not (chat / "train.jsonl").exists():
+            return {"ok": False, "line": f"no {chat / 'train.jsonl'}: the sft section did not run"}
+        over = [
+            f"sft.base={base}",
+            f"data.tokenizer.path={base}",
+            f"data.sources.reverse.dataset={chat / 'train.jsonl'}",
+            f"run.out_dir={self.runs}",
+            "run.name=qlora",
+            f"run.device={self.device}",
+            "lora={quantize: nf4}",
+            "model.backend=auto",
+            "train.compile=false",
+            "train.batch_tokens=4096",  # two micro-batches of 16 x 128
+            "train.grad_accum=null",
+        ]
+        if self.args.dry_run:
+            over += ["model.n_layer=2", "train.micro_batch_size=2", "train.seq_len=64"]
+        steps = str(self.args.steps)
+        cmd = [sys.executable, "-m", "littlelm", "bench", "sft_demo", *over, "--json"]
+        rc, text = self.sh([*cmd, "--steps", steps], limit)
+        if self.args.dry_run:  # the CPU must refuse QLoRA, naming the fix
+            named = "needs a CUDA GPU" in text and "lora.quantize=none" in text
+            line = "refused on the CPU with the fix named" if named else f"exit {rc}: {text[-300:]}"
+            return {"ok": rc != 0 and named, "line": line}
+        if rc != 0:
+            tail = " | ".join(text.strip().splitlines()[-4:])[-400:]
+            return {"ok": False, "line": f"bench exit {rc}: {tail}"}
+        r = json.loads(text[text.index("{") : text.rindex("}") + 1])
+        r.pop("config", None)
+        bad = []
+        if r["resumed_to_step"] != 2 * self.args.steps:
+            bad.append(f"resume did not reach step {2 * self.args.steps}")
+        ratio = r["peak_allocated"] / r["predicted_allocated"]
+        if abs(ratio - 1) > self.args.tolerance:
+            bad.append(f"peak allocated measured/predicted = {ratio:.3f}")
+        line = (
+            f"QLoRA {r['parameters'] / 1e6:.1f}M: allocated {r['predicted_allocated'] / GIB:.3f} "
+            f"pred / {r['peak_allocated'] / GIB:.3f} meas GiB ({ratio:.3f}); "
+            f"{r['tok_s']:,.0f} tok/s (pred {r.get('predicted_tok_s') or float('nan'):,.0f})"
+        )
+        return {"ok": not bad, "line": "; ".join([line, *bad]), **r}
+
     # ------------------------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -433,6 +485,7 @@ class Check:
             "loss-memory": self.loss_memory,
             "fp8-loss": self.fp8_loss,
             "sft": self.sft,
+            "qlora": self.qlora,
             "bench-largest": lambda limit: self.bench("largest", limit),
         }
         only = self.args.only.split(",") if self.args.only else list(sections)

@@ -28,7 +28,10 @@ def load_model(
     cfg = validate(RunConfig, loaded.state["config"], source=str(path / "state.json"))
     model = cfg.model.build()
     if "lora_base" in loaded.state:  # a LoRA run: base + adapters, merged into the plain model
-        load_lora(model, loaded, cfg.lora)
+        # a QLoRA run's adapters go on the base's own weights, not their 4-bit rounding: it
+        # loads anywhere (bitsandbytes' NF4 needs CUDA), for every verb that reads a run
+        lora = cfg.lora.model_copy(update={"quantize": "none"}) if cfg.lora else None
+        load_lora(model, loaded, lora)
         merge_lora(model)
     else:
         ckpt.load_model_tensors(model, loaded.model, path)

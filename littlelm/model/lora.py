@@ -17,8 +17,8 @@ input linears and its c_proj; all_linear = both. lm_head is never a target (as i
 value-embedding gates and tables, residual scalars and (unless `train_norms`) the norms stay
 frozen.
 
-The frozen base linear is made by one function, `frozen_base`: `quantize: nf4` (QLoRA) will
-make it a 4-bit one there; this module refuses it until then.
+The frozen base linear is made by one function, `frozen_base`: `quantize: nf4` (QLoRA) makes
+it a 4-bit one there (model/nf4.py: bitsandbytes on CUDA, refused elsewhere with the fix).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from littlelm.config import Cfg
-from littlelm.errors import CheckpointError, ConfigError
+from littlelm.errors import CheckpointError
 from littlelm.model.blocks import Norm
+from littlelm.model.nf4 import dequantized, is_nf4, nf4_base
 
 TargetRole = Literal["attention", "mlp"]
 ATTENTION = ("c_q", "c_k", "c_v", "c_proj")
@@ -92,12 +93,7 @@ class LoRAConfig(Cfg):
     @field_validator("quantize")
     @classmethod
     def _quantize(cls, quantize: str) -> str:
-        if quantize == "nf4":  # the frozen_base seam below is where it goes
-            raise ValueError(
-                "nf4 (QLoRA) is not available in this littlelm yet; use quantize: none (the "
-                "base in the training dtype)"
-            )
-        return quantize
+        return quantize  # nf4 is checked where it is built (model/nf4.py: CUDA, bitsandbytes)
 
     def roles(self) -> tuple[str, ...]:
         """The targeted roles: ('attention', 'mlp') for all_linear."""
@@ -115,8 +111,8 @@ class LoRAConfig(Cfg):
 def frozen_base(linear: nn.Linear, quantize: str = "none") -> nn.Linear:
     """The frozen base of an adapted linear: `linear` itself, its weight (and bias) no longer
     trained. The seam of quantized bases (QLoRA's nf4 makes a 4-bit one here)."""
-    if quantize != "none":
-        raise ConfigError([f"lora.quantize {quantize!r} is not available yet; use none"])
+    if quantize == "nf4":  # QLoRA: bitsandbytes' 4-bit linear (its stand-in when traced)
+        return nf4_base(linear)
     for p in linear.parameters():
         p.requires_grad_(False)
     return linear
@@ -130,11 +126,12 @@ class LoRALinear(nn.Module):
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
         w = base.weight
+        dtype = getattr(base, "adapter_dtype", w.dtype)  # a 4-bit base: its weights' old dtype
         self.lora_A = nn.Parameter(
-            torch.empty(rank, self.in_features, dtype=w.dtype, device=w.device)
+            torch.empty(rank, self.in_features, dtype=dtype, device=w.device)
         )
         self.lora_B = nn.Parameter(
-            torch.zeros(self.out_features, rank, dtype=w.dtype, device=w.device)
+            torch.zeros(self.out_features, rank, dtype=dtype, device=w.device)
         )
         # A ~ U(±1/sqrt(in)): A x has about the scale of x / sqrt(3) per rank channel; B = 0
         # makes the update zero at the start, so the wrapped model is its base exactly
@@ -150,7 +147,17 @@ class LoRALinear(nn.Module):
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
-        """The base linear with the update folded into its weight (computed in fp32)."""
+        """The base linear with the update folded into its weight (computed in fp32); a 4-bit
+        base becomes a plain linear of its dequantized weight, in the adapters' dtype."""
+        if is_nf4(self.base):
+            plain = nn.Linear(self.in_features, self.out_features, bias=self.base.bias is not None)
+            weight = dequantized(self.base).to(self.lora_A.dtype)
+            plain = plain.to(device=weight.device, dtype=weight.dtype)
+            plain.weight.copy_(weight)
+            if self.base.bias is not None and plain.bias is not None:
+                plain.bias.copy_(self.base.bias)
+            plain.requires_grad_(False)
+            self.base = plain
         w = self.base.weight
         delta = (self.lora_B.float() @ self.lora_A.float()) * self.scale
         w.copy_((w.float() + delta).to(w.dtype))

@@ -29,6 +29,7 @@ from pydantic import Field, ValidationError, field_validator
 from littlelm.config import Cfg, parse_yaml
 from littlelm.errors import ConfigError, did_you_mean
 from littlelm.model.gpt import flops_per_token
+from littlelm.model.lora import LoRAConfig
 from littlelm.plan import memory as mem
 from littlelm.plan import speed
 from littlelm.plan.memory import Dims
@@ -211,6 +212,58 @@ class GpuPlan:
     measured: dict | None = None  # bench's measurement of this run on this GPU, if any
     budget_tokens: int | None = None  # what a time or money budget buys here (apply_budget)
     budget_steps: int | None = None
+    # a fine-tuning run: full, LoRA and QLoRA on this GPU (`training_methods`), else empty
+    methods: list[MethodPlan] = field(default_factory=list)
+
+
+@dataclass
+class MethodPlan:
+    """One way to fine-tune the run (full, LoRA or QLoRA) on one GPU."""
+
+    method: str  # "full", "LoRA", "QLoRA"
+    change: str  # the config change that picks it; "" for the run as configured
+    trainable: int  # parameters that get gradients and optimizer state
+    plan: GpuPlan
+
+
+def training_methods(d: Dims) -> list[tuple[str, str, Dims]]:
+    """(method, config change, Dims) of full fine-tuning, LoRA and QLoRA of the run: its own
+    `lora:` section (with quantize none, and nf4) where it has one, else LoRA's defaults."""
+    own = d.lora or mem.Adapters.of(default_lora(), d.model)
+    assert own is not None, "a LoRAConfig gives adapters"
+    configured = "full" if d.lora is None else ("QLoRA" if d.lora.nf4 else "LoRA")
+    out = []
+    for method, dm, change in (
+        ("full", d.without_lora(), "lora=null"),
+        ("LoRA", d.with_lora(replace(own, nf4=False)), LORA_CHANGE),
+        ("QLoRA", d.with_lora(replace(own, nf4=True)), QLORA_CHANGE),
+    ):
+        if d.lora is not None and method != "full":
+            change = f"lora.quantize={'nf4' if method == 'QLoRA' else 'none'}"
+        out.append((method, "" if method == configured else change, dm))
+    return out
+
+
+def default_lora() -> LoRAConfig:
+    """LoRA's defaults (model/lora.py's LoRAConfig): what a run without `lora:` would get."""
+    return LoRAConfig()
+
+
+LORA_CHANGE = "lora={}"  # a `lora:` section of the defaults: rank 16 on every block linear
+QLORA_CHANGE = "lora={quantize: nf4}"
+
+
+def method_plans(
+    d: Dims, gpu: GPU, catalog: Catalog, tokens: int, devices: int = 1, configured=None
+) -> list[MethodPlan]:
+    """Full, LoRA and QLoRA of a fine-tuning run on `gpu` (`configured`: the run's own plan
+    there, reused for its method)."""
+    out = []
+    for method, change, dm in training_methods(d):
+        p = configured if configured is not None and not change else None
+        p = p or plan_gpu(dm, gpu, catalog, tokens, devices, with_methods=False)
+        out.append(MethodPlan(method, change, dm.n_trainable, p))
+    return out
 
 
 def device_lines(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> dict[str, float]:
@@ -277,7 +330,10 @@ def plan_gpu(
     tokens: int,
     devices: int = 1,
     measured: dict | None = None,
+    with_methods: bool = True,
 ) -> GpuPlan:
+    """The run on `gpu`; for a fine-tuning run (and `with_methods`) also full, LoRA and QLoRA
+    there (`GpuPlan.methods`)."""
     lines = device_lines(d, gpu, catalog, devices)
     need = lines["needed"]
     fits = need <= gpu.memory_gib
@@ -287,7 +343,7 @@ def plan_gpu(
     price = gpu.price_per_hour * devices
     hours = tokens / tok_s / 3600 if tok_s else None
     fpt = flops_per_token(d.model, d.seq_len)
-    return GpuPlan(
+    plan = GpuPlan(
         gpu=gpu,
         devices=devices,
         micro_batch=d.micro_batch,
@@ -306,6 +362,9 @@ def plan_gpu(
         dollars_per_btok=price / (tok_s * 3600) * 1e9 if tok_s else None,
         remedies=[] if fits else remedies(d, gpu, catalog, devices),
     )
+    if with_methods and d.fine_tunes:
+        plan.methods = method_plans(d, gpu, catalog, tokens, devices, plan)
+    return plan
 
 
 def config_changes(d: Dims) -> list[tuple[str, str, Dims]]:
@@ -353,6 +412,13 @@ def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Reme
             if m:
                 dm = changed.with_micro_batch(m)
                 add(f"{name} train.micro_batch_size={m}", dm, f"{why}; {_accum_note(d, dm)}")
+    if d.fine_tunes and d.lora is None:  # a fine-tuning run trains a few adapters instead
+        for method, change, dm in training_methods(d)[1:]:
+            why = (
+                f"{method}: the base frozen{' in 4-bit NF4' if dm.lora and dm.lora.nf4 else ''}"
+                f", {dm.n_trainable / 1e6:,.1f}M adapter parameters get gradients and state"
+            )
+            add(change, dm, why)
     for n in FSDP_SIZES:
         sharded = replace(d, strategy="fsdp", world=n)
         if needed_gib(sharded, gpu, catalog, n) <= gpu.memory_gib or n == FSDP_SIZES[-1]:

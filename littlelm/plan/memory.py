@@ -46,11 +46,91 @@ if TYPE_CHECKING:
 class Param:
     name: str
     shape: tuple[int, ...]
-    role: str  # the model's role for it (model/protocol.py ROLES)
+    role: str  # the model's role for it (model/protocol.py ROLES), "adapter" for LoRA's A and B
+    trainable: bool = True  # False: a LoRA run's frozen base (no gradient, no optimizer state)
+    nf4: bool = False  # stored in 4-bit NF4 with its quantization constants (QLoRA's base)
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def module(self) -> str:
+        """The module's name within its block ("attn.c_q", "mlp.c_proj"), else ""."""
+        parts = self.name.split(".")
+        return ".".join(parts[2:-1]) if parts[0] == "blocks" and len(parts) > 3 else ""
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """What a run's `lora:` section (model/lora.py) makes of the model, as the formulas read
+    it: each target linear's weight frozen with two trainable factors beside it, A (rank, in)
+    and B (out, rank); everything else frozen but the embeddings and norms it names."""
+
+    rank: int
+    targets: tuple[str, ...]  # modules within a block: "attn.c_q", ..., "mlp.c_proj"
+    dropout: bool = False  # lora.dropout > 0: each adapter keeps its dropped input and mask
+    nf4: bool = False  # lora.quantize: nf4 (QLoRA): the target weights in 4-bit NF4
+    train_embeddings: bool = False
+    train_norms: bool = False
+
+    @classmethod
+    def of(cls, lora, model: GPTConfig) -> Adapters | None:
+        """From a LoRAConfig (None: a full run)."""
+        if lora is None:
+            return None
+        groups = [lora.targets] if isinstance(lora.targets, str) else list(lora.targets)
+        attention = ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj")
+        mlp = (*(f"mlp.{n}" for n in MLPS[model.mlp].inputs), "mlp.c_proj")
+        targets: tuple[str, ...] = ()
+        if {"attention", "all_linear"} & set(groups):
+            targets += attention
+        if {"mlp", "all_linear"} & set(groups):
+            targets += mlp
+        return cls(
+            rank=lora.rank,
+            targets=targets,
+            dropout=lora.dropout > 0,
+            nf4=lora.quantize == "nf4",
+            train_embeddings=lora.train_embeddings,
+            train_norms=lora.train_norms,
+        )
+
+    @property
+    def attention(self) -> bool:
+        """Do the attention's linears have adapters (then each is its own matmul: LoRALinear
+        is not the plain nn.Linear whose weights the attention stacks)?"""
+        return any(t.startswith("attn.") for t in self.targets)
+
+    @property
+    def mlp(self) -> bool:
+        return any(t.startswith("mlp.") for t in self.targets)
+
+    def targeted(self, p: Param) -> bool:
+        return p.role == "matrix" and p.name.endswith(".weight") and p.module in self.targets
+
+    def trains(self, p: Param) -> bool:
+        """Is a parameter that is not a target trained in full?"""
+        if p.role in ("embedding", "lm_head"):  # wte, and lm_head when untied
+            return self.train_embeddings
+        module = p.name.split(".")[-2] if "." in p.name else ""  # norm1, norm_f, q_norm, ...
+        norm = module.startswith("norm") or module.endswith("_norm")
+        return self.train_norms and norm and p.name.endswith(".weight")
+
+    def apply(self, params: tuple[Param, ...]) -> tuple[Param, ...]:
+        """The model's parameters with each target's weight frozen (NF4 under QLoRA) and its
+        two factors after it; the rest trainable as `trains` says."""
+        out: list[Param] = []
+        for p in params:
+            if not self.targeted(p):
+                out.append(replace(p, trainable=self.trains(p)))
+                continue
+            rows, cols = p.shape
+            module = p.name.removesuffix(".weight")
+            out.append(replace(p, trainable=False, nf4=self.nf4))
+            out.append(Param(f"{module}.lora_A", (self.rank, cols), "adapter"))
+            out.append(Param(f"{module}.lora_B", (rows, self.rank), "adapter"))
+        return tuple(out)
 
 
 _TENSORS: dict[str, tuple[tuple[Param, ...], tuple[int, ...]]] = {}
@@ -94,6 +174,8 @@ class Dims:
     strategy: str = "ddp"  # distributed.strategy: "ddp" or "fsdp"
     shard_muon: bool = True  # distributed.shard_muon (ddp): Muon momentum of owned matrices only
     shard_adamw: bool = False  # distributed.shard_adamw (ddp): ZeRO-1, AdamW moments split
+    lora: Adapters | None = None  # the run's `lora:` section (None: every parameter trains)
+    fine_tunes: bool = False  # starts from trained weights (sft: or lora:): LoRA applies
     # the trace's peak over the analytic model's at the configured micro-batch: a plan scales
     # every analytic figure by it (plan/planner.py), so the trace stays the one reference
     trace_scale: float = 1.0
@@ -112,6 +194,7 @@ class Dims:
         accum = max(1, seqs // mb)
         traits = oc.traits()
         params, buffers = model_tensors(cfg.model)
+        lora = Adapters.of(getattr(cfg, "lora", None), cfg.model)
         return cls(
             model=cfg.model,
             micro_batch=mb,
@@ -121,8 +204,10 @@ class Dims:
             ns_bf16=traits.ns_dtype in ("bf16", "auto"),
             optimizer=traits.kind,
             nesterov=traits.nesterov,
-            params=params,
+            params=lora.apply(params) if lora else params,
             buffers=buffers,
+            lora=lora,
+            fine_tunes=cfg.sft is not None or lora is not None,
             master_bf16=t.master_weights == "bf16",
             adamw_8bit=traits.adamw_8bit,
             checkpointing=t.activation_checkpointing,
@@ -161,16 +246,50 @@ class Dims:
     def n_params(self) -> int:
         return sum(p.numel for p in self.params)
 
+    @property
+    def trainable(self) -> tuple[Param, ...]:
+        """The parameters that get gradients and optimizer state (all but a LoRA run's base)."""
+        return tuple(p for p in self.params if p.trainable)
+
+    @property
+    def n_trainable(self) -> int:
+        return sum(p.numel for p in self.trainable)
+
+    def without_lora(self) -> Dims:
+        """The same run trained in full (every parameter, as the model builds them)."""
+        return replace(self, params=model_tensors(self.model)[0], lora=None)
+
+    def with_lora(self, lora: Adapters) -> Dims:
+        return replace(self, params=lora.apply(model_tensors(self.model)[0]), lora=lora)
+
     def numel(self, role: str) -> int:
         return sum(p.numel for p in self.params if p.role == role)
 
     def muon_param(self, p: Param) -> bool:
-        return self.optimizer == "muon" and p.role == "matrix"
+        return self.optimizer == "muon" and p.role == "matrix" and p.trainable
 
     @property
     def ddp_ranks(self) -> int:
         """Ranks of a ddp run (1 for one process or fsdp, whose sharding fsdp_per_gpu models)."""
         return self.world if self.strategy == "ddp" else 1
+
+    @property
+    def frozen_input(self) -> bool:
+        """Does the first block's input carry no gradient (a LoRA run whose embedding and first
+        norm's gain are frozen)? Then that block's ops before its first adapter record nothing
+        for the backward: autograd keeps what a gradient needs, and none flows there."""
+        lo = self.lora
+        return (
+            lo is not None
+            and not lo.train_embeddings
+            and not (lo.train_norms and self.model.norm_affine)
+        )
+
+    @property
+    def head_trains(self) -> bool:
+        """Does lm_head get a gradient (always, but in a LoRA run without train_embeddings)?"""
+        head = "embedding" if self.model.tie_embeddings else "lm_head"
+        return any(p.trainable for p in self.params if p.role == head)
 
     def muon_owned(self, count: int) -> int:
         """Matrices of a Muon bucket of `count` that rank 0 (which owns the most) steps."""
@@ -182,7 +301,7 @@ class Dims:
         """(shape, count) of each Muon bucket: same-shaped matrices of one optimizer group (a
         fresh run has one per role, and Muon steps the matrices'; growth's origins split groups
         further, but a planned run starts fresh)."""
-        return list(Counter(p.shape for p in self.params if self.muon_param(p)).items())
+        return list(Counter(p.shape for p in self.trainable if self.muon_param(p)).items())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -190,13 +309,34 @@ class Dims:
 
 
 def gradient_bytes(d: Dims) -> int:
-    return sum(block_bytes(d.param_bytes * p.numel) for p in d.params)
+    return sum(block_bytes(d.param_bytes * p.numel) for p in d.trainable)
+
+
+# bitsandbytes' NF4 (Linear4bit, QLoRA's defaults): two weights per byte; an absmax per block of
+# 64 weights, itself quantized to 8 bits (double quantization) with an fp32 absmax per 256 of
+# them and its 256-entry fp32 code book
+NF4_BLOCK, NF4_BLOCK2, NF4_CODE = 64, 256, 256
+
+
+def nf4_bytes(numel: int) -> int:
+    """One NF4 weight: the packed codes and its quantization constants (each its own tensor)."""
+    blocks = -(-numel // NF4_BLOCK)
+    return (
+        block_bytes(-(-numel // 2))  # the codes, two per byte
+        + block_bytes(blocks)  # the absmax of each block, 8-bit
+        + block_bytes(4 * -(-blocks // NF4_BLOCK2))  # their fp32 absmax
+        + block_bytes(4 * NF4_CODE)  # the second quantization's code book
+        + block_bytes(4)  # its offset (the mean it subtracts)
+    )
 
 
 def parameter_bytes(d: Dims) -> int:
-    """Parameters (one gradient's size each) and the RoPE tables, in train.master_weights'
-    dtype (fp32 or bf16)."""
-    return gradient_bytes(d) + sum(block_bytes(d.param_bytes * n) for n in d.buffers)
+    """Parameters and the RoPE tables, in train.master_weights' dtype (fp32 or bf16); QLoRA's
+    frozen target weights in NF4 (`nf4_bytes`)."""
+    own = sum(
+        nf4_bytes(p.numel) if p.nf4 else block_bytes(d.param_bytes * p.numel) for p in d.params
+    )
+    return own + sum(block_bytes(d.param_bytes * n) for n in d.buffers)
 
 
 BNB_MIN_8BIT = 4096  # bitsandbytes keeps tensors smaller than this in 32-bit state
@@ -221,7 +361,7 @@ def optimizer_state_bytes(d: Dims) -> int:
         block_bytes(d.param_bytes * math.prod(shape)) * d.muon_owned(count)
         for shape, count in d.muon_buckets()
     )
-    for p in d.params:
+    for p in d.trainable:
         if not d.muon_param(p):
             total += adamw_state_bytes(d, -(-p.numel // w) if d.shard_adamw else p.numel)
     return total
@@ -233,13 +373,30 @@ def weight_copy_bytes(d: Dims) -> int:
     other block matmul weight cast once per forward, and the plain loss's lm_head rows."""
     m, C = d.model, d.model.d_model
     qkv = (m.n_head + 2 * m.kv_heads) * m.head_dim * C
+    stacked = d.lora is None or not d.lora.attention  # adapted q, k, v: three matmuls, not one
+    # a frozen weight's copy is kept for its input's gradient, which the first block's
+    # attention does not need when its input carries none (Dims.frozen_input)
+    quiet = 1 if d.frozen_input else 0
     # under activation checkpointing the stack is remade with its layer in the backward pass
-    total = 0 if d.checkpointing else m.n_layer * block_bytes(d.act_bytes * qkv)
+    stacks = 0 if d.checkpointing or not stacked else m.n_layer - quiet
+    total = stacks * block_bytes(d.act_bytes * qkv)
     if not d.bf16 or d.master_bf16:
         return total
-    attn_in = ("attn.c_q.", "attn.c_k.", "attn.c_v.")
-    mats = [p for p in d.params if p.role == "matrix" and not any(k in p.name for k in attn_in)]
-    total += sum(block_bytes(2 * p.numel) for p in mats)
+    attn_in = ("attn.c_q", "attn.c_k", "attn.c_v")
+    for p in d.params:
+        if p.nf4 or p.role not in ("matrix", "adapter"):
+            continue  # NF4 weights are dequantized, used and freed (model/nf4.py)
+        if stacked and p.module in attn_in:
+            continue  # in the stack
+        # a frozen weight of the first block; an adapter's copy is kept all the same (autocast
+        # caches a trained leaf's cast for the forward)
+        first = p.name.startswith("blocks.0.") and quiet and p.role == "matrix"
+        if first and p.module in (*attn_in, "attn.ve_gate"):
+            continue  # reads the first block's input: no gradient, no copy kept
+        mlp_in = p.module.startswith("mlp.") and p.module != "mlp.c_proj"
+        if first and stacked and (p.module == "attn.c_proj" or mlp_in):
+            continue  # a frozen first attention: no gradient until the MLP's adapters' outputs
+        total += block_bytes(2 * p.numel)
     return total + (block_bytes(2 * m.vocab * C) if m.loss == "plain" else 0)
 
 
@@ -253,14 +410,28 @@ def layer_activation_bytes(d: Dims, layer: int) -> float:
     C, H, Hkv = m.d_model, m.n_head, m.kv_heads
     q, kv = H * m.head_dim, Hkv * m.head_dim
     ve = m.has_value_embed(layer)
+    lo = d.lora
+    if lo is not None and layer == 0 and d.frozen_input and not lo.attention:
+        # a frozen attention on an input without gradient records nothing: the block keeps
+        # its MLP's tensors (and norm2's output, the adapters' input) only
+        return a * C + mlp_activation_bytes(d) + adapter_activation_bytes(d, "mlp.")
     # the stream (the embedding's dtype): the mixed input, after attention, after the MLP
     total = (3 if m.residual_scalars else 2) * sb * C
     total += 2 * (a * C + blocks.NORM_KEEPS)  # two norms: outputs (in the matmul dtype) and 1/rms
+    if lo is not None and layer == 0 and d.frozen_input:  # norm1 and the mix get no gradient
+        total -= (2 if m.residual_scalars else 1) * sb * C + blocks.NORM_KEEPS
+    if lo is not None and not lo.attention:  # norm1's output: read by frozen matmuls only
+        total -= a * C
+    if lo is not None and not lo.mlp:  # norm2's output, c_proj's input: read by frozen ones
+        total -= a * C + a * m.hidden
     if m.norm_affine:
         total += 2 * a * C  # the gain's product is a new tensor; its mul keeps the norm output
     # q, k and v come out of one matmul; that output stays alive while qk-norm keeps q and k
-    # (views of it) or attention keeps v (a view of it, when no value embedding replaces v)
-    if m.qk_norm or not ve:
+    # (views of it) or attention keeps v (a view of it, when no value embedding replaces v);
+    # adapted, q and k are one tensor (their outputs concatenated) and v another
+    if lo is not None and lo.attention:
+        total += (a * (q + kv) if m.qk_norm else 0) + (a * kv if not ve else 0)
+    elif m.qk_norm or not ve:
         total += a * (q + 2 * kv)
     if m.qk_norm:
         total += blocks.NORM_KEEPS * (H + Hkv)  # the norm per head
@@ -270,7 +441,22 @@ def layer_activation_bytes(d: Dims, layer: int) -> float:
     if ve:  # v + gate·ve, ve in the matmul dtype, the gate's sigmoid and 2·sigmoid
         total += 2 * a * kv + 2 * a * Hkv
     total += a * q + 4 * H  # attention output and FlashAttention's log-sum-exp (fp32)
-    return total + mlp_activation_bytes(d)
+    return total + mlp_activation_bytes(d) + adapter_activation_bytes(d)
+
+
+def adapter_activation_bytes(d: Dims, within: str = "") -> int:
+    """What one block's adapters (those of modules starting with `within`) keep per token: A's
+    output (rank wide, read by B's gradient); with dropout, the dropped input and its mask."""
+    lo = d.lora
+    if lo is None:
+        return 0
+    widths = {p.module: p.shape[1] for p in d.params if p.role == "matrix" and p.module}
+    total = 0
+    for module in lo.targets:
+        if module.startswith(within):
+            total += d.act_bytes * lo.rank
+            total += (d.act_bytes + 1) * widths[module] if lo.dropout else 0
+    return total
 
 
 def mlp_activation_bytes(d: Dims) -> int:
@@ -322,13 +508,12 @@ def chunked_loss_stages(d: Dims) -> dict[str, float]:
     chunk = fp32_rows * block_bytes(4 * n * V) + max(logits_copy, small)
     running = dw if (a != 4 or many_groups) else 0  # in fp32 the first product is the sum
     padded = Vp != V or d.param_bytes != 4  # d(lm_head) into a zero-padded tensor of its dtype
+    # a frozen lm_head (LoRA): its gradient, made in the forward all the same, is not scaled
+    scaled = (dw + (block_bytes(d.param_bytes * Vp * C) if padded else 0)) if d.head_trains else 0
     return {
         "chunk": rows + buf + chunk + (dw if many_groups else 0),
         "group": rows + buf + block_bytes(a * V * C) + running,
-        "backward": rows
-        + block_bytes(a * N * C)
-        + 2 * dw
-        + (block_bytes(d.param_bytes * Vp * C) if padded else 0),
+        "backward": rows + block_bytes(a * N * C) + dw + scaled,
     }
 
 
@@ -342,6 +527,7 @@ def plain_loss_stages(d: Dims) -> dict[str, float]:
     logits = (2 * V + 4 * V) if d.bf16 else 4 * V  # matmul output (+ its fp32 copy)
     saved = 8 * V if cap else 4 * V  # tanh output + log-softmax output, or log-softmax only
     head_grad = (2 + d.param_bytes) * V * C if d.bf16 else 4 * V * C
+    head_grad *= d.head_trains  # a frozen lm_head (LoRA) gets none
     return {
         "logits": N * logits,
         "softcap": N * (4 * V + 8 * V) if cap else 0,
@@ -371,9 +557,17 @@ def block_backward_stages(d: Dims) -> dict[str, float]:
     gqa = m.kv_heads != m.n_head
     flash = a * q + 4 * q + 4 * m.n_head + a * q + 2 * a * kv + (2 * a * q if gqa else 0)
     fixed = 3 * BLOCK_SCALAR + (2 * BLOCK_SCALAR if m.residual_scalars else 0)
-    if m.tie_embeddings:  # the lm_head half of the tied embedding's gradient waits for the rest
+    if (
+        m.tie_embeddings and d.head_trains
+    ):  # the lm_head half of the tied embedding's gradient waits for the rest
         fixed += block_bytes(d.param_bytes * m.padded_vocab * C)
     rope_norm = 3 * a * (q + kv) + a * kv  # d(q|k), RoPE's output, the swapped halves; d(v)
+    lo = d.lora
+    if lo is not None and lo.mlp:
+        # adapted linears: the base's and the adapter's input gradients, and the adapter's
+        # rank-wide one between its B and A (measured on the trace: the MLP's backward peaks
+        # with two of the stream's width and one of the rank's beside its hidden gradients)
+        mlp += 2 * a * C + a * lo.rank
     stages: dict[str, float] = {
         "mlp": N * (base + mlp),
         "rope and qk-norm": N * (base + rope_norm),
@@ -401,9 +595,9 @@ def optimizer_scratch_bytes(d: Dims) -> int:
     of `optimizer.step()`: fused AdamW none, the stochastic-rounding AdamW (optim/lowp.py) three
     fp32 tensors of the largest size; Muon's per bucket, plus under sharded Muon the owned
     updates and their all-gather; ZeRO-1's slices and their fp32 all-gather."""
-    peak = (len(d.params) + 2) * block_bytes(4)
+    peak = (len(d.trainable) + 2) * block_bytes(4)
     w = d.ddp_ranks
-    adam = [p.numel for p in d.params if not d.muon_param(p)]
+    adam = [p.numel for p in d.trainable if not d.muon_param(p)]
     if adam and d.stochastic_rounding:
         largest = max(adam)
         peak = max(peak, 3 * block_bytes(4 * (-(-largest // w) if d.shard_adamw else largest)))
@@ -419,7 +613,7 @@ def optimizer_scratch_bytes(d: Dims) -> int:
             need += d.ns_bytes * (w + 1) * k
         peak = max(peak, need)
     if d.shard_adamw and w > 1:
-        slices = sum(-(-p.numel // w) for p in d.params if not d.muon_param(p))
+        slices = sum(-(-p.numel // w) for p in d.trainable if not d.muon_param(p))
         peak = max(peak, 4 * (w + 1) * slices)
     return peak
 
@@ -460,7 +654,7 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
     The optimizer step: parameters, state, gradients and scratch."""
     m, N, L, a = d.model, d.tokens, d.model.n_layer, d.act_bytes
     kept = {PARAMS: c[PARAMS], STATE: c[STATE]}
-    head_grad = block_bytes(d.param_bytes * m.padded_vocab * m.d_model)
+    head_grad = block_bytes(d.param_bytes * m.padded_vocab * m.d_model) if d.head_trains else 0
     if d.checkpointing:
         layer = [int(m.d_model * d.param_bytes * N)] * L
     else:
@@ -472,7 +666,9 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
         grads_top = grads_bottom = c[GRADS]
     else:
         embeds = sum(
-            block_bytes(d.param_bytes * p.numel) for p in d.params if p.role.endswith("embedding")
+            block_bytes(d.param_bytes * p.numel)
+            for p in d.trainable
+            if p.role.endswith("embedding")
         )
         grads_top, grads_bottom = head_grad, c[GRADS] - embeds
     loss = {**kept, COPIES: c[COPIES], ACT: c[ACT], LOSS: c[LOSS]}

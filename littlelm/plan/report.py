@@ -12,7 +12,7 @@ from rich.table import Table
 
 from littlelm.errors import LittleLMError
 from littlelm.plan import trace as cat
-from littlelm.plan.cost import GIB, GpuPlan
+from littlelm.plan.cost import GIB, GpuPlan, MethodPlan
 from littlelm.plan.planner import Plan
 from littlelm.plan.trace import CATEGORIES, FB, OPT
 from littlelm.progress import human
@@ -55,6 +55,8 @@ def print_plan(plan: Plan, console: Console | None = None, detail: bool = False)
     console.print(gpu_table(plan))
     for line in no_fit_lines(plan):
         console.print(line)
+    if any(p.methods for p in plan.gpus):
+        console.print(methods_table(plan))
     if plan.local is not None:
         console.print(local_table(plan))
     console.print(memory_line(plan))
@@ -102,6 +104,10 @@ def no_fit_text(p: GpuPlan) -> str:
         if fixes
         else "no single change makes it fit"
     )
+    # a fine-tuning run: LoRA is named too, the change that most often makes one fit
+    lora = [r for r in fixes[1:] if r.name.startswith("lora=")]
+    if lora:
+        best += f", or LoRA: {lora[0].name} ({gib(lora[0].needed_gib)} GiB)"
     return f"fits at no micro-batch ({needs_text(p)} at micro-batch {p.micro_batch}); {best}"
 
 
@@ -112,6 +118,36 @@ def no_fit_lines(plan: Plan) -> list[str]:
         for p in plan.gpus
         if p.tok_s is None
     ]
+
+
+def method_cell(m: MethodPlan) -> str:
+    """'fits: 71.20 GiB, $1,234/B' / 'micro-batch 2: ...' / 'no: needs 130.12 GiB'."""
+    p = m.plan
+    if p.tok_s is None:
+        return f"[red]no[/red]: needs {gib(p.needed_gib)} GiB"
+    assert p.dollars_per_btok is not None, "a GPU with a speed has a cost (cost.plan_gpu)"
+    need = p.needed_gib if p.fits else p.needed_at_best_gib
+    assert need is not None, "a GPU with a speed runs at some micro-batch"
+    where = (
+        "[green]fits[/green]" if p.fits else f"[yellow]micro-batch {p.best_micro_batch}[/yellow]"
+    )
+    return f"{where}: {gib(need)} GiB, {money(p.dollars_per_btok)}/B tok"
+
+
+def methods_table(plan: Plan) -> Table:
+    """Per GPU, whether full fine-tuning, LoRA and QLoRA fit, and their $ per billion tokens
+    (at the configured micro-batch, else the largest that fits with the same tokens per step)."""
+    runs = [p for p in plan.gpus if p.methods]
+    names = [m.method for m in runs[0].methods]
+    t = table("fine-tuning: full, LoRA or QLoRA on each GPU", "GPU", *names)
+    for p in runs:
+        t.add_row(f"{p.gpu.name} ({gib(p.gpu.memory_gib)})", *(method_cell(m) for m in p.methods))
+    parts = []
+    for m in runs[0].methods:
+        how = f"`{m.change}`" if m.change else "as configured"
+        parts.append(f"{m.method}: {human(m.trainable)} trained parameters ({how})")
+    t.caption = "; ".join(parts) + ". QLoRA needs CUDA and bitsandbytes (the gpu extra)"
+    return t
 
 
 def memory_line(plan: Plan) -> str:
@@ -176,8 +212,11 @@ def summary_line(plan: Plan) -> str:
     d, cfg = plan.dims, plan.cfg
     n = d.n_params
     tokens_step = d.tokens * d.grad_accum * plan.devices
+    lora = ""
+    if d.lora is not None:  # what a LoRA run trains of its parameters
+        lora = f" ({human(d.n_trainable)} trained: {'Q' * d.lora.nf4}LoRA rank {d.lora.rank})"
     return (
-        f"[bold]{cfg.run.name}[/bold]: {human(n)} parameters, "
+        f"[bold]{cfg.run.name}[/bold]: {human(n)} parameters{lora}, "
         f"{human(plan.flops_per_token)} FLOPs/token; micro-batch {d.micro_batch} × seq "
         f"{d.seq_len} × accum {d.grad_accum}"
         + (f" × {plan.devices} GPUs" if plan.devices > 1 else "")
@@ -302,6 +341,8 @@ def plan_json(plan: Plan) -> dict:
     return {
         "run": plan.cfg.run.name,
         "parameters": d.n_params,
+        "trainable_parameters": d.n_trainable,
+        "lora": d.lora.__dict__ if d.lora else None,
         "flops_per_token": plan.flops_per_token,
         "micro_batch": d.micro_batch,
         "seq_len": d.seq_len,
@@ -363,6 +404,24 @@ def _gpu_json(p: GpuPlan) -> dict:
         "needs": needs_text(p),
         "remedies": [r.__dict__ for r in p.remedies],
         "measured": p.measured,
+        "methods": [
+            {
+                "method": m.method,
+                "change": m.change,
+                "trainable_parameters": m.trainable,
+                "fits": m.plan.fits,
+                "runs": m.plan.tok_s is not None,
+                "needed_gib": m.plan.needed_gib,
+                "micro_batch": m.plan.micro_batch if m.plan.fits else m.plan.best_micro_batch,
+                "needed_gib_at_micro_batch": (
+                    m.plan.needed_gib if m.plan.fits else m.plan.needed_at_best_gib
+                ),
+                "tokens_per_s": m.plan.tok_s,
+                "dollars": m.plan.dollars,
+                "dollars_per_billion_tokens": m.plan.dollars_per_btok,
+            }
+            for m in p.methods
+        ],
     }
 
 

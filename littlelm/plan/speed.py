@@ -63,6 +63,7 @@ class Gemm:
     n: int
     count: int = 1
     fp8: bool = False
+    frozen: bool = False  # a LoRA run's frozen weight: no weight-gradient product
 
     @property
     def flops(self) -> float:
@@ -116,8 +117,10 @@ def gemms(d: Dims) -> list[Gemm]:
     M, D, hd = d.tokens, m.d_model, m.head_dim
     fp8 = d.fp8
 
+    frozen = d.lora is not None  # every block matrix: the targets' updates are the adapters'
+
     def lin(name, k, n, count=m.n_layer):
-        return Gemm(name, M, k, n, count, fp8 and min(k, n) >= m.fp8_min_dim)
+        return Gemm(name, M, k, n, count, fp8 and min(k, n) >= m.fp8_min_dim, frozen)
 
     out = [
         lin("q", D, m.n_head * hd),
@@ -127,7 +130,16 @@ def gemms(d: Dims) -> list[Gemm]:
     inputs = MLPS[m.mlp].inputs  # modelled as one GEMM (model/blocks.py)
     out.append(lin(f"mlp {'+'.join(inputs)}", D, len(inputs) * m.hidden))
     out.append(lin("mlp c_proj", m.hidden, D))
-    out.append(Gemm("lm_head", M, D, m.padded_vocab))  # the head stays in bf16 under fp8
+    # the head stays in bf16 under fp8; the chunked loss makes its weight gradient in the
+    # forward even when it is frozen (model/kernels.py), the plain loss only when it trains
+    head_frozen = not d.head_trains and m.loss == "plain"
+    out.append(Gemm("lm_head", M, D, m.padded_vocab, frozen=head_frozen))
+    if d.lora is not None:  # each adapter: x A^T (rank wide), then (x A^T) B^T
+        shapes = {p.module: p.shape for p in d.params if p.role == "matrix" and p.module}
+        for module in d.lora.targets:
+            rows, cols = shapes[module]
+            out.append(Gemm(f"lora {module} A", M, cols, d.lora.rank, m.n_layer))
+            out.append(Gemm(f"lora {module} B", M, d.lora.rank, rows, m.n_layer))
     return out
 
 
@@ -159,9 +171,13 @@ def elementwise_bytes(d: Dims) -> float:
     # the softcap's tanh adds a pass each way
     logit_passes = 4 + (2 if m.softcap else 0)
     loss = T * m.padded_vocab * 4 * logit_passes
-    params = d.n_params
-    casts = params * (4 + 2) if d.bf16 and not d.master_bf16 else 0  # fp32 -> bf16 copies
-    accumulate = params * (d.param_bytes * 2 + es)  # read + write the sum, read the new part
+    nf4 = sum(p.numel for p in d.params if p.nf4)
+    params = d.n_params - nf4
+    casts: float = params * (4 + 2) if d.bf16 and not d.master_bf16 else 0  # fp32 -> bf16
+    # QLoRA dequantizes each NF4 weight to bf16 in the forward and again in the backward
+    casts += nf4 * (0.5 + 2) * 2
+    # read + write the sum, read the new part: the trained parameters' gradients only
+    accumulate = d.n_trainable * (d.param_bytes * 2 + es)
     return in_blocks + loss + casts + accumulate
 
 
@@ -171,7 +187,7 @@ def elementwise_kernels(d: Dims) -> int:
 
 def optimizer_work(d: Dims) -> tuple[float, float]:
     """(bytes, FLOPs) of clipping and one optimizer step on this device's share."""
-    n = d.n_params
+    n = d.n_trainable  # a LoRA run steps its adapters only
     shard = d.world if d.strategy == "fsdp" else 1
     pb = d.param_bytes
     # foreach AdamW: parameter, gradient and two moments read, three written, in about three
@@ -180,7 +196,7 @@ def optimizer_work(d: Dims) -> tuple[float, float]:
     clip = 3 * pb
     if d.optimizer != "muon":
         return n * (adam_bytes + clip) / shard, 0.0
-    matrix = d.numel("matrix")
+    matrix = sum(p.numel for p in d.trainable if d.muon_param(p))
     flops = 0.0
     for shape, count in d.muon_buckets():
         a, b = sorted(shape[-2:])
@@ -199,7 +215,7 @@ def communication_bytes(d: Dims, devices: int) -> tuple[float, float]:
     ring = (devices - 1) / devices
     if d.strategy == "fsdp":
         return 0.0, d.n_params * (2 + 2 + d.param_bytes) * ring
-    return d.n_params * d.param_bytes * 2 * ring, 0.0
+    return d.n_trainable * d.param_bytes * 2 * ring, 0.0  # gradients: the trained ones only
 
 
 def step_time(d: Dims, rates: Rates, devices: int = 1, recompute: float | None = None) -> StepTime:
@@ -213,6 +229,8 @@ def step_time(d: Dims, rates: Rates, devices: int = 1, recompute: float | None =
         es = 1 if g.fp8 else d.act_bytes
         bytes_ = es * (g.m * g.k + g.k * g.n + g.m * g.n)
         for product in PRODUCTS:
+            if g.frozen and product == "weight_grad":
+                continue
             one = max(g.flops / g.count / rates.gemm(g, product), bytes_ / bw, rates.launch)
             # the recompute of checkpointed blocks runs the forward again (not the lm_head's)
             times = 1 + (redo if product == "forward" and g.name != "lm_head" else 0)

@@ -248,7 +248,8 @@ def trace_step(cfg, micro_batch: int | None = None, gpu: bool = True) -> Memory:
     mb, accum = micro_batch or cfg.train.micro_batch_size, cfg.train.grad_accum or 1
     with FakeTensorMode(), _traceable(gpu):
         model, optimizer = build(cfg, cpu, traced=True)
-        for p in model.parameters():  # one step on zero gradients: the state exists
+        trained = [p for p in model.parameters() if p.requires_grad]  # a LoRA run's adapters
+        for p in trained:  # one step on zero gradients: the state exists
             p.grad = torch.zeros_like(p)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -303,5 +304,7 @@ def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:
         blocks[-1].register_full_backward_pre_hook(blocks_backward),
     ]
     for p in model.parameters():
-        handles.append(p.register_post_accumulate_grad_hook(lambda p: acct.relabel(p.grad, GRADS)))
+        if p.requires_grad:  # a LoRA run's frozen base gets no gradient
+            hook = p.register_post_accumulate_grad_hook(lambda p: acct.relabel(p.grad, GRADS))
+            handles.append(hook)
     return handles
