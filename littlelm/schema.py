@@ -15,6 +15,7 @@ Sections and who owns them:
     callbacks   list of callbacks, by name                      (littlelm.train.callbacks)
     grow        start from a smaller trained checkpoint         (littlelm.train.growth)
     sft         fine-tune a base model (post-training)          (littlelm.train.growth)
+    dpo         preference tuning after SFT                     (littlelm.train.dpo)
 
 `resolve` returns a new config with the values derived from others filled in (vocabulary size
 from the tokenizer, which `load_run` looks up, so that resolving reads no file; sequence length, gradient accumulation, step count from a token budget), so
@@ -69,6 +70,7 @@ from littlelm.optim.schedule import ScheduleChoice, TrapezoidalConfig, resolve_l
 from littlelm.registry import callback_classes
 from littlelm.train.budget import BudgetConfig
 from littlelm.train.distributed import DistributedConfig
+from littlelm.train.dpo import DPOConfig, dpo_problems
 from littlelm.train.guard import GuardConfig
 from littlelm.train.start_from import GrowConfig, SFTConfig
 
@@ -310,6 +312,11 @@ class RunConfig(Cfg):
         description="Supervised fine-tuning: start from a base model's weights "
         "(docs/post-training.md); null = not a fine-tuning run.",
     )
+    dpo: DPOConfig | None = Field(
+        None,
+        description="Preference tuning (DPO) of sft.base on a preference source's pairs "
+        "(docs/post-training.md); null = the loss is the next-token loss.",
+    )
 
     @classmethod
     def upgrade(cls, tree: dict, origin: dict[str, str]) -> list[str]:
@@ -467,6 +474,8 @@ def resolve(
             "grow and sft are both set: a run starts from one checkpoint; sft: {base: ...} for "
             "fine-tuning a base of this shape, grow: {parent: ...} for a larger model"
         )
+    sources = {k: src.name for k, src in cfg.data.sources.items()}
+    problems += dpo_problems(cfg.dpo, cfg.sft is not None, sources)
     if problems:
         raise ConfigError(problems, source or None)
     update = {"model": m, "train": train, "distributed": dist, "grow": grow}
