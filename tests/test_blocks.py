@@ -180,3 +180,57 @@ def test_stock_export_follows_the_weight_mapping_and_gguf_refuses(geglu, tmp_pat
 
     with pytest.raises(CheckpointError, match="gates with gelu_pytorch_tanh"):
         write_gguf(model, tok, tensors, arch, tmp_path / "m.gguf", "f16")
+
+
+# The norm is described once too (blocks.Norm and its costs): both models build their norms
+# from it, and the planner reads its costs from blocks.py at call time, so a change there moves
+# the plan with no other file touched.
+
+
+def test_both_models_norm_with_blocks_norm(tmp_path):
+    from littlelm.model.modeling_littlelm import LittleLMForCausalLM
+
+    model = random_model(config("relu2", norm_affine=True, qk_norm_affine=True))
+    names = ("norm1", "norm2", "norm_f", "q_norm", "k_norm")
+    norms = [m for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in names]
+    assert len(norms) == 2 * 4 + 1 and all(type(m) is blocks.Norm for m in norms)
+    x = torch.randn(3, 7, 64, dtype=torch.bfloat16)
+    gain = model.norm_f.weight
+    ours = model.norm_f(x, model.kernels, torch.float32)  # littlelm's CPU kernel
+    plain = model.norm_f(x, blocks.TorchOps, torch.float32)  # what the transformers model runs
+    want = F.rms_norm(x.float(), (64,), eps=torch.finfo(torch.bfloat16).eps) * gain
+    assert torch.allclose(ours, want, atol=1e-6) and torch.allclose(plain, want, atol=1e-6)
+    tok = ByteTokenizer()
+    arch, _, cfg, tensors = hf_form(model, tok)
+    write_hf_dir(tmp_path / "hf", tok, tensors, cfg, arch, "5GB")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True)
+    assert type(hf).__name__ == LittleLMForCausalLM.__name__
+    hf_norms = [m for n, m in hf.named_modules() if n.endswith(("norm1", "norm2", "norm_f"))]
+    assert len(hf_norms) == 2 * 2 + 1 and all(type(m).__name__ == "Norm" for m in hf_norms)
+
+
+def test_the_planner_reads_the_norms_costs_from_blocks(monkeypatch):
+    cfg = config("relu2", qk_norm=True)
+    d = memory.Dims(cfg, 2, 32, 1, True, "muon", True, *memory.model_tensors(cfg))
+    layer, total, moved = (
+        memory.layer_activation_bytes(d, 0),
+        memory.activation_bytes(d),
+        speed.elementwise_bytes(d),
+    )
+    monkeypatch.setattr(blocks, "NORM_KEEPS", blocks.NORM_KEEPS + 4)  # a norm keeping 4 B more
+    monkeypatch.setattr(blocks, "NORM_PASSES", blocks.NORM_PASSES + 1)  # and one more pass
+    heads = cfg.n_head + cfg.kv_heads  # qk-norm normalises each head's row
+    assert memory.layer_activation_bytes(d, 0) - layer == 4 * (2 + heads)
+    # every layer's two norms and qk-norm rows, plus the embedding's and norm_f's, per token
+    assert memory.activation_bytes(d) - total == 4 * (cfg.n_layer * (2 + heads) + 2) * d.tokens
+    qk = heads * cfg.head_dim
+    per_pass = d.tokens * d.act_bytes * cfg.n_layer * (1 + speed.BACKWARD_FACTOR)
+    assert math.isclose(speed.elementwise_bytes(d) - moved, (2 * cfg.d_model + qk) * per_pass)
+
+
+def test_a_norm_other_than_the_stock_classes_exports_with_remote_code(monkeypatch):
+    cfg = config("swiglu", **LLAMA)
+    assert A.export_arch(cfg)[0] == "llama"
+    monkeypatch.setattr(blocks, "NORM_TITLE", "LayerNorm")  # as if blocks.Norm were changed
+    arch, why = A.export_arch(cfg)
+    assert arch == "littlelm" and "the LayerNorm norm" in why

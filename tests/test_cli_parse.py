@@ -41,11 +41,11 @@ def parse(argv: list[str]):
     ],
 )
 def test_overrides_accepted_after_options(argv, items):
-    from littlelm.commands import _split
+    from littlelm.cli_args import split_config
 
     args = parse(argv).args
     assert list(args) == items
-    assert _split(args[0], args[1:]) == (("demo", items) if "=" in items[0] else (items[0], items[1:]))  # fmt: skip
+    assert split_config(args[0], args[1:]) == (("demo", items) if "=" in items[0] else (items[0], items[1:]))  # fmt: skip
 
 
 def test_grow_overrides_after_options():
@@ -165,3 +165,30 @@ def test_export_refuses_a_gguf_type_the_exporter_lacks(tmp_path, capsys):
         f"--gguf-type q8: GGUF weights are stored as {' or '.join(TYPES)}"
         in capsys.readouterr().err
     )
+
+
+def test_each_verbs_line_in_the_list_is_its_docstrings_first_line():
+    """cli.py registers the verbs by import path and so gives their lines in `littlelm --help`
+    itself (cyclopts cannot read a docstring it has not imported): each is its docstring's."""
+    import importlib
+
+    from littlelm.cli import CONFIG_VERBS, DATA_VERBS, VERBS
+
+    for path, line in [*VERBS, *CONFIG_VERBS, *DATA_VERBS]:
+        module, name = path.split(":")
+        doc = getattr(importlib.import_module(module), name).__doc__
+        assert doc.splitlines()[0] == line, f"{path}: cli.py's line is not its docstring's"
+
+
+def test_help_imports_only_the_verb_it_shows():
+    """`littlelm --help` imports no verb's module, `littlelm train --help` only train's, neither
+    torch: in a fresh process, as a user's shell (or tab completion) starts one."""
+    probe = (
+        "import sys; from littlelm.cli import main; main(sys.argv[1:]); "
+        "print(sorted(m for m in sys.modules if m.endswith('verbs') or m == 'torch'))"
+    )
+    run = [sys.executable, "-c", probe]
+    top = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=120)
+    assert "Train (or resume) a run." in top.stdout and top.stdout.endswith("[]\n"), top.stderr
+    verb = subprocess.run([*run, "train", "--help"], capture_output=True, text=True, timeout=120)
+    assert "examples:" in verb.stdout and verb.stdout.endswith("['littlelm.verbs']\n"), verb.stderr

@@ -18,7 +18,7 @@ import pytest
 from cyclopts import CycloptsError
 
 from conftest import APP, verbs
-from littlelm.cli import main
+from littlelm.cli import is_verb, main
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -119,17 +119,17 @@ def check_example(argv: list[str], capsys) -> None:
                 check_example([*path, "--help"], capsys)
         return
     fn, args = parse(argv)
-    if getattr(fn, "__module__", None) != "littlelm.commands":  # --help, --version
+    if not is_verb(fn):  # --help, --version
         assert main(argv) == 0, capsys.readouterr().err
         return
-    from littlelm.commands import _split
+    from littlelm.cli_args import split_config
     from littlelm.errors import DataError
     from littlelm.plan.cost import load_catalog
     from littlelm.schema import load_data_config, load_run
     from littlelm.sweep import SweepOptions, plan_sweep
 
     verb = fn.__name__
-    config, overrides = _split(args.get("config", "demo"), args.get("overrides", ()))
+    config, overrides = split_config(args.get("config", "demo"), args.get("overrides", ()))
     if verb == "list_":  # cheap: run them
         assert main(["list"]) == 0
     elif verb == "show":

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from littlelm.errors import CheckpointError
+from littlelm.model import blocks
 from littlelm.model.gpt import GPTConfig
 
 
@@ -65,6 +64,7 @@ QWEN2 = {
 TABLES = {"llama": LLAMA, "mistral": LLAMA, "qwen2": QWEN2, "qwen3": QWEN3, "littlelm": None}
 CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 IMPORTABLE = ("llama", "mistral", "qwen2", "qwen3", "littlelm")
+STOCK_NORM = "RMSNorm"  # the norm that transformers' Llama and Qwen classes and llama.cpp compute
 REMOTE_FEATURES = {  # GPTConfig switch -> why no stock class has it
     "residual_scalars": "per-layer residual scalars",
     "value_embeds": "value embeddings",
@@ -96,6 +96,8 @@ def export_arch(m: GPTConfig) -> tuple[str, str]:
         remote.remove(REMOTE_FEATURES["value_embeds"])
     if m.mlp not in STOCK_MLP:
         remote.append(f"the {m.mlp} MLP")
+    if blocks.NORM_TITLE != STOCK_NORM:  # read when called: a norm changed in blocks.py follows
+        remote.append(f"the {blocks.NORM_TITLE} norm")
     if m.qkv_bias and m.qk_norm:
         remote.append("q/k/v biases together with QK-norm")
     if remote:
@@ -104,15 +106,15 @@ def export_arch(m: GPTConfig) -> tuple[str, str]:
             "littlelm's modeling file (load with trust_remote_code=True)"
         )
     if m.qk_norm:
-        return "qwen3", "SwiGLU + RMSNorm + RoPE with QK-norm: stock Qwen3ForCausalLM"
+        return "qwen3", f"SwiGLU + {STOCK_NORM} + RoPE with QK-norm: stock Qwen3ForCausalLM"
     if m.qkv_bias:
-        return "qwen2", "SwiGLU + RMSNorm + RoPE with q/k/v biases: stock Qwen2ForCausalLM"
-    return "llama", "SwiGLU + RMSNorm + RoPE: stock LlamaForCausalLM"
+        return "qwen2", f"SwiGLU + {STOCK_NORM} + RoPE with q/k/v biases: stock Qwen2ForCausalLM"
+    return "llama", f"SwiGLU + {STOCK_NORM} + RoPE: stock LlamaForCausalLM"
 
 
 def norm_eps(m: GPTConfig) -> float:
-    """The RMSNorm epsilon littlelm uses in fp32: set, or float32's machine epsilon."""
-    return m.norm_eps if m.norm_eps is not None else torch.finfo(torch.float32).eps
+    """The norms' epsilon littlelm uses in fp32 (model/blocks.py), for transformers and GGUF."""
+    return blocks.fp32_eps(m.norm_eps)
 
 
 def stock_config(m: GPTConfig, arch: str, bos_id: int) -> dict:

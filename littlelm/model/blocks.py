@@ -1,5 +1,5 @@
-"""The model's MLP variants, described once: what each one computes and what every reader of
-the model counts of it.
+"""The model's building blocks that vary, described once: the MLP variants and the norm, what
+each computes and what every reader of the model counts of it.
 
 Torch only, on purpose: `littlelm export` copies this file beside modeling_littlelm.py into a
 remote-code export, where transformers imports it (`from .blocks import ...`) and littlelm is
@@ -17,6 +17,16 @@ Who reads an `MLPSpec` (MLPS[model.mlp]):
 
 A new variant: its `act`, one MLPS entry and its name in `MLPName`, here; its weight mapping
 in interop/arch.py if a stock class computes it; a test (tests/test_blocks.py shows one).
+
+Who reads `Norm` (every norm of the model: norm1, norm2, norm_f, the embedding's and qk-norm):
+- model/gpt.py and model/modeling_littlelm.py build their norms from it (the ops as above);
+- plan/memory.py counts what it keeps (`NORM_KEEPS`), plan/speed.py its traffic
+  (`NORM_PASSES`);
+- interop/arch.py writes its epsilon for transformers (`fp32_eps`) and names the stock classes
+  that compute it (`NORM_TITLE`); interop/gguf_export.py writes the same epsilon for llama.cpp.
+A different norm is a change to `Norm` and `Ops.norm` here (and both kernel sets'
+implementation, model/kernels.py), its costs beside it, and its name where arch.py picks a
+stock class.
 """
 
 from __future__ import annotations
@@ -36,16 +46,33 @@ class Ops(Protocol):
     transformers model `TorchOps`."""
 
     relu_squared: Callable[[torch.Tensor], torch.Tensor]
+    # (x, weight=None, eps=None, out_dtype=None): `Norm` below, written in out_dtype
+    rms_norm: Callable[..., torch.Tensor]
 
 
 def _relu_squared(h: torch.Tensor) -> torch.Tensor:
     return torch.relu(h).square()
 
 
+def _rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """x / sqrt(mean(x²) + eps), computed in fp32, times the gain when there is one; eps
+    defaults to the machine epsilon of x's dtype (as F.rms_norm's)."""
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(out_dtype or x.dtype)
+    return y if weight is None else y * weight.to(y.dtype)
+
+
 class TorchOps:
     """Plain-torch versions of `Ops`: what modeling_littlelm.py runs."""
 
     relu_squared = staticmethod(_relu_squared)
+    rms_norm = staticmethod(_rms_norm)
 
 
 # `act(ops, proj)`: the hidden activations, where proj(name) is the input linear `name` applied
@@ -123,3 +150,30 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         return self.c_proj(self.spec.act(ops, lambda name: getattr(self, name)(x)))
+
+
+# The norm: RMSNorm, x / sqrt(mean(x²) + eps) · gain, over the last dimension. What it costs:
+NORM_TITLE = "RMSNorm"  # what transformers' stock classes (Llama, Qwen2, Qwen3) also compute
+NORM_KEEPS = 4  # bytes per normalised row it keeps for its backward beside its output (fp32 1/rms)
+NORM_PASSES = 2  # row-wide reads + writes, forward (read x, write the output)
+
+
+def fp32_eps(eps: float | None) -> float:
+    """The epsilon a norm uses in fp32: the set one, or float32's machine epsilon (the default
+    an fp32 model runs with; what an export writes for another tool)."""
+    return eps if eps is not None else torch.finfo(torch.float32).eps
+
+
+class Norm(nn.Module):
+    """One norm of the model, with a learnable per-channel gain when `affine`; `eps` None is the
+    input dtype's machine epsilon. `ops.rms_norm` computes it (littlelm's kernels or TorchOps)."""
+
+    def __init__(self, dim: int, affine: bool, eps: float | None = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.eps = eps
+
+    def forward(
+        self, x: torch.Tensor, ops: Ops, out_dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps, out_dtype)

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from littlelm.config import RESUMABLE, named
-from littlelm.model.blocks import MLP, MLPS, MLPName, hidden_width
+from littlelm.model.blocks import MLP, MLPS, MLPName, Norm, hidden_width
 from littlelm.model.fp8 import check_fp8_device, linear
 from littlelm.model.kernels import (
     Backend,
@@ -229,24 +229,14 @@ class GPTConfig(ModelConfig):
         return GPT(self)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, affine: bool, eps: float | None = None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor, kernels: Backend, out_dtype=None) -> torch.Tensor:
-        return kernels.rms_norm(x, self.weight, self.eps, out_dtype)
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
         self.n_head, self.n_kv, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
         self.qk_norm, self.eps = cfg.qk_norm, cfg.norm_eps
         if cfg.qk_norm and cfg.qk_norm_affine:  # separate gains for q and k (Qwen3)
-            self.q_norm = RMSNorm(self.hd, True)
-            self.k_norm = RMSNorm(self.hd, True)
+            self.q_norm = Norm(self.hd, True)
+            self.k_norm = Norm(self.hd, True)
         C, q_dim, kv_dim = cfg.d_model, self.n_head * self.hd, self.n_kv * self.hd
         self.c_q = block_linear(cfg, C, q_dim)
         self.c_k = block_linear(cfg, C, kv_dim)
@@ -320,9 +310,9 @@ def block_linear(cfg: GPTConfig, in_features: int, out_features: int) -> nn.Line
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
-        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
+        self.norm1 = Norm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
         self.attn = Attention(cfg, layer)
-        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
+        self.norm2 = Norm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
         self.mlp = MLP(cfg.mlp, cfg.d_model, cfg.hidden, lambda i, o: block_linear(cfg, i, o))
 
     def forward(self, x, cos, sin, kernels: Backend, ve=None, cache=None, mask=None):
@@ -360,7 +350,7 @@ class GPT(nn.Module):
             {str(i): nn.Embedding(V, kv_dim) for i in range(cfg.n_layer) if cfg.has_value_embed(i)}
         )
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.norm_f = RMSNorm(C, cfg.norm_affine, cfg.norm_eps)
+        self.norm_f = Norm(C, cfg.norm_affine, cfg.norm_eps)
         self.lm_head = nn.Linear(C, V, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight

@@ -29,7 +29,8 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .blocks import MLP, TorchOps  # shipped beside this file: transformers resolves the import
+# shipped beside this file: transformers resolves the import
+from .blocks import MLP, Norm, TorchOps
 
 
 class LittleLMConfig(PretrainedConfig):
@@ -84,24 +85,6 @@ class LittleLMConfig(PretrainedConfig):
         super().__init__(**kwargs)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float | None) -> torch.Tensor:
-    """x / sqrt(mean(x²) + eps) in fp32, eps defaulting to the machine epsilon of x's dtype."""
-    eps = torch.finfo(x.dtype).eps if eps is None else eps
-    xf = x.float()
-    y = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return y if weight is None else y * weight.to(y.dtype)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, affine: bool, eps: float | None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
-        self.eps = eps
-
-    def forward(self, x):
-        return rms_norm(x, self.weight, self.eps)
-
-
 def rope(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
     """cos, sin (B, T, 1, D) for positions (B, T): [cos, cos] and [-sin, sin] as in littlelm."""
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
@@ -128,8 +111,8 @@ class Attention(nn.Module):
         if layer in cfg.value_embed_layers:
             self.ve_gate = nn.Linear(cfg.ve_gate_channels, Hkv, bias=False)
         if cfg.qk_norm and cfg.qk_norm_affine:
-            self.q_norm = RMSNorm(D, True, None)
-            self.k_norm = RMSNorm(D, True, None)
+            self.q_norm = Norm(D, True, None)
+            self.k_norm = Norm(D, True, None)
 
     def forward(self, x, cos, sin, ve, cache, mask):
         cfg, (B, T, _) = self.cfg, x.shape
@@ -141,7 +124,8 @@ class Attention(nn.Module):
             gate = 2 * torch.sigmoid(self.ve_gate(x[..., : cfg.ve_gate_channels]))  # (B, T, Hkv)
             v = v + gate.unsqueeze(-1) * ve.view(B, T, Hkv, D).to(v.dtype)
         if cfg.qk_norm:
-            q, k = rms_norm(q, None, cfg.norm_eps), rms_norm(k, None, cfg.norm_eps)
+            norm = TorchOps.rms_norm  # per head, without a gain: the gains follow
+            q, k = norm(q, None, cfg.norm_eps), norm(k, None, cfg.norm_eps)
             if cfg.qk_norm_affine:
                 q_gain, k_gain = self.q_norm.weight, self.k_norm.weight
                 assert q_gain is not None and k_gain is not None, "built with gains"
@@ -161,14 +145,14 @@ class Attention(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: LittleLMConfig, layer: int):
         super().__init__()
-        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
+        self.norm1 = Norm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
         self.attn = Attention(cfg, layer)
-        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
+        self.norm2 = Norm(cfg.d_model, cfg.norm_affine, cfg.norm_eps)
         self.mlp = MLP(cfg.mlp, cfg.d_model, cfg.hidden)
 
     def forward(self, x, cos, sin, ve, cache, mask):
-        x = x + self.attn(self.norm1(x), cos, sin, ve, cache, mask)
-        return x + self.mlp(self.norm2(x), TorchOps)
+        x = x + self.attn(self.norm1(x, TorchOps), cos, sin, ve, cache, mask)
+        return x + self.mlp(self.norm2(x, TorchOps), TorchOps)
 
 
 class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
@@ -185,7 +169,7 @@ class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
             {str(i): nn.Embedding(V, kv) for i in cfg.value_embed_layers}
         )
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.norm_f = RMSNorm(C, cfg.norm_affine, cfg.norm_eps)
+        self.norm_f = Norm(C, cfg.norm_affine, cfg.norm_eps)
         self.lm_head = nn.Linear(C, V, bias=False)
         if cfg.residual_scalars:
             self.resid_lambdas = nn.Parameter(torch.ones(cfg.n_layer))
@@ -219,7 +203,7 @@ class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
             positions = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
         x = self.wte(input_ids)
         if cfg.embed_norm:
-            x = rms_norm(x, None, cfg.norm_eps)
+            x = TorchOps.rms_norm(x, None, cfg.norm_eps)
         cos, sin = rope(positions, cfg.head_dim, cfg.rope_base, x.dtype)
         mask = self._mask(attention_mask, T, start + T, x.device)
         x0 = x
@@ -228,7 +212,7 @@ class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = self.value_embeds[str(i)](input_ids) if str(i) in self.value_embeds else None
             x = block(x, cos, sin, ve, cache, mask)
-        logits = self.lm_head(self.norm_f(x))[..., : cfg.vocab_size].float()
+        logits = self.lm_head(self.norm_f(x, TorchOps))[..., : cfg.vocab_size].float()
         if cfg.softcap:
             logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
         loss = None

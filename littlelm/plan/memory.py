@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from littlelm.errors import ConfigError
+from littlelm.model import blocks
 from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import group_rows
 from littlelm.plan.trace import (
@@ -254,7 +255,7 @@ def layer_activation_bytes(d: Dims, layer: int) -> float:
     ve = m.has_value_embed(layer)
     # the stream (the embedding's dtype): the mixed input, after attention, after the MLP
     total = (3 if m.residual_scalars else 2) * sb * C
-    total += 2 * a * C + 2 * 4  # two norms' outputs, written in the matmul dtype, and 1/rms
+    total += 2 * (a * C + blocks.NORM_KEEPS)  # two norms: outputs (in the matmul dtype) and 1/rms
     if m.norm_affine:
         total += 2 * a * C  # the gain's product is a new tensor; its mul keeps the norm output
     # q, k and v come out of one matmul; that output stays alive while qk-norm keeps q and k
@@ -262,7 +263,7 @@ def layer_activation_bytes(d: Dims, layer: int) -> float:
     if m.qk_norm or not ve:
         total += a * (q + 2 * kv)
     if m.qk_norm:
-        total += 4 * (H + Hkv)  # 1/rms per head
+        total += blocks.NORM_KEEPS * (H + Hkv)  # the norm per head
     if m.qk_norm and m.qk_norm_affine:
         total += a * (q + kv)  # the gains' product is a new tensor
     total += a * (q + kv)  # q and k after RoPE, kept by attention
@@ -286,7 +287,7 @@ def activation_bytes(d: Dims) -> int:
         per_token = m.n_layer * sb * m.d_model
     else:
         per_token = sum(layer_activation_bytes(d, i) for i in range(m.n_layer))
-    per_token += 2 * sb * m.d_model + 2 * 4 + 8 * 2  # lookup, x0, 2 norms' 1/rms, ids
+    per_token += 2 * sb * m.d_model + 2 * blocks.NORM_KEEPS + 8 * 2  # lookup, x0, 2 norms, ids
     if m.loss == "plain":
         per_token += d.act_bytes * m.d_model  # norm_f's output, kept by lm_head
     casts = d.bf16 and not d.master_bf16
@@ -529,8 +530,8 @@ def fsdp_per_gpu(d: Dims, shards: int) -> tuple[dict[str, int], int]:
     gathered while the loss runs (in bf16, so autocast makes no copies of it)."""
     c = estimate(replace(d, strategy="fsdp", world=shards)).categories
     per = 2 + d.param_bytes  # bf16 weights gathered + gradients (the parameters' dtype)
-    blocks = sum(p.numel for p in d.params if p.name.startswith("blocks."))
-    gathered = 2 * max(1, blocks // d.model.n_layer) * per  # two units (blocks)
+    in_blocks = sum(p.numel for p in d.params if p.name.startswith("blocks."))
+    gathered = 2 * max(1, in_blocks // d.model.n_layer) * per  # two units (blocks)
     per_gpu = {k: v // shards if k in (PARAMS, GRADS, STATE, SCRATCH) else v for k, v in c.items()}
     per_gpu[COPIES] += gathered
     sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards

@@ -30,6 +30,7 @@ from pydantic import Field
 
 from littlelm.config import Cfg, read_yaml, to_tree
 from littlelm.data.cache import cache_root, digest
+from littlelm.model import blocks
 from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import causal_attention
 from littlelm.optim.optimizer import orthogonalize
@@ -40,7 +41,7 @@ from littlelm.train.device import tune_cpu_allocator
 # Elementwise passes of one block, in vectors of d_model (D) and of the MLP's hidden width (H)
 # read plus written per token, forward; the backward moves about twice as much (each op reads
 # its saved input and the incoming gradient and writes one gradient).
-BLOCK_PASSES_D = 4 + 6  # two RMSNorms (read + write), two residual adds (2 reads + 1 write)
+RESIDUAL_ADD_PASSES_D = 6  # two residual adds (2 reads + 1 write each)
 RESIDUAL_SCALAR_PASSES_D = 6  # x = l_resid * x + l_x0 * x0 before each block
 BACKWARD_FACTOR = 2.0
 KERNELS_PER_BLOCK = 60  # forward + backward kernels of one block outside its GEMMs (eager)
@@ -146,13 +147,14 @@ def elementwise_bytes(d: Dims) -> float:
     m, T = d.model, d.tokens
     es = d.act_bytes
     qk = (m.n_head + m.kv_heads) * m.head_dim
-    per_token = BLOCK_PASSES_D * m.d_model + 2 * qk  # RoPE on q and k: read + write
+    norms = 2 * blocks.NORM_PASSES  # norm1 and norm2
+    per_token = (norms + RESIDUAL_ADD_PASSES_D) * m.d_model + 2 * qk  # + RoPE on q and k
     if m.qk_norm:
-        per_token += 2 * qk
+        per_token += blocks.NORM_PASSES * qk
     if m.residual_scalars:
         per_token += RESIDUAL_SCALAR_PASSES_D * m.d_model
     per_token += MLPS[m.mlp].passes * m.hidden  # activation: inputs + output
-    blocks = T * per_token * es * m.n_layer * (1 + BACKWARD_FACTOR)
+    in_blocks = T * per_token * es * m.n_layer * (1 + BACKWARD_FACTOR)
     # loss: logits written, softmax read + written, gradient written, all in fp32 (4 bytes);
     # the softcap's tanh adds a pass each way
     logit_passes = 4 + (2 if m.softcap else 0)
@@ -160,7 +162,7 @@ def elementwise_bytes(d: Dims) -> float:
     params = d.n_params
     casts = params * (4 + 2) if d.bf16 and not d.master_bf16 else 0  # fp32 -> bf16 copies
     accumulate = params * (d.param_bytes * 2 + es)  # read + write the sum, read the new part
-    return blocks + loss + casts + accumulate
+    return in_blocks + loss + casts + accumulate
 
 
 def elementwise_kernels(d: Dims) -> int:

@@ -1,0 +1,135 @@
+"""The verbs that check a run before it runs: plan, bench, grow; each a typed function whose
+docstring is its --help (cli.py registers them)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from littlelm.cli_args import (
+    Checkpoint,
+    Config,
+    Dollars,
+    Json,
+    Overrides,
+    Positive,
+    split_config,
+    stdout_to_stderr,
+)
+
+# Each verb imports what it runs inside its body: `littlelm VERB --help` and tab completion import
+# none of it.
+
+
+def plan(
+    config: Config = "demo",
+    /,
+    *overrides: Overrides,
+    gpu: list[str] | None = None,
+    tokens: Positive | None = None,
+    devices: Positive = 1,
+    gpus: list[str] | None = None,
+    json: Json = False,
+    chart: str | None = None,
+    no_trace: bool = False,
+    device: Literal["cpu"] | None = None,
+    price_per_hour: Dollars = None,
+    detail: bool = False,
+) -> None:
+    """Memory, speed and cost of a run on each GPU of a catalog.
+
+    examples:
+      littlelm plan demo
+      littlelm plan run.yaml --gpu H100-SXM --price-per-hour 1.99   # your price per GPU-hour
+      littlelm plan demo --device cpu --price-per-hour 0.10   # this machine, at its price
+      littlelm plan run.yaml --gpu H100-SXM --devices 8 --chart plan.png
+      littlelm plan run.yaml --json model.n_layer=24
+
+    Args:
+        gpu: plan for this catalog GPU (repeatable)
+        tokens: token budget (default: the config's)
+        devices: data-parallel GPUs (DDP)
+        gpus: extra GPU catalog YAML (repeatable)
+        chart: write a memory and cost chart to this PNG
+        no_trace: skip the FakeTensorMode trace
+        device: also predict the run on this machine's CPU (rates probed here, in seconds)
+        price_per_hour: what you pay per device-hour: the price of each GPU named with --gpu and, with --device cpu, of this machine; with neither, of every catalog GPU
+        detail: memory by category, trace check, every remedy
+    """
+    import json as js
+    from pathlib import Path
+
+    from littlelm.plan.cost import load_catalog
+    from littlelm.plan.planner import make_plan
+    from littlelm.plan.report import plan_chart, plan_json, print_plan
+    from littlelm.schema import load_run
+    from littlelm.train.growth import complete_growth
+
+    with stdout_to_stderr(json):
+        cfg = complete_growth(
+            load_run(*split_config(config, overrides), world_size=devices)
+        )  # grow's parent
+        p = make_plan(
+            cfg,
+            load_catalog([*map(Path, gpus or [])]),
+            gpu,
+            tokens,
+            devices,
+            not no_trace,
+            local=device == "cpu",
+            price_per_hour=price_per_hour,
+        )
+        if chart:
+            plan_chart(p, chart)
+            print(f"chart written to {chart}")  # on stderr with --json
+    print(js.dumps(plan_json(p), indent=1)) if json else print_plan(p, detail=detail)
+
+
+def bench(
+    config: Config = "demo", /, *overrides: Overrides, steps: Positive = 4, json: Json = False
+) -> None:
+    """Run real steps, a save and a resume; measure them.
+
+    examples:
+      littlelm bench demo --steps 8
+      littlelm bench run.yaml --json model.n_layer=4
+
+    Args:
+        steps: steps before and after resume
+    """
+    import json as js
+
+    from littlelm.plan.bench import run_bench
+    from littlelm.plan.report import print_bench
+    from littlelm.schema import load_run
+    from littlelm.train.growth import complete_growth
+
+    with stdout_to_stderr(json):  # grown: the parent's shape
+        result = run_bench(complete_growth(load_run(*split_config(config, overrides))), steps)
+    print(js.dumps(result, indent=1)) if json else print_bench(result)
+
+
+def grow(parent: Checkpoint, /, *overrides: Overrides, to: Config) -> None:
+    """Check growing a checkpoint into a run's larger model (docs/growth.md).
+
+    Build RUN's model from PARENT as `littlelm train` would with grow.parent=PARENT, check that
+    it computes the parent's function, and print where each block comes from and the learning
+    rate of every parameter group. Writes nothing.
+
+    examples:
+      littlelm grow runs/small --to big.yaml train.max_steps=2000
+
+    Args:
+        to: run file (or packaged config) of the grown model; the overrides apply to it
+    """
+    from littlelm.schema import load_run
+    from littlelm.train.growth import preview_growth
+
+    items = [f"grow.parent={parent}", *overrides]
+    print(
+        "\n".join(
+            [
+                *preview_growth(load_run(to, items)),
+                f"train it: littlelm train {to} {' '.join(items)}",
+            ]
+        )
+    )
