@@ -17,6 +17,7 @@ Sections and who owns them:
     sft         fine-tune a base model (post-training)          (littlelm.train.growth)
     lora        train low-rank adapters on a frozen base        (littlelm.model.lora)
     rl          RL with verifiable rewards after SFT            (littlelm.train.rl)
+    dpo         preference tuning after SFT                     (littlelm.train.dpo)
 
 `resolve` returns a new config with the values derived from others filled in (vocabulary size
 from the tokenizer, which `load_run` looks up, so that resolving reads no file; sequence length, gradient accumulation, step count from a token budget), so
@@ -72,6 +73,7 @@ from littlelm.optim.schedule import ScheduleChoice, TrapezoidalConfig, resolve_l
 from littlelm.registry import callback_classes
 from littlelm.train.budget import BudgetConfig
 from littlelm.train.distributed import DistributedConfig
+from littlelm.train.dpo import DPOConfig, dpo_problems
 from littlelm.train.guard import GuardConfig
 from littlelm.train.rl import RLConfig
 from littlelm.train.rl import problems as rl_problems
@@ -325,6 +327,11 @@ class RunConfig(Cfg):
         description="RL with verifiable rewards (GRPO-style) from the SFT model sft.base names "
         "(docs/post-training.md); null = the loss is the data's next-token loss.",
     )
+    dpo: DPOConfig | None = Field(
+        None,
+        description="Preference tuning (DPO) of sft.base on a preference source's pairs "
+        "(docs/post-training.md); null = the loss is the next-token loss.",
+    )
 
     @classmethod
     def upgrade(cls, tree: dict, origin: dict[str, str]) -> list[str]:
@@ -484,6 +491,13 @@ def resolve(
         )
     problems += _lora_problems(cfg, world_size)
     problems += rl_problems(cfg)
+    sources = {k: src.name for k, src in cfg.data.sources.items()}
+    problems += dpo_problems(cfg.dpo, cfg.sft is not None, sources)
+    if cfg.dpo is not None and cfg.rl is not None:  # each replaces the step's loss with its own
+        problems.append(
+            "dpo and rl are both set: a run has one objective; train DPO from the SFT run, then "
+            "RL from the DPO run (sft: {base: DPO_RUN}), or the other way round"
+        )
     if problems:
         raise ConfigError(problems, source or None)
     update = {"model": m, "train": train, "distributed": dist, "grow": grow}

@@ -24,6 +24,7 @@ from littlelm.data.conversations import ChatConfig
 from littlelm.data.foreign import TokenFiles, TokensConfig
 from littlelm.data.hub import HFConfig
 from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
+from littlelm.data.preference import PairLoader, PreferenceConfig, pairs_of
 from littlelm.data.prepare import (
     damaged_shards,
     dataset_dir,
@@ -69,6 +70,7 @@ SourceChoice = Annotated[
     | HFConfig
     | TokensConfig
     | ChatConfig
+    | PreferenceConfig
     | ShardsConfig,
     Field(discriminator="name"),
 ]
@@ -148,6 +150,7 @@ class PreparedSource:
     # loss counts; and the source's on_error, which decides about conversations too long to fit
     mask: Callable[[np.ndarray], np.ndarray] | None = None
     on_error: str = "skip"
+    pairs: bool = False  # preference pairs (data/preference.py): two documents each, for DPO
 
     def too_long(self, row_len: int) -> tuple[int, int]:
         """(conversations longer than a row of `row_len` tokens, the longest's length)."""
@@ -221,9 +224,18 @@ class RunData:
                 ) from None
         return out
 
+    @property
+    def pairs(self) -> PreparedSource | None:
+        """The preference source of a DPO run (schema.resolve allows it alone), else None."""
+        return next((s for s in self.sources.values() if s.pairs), None)
+
     def loader(
         self, cfg: DataConfig, batch: int, seq_len: int, seed: int, rank: int = 0, world: int = 1
-    ) -> MixtureLoader:
+    ) -> MixtureLoader | PairLoader:
+        """Batches of this rank: packed rows, or a DPO run's pairs (`batch` pairs a batch)."""
+        if (p := self.pairs) is not None:
+            fmt, repeat = chat_format(self.tokenizer), cfg.on_exhausted == "repeat"
+            return PairLoader(p.train, p.label, fmt, batch, seq_len, seed, rank, world, repeat)
         packers = {}
         for i, (label, src) in enumerate(self.sources.items()):
             stream = DocStream(
@@ -246,6 +258,15 @@ class RunData:
         (on_error skip) or refused (fail); empty when there are none."""
         notes = []
         for label, src in self.sources.items():
+            if src.pairs:  # pairs: said as pairs
+                _, n = pairs_of(src.train, label, seq_len + 1)
+                if n:
+                    notes.append(
+                        f"data.sources.{label}: {n:,} preference pair(s) with a sequence longer "
+                        f"than a training row (train.seq_len + 1 = {seq_len + 1} tokens) are "
+                        "left out"
+                    )
+                continue
             n, longest = src.too_long(seq_len + 1) if src.mask is not None else (0, 0)
             if not n:
                 continue
@@ -460,6 +481,7 @@ def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
             opened[label].long_docs = "pad"  # prepared shards of conversations too
             # too long for a row: the chat source's on_error; prepared shards: left out
             opened[label].on_error = src.cfg.on_error if src.conversations else "skip"
+            opened[label].pairs = src.pairs or bool(manifest.get("pairs"))
     return RunData(tok, opened)
 
 

@@ -124,7 +124,7 @@ def _weighted_texts(
             if seen >= share:
                 break
             if src.conversations:  # canonical JSON: the tokenizer learns from the words said
-                doc = "\n".join(m["content"] for m in json.loads(doc))
+                doc = src.words(doc)
             seen += len(doc)
             yield doc
 
@@ -489,6 +489,7 @@ def _manifest(source, tok, split, key, shard_tokens, units, records, seconds) ->
         "seconds": round(seconds, 3),
         # conversations: a run on these shards trains on the assistant's tokens only
         **({"conversations": True} if source.conversations else {}),
+        **({"pairs": True} if source.pairs else {}),  # DPO's: two documents per pair
     }
 
 

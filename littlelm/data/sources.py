@@ -20,6 +20,7 @@ in `skipped`, or raises a DataError naming it, per the source's `on_error` / `on
 from __future__ import annotations
 
 import glob
+import json
 import sys
 import sysconfig
 from collections import Counter
@@ -102,6 +103,7 @@ class Source:
 
     prepared = False  # True for sources that are already token shards
     conversations = False  # True for conversations (data/conversations.py): rendered as chats
+    pairs = False  # True for preference pairs (data/preference.py): two documents per row
     patterns: tuple[str, ...] = ("*",)  # file names a directory is searched for
     noun = "input files"
 
@@ -161,6 +163,15 @@ class Source:
             yield from split_long(doc, self.cfg.max_chars)
         else:
             yield doc
+
+    def rendered(self, doc: str, fmt) -> list[str]:
+        """A conversation source's document (canonical JSON) as the texts it is tokenized as,
+        rendered in the chat format `fmt` (data/chat.py's ChatFormat): one conversation."""
+        return [fmt.render_json(doc)]
+
+    def words(self, doc: str) -> str:
+        """A conversation source's document as the words said (what a tokenizer learns from)."""
+        return "\n".join(m["content"] for m in json.loads(doc))
 
     def documents(self) -> Iterator[str]:
         """Every non-empty raw document, in order (units of up to 1 GB)."""

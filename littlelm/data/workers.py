@@ -64,7 +64,7 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
     size = {"train": 0, "val": 0}
     docs = chars = nbytes = 0
     # a conversation (canonical JSON) is rendered with the tokenizer's chat format (data/chat.py)
-    render = chat_format(tok).render_json if source.conversations else None
+    fmt = chat_format(tok) if source.conversations else None
     try:
         for i, raw in enumerate(source.unit_documents(job.unit)):
             if i in job.duplicates:
@@ -72,7 +72,7 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
             data = raw.encode("utf-8")
             docs, chars, nbytes = docs + 1, chars + len(raw), nbytes + len(data)
             name = "val" if job.split.is_val(job.first_doc + i, data) else "train"
-            pending[name].extend([render(raw)] if render else source.pieces(raw))
+            pending[name].extend(source.rendered(raw, fmt) if fmt else source.pieces(raw))
             size[name] += len(data)
             if size[name] >= BATCH_BYTES:
                 _flush(pending[name], writers[name], tok, lambda t, n=size[name]: report(n, t))

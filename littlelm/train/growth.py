@@ -38,7 +38,7 @@ from littlelm.model.lora import has_lora
 from littlelm.model.protocol import LanguageModel
 from littlelm.optim.groups import group_table
 from littlelm.optim.schedule import OriginLR, OriginRamp, multiplier
-from littlelm.train.build import optimizer_for
+from littlelm.train.build import build_model, optimizer_for
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.start_from import GrowConfig
 
@@ -229,6 +229,20 @@ def check_lora_start(cfg: RunConfig, grown: GrownFrom | None) -> None:
                 "parent's shape)"
             ]
         )
+
+
+def base_copy(cfg: RunConfig, device: torch.device, fingerprint: str) -> torch.nn.Module:
+    """A frozen copy of the run's base (sft.base) on `device`, in train.master_weights' dtype: a
+    DPO run's reference (train/dpo.py). Read from the base checkpoint (and checked against its
+    logits, as the run's own copy), at start and on resume alike; the run's RNG is untouched."""
+    g = cfg.starts_from()
+    assert g is not None, "schema.resolve refuses dpo: without sft:"
+    with torch.random.fork_rng(devices=[]):  # building must not move the run's RNG
+        model = build_model(cfg, device)
+    assert isinstance(model, GPT), "complete_growth refuses a model whose config is not growable"
+    grow_from_parent(model, g.model_copy(update={"continue_data": False}), fingerprint)
+    model.requires_grad_(False)
+    return model.eval()
 
 
 def grow_from_parent(

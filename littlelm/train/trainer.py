@@ -43,7 +43,8 @@ from littlelm.train.checkpoint.rundir import check_run_dir
 from littlelm.train.checkpoint.save_restore import Checkpointer
 from littlelm.train.checkpoint.state import TrainState, Window
 from littlelm.train.distributed import Parallel
-from littlelm.train.growth import check_lora_start, complete_growth, grow_at_start
+from littlelm.train.dpo import DPOObjective
+from littlelm.train.growth import base_copy, check_lora_start, complete_growth, grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
 from littlelm.train.rl import RL
 from littlelm.train.signals import StopSignals
@@ -172,6 +173,12 @@ class Trainer:
         self.rl = (
             RL(cfg, self.model, self.device, self.autocast, self.data.tokenizer) if cfg.rl else None
         )
+        # 15. dpo: a step's loss is DPO's, of the model and a frozen copy of its base (the
+        #     reference), on the loader's pairs (train/dpo.py)
+        self.dpo: DPOObjective | None = None
+        if cfg.dpo is not None:
+            base = base_copy(cfg, self.device, self.data.tokenizer.fingerprint)
+            self.forward = self.dpo = DPOObjective(self.forward, base, cfg.dpo)
 
     # ---- construction steps (in the order __init__ calls them) --------------------------------
 
@@ -379,6 +386,7 @@ class Trainer:
                 achieved / world, dev.auto_precision(self.cfg.train.precision, "cpu")
             )
             self.peak, m["mfu"] = achieved, 1.0
+        m.update(self.dpo.metrics() if self.dpo else {})  # margin, accuracy, log-probs
         rl = self.rl.figures() if self.rl else {}  # reward, pass@1, KL, ... since the last record
         return {**m, **self.budget.record(s.step, per_step), **s.data_figures(), **rl}
 
@@ -403,8 +411,12 @@ class Trainer:
             return {}
         with self.budget.aside("eval"):  # the evaluation and its callbacks (samples) take this long
             t0 = time.perf_counter()
-            m = validation_metrics(  # the whole held-out data, and each of eval.sets
-                self.model, self.data, c, self.token_bytes, self.device, self.autocast
+            m = (
+                self.dpo.validate(self.model, self.data, c, self.device, self.autocast)
+                if self.dpo  # the held-out pairs' DPO figures
+                else validation_metrics(  # the whole held-out data, and each of eval.sets
+                    self.model, self.data, c, self.token_bytes, self.device, self.autocast
+                )
             )
             m.update(step=s.step, tokens=s.tokens, train_time=s.train_time)
             m.update(eval_time=time.perf_counter() - t0, **self.budget.figures())

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from littlelm.model.bpb import LossSums, loss_sums
+from littlelm.train import dpo
 
 if TYPE_CHECKING:
     import torch
@@ -53,7 +54,9 @@ def validation_metrics(
 
 def validation_line(m: dict) -> str:
     """'val loss 1.5200 | val bpb 2.1900 | 24,576 tokens', then ' | code 1.3100 (1.8900 bpb)'
-    for each named set."""
+    for each named set; a DPO run's figures in its own line (train/dpo.py)."""
+    if "val_pairs" in m:
+        return dpo.validation_line(m)
     line = f"val loss {m['val_loss']:.4f} | val bpb {m['val_bpb']:.4f} | {m['val_tokens']:,} tokens"
     for name, s in m.get("val_sets", {}).items():
         line += f" | {name} {s['loss']:.4f} ({s['bpb']:.4f} bpb)"

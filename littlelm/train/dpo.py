@@ -1,0 +1,200 @@
+"""DPO: preference tuning of an SFT'd model on (prompt, chosen, rejected) pairs
+(docs/post-training.md, Rafailov et al. 2023).
+
+A DPO run is an SFT run's start (`sft: {base: RUN}`: the base's weights copied in and checked, a
+fresh optimizer) with a `dpo:` section for the objective and a `preference` source for the data
+(data/preference.py). For each pair the policy's and the reference's log-probabilities of the
+chosen and the rejected reply are sums over the reply's tokens (the loss never counts the
+prompt); with Δ = (policy - reference log-prob of chosen) - (same of rejected) and ε =
+label_smoothing, the loss of a pair is
+
+    (-(1 - ε)·log σ(βΔ) + ε·log σ(-βΔ)) / (1 - 2ε)
+
+which is DPO's -log σ(βΔ) at ε = 0 and, above, the robust DPO of Chowdhury et al. (2024), the
+form TRL's DPOTrainer gives label smoothing (its `loss_type: robust`; its `sigmoid` ignores
+label_smoothing). The loss of a micro-batch is the mean over its pairs, as in TRL; a test runs
+TRL's own loss code on our exported model and compares loss and gradients (tests/test_dpo.py).
+
+The reference is the base model itself (its checkpoint, read again at start and on resume, in the
+run's precision) and its log-probs are computed on the fly, in the same step, without gradients:
+one more forward per micro-batch (about a third more compute than training alone) and one more
+copy of the weights in memory (no gradients or optimizer state). Precomputing them once would
+save the forward but needs a pass over the data before the first step and a file of log-probs
+kept in the run directory for resume to stay exact; on the fly nothing but the base checkpoint is
+needed, and a resumed run recomputes exactly what it would have (the base is fixed).
+
+Metrics (metrics.jsonl at each log step, means over the steps since the last record, this rank's
+pairs): `reward_margin` β·Δ, `reward_accuracy` the share of pairs with Δ > 0, and the policy's
+`logps_chosen` / `logps_rejected`. Evaluation over the held-out pairs gives `val_loss` (DPO's),
+`val_reward_margin`, `val_reward_accuracy`, `val_logp_margin` (policy chosen - rejected
+log-prob), `val_win_rate` (the share of pairs whose chosen reply the policy rates above the
+rejected one), `val_logps_chosen`, `val_logps_rejected` and `val_pairs`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from littlelm.config import RESUMABLE, Cfg
+from littlelm.data.chat import chat_format
+from littlelm.data.preference import pair_rows, pairs_of
+
+
+class DPOConfig(Cfg):
+    """Direct preference optimisation after SFT: the objective (the run starts from `sft.base`,
+    the model being tuned and the reference; the data is a `preference` source)."""
+
+    beta: float = Field(
+        0.1,
+        description="β: the strength of the pull towards the reference (the reward scale); "
+        "smaller lets the policy move further from the base.",
+        gt=0,
+    )
+    label_smoothing: float = Field(
+        0.0,
+        description="ε, the assumed share of pairs whose preference is flipped (robust DPO, TRL's "
+        "loss_type robust); 0 = plain DPO. Below 0.5.",
+        ge=0,
+        lt=0.5,
+    )
+    reference: Literal["live"] = Field(
+        "live",
+        description="How the reference log-probs are computed: live = by the base model (sft.base, "
+        "frozen) in each step, without gradients (train/dpo.py says why; the only way offered).",
+        json_schema_extra=RESUMABLE,
+    )
+
+
+def dpo_problems(dpo: DPOConfig | None, sft: bool, sources: dict[str, str]) -> list[str]:
+    """What makes a run's dpo:, sft: and data sources (label -> source name) inconsistent."""
+    prefs = [k for k, name in sources.items() if name == "preference"]
+    if dpo is None:
+        return [
+            f"data.sources.{k} is a preference source, which only a DPO run reads; add a dpo: "
+            "section (and sft: {base: RUN}), or use a chat source for SFT"
+            for k in prefs
+        ]
+    problems = []
+    if not sft:
+        problems.append(
+            "dpo: needs sft: {base: RUN}, the SFT'd model to tune, which is also the reference; "
+            "set sft.base"
+        )
+    if len(prefs) != 1 or len(sources) != 1:
+        problems.append(
+            f"dpo: needs exactly one data source, a preference source (name: preference); this "
+            f"run has {', '.join(f'{k} ({n})' for k, n in sources.items()) or 'none'}: put the "
+            "pairs in one dataset (one file, or one directory of files)"
+        )
+    return problems
+
+
+def sequence_logps(forward, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(rows,) the summed log-probabilities of each row's counted targets (IGNORE elsewhere)."""
+    return -forward(x, y, "none").sum(-1)
+
+
+def dpo_terms(
+    logps: torch.Tensor, ref_logps: torch.Tensor, beta: float, label_smoothing: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The mean DPO loss over pairs and per-pair figures, from (2·B,) log-probs of the policy and
+    the reference laid out as B chosen rows then their B rejected rows."""
+    chosen, rejected = logps.float().chunk(2)
+    ref_chosen, ref_rejected = ref_logps.float().chunk(2)
+    delta = (chosen - ref_chosen) - (rejected - ref_rejected)
+    eps = label_smoothing
+    per_pair = (-(1 - eps) * F.logsigmoid(beta * delta) + eps * F.logsigmoid(-beta * delta)) / (
+        1 - 2 * eps
+    )
+    d = delta.detach()
+    figures = {
+        "reward_margin": beta * d,
+        "reward_accuracy": (d > 0).float(),
+        "logp_margin": (chosen - rejected).detach(),
+        "win_rate": (chosen > rejected).detach().float(),
+        "logps_chosen": chosen.detach(),
+        "logps_rejected": rejected.detach(),
+    }
+    return per_pair.mean(), figures
+
+
+TRAIN_FIGURES = ("reward_margin", "reward_accuracy", "logps_chosen", "logps_rejected")
+
+
+class DPOObjective:
+    """The forward of a DPO run's step: called as the trainer calls its model, `(x, y)` -> the
+    loss, on a PairLoader's rows; keeps the figures of the pairs it saw for the next record."""
+
+    def __init__(self, forward, reference: torch.nn.Module, cfg: DPOConfig):
+        self.forward, self.reference, self.cfg = forward, reference, cfg
+        self._sums: dict[str, torch.Tensor] = {}
+        self._pairs = 0
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logps = sequence_logps(self.forward, x, y)
+        with torch.no_grad():
+            ref = sequence_logps(self.reference, x, y)
+        loss, figures = dpo_terms(logps, ref, self.cfg.beta, self.cfg.label_smoothing)
+        for k in TRAIN_FIGURES:  # summed on the device: no host sync in the step
+            s = figures[k].sum()
+            self._sums[k] = self._sums[k] + s if k in self._sums else s
+        self._pairs += len(x) // 2
+        return loss
+
+    def metrics(self) -> dict[str, float]:
+        """The mean of each figure over the pairs since the last call (empty when none)."""
+        if not self._pairs:
+            return {}
+        out = {k: float(v) / self._pairs for k, v in self._sums.items()}
+        self._sums, self._pairs = {}, 0
+        return out
+
+    @torch.no_grad()
+    def validate(self, model, data, cfg, device, autocast) -> dict:
+        """DPO's figures over every held-out pair (`data`: the run's RunData; `cfg` its
+        RunConfig), as `val_*`."""
+        src = data.pairs
+        row_len = cfg.train.seq_len + 1
+        pairs, _ = pairs_of(src.val, src.label, row_len)
+        batch = cfg.eval.batch_size or cfg.train.micro_batch_size
+        fmt, bos = chat_format(data.tokenizer), data.tokenizer.bos_id
+        was_training = model.training
+        model.eval()
+        losses, sums = 0.0, {}
+        try:
+            for i in range(0, len(pairs), batch):
+                x, y = pair_rows(pairs[i : i + batch], row_len, bos, fmt)
+                x, y = x.to(device), y.to(device)
+                with autocast:
+                    logps = sequence_logps(model, x, y)
+                    ref = sequence_logps(self.reference, x, y)
+                loss, figures = dpo_terms(logps, ref, self.cfg.beta, self.cfg.label_smoothing)
+                losses += float(loss) * (len(x) // 2)
+                for k, v in figures.items():
+                    sums[k] = sums.get(k, 0.0) + float(v.sum())
+        finally:
+            model.train(was_training)
+        n = len(pairs)
+        if not n:
+            return {"val_loss": float("nan"), "val_pairs": 0}
+        return {
+            "val_loss": losses / n,
+            **{f"val_{k}": v / n for k, v in sums.items()},
+            "val_pairs": n,
+        }
+
+
+def validation_line(m: dict) -> str:
+    """'val loss 0.6012 | reward margin 0.210 | accuracy 0.71 | logp margin 3.20 | win rate 0.80
+    | 200 pairs' (a DPO run's evaluation)."""
+    if not m.get("val_pairs"):
+        return "val loss nan | no held-out pairs"
+    return (
+        f"val loss {m['val_loss']:.4f} | reward margin {m['val_reward_margin']:.3f} | "
+        f"accuracy {m['val_reward_accuracy']:.2f} | logp margin {m['val_logp_margin']:.2f} | "
+        f"win rate {m['val_win_rate']:.2f} | {m['val_pairs']:,} pairs"
+    )
