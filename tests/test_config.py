@@ -5,7 +5,7 @@ import yaml
 
 from littlelm.config import apply_overrides, flatten, load_tree, to_tree, validate
 from littlelm.errors import ConfigError, LittleLMError
-from littlelm.schema import PACKAGED_CONFIGS, RunConfig, load_run
+from littlelm.schema import PACKAGED_CONFIGS, RunConfig, load_run, read_run
 
 
 def test_include_merges_and_later_files_win(tmp_path, corpus):
@@ -157,7 +157,7 @@ def test_resolved_config_round_trips(tiny_config):
 @pytest.mark.parametrize("path", sorted(PACKAGED_CONFIGS.rglob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_validates(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths in a config resolve against an empty directory
-    tree, origin = load_tree(path)
+    tree, origin, _ = read_run(path)  # as the CLI reads it: a renamed component starts afresh
     base = (tree.get("sft") or {}).get("base") or (tree.get("grow") or {}).get("parent")
     if base is None:
         assert load_run(path).train.max_steps >= 1
@@ -166,11 +166,17 @@ def test_every_shipped_config_validates(path, tmp_path, monkeypatch):
     # its base it fails with a clear error naming the base's path, not a traceback: at loading
     # when it reads its vocabulary from the base's saved tokenizer (data.tokenizer: saved),
     # else where growth looks its parent up, at start-up (complete_growth).
-    from littlelm.train.growth import complete_growth
+    from littlelm.train.growth import complete_growth, find_parent
 
     validate(RunConfig, tree, origin, str(path))
-    with pytest.raises(LittleLMError, match=base):
+    try:
         complete_growth(load_run(path))
+    except LittleLMError as e:
+        assert base in str(e)
+    else:  # nothing derived from the base (3b_sft: no value embeddings): the start reads it
+        assert not load_run(path).model.value_embeds
+        with pytest.raises(LittleLMError, match=base):
+            find_parent(base, "sft.base")
 
 
 def test_an_sft_run_under_grow_reads_as_sft_and_growth_stays_growth(tmp_path, corpus):
