@@ -493,6 +493,13 @@ def resolve(
     problems += rl_problems(cfg)
     sources = {k: src.name for k, src in cfg.data.sources.items()}
     problems += dpo_problems(cfg.dpo, cfg.sft is not None, sources)
+    for key in ("dpo", "rl") if cfg.lora is not None else ():
+        if getattr(cfg, key) is not None:  # their reference is a second model read from sft.base
+            problems.append(
+                f"lora with {key}: not built yet ({key}'s reference model is built from the base "
+                "checkpoint beside the policy, which is not yet made to work with LoRA's wrapped "
+                f"linears); remove lora: to train every weight with {key}"
+            )
     if cfg.dpo is not None and cfg.rl is not None:  # each replaces the step's loss with its own
         problems.append(
             "dpo and rl are both set: a run has one objective; train DPO from the SFT run, then "
