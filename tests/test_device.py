@@ -34,6 +34,16 @@ def test_probe_measures_a_positive_rate():
     assert math.isfinite(rate) and rate > 0
 
 
+def test_probe_leaves_torchs_rng_alone():
+    """Only a run's first probe per thread count draws its matrices (2-rank torchrun runs had
+    their own key): drawn from torch's RNG they shifted the first run's LoRA dropout masks, so
+    two same 2-rank LoRA runs differed (benchmarks/faults.py --lora --nproc 2)."""
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    dev.probe_matmul(sizes=(32,), seconds=0.001, dtype=torch.float32)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_cuda_peak_from_the_table(monkeypatch):
     cuda = torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H100 PCIe")

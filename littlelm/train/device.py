@@ -148,9 +148,13 @@ def probe_matmul(
     would only take longer to say the same.
     """
     best = 0.0
+    # a generator of its own: only a run's first probe (per thread count: 2-rank torchrun runs
+    # one thread per rank) draws these, so drawing from torch's RNG would shift a fresh run's
+    # later draws (LoRA dropout masks, stochastic rounding) by whether the cache had the peak
+    gen = torch.Generator().manual_seed(0)
     for n in sizes:
-        a = torch.randn(n, n, dtype=dtype)
-        b = torch.randn(n, n, dtype=dtype)
+        a = torch.randn(n, n, dtype=dtype, generator=gen)
+        b = torch.randn(n, n, dtype=dtype, generator=gen)
         t = time.perf_counter()
         a @ b  # warm-up
         last = time.perf_counter() - t

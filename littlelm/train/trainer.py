@@ -134,8 +134,8 @@ class Trainer:
         vocab = cfg.model.vocab_size
         assert vocab is not None, "resolved by load_run"
         self.state.guard.collapse = Collapse(vocab, cfg.guard.collapse_steps)
-        # 10. measure: FLOPs per token and peak FLOP/s (a CPU's first probe draws random
-        #     matrices from torch's RNG, so it comes before 11 sets the checkpoint's RNG state)
+        # 10. measure: FLOPs per token and peak FLOP/s (a CPU's first probe draws its random
+        #     matrices from a generator of its own: a probe or a cached peak trains the same)
         self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
         self.flops_per_token = self.model.flops_per_token(cfg.train.seq_len)
         self.peak = dev.peak_flops(self.device, precision=cfg.train.precision) * self.parallel.world
