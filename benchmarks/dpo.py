@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +143,8 @@ def main() -> None:
         if not (out / f"sft-{seed}" / "checkpoints").is_dir():
             run(sft_tree(out, data, seed, args.sft_steps), out / f"sft-{seed}.yaml").fit()
         tree = dpo_tree(out, prefs, seed, args.dpo_steps, args.beta, args.lr, args.task)
+        # a rerun measures afresh: the trainer refuses to start over a finished run's checkpoints
+        shutil.rmtree(out / tree["run"]["name"], ignore_errors=True)
         trainer = run(tree, out / f"dpo-{args.task}-{seed}.yaml")
         t = trainer
         before = t.dpo.validate(
