@@ -16,7 +16,7 @@ Sections and who owns them:
     grow        start from a smaller trained checkpoint         (littlelm.train.growth)
     sft         fine-tune a base model (post-training)          (littlelm.train.growth)
     lora        train low-rank adapters on a frozen base        (littlelm.model.lora)
-    rl          RL with verifiable rewards after SFT            (littlelm.train.rl)
+    rl          RL with verifiable rewards after SFT            (littlelm.train.rl_config)
     dpo         preference tuning after SFT                     (littlelm.train.dpo)
 
 `resolve` returns a new config with the values derived from others filled in (vocabulary size
@@ -75,8 +75,8 @@ from littlelm.train.budget import BudgetConfig
 from littlelm.train.distributed import DistributedConfig
 from littlelm.train.dpo import DPOConfig, dpo_problems
 from littlelm.train.guard import GuardConfig
-from littlelm.train.rl import RLConfig
-from littlelm.train.rl import problems as rl_problems
+from littlelm.train.rl_config import RLConfig
+from littlelm.train.rl_config import problems as rl_problems
 from littlelm.train.start_from import GrowConfig, SFTConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
@@ -490,8 +490,8 @@ def resolve(
             "fine-tuning a base of this shape, grow: {parent: ...} for a larger model"
         )
     problems += _lora_problems(cfg, world_size)
-    problems += rl_problems(cfg)
-    sources = {k: src.name for k, src in cfg.data.sources.items()}
+    problems += rl_problems(cfg.rl, cfg.sft is not None, cfg.distributed.world_size)
+    sources: dict[str, str] = {k: src.name for k, src in cfg.data.sources.items()}
     problems += dpo_problems(cfg.dpo, cfg.sft is not None, sources)
     for key in ("dpo", "rl") if cfg.lora is not None else ():
         if getattr(cfg, key) is not None:  # their reference is a second model read from sft.base

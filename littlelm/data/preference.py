@@ -55,13 +55,13 @@ class PreferenceConfig(ChatConfig):
     conversations, in Hugging Face's preference layouts."""
 
     name: Literal["preference"] = named("preference")  # type: ignore[assignment]  # a subclass narrows the discriminator
-    rows: Literal["messages"] = Field(  # type: ignore[assignment]  # pairs have one layout family
+    rows: Literal["messages"] = Field(  # pairs have one layout family
         "messages",
         description="Row layout: prompt / chosen / rejected columns (plain strings or lists of "
         "{role, content} messages); the only one for pairs.",
     )
 
-    def build(self, label: str) -> PreferenceSource:  # type: ignore[override]  # its own source
+    def build(self, label: str) -> PreferenceSource:
         return PreferenceSource(self, label)
 
 
@@ -119,9 +119,10 @@ def as_pair(row: dict, system: str | None = None) -> dict | str:
             return "no prompt: no 'prompt' column, and chosen and rejected share no prompt"
         prompt = chosen[:-1]
     else:
-        prompt = _messages(row["prompt"], "user")
-        if prompt is None:
+        given = _messages(row["prompt"], "user")
+        if given is None:
             return "bad prompt: 'prompt' is neither a string nor a list of messages"
+        prompt = given
     for replies in (chosen, rejected):  # UltraFeedback's layout: each reply after the prompt
         if len(replies) > 1 and replies[: len(prompt)] == prompt:
             del replies[: len(prompt)]

@@ -164,7 +164,7 @@ class DPOObjective:
         fmt, bos = chat_format(data.tokenizer), data.tokenizer.bos_id
         was_training = model.training
         model.eval()
-        losses, sums = 0.0, {}
+        losses, sums = 0.0, dict[str, float]()
         try:
             for i in range(0, len(pairs), batch):
                 x, y = pair_rows(pairs[i : i + batch], row_len, bos, fmt)

@@ -48,80 +48,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, field_validator
 
 from littlelm.checkpoint_dirs import find_checkpoint
-from littlelm.config import Cfg
 from littlelm.data.chat import chat_format, check_messages, json_lines
 from littlelm.errors import CheckpointError, DataError
 from littlelm.model.generate import sample_group
 from littlelm.model.gpt import GPT
 from littlelm.train.checkpoint import files as ckpt
-from littlelm.train.rewards import check_spec, reward_function, score
+from littlelm.train.rewards import reward_function, score
 
-if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
+if TYPE_CHECKING:  # for types only: train/ is below the schema's layer
     from littlelm.schema import RunConfig
 
 FIGURES = ("reward", "pass1", "reply_tokens", "kl", "flat_frac", "sample_s", "learn_s")
-
-
-class RLConfig(Cfg):
-    """Reinforcement learning with verifiable rewards after SFT, GRPO-style: replies sampled in
-    groups per prompt, scored by a reward function, advantages normalised per group, an optional
-    KL penalty to the SFT model (train/rl.py). The run starts from `sft.base` (required), which is
-    also the KL reference; the data section's held-out conversations give the validation loss."""
-
-    prompts: str = Field(
-        ...,
-        description='JSONL file of prompts with reference answers: {"question": str} or '
-        '{"messages": [..., user turn]}, and "answer" (what `littlelm eval --chat` reads).',
-    )
-    group_size: int = Field(
-        8, description="Replies sampled per prompt; advantages are normalised within them.", ge=2
-    )
-    prompts_per_step: int = Field(
-        8, description="Prompts per optimizer step (each with group_size replies).", ge=1
-    )
-    max_new_tokens: int = Field(
-        32, description="Longest reply sampled; a reply cut here keeps its tokens.", ge=1
-    )
-    temperature: float = Field(
-        1.0,
-        description="Sampling temperature (also the one the loss's log-probabilities use).",
-        gt=0,
-    )
-    kl_coef: float = Field(
-        0.0,
-        description="Weight of the KL to the SFT model in the loss (k3 estimator per reply "
-        "token); 0 = measured and logged (rl_kl) but not in the loss.",
-        ge=0,
-    )
-    reward: str = Field(
-        "exact",
-        description="Reward function: exact (the answer after ####, else the reply, equals the "
-        "reference), numeric (the same, as numbers), or module:function (imported, called as "
-        "function(reply, answer) -> float).",
-    )
-
-    @field_validator("reward")
-    @classmethod
-    def _known_reward(cls, v: str) -> str:
-        return check_spec(v)
-
-
-def problems(cfg: RunConfig) -> list[str]:
-    """What makes an `rl:` section unusable in this run (the schema's resolve lists them)."""
-    if cfg.rl is None:
-        return []
-    out = []
-    if cfg.sft is None:
-        out.append("rl needs sft: {base: RUN}: the SFT model RL starts from, and its KL reference")
-    if cfg.distributed.world_size not in (None, 1):
-        out.append(
-            "rl runs in one process for now (each process would sample the same prompts); "
-            "train it without --nproc / torchrun"
-        )
-    return out
 
 
 @dataclass

@@ -1,0 +1,73 @@
+"""The `rl:` section (train/rl.py runs it) and its checks against the rest of the run.
+
+Apart from train/rl.py because the schema (littlelm/schema.py) composes this section into the run
+config while rl.py's loop reads that run config: with the class in rl.py the two modules would
+import each other (as train/start_from.py is apart from train/growth.py).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from littlelm.config import Cfg
+from littlelm.train.rewards import check_spec
+
+
+class RLConfig(Cfg):
+    """Reinforcement learning with verifiable rewards after SFT, GRPO-style: replies sampled in
+    groups per prompt, scored by a reward function, advantages normalised per group, an optional
+    KL penalty to the SFT model (train/rl.py). The run starts from `sft.base` (required), which is
+    also the KL reference; the data section's held-out conversations give the validation loss."""
+
+    prompts: str = Field(
+        ...,
+        description='JSONL file of prompts with reference answers: {"question": str} or '
+        '{"messages": [..., user turn]}, and "answer" (what `littlelm eval --chat` reads).',
+    )
+    group_size: int = Field(
+        8, description="Replies sampled per prompt; advantages are normalised within them.", ge=2
+    )
+    prompts_per_step: int = Field(
+        8, description="Prompts per optimizer step (each with group_size replies).", ge=1
+    )
+    max_new_tokens: int = Field(
+        32, description="Longest reply sampled; a reply cut here keeps its tokens.", ge=1
+    )
+    temperature: float = Field(
+        1.0,
+        description="Sampling temperature (also the one the loss's log-probabilities use).",
+        gt=0,
+    )
+    kl_coef: float = Field(
+        0.0,
+        description="Weight of the KL to the SFT model in the loss (k3 estimator per reply "
+        "token); 0 = measured and logged (rl_kl) but not in the loss.",
+        ge=0,
+    )
+    reward: str = Field(
+        "exact",
+        description="Reward function: exact (the answer after ####, else the reply, equals the "
+        "reference), numeric (the same, as numbers), or module:function (imported, called as "
+        "function(reply, answer) -> float).",
+    )
+
+    @field_validator("reward")
+    @classmethod
+    def _known_reward(cls, v: str) -> str:
+        return check_spec(v)
+
+
+def problems(rl: RLConfig | None, sft: bool, world_size: int | None) -> list[str]:
+    """What makes an `rl:` section unusable in this run (the schema's resolve lists them): `sft`,
+    whether the run has an sft: section; `world_size`, distributed.world_size."""
+    if rl is None:
+        return []
+    out = []
+    if not sft:
+        out.append("rl needs sft: {base: RUN}: the SFT model RL starts from, and its KL reference")
+    if world_size not in (None, 1):
+        out.append(
+            "rl runs in one process for now (each process would sample the same prompts); "
+            "train it without --nproc / torchrun"
+        )
+    return out
