@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 import torch
+from test_plan_memory import close, config  # the same tiny run and tolerance as the full plans
 from torch import nn
 
-from conftest import tiny_tree, write_config
 from littlelm.errors import ConfigError, DependencyError
 from littlelm.model.lora import trainable_count
 from littlelm.model.nf4 import NF4Footprint, check_nf4
@@ -25,8 +25,6 @@ from littlelm.plan.report import plan_json
 from littlelm.plan.trace import BWD, CATEGORIES, FB, OPT, trace_step
 from littlelm.schema import load_run
 from littlelm.train.build import build
-
-TOLERANCE = 0.10  # analytic / trace - 1
 
 # What a `lora:` section changes, across the switches the formulas branch on. The backward's
 # temporaries are held to the trace where the formulas model them; where they do not (a frozen
@@ -48,21 +46,6 @@ CASES = {
         None,
     ),
 }
-
-
-def config(tmp_path, corpus, sections: dict):
-    base = {
-        "model": {"n_layer": 2, "d_model": 64, "n_head": 2, "max_seq_len": 128},
-        "train": {"micro_batch_size": 2, "seq_len": 128, "max_steps": 2},
-    }
-    tree = tiny_tree(corpus, tmp_path / "runs", **base)
-    for key, value in sections.items():
-        tree.setdefault(key, {}).update(value)
-    return load_run(write_config(tmp_path / "run.yaml", tree))
-
-
-def close(a: float, b: float, tol: float = TOLERANCE) -> bool:
-    return a == b == 0 or (b > 0 and abs(a / b - 1) <= tol)
 
 
 @pytest.mark.parametrize("sections, bwd", CASES.values(), ids=CASES.keys())
