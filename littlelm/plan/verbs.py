@@ -3,7 +3,10 @@ docstring is its --help (cli.py registers them)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
+
+from cyclopts import Parameter
+from cyclopts.validators import Number
 
 from littlelm.cli_args import (
     Checkpoint,
@@ -15,6 +18,8 @@ from littlelm.cli_args import (
     split_config,
     stdout_to_stderr,
 )
+
+GBs = Annotated[float | None, Parameter(validator=Number(gt=0, lt=float("inf")))]
 
 # Each verb imports what it runs inside its body: `littlelm VERB --help` and tab completion import
 # none of it.
@@ -34,6 +39,7 @@ def plan(
     device: Literal["cpu"] | None = None,
     price_per_hour: Dollars = None,
     detail: bool = False,
+    write_gbs: GBs = None,
 ) -> None:
     """Memory, speed and cost of a run on each GPU of a catalog.
 
@@ -54,6 +60,7 @@ def plan(
         device: also predict the run on this machine's CPU (rates probed here, in seconds)
         price_per_hour: what you pay per device-hour: the price of each GPU named with --gpu and, with --device cpu, of this machine; with neither, of every catalog GPU
         detail: memory by category, trace check, every remedy
+        write_gbs: checkpoint write bandwidth, GB/s (default 0.2: a network filesystem's, assumed)
     """
     import json as js
     from pathlib import Path
@@ -61,6 +68,7 @@ def plan(
     from littlelm.plan.cost import load_catalog
     from littlelm.plan.planner import make_plan
     from littlelm.plan.report import plan_chart, plan_json, print_plan
+    from littlelm.plan.saves import checkpoint_costs
     from littlelm.schema import load_run
     from littlelm.train.growth import complete_growth
 
@@ -78,6 +86,7 @@ def plan(
             local=device == "cpu",
             price_per_hour=price_per_hour,
         )
+        p.checkpoints = checkpoint_costs(p, write_gbs)
         if chart:
             plan_chart(p, chart)
             print(f"chart written to {chart}")  # on stderr with --json

@@ -248,7 +248,7 @@ class Trainer:
                 return self._fit(stop_after)
             except (Exception, KeyboardInterrupt) as e:  # a background save in flight
                 if self.saves is not None:
-                    self.saves.close(self.log, abort=isinstance(e, KeyboardInterrupt))
+                    self.saves.close(self.log, e)
                 raise
 
     @property

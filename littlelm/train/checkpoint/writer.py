@@ -231,14 +231,16 @@ class BackgroundSaves:
             return None
         return self.writer.slow_note(self.cfg.slow_after_minutes)
 
-    def close(self, log: Callable[[str], None], abort: bool) -> None:
-        """The run ends on an error (wait for the save in flight, within the bound: it holds
-        good steps) or on a second Ctrl-C (`abort`: give it up and remove its temporary
-        directory, from a thread of its own so that a stalled filesystem cannot hold the exit;
-        what is left, the next run removes). Rank 0; never raises."""
+    def close(self, log: Callable[[str], None], error: BaseException) -> None:
+        """The run ends on `error`: wait for the save in flight, within the bound (it holds
+        good steps); on a second Ctrl-C give it up and remove its temporary directory, from a
+        thread of its own so that a stalled filesystem cannot hold the exit (what is left, the
+        next run removes); after SaveStuck, which waited already, leave it. Rank 0; never
+        raises."""
         busy = self.writer.busy if self.writer is not None else None
-        if busy is None:
+        if busy is None or isinstance(error, SaveStuck):
             return
+        abort = isinstance(error, KeyboardInterrupt)
         if not abort and self.writer is not None:
             self.writer.wait(self.cfg.save_wait_seconds)
             if self.writer.busy is None:
