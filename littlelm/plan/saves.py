@@ -86,7 +86,7 @@ def checkpoint_line(c: CheckpointCosts) -> str:
     )
     if c.gpu is None:
         return head + "No GPU of the plan runs it, so no share of the run is given."
-    dollars = lambda d: f", ${d:,.0f}" if d is not None else ""  # noqa: E731
+    dollars = lambda d: "" if d is None else f", ${d:,.0f}" if d >= 100 else f", ${d:.2f}"  # noqa: E731
     assert c.sync_share is not None and c.async_share is not None
     text = (
         f"On {c.gpu}, written while training waits: {_hours(c.sync_hours)} "
