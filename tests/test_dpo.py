@@ -19,7 +19,7 @@ from littlelm.data.build import DataConfig, build_data
 from littlelm.data.chat import chat_format
 from littlelm.data.loader import IGNORE
 from littlelm.data.preference import PairLoader, as_pair, pair_rows, reply_mask
-from littlelm.errors import ConfigError
+from littlelm.errors import ConfigError, DataError
 from littlelm.schema import load_run
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.dpo import dpo_terms, sequence_logps
@@ -83,6 +83,20 @@ def pref_data(tmp_path: Path, rows: list, **source) -> object:
         "cache_dir": str(tmp_path / "cache"),
     }
     return build_data(validate(DataConfig, tree), log=lambda *_: None)
+
+
+def test_pairs_whose_replies_are_the_same_are_bad_rows(tmp_path):
+    """chosen == rejected gives the DPO loss no gradient: counted as a bad row, and a source of
+    nothing else is refused."""
+    same = {"prompt": "x", "chosen": "y z", "rejected": "y z"}
+    assert as_pair(same).startswith("same reply")
+    data = pref_data(tmp_path, [*reversal_pairs(40), same])
+    assert data.pairs is not None
+    assert data.pairs.manifest["skipped"] == {"preference: same reply": 1}
+    rows = [{**same, "prompt": f"q{i}"} for i in range(40)]
+    (tmp_path / "all").mkdir()
+    with pytest.raises(DataError, match="no training documents; skipped: 40 preference: same"):
+        pref_data(tmp_path / "all", rows)
 
 
 def test_pairs_are_two_rows_whose_targets_are_the_last_reply_only(tmp_path):
