@@ -66,7 +66,7 @@ from littlelm.data.build import DataConfig
 from littlelm.data.tokenizers import vocab_size_of
 from littlelm.errors import ConfigError
 from littlelm.model.gpt import GPTConfig
-from littlelm.model.lora import LoRAConfig
+from littlelm.model.lora import LoRAConfig, rank_problems
 from littlelm.optim.base import OptimizerConfig
 from littlelm.optim.groups import ORIGINS, MuonConfig, OptimizerChoice
 from littlelm.optim.schedule import ScheduleChoice, TrapezoidalConfig, resolve_lr_multipliers
@@ -526,12 +526,20 @@ def _lora_problems(cfg: RunConfig, world_size: int) -> list[str]:
             "checkpoints are not built); use distributed.strategy=ddp: the base is frozen, so "
             "each rank holds its weights but no gradients or optimizer state for them"
         )
+    problems += rank_problems(_shapes_only(cfg.model), cfg.lora)
     if cfg.model.fp8:
         problems.append(
             "lora with model.fp8: FP8 base linears under adapters are not supported; turn "
             "model.fp8 off for a LoRA run"
         )
     return problems
+
+
+def _shapes_only(model: GPTConfig) -> torch.nn.Module:
+    """The model on the meta device (no memory, no RNG drawn): its linears' shapes; the
+    vocabulary, resolved from the tokenizer later, does not shape a block's linears."""
+    with torch.device("meta"), torch.random.fork_rng(devices=[]):
+        return model.model_copy(update={"vocab_size": model.vocab_size or 1}).build()
 
 
 def _old_sft(tree: dict, g: dict) -> bool:

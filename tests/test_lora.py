@@ -111,6 +111,18 @@ def test_config_refusals():
     assert validate(RunConfig, {"lora": {"quantize": "nf4"}}).lora.quantize == "nf4"
     with pytest.raises(ConfigError, match="lists no linears"):
         validate(RunConfig, {"lora": {"targets": []}})
+    # a rank above the smallest side of a targeted linear adds parameters, not rank: refused
+    tiny = {"d_model": 32, "n_head": 2, "n_layer": 2, "max_seq_len": 32}
+    limit = 32  # d_model: c_q, c_k, c_v and c_proj are 32 × 32, the MLP's 32 × 128
+    from littlelm.schema import resolve
+
+    tree = {"model": {**tiny, "vocab_size": 50}, "lora": {"rank": limit}}
+    with pytest.raises(ConfigError) as no_data:  # this tree has no data: refused for that alone
+        resolve(validate(RunConfig, tree))
+    assert "lora.rank" not in str(no_data.value)
+    tree["lora"]["rank"] = 100000
+    with pytest.raises(ConfigError, match=f"lora.rank: 100000 is above {limit}, the smallest"):
+        resolve(validate(RunConfig, tree))
     with pytest.raises(ValueError, match="train_norms"):
         from littlelm.model.lora import check_lora
 
