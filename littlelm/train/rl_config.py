@@ -51,6 +51,13 @@ class RLConfig(Cfg):
         "function(reply, answer) -> float).",
     )
 
+    reward_timeout: float = Field(
+        10.0,
+        description="Seconds one reward call may take; past them the run stops naming the "
+        "function and the reply (SIGTERM interrupts a call at any time).",
+        gt=0,
+    )
+
     @field_validator("reward")
     @classmethod
     def _known_reward(cls, v: str) -> str:
