@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_tree, write_config
+from littlelm.cli import main
 from littlelm.errors import ConfigError, DataError, TrainingError
 from littlelm.model.generate import generate, sample_group
 from littlelm.model.gpt import GPT, GPTConfig
@@ -250,7 +251,7 @@ def test_huge_rewards_log_a_number_and_sigterm_stops_a_hung_reward_cleanly(tmp_p
     assert ckpt.latest_checkpoint(cfg.run_dir() / "checkpoints").name == "step_000001"
 
 
-def test_rl_config_errors_name_the_fix(tmp_path, corpus):
+def test_rl_config_errors_name_the_fix(tmp_path, corpus, capsys):
     tree = tiny_tree(corpus, tmp_path / "runs")
     tree["rl"] = {"prompts": "p.jsonl"}
     with pytest.raises(ConfigError, match=r"rl needs sft: \{base: RUN\}"):
@@ -263,6 +264,18 @@ def test_rl_config_errors_name_the_fix(tmp_path, corpus):
         tree["rl"]["reward"] = spec
         with pytest.raises(ConfigError, match="standard library .* my_rewards:score"):
             load_run(write_config(tmp_path / "b.yaml", tree))
+    # under --nproc 2 or torchrun (WORLD_SIZE=2), though distributed.world_size is not set
+    tree["rl"]["reward"] = "exact"
+    two = write_config(tmp_path / "two.yaml", tree)
+    with pytest.raises(ConfigError, match="rl runs in one process"):
+        load_run(two, world_size=2)
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in torchrun.items():
+            env.setenv(key, value)
+        assert main(["train", str(two)]) == 2
+    assert main(["train", str(two), "--nproc", "2"]) == 2
+    assert capsys.readouterr().err.count("rl runs in one process") == 2
     tree["rl"]["reward"], tree["lora"] = "exact", {}
     with pytest.raises(ConfigError, match="lora with rl: not built yet"):
         load_run(write_config(tmp_path / "c.yaml", tree))

@@ -66,7 +66,8 @@ class RLConfig(Cfg):
 
 def problems(rl: RLConfig | None, sft: bool, world_size: int | None) -> list[str]:
     """What makes an `rl:` section unusable in this run (the schema's resolve lists them): `sft`,
-    whether the run has an sft: section; `world_size`, distributed.world_size."""
+    whether the run has an sft: section; `world_size`, the processes running (torchrun's
+    WORLD_SIZE, or --nproc)."""
     if rl is None:
         return []
     out = []
