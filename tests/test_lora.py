@@ -349,3 +349,24 @@ def test_gguf_of_a_lora_run_is_the_merged_model(tmp_path):
         ours = merged(ids)
         assert (ours - plain(ids)).abs().max() > 1e-3
         assert (hf(ids).logits - ours).abs().max().item() < 1e-4
+
+
+def test_a_run_starts_from_a_lora_run_as_its_merged_model(tmp_path):
+    """grow.parent (and so sft.base, RL's and DPO's reference) naming a LoRA run: its base with
+    the adapters merged in, as every verb reads it (the checkpoint holds the adapters alone)."""
+    from littlelm.load import load_model
+
+    _, tree = base_and_lora(tmp_path)
+    tree["train"]["max_steps"] = 2
+    lora_run = load_run(write_config(tmp_path / "lora.yaml", tree))
+    Trainer(lora_run, resume="never").fit()
+    merged, _, _ = load_model(lora_run.run_dir())
+    child = copy.deepcopy(tree)
+    del child["lora"]
+    child["run"]["name"] = "child"
+    child["grow"] = {"parent": str(lora_run.run_dir())}
+    trainer = Trainer(load_run(write_config(tmp_path / "child.yaml", child)), resume="never")
+    want, vocab = merged.state_dict(), merged.cfg.vocab  # padding rows past it: each run's own
+    got = trainer.model.state_dict()
+    rows = {k: vocab if k in ("wte.weight", "lm_head.weight") else None for k in want}
+    assert all(torch.equal(got[k][: rows[k]], v[: rows[k]]) for k, v in want.items())

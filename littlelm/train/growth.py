@@ -40,6 +40,7 @@ from littlelm.optim.groups import group_table
 from littlelm.optim.schedule import OriginLR, OriginRamp, multiplier
 from littlelm.train.build import build_model, optimizer_for
 from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.checkpoint.save_restore import plain_tensors
 from littlelm.train.start_from import GrowConfig
 
 if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
@@ -266,8 +267,9 @@ def grow_from_parent(
     problems = check_growable(parent, model.cfg, layers)
     if problems:
         raise ConfigError(problems)
-    origin = grow_into(model, loaded.model, parent, layers, g.widened)
-    gap = _verify(model, parent, loaded.model, path, g.verify_tokens) if g.verify_tokens else None
+    tensors = plain_tensors(loaded)  # a LoRA run's checkpoint: its base with the adapters merged
+    origin = grow_into(model, tensors, parent, layers, g.widened)
+    gap = _verify(model, parent, tensors, path, g.verify_tokens) if g.verify_tokens else None
     loader = None
     if g.continue_data and run is not None:
         _check_same_data(loaded.state.get("config", {}), run, path)

@@ -55,6 +55,7 @@ from littlelm.errors import CheckpointError, DataError
 from littlelm.model.generate import sample_group
 from littlelm.model.gpt import GPT
 from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.checkpoint.save_restore import plain_tensors
 from littlelm.train.rewards import reward_function, score
 
 if TYPE_CHECKING:  # for types only: train/ is below the schema's layer
@@ -151,7 +152,7 @@ class RL:
             ) from None
         with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG
             ref = GPT(self.cfg.model)
-        ckpt.load_model_tensors(ref, loaded.model, path)
+        ckpt.load_model_tensors(ref, plain_tensors(loaded), path)  # a LoRA run's: merged
         ref.requires_grad_(False)
         return ref.to(self.device).eval()
 

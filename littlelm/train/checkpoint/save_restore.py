@@ -25,13 +25,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from littlelm.config import dump_yaml, to_tree
+import torch
+
+from littlelm.config import dump_yaml, to_tree, validate
 from littlelm.data.reshard import MakeLoader, loader_state_for
 from littlelm.errors import CheckpointError, ConfigError, RunDirError, TrainingError
-from littlelm.model.lora import LoRAConfig, add_lora, check_lora, load_trained, trained_tensors
+from littlelm.model.gpt import GPT
+from littlelm.model.grow import parent_model_config
+from littlelm.model.lora import (
+    LoRAConfig,
+    add_lora,
+    check_lora,
+    load_trained,
+    merge_lora,
+    trained_tensors,
+)
 from littlelm.optim.groups import origin_tags
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.checkpoint import resume as resuming
@@ -309,7 +321,7 @@ def load_lora(model, loaded: ckpt.Loaded, lora: LoRAConfig | None) -> dict:
             "trained on; restore that checkpoint as it was"
         )
     base = ckpt.load_checkpoint(path, with_optimizer=False)
-    ckpt.load_model_tensors(model, base.model, path)
+    ckpt.load_model_tensors(model, plain_tensors(base), path)  # a LoRA base: merged in turn
     base.model.release()
     problems = check_lora(model, lora)
     if problems:
@@ -317,6 +329,22 @@ def load_lora(model, loaded: ckpt.Loaded, lora: LoRAConfig | None) -> dict:
     add_lora(model, lora)
     load_trained(model, loaded.model, loaded.path)
     return {"path": str(path), "fingerprint": found}
+
+
+def plain_tensors(loaded: ckpt.Loaded) -> Mapping:
+    """The plain model's tensors of a checkpoint: its own, or for a LoRA run's checkpoint
+    (adapters alone) its base's with the adapters merged in, as `load_model` reads it; so a run
+    may start from a LoRA run (sft.base, grow.parent, RL's and DPO's reference)."""
+    if "lora_base" not in loaded.state:
+        return loaded.model
+    config = loaded.state.get("config", {})
+    model = parent_model_config(loaded.state, loaded.path)
+    lora = validate(LoRAConfig, config.get("lora") or {}, source=str(loaded.path / "state.json"))
+    # the adapters go on the base's own weights (a QLoRA run's too: nf4 needs CUDA), as load_model
+    with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG
+        plain = GPT(model)
+    load_lora(plain, loaded, lora.model_copy(update={"quantize": "none"}))
+    return merge_lora(plain).state_dict()
 
 
 class Frozen:
