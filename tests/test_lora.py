@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -370,3 +371,52 @@ def test_a_run_starts_from_a_lora_run_as_its_merged_model(tmp_path):
     got = trainer.model.state_dict()
     rows = {k: vocab if k in ("wte.weight", "lm_head.weight") else None for k in want}
     assert all(torch.equal(got[k][: rows[k]], v[: rows[k]]) for k, v in want.items())
+
+
+def test_the_base_is_found_from_any_directory_and_a_same_size_edit_is_refused(
+    tmp_path, monkeypatch
+):
+    """The base is recorded absolute (an older run's relative path is read from the directory
+    it started in), and with its full hash: 1,024 values changed inside the base's weights, size,
+    header and mtime kept, are refused."""
+    from littlelm.load import load_model
+
+    _, tree = base_and_lora(tmp_path)
+    tree["train"]["max_steps"] = 2
+    tree["run"]["out_dir"], tree["grow"]["parent"] = "runs", "runs/base"
+    monkeypatch.chdir(tmp_path)
+    run = load_run(write_config(tmp_path / "lora.yaml", tree))
+    Trainer(run, resume="never").fit()
+    newest = ckpt.latest_checkpoint(tmp_path / "runs" / "lora" / "checkpoints")
+    state_file = newest / "state.json"
+    state = json.loads(state_file.read_text())
+    base = Path(state["lora_base"]["path"])
+    assert base.is_absolute() and base.parent.parent == tmp_path / "runs" / "base"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    merged, _, _ = load_model(newest)
+    # a run written before: its base relative to where it started (tmp_path)
+    state["lora_base"]["path"] = str(base.relative_to(tmp_path))
+    state_file.write_text(json.dumps(state))
+    again, _, _ = load_model(newest)
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in merged.state_dict().items())
+    state["config"]["run"]["out_dir"] = str(tmp_path / "runs")  # START cannot be told
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match="relative to the directory that run started in"):
+        load_model(newest)
+    state["lora_base"]["path"] = str(base)
+    state_file.write_text(json.dumps(state))
+    # 1,024 fp32 values changed in place: the same size, header and mtime
+    weights = base / "model.safetensors"
+    before = weights.stat()
+    data = bytearray(weights.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")
+    data[start : start + 4096] = bytes(4096)
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(CheckpointError, match="changed since .*hashes differently"):
+        load_model(newest)
+    monkeypatch.chdir(tmp_path)  # where the run's config's relative paths are
+    with pytest.raises(CheckpointError, match="changed since"):
+        Trainer(run)  # nor does a resume train on it

@@ -419,6 +419,52 @@ def fingerprint(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+# a base's weights up to this size are hashed in full at every load (well under a second);
+# larger ones when their size, mtime or inode moved since the hash was recorded
+FULL_HASH_ALWAYS = 512 * 2**20
+
+
+def weights_identity(path: Path) -> dict:
+    """What a LoRA run keeps of its base checkpoint `path`'s weights besides `fingerprint`: the
+    sha256 of model.safetensors (every byte) and the file's size, mtime and inode then."""
+    weights = path / "model.safetensors"
+    try:
+        with open(weights, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        return {"sha256": digest, "stat": _stat(weights)}
+    except OSError as e:
+        raise CheckpointError(f"cannot read the checkpoint {path} ({e.strerror or e})") from None
+
+
+def weights_changed(path: Path, record: dict) -> bool | None:
+    """Whether checkpoint `path`'s weights differ from `record` (weights_identity's): hashed in
+    full when at most FULL_HASH_ALWAYS bytes or when size, mtime or inode moved; None when
+    nothing was checked (a large file whose stat is as recorded, or a record without a hash)."""
+    if "sha256" not in record:
+        return None
+    weights = path / "model.safetensors"
+    try:
+        stat = _stat(weights)
+    except OSError as e:
+        raise CheckpointError(f"cannot read the checkpoint {path} ({e.strerror or e})") from None
+    if stat[0] > FULL_HASH_ALWAYS and stat == record.get("stat"):
+        return None
+    return weights_identity(path)["sha256"] != record["sha256"]
+
+
+def weights_stat(path: Path) -> list[int]:
+    """[size, mtime_ns, inode] of checkpoint `path`'s model.safetensors."""
+    try:
+        return _stat(path / "model.safetensors")
+    except OSError as e:
+        raise CheckpointError(f"cannot read the checkpoint {path} ({e.strerror or e})") from None
+
+
+def _stat(weights: Path) -> list[int]:
+    st = weights.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
 # state.json fields resume reads, and their JSON types
 STATE_TYPES: dict[str, type | tuple[type, ...]] = {
     "format_version": int,
