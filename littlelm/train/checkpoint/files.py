@@ -402,9 +402,8 @@ def load_checkpoint(path: Path, with_optimizer: bool = True) -> Loaded:
 def fingerprint(path: Path) -> str:
     """What identifies checkpoint `path` cheaply: a hash of its state.json (step, tokens, data
     position, config) and of its weights' layout (the safetensors header: names, dtypes, shapes,
-    offsets) and size. A LoRA run records its base's, and refuses a base that changed; reading
-    every weight of a 3B base at each save and resume is what it avoids, so a base whose weights
-    were rewritten in place with the same layout and state.json would pass."""
+    offsets) and size. It reads no weight, so an in-place edit of the weights passes it: a LoRA
+    run records its base's weights_identity too (weights_changed checks it)."""
     h = hashlib.sha256()
     try:
         h.update((path / "state.json").read_bytes())
