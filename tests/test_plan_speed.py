@@ -242,7 +242,7 @@ def test_cpu_probe_rates_the_runs_own_elementwise_work_and_newton_schulz(monkeyp
         (r,) = measure_rates([d])
         p = speed.step_time(speed._layers_dims(d), r).parts
         assert p["GEMMs"] + p["attention"] + p["elementwise"] == pytest.approx(seconds)
-        assert r.newton_schulz == pytest.approx(1e-4 * len(d.muon_buckets()))
+        assert r.newton_schulz == pytest.approx(1e-4 * len(d.matrix_buckets()))
         plans[seconds] = speed.step_time(d, r)
     assert plans[1.0].parts["elementwise"] > 1.9 * plans[0.5].parts["elementwise"]
     assert plans[1.0].parts["GEMMs"] == plans[0.5].parts["GEMMs"]

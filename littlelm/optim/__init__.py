@@ -2,7 +2,8 @@
 building its component (`cfg.build(...)`)."""
 
 from littlelm.optim.groups import build_optimizer, plan_groups
-from littlelm.optim.optimizer import MuonAdamW, orthogonalize
+from littlelm.optim.muon import orthogonalize
+from littlelm.optim.optimizer import MuonAdamW
 
 __all__ = [
     "MuonAdamW",
