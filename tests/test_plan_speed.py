@@ -12,6 +12,7 @@ from rich.console import Console
 from littlelm.cli import main
 from littlelm.config import to_tree
 from littlelm.hardware import native_bf16
+from littlelm.optim.groups import AdamWConfig
 from littlelm.plan import speed
 from littlelm.plan.cost import load_catalog, plan_gpu
 from littlelm.plan.memory import Dims
@@ -219,12 +220,12 @@ def test_local_calibration_is_the_median_of_the_newest_benches(tiny_config, monk
 
 def test_muon_step_costs_bytes_per_parameter_and_newton_schulz_flops(tiny_config):
     d = Dims.of(load_run("demo"))
-    assert d.optimizer == "muon"
+    assert d.optimizer.name == "muon"
     bytes_, flops = speed.optimizer_work(d)
     # every parameter is read and written a few times: tens of bytes each, not millions
     assert 10 * d.n_params < bytes_ < 200 * d.n_params
     assert flops > 0  # five Newton-Schulz iterations per matrix
-    adamw = replace(d, optimizer="adamw")
+    adamw = replace(d, optimizer=AdamWConfig().traits())
     assert speed.optimizer_work(adamw)[1] == 0.0
 
 
