@@ -9,7 +9,7 @@ import torch
 from littlelm import hardware
 from littlelm.config import validate
 from littlelm.optim.groups import build_optimizer
-from littlelm.optim.muon import orthogonalize
+from littlelm.optim.optimizer import orthogonalize
 from littlelm.schema import RunConfig
 from littlelm.train.device import autocast, with_precision
 

@@ -17,8 +17,7 @@ from littlelm.optim.groups import (
     group_table,
     plan_groups,
 )
-from littlelm.optim.muon import orthogonalize
-from littlelm.optim.optimizer import MuonAdamW
+from littlelm.optim.optimizer import MuonAdamW, orthogonalize
 from littlelm.optim.schedule import constant, cosine, momentum_warmup, step_progress, trapezoidal
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import tiny_tree, write_config
-from littlelm.optim.adamw import BNB_MIN_8BIT
 from littlelm.optim.groups import AdamWConfig
+from littlelm.optim.optimizer import BNB_MIN_8BIT
 from littlelm.plan import memory as mem
 from littlelm.plan.memory import Dims
 from littlelm.plan.trace import CATEGORIES, trace_step

@@ -2,8 +2,7 @@
 building its component (`cfg.build(...)`)."""
 
 from littlelm.optim.groups import build_optimizer, plan_groups
-from littlelm.optim.muon import orthogonalize
-from littlelm.optim.optimizer import MuonAdamW
+from littlelm.optim.optimizer import MuonAdamW, orthogonalize
 
 __all__ = [
     "MuonAdamW",

@@ -94,7 +94,7 @@ class GroupRule:
 
     # a MATRICES rule also answers for one bucket of same-shaped matrices, `owned` of them
     # stepped on this rank: bucket_scratch(shape, owned, count, param_bytes), bucket_flops(shape,
-    # owned) and bucket_work(matrices) (the call bench times); see optim/muon.py
+    # owned) and bucket_work(matrices) (the call bench times); see MuonRule (optim/optimizer.py)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ and in a grown run `grow.lr_multipliers` (optim/schedule.py) by its origin's fac
 The `optimizer:` section's choices (`OptimizerChoice`, on its `name`), each built by
 `build_optimizer` (`cfg.build(model, ...)`) from its traits (`traits()`: which kind of group,
 a `GroupRule`, takes the hidden matrices and which the rest; optim/base.py):
-- `muon`: Muon for the 2-D hidden matrices (optim/muon.py), AdamW for everything else
-  (optim/adamw.py; the modern recipe);
+- `muon`: Muon for the 2-D hidden matrices, AdamW for everything else (the modern recipe;
+  their rules: optim/optimizer.py);
 - `adamw`: AdamW for everything, still with a learning rate per role.
 A new optimizer is its config (an AdamWConfig subclass takes the per-role lrs) with its
 `traits()` and its rule, in one file, and one more member of `OptimizerChoice`.
@@ -32,10 +32,8 @@ from torch import nn
 
 from littlelm.config import RESUMABLE, named
 from littlelm.errors import ConfigError
-from littlelm.optim.adamw import AdamWRule
 from littlelm.optim.base import OptimizerConfig, OptimizerTraits
-from littlelm.optim.muon import MuonRule
-from littlelm.optim.optimizer import MuonAdamW
+from littlelm.optim.optimizer import AdamWRule, MuonAdamW, MuonRule
 from littlelm.optim.schedule import momentum_warmup
 
 
