@@ -21,7 +21,7 @@ from littlelm.plan import memory as mem
 from littlelm.plan.memory import Dims
 from littlelm.plan.planner import step_memory
 from littlelm.plan.trace import CATEGORIES, trace_step
-from littlelm.schema import load_run
+from littlelm.schema import load_run, resolve
 from littlelm.train.trainer import Trainer
 
 # ---- the new optimizer's file ------------------------------------------------------------------
@@ -135,7 +135,26 @@ class WholeLionRule(LionRule):
     sharding: ClassVar[str] = WHOLE  # as a rule whose state is not elementwise would
 
 
-def test_fsdp_refuses_a_rule_that_steps_whole_tensors():
+class WholeLionConfig(LionConfig):
+    def own_traits(self) -> OptimizerTraits:
+        return OptimizerTraits("lion", (WholeLionRule(),), matrix="lion", other="lion")
+
+
+def test_fsdp_refuses_a_rule_that_steps_whole_tensors(tiny_config):
+    """Before any work, with the fix (the config check); and in the optimizer itself."""
+    cfg = load_run(tiny_config)
+    # derived at load for one process: resolved again below for two
+    train = cfg.train.model_copy(update={"grad_accum": None, "batch_tokens": None})
+
+    def run(strategy: str):
+        dc = cfg.distributed.model_copy(update={"strategy": strategy, "world_size": None})
+        return cfg.model_copy(
+            update={"optimizer": WholeLionConfig(), "distributed": dc, "train": train}
+        )
+
+    with pytest.raises(ConfigError, match="lion groups step whole tensors.*strategy=ddp"):
+        resolve(run("fsdp"), world_size=2)
+    assert resolve(run("ddp"), world_size=2).distributed.world_size == 2  # replicated there
     p = torch.nn.Parameter(torch.zeros(4, 4))
     group = {"params": [p], "kind": "lion", "lr": 0.1, "weight_decay": 0.0, "betas": (0.9, 0.99)}
     opt = MuonAdamW([group], rules=[WholeLionRule()])
