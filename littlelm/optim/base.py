@@ -126,9 +126,6 @@ class OptimizerTraits:
     def by_kind(self) -> dict[str, GroupRule]:
         return {r.kind: r for r in self.rules}
 
-    def __str__(self) -> str:
-        return self.name
-
 
 class OptimizerConfig(ComponentConfig):
     """Base of every optimizer's config."""
