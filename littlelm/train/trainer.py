@@ -283,6 +283,8 @@ class Trainer:
                 else:  # no update: say why; a STOP verdict ends the run
                     self.log(s.guard.skip_note(s.step))
                     if step.verdict is Verdict.STOP:
+                        if self.saves is not None:  # the message names the newest checkpoint
+                            self._settle_save(wait=True)
                         raise TrainingError(s.guard.stop_message(s.step, s.last_checkpoint))
                 if step.verdict is Verdict.ROLLBACK:
                     self._rollback()  # to the last checkpoint; the data moves on
