@@ -18,9 +18,10 @@ import torch
 from pydantic import Field
 
 from littlelm.config import RESUMABLE, SAME_DATA, Cfg, Kind, named
-from littlelm.data.cache import cache_root, content_hash
+from littlelm.data.cache import cache_root
 from littlelm.data.chat import chat_format
 from littlelm.data.conversations import ChatConfig
+from littlelm.data.fingerprint import record_files
 from littlelm.data.foreign import TokenFiles, TokensConfig
 from littlelm.data.hub import HFConfig
 from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
@@ -101,9 +102,16 @@ class DataConfig(Cfg):
     )
     on_changed: Literal["stop", "restart"] = Field(
         "stop",
-        description="At resume, when a data file changed since the checkpoint (its size or a "
-        "hash of sampled blocks): stop with an error naming it, or keep the weights and "
-        "optimizer state and start the data position over at the beginning of the data.",
+        description="At resume, when a data file changed, is gone or was inserted among the "
+        "others since the checkpoint (its size, sampled blocks or sha256 differ): stop with an "
+        "error naming it, or keep the weights and optimizer state and start the data position "
+        "over at the beginning of the data.",
+        json_schema_extra=RESUMABLE,
+    )
+    full_verify: bool = Field(
+        False,
+        description="At start, read every data file in full for its sha256, even one whose "
+        "size, mtime, ctime and inode are those it was last hashed at (then its hash is reused).",
         json_schema_extra=RESUMABLE,
     )
     shard_tokens: int = Field(
@@ -211,18 +219,11 @@ class RunData:
     def __post_init__(self):
         self.masked = any(s.mask is not None for s in self.sources.values())
 
-    def fingerprint(self) -> dict[str, list[list]]:
-        """Per source, [path, bytes, content hash] of each of its files (data/cache.py's
-        content_hash): what a checkpoint's data position is a position in."""
-        out = {}
-        for label, src in self.sources.items():
-            try:
-                out[label] = [[str(p), p.stat().st_size, content_hash(p)] for p in src.files()]
-            except OSError as e:
-                raise DataError(
-                    f"data.sources.{label}: cannot read {e.filename}: {e.strerror}"
-                ) from None
-        return out
+    def fingerprint(self, cfg: DataConfig) -> dict[str, list[list]]:
+        """Per source, [path, bytes, sampled hash, sha256] of each of its files
+        (data/fingerprint.py): what a checkpoint's data position is a position in."""
+        files = {label: src.files() for label, src in self.sources.items()}
+        return record_files(files, cache_root(cfg.cache_dir), cfg.full_verify)
 
     @property
     def pairs(self) -> PreparedSource | None:
