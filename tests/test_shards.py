@@ -369,3 +369,54 @@ def test_val_fraction_over_a_stream_holds_out_whole_documents_once(tmp_path):
             continue  # this file ends at a document's end
         doc = tuple([BOS, *tokens[start + 1 : nxt].tolist()])
         assert doc in (trained_docs(val) if start >= 250 * i + 200 else trained_docs(train))
+
+
+# -- llm.c's val shard, filled like the others, and gaps in the numbering -------------------------
+
+
+def write_llmc_as_fineweb(d: Path, tokens: np.ndarray, shard: int) -> list[Path]:
+    """llm.c's fineweb.py exactly: one stream of documents cut into shards of `shard` tokens,
+    the first of which is the val shard (fineweb_val_000000.bin), the rest train shards."""
+    d.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, a in enumerate(range(0, len(tokens), shard)):
+        name = "fineweb_val_000000.bin" if i == 0 else f"fineweb_train_{i:06d}.bin"
+        paths.append(write_nanogpt(d / name, tokens[a : a + shard]))
+    return paths
+
+
+def test_the_val_shards_last_document_goes_on_into_the_first_train_shard(tmp_path):
+    tokens, docs = stream_of(300)
+    seps = np.flatnonzero(tokens == BOS)
+    shard = int(seps[40]) + 7  # the val shard ends 7 tokens into document 40
+    paths = write_llmc_as_fineweb(tmp_path / "fineweb", tokens, shard)
+    assert paths[1].read_bytes()[1024:1026] != np.uint16(BOS).tobytes()  # it starts mid-document
+    cfg = {"format": "nanogpt", "path": str(tmp_path / "fineweb")}
+    train, val, summary, said = open_source(cfg, tmp_path / "cache")
+    # documents 0..40 are held out, document 40 whole (its tail from train_000001 with it);
+    # training has documents 41.. and nothing of 40, and no document with a BOS put before
+    assert trained_docs(val) == as_trained(docs[:41])
+    assert trained_docs(train) == as_trained(docs[41:])
+    assert sum(v.n_tokens for v in train + val) == len(tokens)
+    assert len(said) == 1 and "fineweb_val_000000.bin" in said[0]
+
+
+def test_a_gap_in_the_shard_numbering_is_said_and_glues_nothing(tmp_path):
+    tokens, docs = stream_of(300)
+    paths = write_llmc_dir(tmp_path / "web", tokens, 250, None)
+    gone = paths[2]
+    gone.unlink()  # fineweb_train_000003.bin
+    cfg = {"format": "nanogpt", "path": str(tmp_path / "web")}
+    train, _, summary, said = open_source(cfg, tmp_path / "cache")
+    assert len(said) == 1 and "skips from fineweb_train_000002.bin to fineweb_train_000004.bin" in said[0]
+    assert summary["gaps"] == [["fineweb_train_000002.bin", "fineweb_train_000004.bin"]]
+    # what the files around the gap hold is trained on as it is, nothing joined across it
+    before = tokens[: 2 * 250]
+    after = tokens[3 * 250 :]
+    last_start = int(np.flatnonzero(before == BOS)[-1])
+    first_sep = int(np.flatnonzero(after == BOS)[0])
+    cut_end = tuple([BOS, *before[last_start + 1 :].tolist()])
+    head = tuple([BOS, *after[:first_sep].tolist()])
+    got = trained_docs(train)
+    assert cut_end in got and (head in got or first_sep == 0)
+    assert sum(v.n_tokens for v in train) == len(tokens) - 250 + (1 if first_sep else 0)

@@ -45,6 +45,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -610,8 +611,19 @@ class TokenFiles(Source):
             return files
 
         paths, val_paths = self.split_val(log)
-        train_files = opened(paths)
-        stream = Stream(train_files, sep, tok.bos_id, cache / "token-index")
+        # llm.c's val shard (number 0) is filled to a fixed size like the others, so its last
+        # document goes on into the first training shard: the held-out files and the training
+        # files are one stream in shard-number order, and each document goes with its start
+        order = numbered_order(val_paths + paths) if val_paths and self.cfg.val_path is None else None
+        if order is not None:
+            every = opened(order)
+            held = [f.path in set(val_paths) for f in every]
+            stream = Stream(every, sep, tok.bos_id, cache / "token-index")
+            train_files = [f for f, h in zip(every, held) if not h]
+            train, val = stream.views(None, "train", held), stream.views(None, "val", held)
+        else:
+            train_files = opened(paths)
+            stream = Stream(train_files, sep, tok.bos_id, cache / "token-index")
         if self.cfg.format in ("nanogpt", "array") and sep is not None and not stream.separators:
             tokens = sum(f.meta["tokens"] for f in train_files)
             log(
@@ -620,11 +632,13 @@ class TokenFiles(Source):
                 f"each file is one document; set data.sources.{self.label}.separator to the id "
                 "between its documents (or none)"
             )
-        if val_paths is not None:
+        for a, b, head in stream.gaps:
+            log(gap_warning(self.label, a, b, head))
+        if order is None and val_paths is not None:
             train = stream.views(None)
             val_files = opened(val_paths)
             val = Stream(val_files, sep, tok.bos_id, cache / "token-index").views(None)
-        else:
+        elif order is None:
             cuts = [
                 f.meta["tokens"] - round(val_fraction * f.meta["tokens"]) if val_fraction else None
                 for f in train_files
@@ -637,7 +651,10 @@ class TokenFiles(Source):
                 log(note)
         summary = summarise(train_files, sep) | {
             "documents": sum(len(v) for v in train + val),
+            "train_documents": sum(len(v) for v in train),
+            "val_documents": sum(len(v) for v in val),
             "continued": stream.joined,
+            "gaps": [[a.name, b.name] for a, b, _ in stream.gaps],
             "split": {
                 "fraction": "val_path" if val_paths is not None else val_fraction,
                 **({"val_files": [str(p) for p in val_paths]} if val_paths else {}),
@@ -706,6 +723,9 @@ class Stream:
         self.drop: list[set[int]] = [set() for _ in files]  # starts now in a joined document
         self.pieces: list[list[tuple[int, int, int]]] = []  # (file, start, end) per document
         self.tokens: np.ndarray | None = None
+        # (file before, file after, tokens at the head of the after one) where the numbering
+        # of the names skips: missing shards, so nothing is continued across them
+        self.gaps: list[tuple[Path, Path, int]] = []
         if sep is not None and self.separators and len(files) > 1:
             self._join()
         self.joined = len(self.pieces)
@@ -717,6 +737,10 @@ class Stream:
         for i, f in enumerate(self.files):
             n, first, last = f.meta["tokens"], f.meta["first_sep"], f.meta["last_sep"]
             head = n if first is None else first  # tokens before the file's first separator
+            if i and numbering_gap(self.files[i - 1].path.name, f.path.name):
+                self.gaps.append((self.files[i - 1].path, f.path, head))
+                self._close(open_doc)  # its end is in the missing files: it ends here
+                open_doc = None
             if open_doc is None:  # the stream's first tokens: a document with BOS put before
                 open_doc = [(i, -1, head)] if head else None
             elif head:
@@ -764,10 +788,13 @@ class Stream:
         self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         self.ends = self.starts + np.array(lengths, np.int64)
 
-    def views(self, cuts: list[int | None] | None, part: str = "train") -> list[TokenDocs]:
+    def views(
+        self, cuts: list[int | None] | None, part: str = "train", held: list[bool] | None = None
+    ) -> list[TokenDocs]:
         """The documents as the loader reads them, one view a file (and one of the joined
         documents); with `cuts`, those of `part`: train, the documents that start before
-        each file's cut (at least one), or val, the rest."""
+        each file's cut (at least one), or val, the rest; with `held`, whole files: those held
+        out (True) are val, the others train. A joined document goes with its start."""
         out, joined = [], np.zeros(len(self.pieces), bool)
         starting: dict[int, list[int]] = {}  # file -> the joined documents that start in it
         for d, doc in enumerate(self.pieces):
@@ -776,7 +803,13 @@ class Stream:
             keep = np.ones(len(f), bool)
             for start in self.drop[i]:  # at most two: the file's head and its last document
                 keep &= f.starts != start
-            if cuts is not None and (cut := cuts[i]) is not None:
+            if held is not None:
+                mine = held[i] == (part == "val")
+                for d in starting.get(i, ()):
+                    joined[d] = mine
+                if not mine:
+                    continue
+            elif cuts is not None and (cut := cuts[i]) is not None:
                 k = max(1, int(np.searchsorted(f.starts, cut, "left")))
                 train = np.arange(len(f)) < k
                 keep &= train if part == "train" else ~train
@@ -808,6 +841,46 @@ class Stream:
                 )
             )
         return out
+
+
+def _digit_runs(name: str) -> tuple[str, list[int]]:
+    """A file name's pattern (digits as #) and its numbers: fineweb_train_000003.bin ->
+    ("fineweb_train_#.bin", [3])."""
+    return re.sub(r"\d+", "#", name), [int(x) for x in re.findall(r"\d+", name)]
+
+
+def numbering_gap(before: str, after: str) -> bool:
+    """Whether shard `after` is numbered more than one past `before` (same name pattern, one
+    number differs): the shards between are missing."""
+    (pa, a), (pb, b) = _digit_runs(before), _digit_runs(after)
+    if pa != pb or len(a) != len(b):
+        return False
+    differ = [(x, y) for x, y in zip(a, b) if x != y]
+    return len(differ) == 1 and differ[0][1] - differ[0][0] > 1
+
+
+def numbered_order(paths: list[Path]) -> list[Path] | None:
+    """`paths` in the order of the numbers in their names (llm.c: fineweb_val_000000.bin,
+    then fineweb_train_000001.bin ...), or None when that order is not defined (a name without
+    a number, or two names with the same numbers)."""
+    keys = [tuple(_digit_runs(p.name)[1]) for p in paths]
+    if not all(keys) or len(set(keys)) != len(keys):
+        return None
+    return [p for _, p in sorted(zip(keys, paths))]
+
+
+def gap_warning(label: str, before: Path, after: Path, head: int) -> str:
+    what = (
+        f"its first {head:,} token(s), before its first separator, are trained as a document "
+        "of their own (the start of theirs is in the missing files)"
+        if head
+        else "it begins with a separator, so no document is cut there"
+    )
+    return (
+        f"warning: data.sources.{label}: the file numbering skips from {before.name} to "
+        f"{after.name} (the files between are missing), so no document is continued from one "
+        f"into the other: {what}; put the missing files back to train on them"
+    )
 
 
 def megatron_note(f: TokenFile, label: str) -> str | None:
