@@ -19,7 +19,9 @@ from littlelm.data import cache
 def run_on(tmp_path: Path, data_dir: Path) -> Path:
     tree = tiny_tree(tmp_path / "unused.txt", tmp_path / "runs", train={"max_steps": 3})
     tree["checkpoint"] = {"every": 3}
-    tree["data"]["sources"] = {"web": {"name": "tokens", "format": "nanogpt", "path": str(data_dir)}}
+    tree["data"]["sources"] = {
+        "web": {"name": "tokens", "format": "nanogpt", "path": str(data_dir)}
+    }
     cfg = write_config(tmp_path / "run.yaml", tree)
     assert main(["train", str(cfg), "--resume", "never"]) == 0
     return cfg
@@ -47,7 +49,11 @@ def edit_in_place_keeping_mtime(path: Path, offset: int, n: int = 16) -> None:
         f.write(np.where(raw == BOS, BOS, (raw + 1) % BOS).astype("<u2").tobytes())
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     after = os.stat(path)
-    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ino,
+    )
 
 
 def test_a_same_size_edit_outside_the_sampled_blocks_is_refused(tmp_path, capsys):

@@ -38,7 +38,9 @@ def record_files(files: dict[str, list[Path]], cache: Path | None, full: bool) -
                 [str(p), p.stat().st_size, content_hash(p), memo.sha256(p)] for p in paths
             ]
         except OSError as e:
-            raise DataError(f"data.sources.{label}: cannot read {e.filename}: {e.strerror}") from None
+            raise DataError(
+                f"data.sources.{label}: cannot read {e.filename}: {e.strerror}"
+            ) from None
     return out
 
 

@@ -72,7 +72,8 @@ PATTERNS = {  # what a directory is searched for, per format
 }
 TOKEN_FILES = ("*.bin", "*.npy", "*.idx", "*.parquet")  # any of these: a mixed directory
 CHUNK = 1 << 24  # tokens scanned at a time when indexing
-INDEX_VERSION = 4  # 2: the first and last separator of each file; 3: the index raw; 4: one file
+INDEX_VERSION = 5  # 2: the first and last separator of each file; 3: the index raw; 4: one
+# file; 5: documents that end with EOD (Megatron --append-eod) lose it
 VAL_NAME = "*_val_*"  # shard names that mark validation (llm.c: fineweb_val_000000.bin)
 
 
@@ -310,6 +311,20 @@ def separator_index(
     return starts[keep], ends[keep], seps
 
 
+def without_eod(
+    tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, eod: int
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(starts, ends, True) without each document's last token when every non-empty document
+    ends with `eod`; else the index unchanged and False."""
+    full = ends > starts
+    if not len(starts) or not full.any():
+        return starts, ends, False
+    last = tokens[np.maximum(ends[full] - 1, 0)]
+    if not (last == eod).all():
+        return starts, ends, False
+    return starts, np.where(full, ends - 1, ends), True
+
+
 def token_range(tokens: np.ndarray) -> tuple[int, int]:
     lo, hi = None, None
     for a in range(0, len(tokens), CHUNK):
@@ -358,9 +373,14 @@ class TokenFile:
                 self.data_path = cache / f"{key}.tokens"
             tokens = map_tokens(self.data_path, layout)
             seps = np.zeros(0, np.int64)
+            eod_ended = False
             if cfg.format in ("nanogpt", "array"):
                 starts, ends, seps = separator_index(tokens, sep)
             else:  # indexed documents: BOS before each, unless it is there
+                # Megatron's preprocess_data.py --append-eod ends every document with the
+                # EOD token, which is BOS here (gpt2's <|endoftext|>): that one is dropped, as
+                # the BOS before the next document is the boundary already
+                starts, ends, eod_ended = without_eod(tokens, starts, ends, bos)
                 if len(starts):
                     first = tokens[np.minimum(starts, max(0, len(tokens) - 1))]
                     starts = np.where((ends > starts) & (first == bos), starts, starts - 1)
@@ -378,6 +398,7 @@ class TokenFile:
                 "first_sep": int(seps[0]) if len(seps) else None,
                 "last_sep": int(seps[-1]) if len(seps) else None,
                 "data": str(self.data_path),
+                "eod_ended": eod_ended,
             }
             self._save(cache, key, np.stack([starts, ends]).astype(np.int64), meta)
             self.starts, self.ends = starts, ends
@@ -572,6 +593,7 @@ class TokenFiles(Source):
     prepared = True  # no tokenizing
     foreign = True
     opened: tuple[list, list, dict]  # set by data/build.py's prepare_data: what open returned
+    streams: list[Stream]  # set by open: the training stream (and the validation files')
 
     def files(self, spec=None, key: str = "path") -> list[Path]:
         spec = self.cfg.path if spec is None else spec
@@ -614,10 +636,12 @@ class TokenFiles(Source):
         # llm.c's val shard (number 0) is filled to a fixed size like the others, so its last
         # document goes on into the first training shard: the held-out files and the training
         # files are one stream in shard-number order, and each document goes with its start
-        order = numbered_order(val_paths + paths) if val_paths and self.cfg.val_path is None else None
+        order = (
+            numbered_order(val_paths + paths) if val_paths and self.cfg.val_path is None else None
+        )
         if order is not None:
-            every = opened(order)
-            held = [f.path in set(val_paths) for f in every]
+            every, val_set = opened(order), set(val_paths or ())
+            held = [f.path in val_set for f in every]
             stream = Stream(every, sep, tok.bos_id, cache / "token-index")
             train_files = [f for f, h in zip(every, held) if not h]
             train, val = stream.views(None, "train", held), stream.views(None, "val", held)
@@ -634,10 +658,11 @@ class TokenFiles(Source):
             )
         for a, b, head in stream.gaps:
             log(gap_warning(self.label, a, b, head))
+        self.streams = [stream]  # what `data inspect` lists, file by file
         if order is None and val_paths is not None:
             train = stream.views(None)
-            val_files = opened(val_paths)
-            val = Stream(val_files, sep, tok.bos_id, cache / "token-index").views(None)
+            self.streams.append(Stream(opened(val_paths), sep, tok.bos_id, cache / "token-index"))
+            val = self.streams[-1].views(None)
         elif order is None:
             cuts = [
                 f.meta["tokens"] - round(val_fraction * f.meta["tokens"]) if val_fraction else None
@@ -649,7 +674,7 @@ class TokenFiles(Source):
         for f in train_files:
             if note := megatron_note(f, self.label):
                 log(note)
-        summary = summarise(train_files, sep) | {
+        summary = summarise([f for st in self.streams for f in st.files], sep) | {
             "documents": sum(len(v) for v in train + val),
             "train_documents": sum(len(v) for v in train),
             "val_documents": sum(len(v) for v in val),
@@ -961,6 +986,7 @@ def summarise(files: list[TokenFile], sep: int | None) -> dict:
         "documents": sum(len(f) for f in files),
         "separator": sep,
         "separator_in": sum(1 for f in files if f.meta["separators"]),
+        "eod_ended": sum(1 for f in files if f.meta.get("eod_ended")),
         "min_id": min((f.meta["min_id"] for f in files), default=0),
         "max_id": max((f.meta["max_id"] for f in files), default=-1),
         "dtype": sorted({f.meta["dtype"] for f in files}),
