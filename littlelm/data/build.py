@@ -29,6 +29,7 @@ from littlelm.data.preference import PairLoader, PreferenceConfig, pairs_of
 from littlelm.data.prepare import (
     damaged_shards,
     dataset_dir,
+    duplicates_note,
     make_split,
     prepare_source,
     read_manifest,
@@ -159,6 +160,7 @@ class PreparedSource:
     mask: Callable[[np.ndarray], np.ndarray] | None = None
     on_error: str = "skip"
     pairs: bool = False  # preference pairs (data/preference.py): two documents each, for DPO
+    from_raw: bool = True  # prepared from this config's raw source (not a `shards` directory)
 
     def too_long(self, row_len: int) -> tuple[int, int]:
         """(conversations longer than a row of `row_len` tokens, the longest's length)."""
@@ -253,6 +255,15 @@ class RunData:
         weights = {k: s.weight for k, s in self.sources.items()}
         masks = {k: s.mask for k, s in self.sources.items()}
         return MixtureLoader(packers, weights, batch, seq_len, masks)
+
+    def duplicate_notes(self) -> list[str]:
+        """At start: per source, the exact duplicates its preparation dropped (and the fix)."""
+        return [
+            note
+            for label, src in self.sources.items()
+            if src.manifest is not None
+            and (note := duplicates_note(label, src.manifest, src.from_raw))
+        ]
 
     def chat_notes(self, seq_len: int) -> list[str]:
         """At start: the conversation sources whose conversations do not fit a row, left out
@@ -476,6 +487,7 @@ def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
                 label, src.cfg.weight, directory, manifest, tok, cfg.verify_checksums
             )
         opened[label].long_docs = src.cfg.long_docs
+        opened[label].from_raw = not src.prepared
         opened[label].explicit = "long_docs" in src.cfg.model_fields_set
         if src.conversations or manifest.get("conversations"):
             opened[label].mask = chat_format(tok).mask  # the loss counts the assistant's tokens
