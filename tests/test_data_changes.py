@@ -130,3 +130,25 @@ def test_a_deleted_file_is_named_exactly(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"file {paths[1].name} (at {paths[1]}" in err and "is gone" in err, err
     assert paths[2].name not in err  # an unchanged file is not blamed
+
+
+def test_a_file_edited_in_place_with_its_mtime_kept_is_indexed_again(tmp_path):
+    """The token index is keyed by the file's stat, ctime and inode included: a separator
+    written in place (the mtime set back) makes new documents, not a stale index's."""
+    from test_shards import open_source, trained_docs
+
+    tokens, _ = stream_of(50)
+    d = tmp_path / "web"
+    d.mkdir()
+    path = write_nanogpt(d / "fineweb_train_000001.bin", tokens)
+    cfg = {"format": "nanogpt", "path": str(d)}
+    before = open_source(cfg, tmp_path / "cache")[0]
+    inside = int(np.flatnonzero(tokens != BOS)[10])  # a token inside a document
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(1024 + 2 * inside)
+        f.write(np.uint16(BOS).tobytes())  # one more separator: one more document
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = open_source(cfg, tmp_path / "cache")[0]
+    assert sum(len(v) for v in after) == sum(len(v) for v in before) + 1
+    assert trained_docs(after) != trained_docs(before)

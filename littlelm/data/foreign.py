@@ -31,8 +31,8 @@ the packer writes BOS over tokens[start] (the separator, the last token of the d
 or, at the start of the file, start = -1 and nothing).
 
 Each file's index (document starts and ends, the token range) is built by one pass over the file
-and cached under CACHE/token-index, keyed by the file's path, size and mtime and the options
-that change it: a second open reads only the index. The tokens stay in the file, memory-mapped.
+and cached under CACHE/token-index, keyed by the file's path, size, mtime, ctime and inode and
+the options that change it: a second open reads only the index. The tokens stay in the file, memory-mapped.
 Validation: the files of `val_path` whole or, without it, the documents that start in the last
 `data.val_fraction` of each file's tokens.
 """
@@ -338,7 +338,7 @@ class TokenFile:
         self.data_path = path  # the file the tokens are in
         if cfg.format == "megatron":
             idx, self.data_path = megatron_files(path)
-        # an index cached for this path, size and mtime: the header was read when it was made
+        # an index cached for this path and stat: the header was read when it was made
         self.key = key = self._key(cfg, cache)
         meta, index = self._load(cache, key)
         layout = None
@@ -397,9 +397,9 @@ class TokenFile:
         for p in dict.fromkeys([self.path, self.data_path]):
             st = _stat(p)  # a missing, unreadable or empty file: its error, named
             # the directory resolved once for all its files: 528 realpath calls cost 40 ms
-            stats.append(
-                (os.path.join(_real_dir(str(p.parent)), p.name), st.st_size, st.st_mtime_ns)
-            )
+            # ctime and inode too: an edit in place that sets the mtime back moves the ctime
+            where = os.path.join(_real_dir(str(p.parent)), p.name)
+            stats.append((where, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
         ident = {
             "v": INDEX_VERSION,
             "files": stats,
