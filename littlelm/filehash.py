@@ -1,17 +1,16 @@
 """Whole-file sha256 and the stat fields that say when it must be taken again.
 
-A record of a file is its size, modification time, change time and inode (`FileStat`) and the
-sha256 of every byte (`sha256_file`). Comparing a file with its record (`same_content`) costs
-one stat() while those four fields are unchanged, and one full read when any of them moved: a
-copy, a touch, a rewrite in place with the mtime set back (which moves the change time, which
-no user call sets) all re-hash, and only a change of content is a difference. The hashes already
-taken are kept under a directory (`HashMemo`), keyed by the path and its stat fields, so a
-directory of shards is read in full once per machine, not at every start.
+The sha256 of every byte of a file (`sha256_file`), and the hashes already taken kept under a
+directory (`HashMemo`), keyed by the file's path, size, modification time, change time and
+inode (`FileStat`): asking again costs one stat() while those are unchanged, and one full read
+when any of them moved (a copy, a touch, a rewrite in place with the mtime set back, which
+moves the change time, which no user call sets). So a directory of shards is read in full once
+per machine, not at every start.
 
-What is not detected without a full verify (`same_content(..., full=True)`): bytes changed
-behind the file system's back (a raw block device write, a change of the system clock to set
-the change time back). This module sits in the bottom layer so that data (shard files under a
-checkpoint) and checkpoints (a LoRA run's base weights) hash files the same way.
+What the memo cannot see: bytes changed behind the file system's back (a raw block device
+write, the system clock set back to reset the change time); `HashMemo(None)` reads every time.
+This module sits in the bottom layer so that any layer hashes files the same way (data files
+under a checkpoint; a LoRA run's base weights could too).
 """
 
 from __future__ import annotations
@@ -41,13 +40,6 @@ class FileStat:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> FileStat | None:
-        try:
-            return cls(int(d["size"]), int(d["mtime_ns"]), int(d["ctime_ns"]), int(d["inode"]))
-        except (KeyError, TypeError, ValueError):  # a record without them: always re-hash
-            return None
 
 
 def sha256_file(path: str | Path) -> str:
@@ -92,18 +84,3 @@ class HashMemo:
             except OSError:  # a read-only cache costs a re-read next time, nothing else
                 pass
         return digest
-
-
-def same_content(
-    path: str | Path, stat: FileStat | None, sha256: str, memo: HashMemo, full: bool = False
-) -> bool:
-    """Whether `path` holds the bytes whose hash is `sha256`: trusted from its stat when that is
-    the recorded `stat` (unless `full`), else read in full (or taken from `memo`)."""
-    now = FileStat.of(path)
-    if now.size != (stat.size if stat is not None else now.size):
-        return False  # another size: other bytes, nothing to read
-    if not full and stat is not None and now == stat:
-        return True
-    if full:
-        return sha256_file(path) == sha256
-    return memo.sha256(path, now) == sha256

@@ -6,7 +6,7 @@ import hashlib
 import os
 
 from littlelm import filehash
-from littlelm.filehash import FileStat, HashMemo, same_content, sha256_file
+from littlelm.filehash import HashMemo, sha256_file
 
 
 def test_the_memo_reads_a_file_once_per_stat_and_again_after_an_edit(tmp_path, monkeypatch):
@@ -26,18 +26,3 @@ def test_the_memo_reads_a_file_once_per_stat_and_again_after_an_edit(tmp_path, m
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert memo.sha256(path) != first and len(reads) == 2
     assert HashMemo(None).sha256(path) == sha256_file(path) and len(reads) == 3
-
-
-def test_same_content_trusts_an_unmoved_stat_unless_full(tmp_path):
-    path = tmp_path / "w.safetensors"
-    path.write_bytes(b"x" * 100)
-    stat, digest = FileStat.of(path), sha256_file(path)
-    memo = HashMemo(tmp_path / "memo")
-    assert same_content(path, stat, digest, memo)
-    assert same_content(path, stat, "0" * 64, memo)  # trusted from its stat, not read
-    assert not same_content(path, stat, "0" * 64, memo, full=True)
-    assert FileStat.from_json(stat.to_json()) == stat and FileStat.from_json({}) is None
-    path.write_bytes(b"y" * 100)  # moved stat: read, and the hash decides
-    assert not same_content(path, stat, digest, memo)
-    path.write_bytes(b"x" * 101)
-    assert not same_content(path, stat, digest, memo)
