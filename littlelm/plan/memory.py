@@ -169,6 +169,7 @@ class Dims:
     adamw_8bit: bool = False  # optimizer.adamw_8bit (bitsandbytes, CUDA only)
     checkpointing: bool = False  # train.activation_checkpointing
     fp8: bool = False  # model.fp8
+    compile: bool = False  # train.compile on CUDA: calibrated by the compiled published runs
     stochastic_rounding: bool = False  # train.stochastic_rounding
     world: int = 1  # processes (distributed.world_size)
     strategy: str = "ddp"  # distributed.strategy: "ddp" or "fsdp"
@@ -212,6 +213,7 @@ class Dims:
             adamw_8bit=traits.adamw_8bit,
             checkpointing=t.activation_checkpointing,
             fp8=cfg.model.fp8,
+            compile=t.compiles("cuda"),
             stochastic_rounding=t.stochastic_rounding,
             world=dc.world_size or 1,
             strategy=dc.strategy,
