@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from littlelm.errors import ConfigError
 from littlelm.plan import calibration as cal
 from littlelm.plan import speed
-from littlelm.plan.cost import load_catalog
+from littlelm.plan.cost import Defaults, load_catalog
 from littlelm.plan.memory import Dims
 from littlelm.schema import load_run
 
@@ -106,3 +107,15 @@ def test_fp8_linears_pay_for_casting_their_operands():
             expect += g.count * (5 * (x + w + dy) + 2 * (x + dy))
     assert expect > 0 and extra == pytest.approx(expect)
     assert not any(g.fp8 for g in speed.gemms(d)) and speed.fp8_cast_bytes(d) == 0
+
+
+def test_every_catalog_figure_names_its_source_or_says_it_is_assumed():
+    text = (Path(cal.__file__).with_name("gpus.yaml")).read_text()
+    defaults = text[text.index("\ndefaults:") : text.index("\ngpus:")]
+    entries = re.findall(r"^  (\w+): [^\n#]*#(.*(?:\n +#.*)*)", defaults, re.M)
+    assert {k for k, _ in entries} == set(Defaults.model_fields)  # each default has a comment
+    for key, comment in entries:
+        assert re.search(r"assumed|arXiv|https://|RESULTS\.md", comment), key
+    assert "this project's" not in text  # no measurement that was never made
+    for gpu in load_catalog().gpus.values():
+        assert gpu.datasheet.startswith("https://") and gpu.arch, gpu.name

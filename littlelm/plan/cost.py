@@ -81,6 +81,7 @@ class GPU(Cfg):
     match: list[str] = Field(
         default_factory=list, description="Substrings of torch.cuda.get_device_name()."
     )
+    datasheet: str = Field("", description="Where its peak figures come from (a URL).")
     arch: str = Field(
         "",
         description="Architecture (ampere, ada, hopper, blackwell, cdna3): which published runs "

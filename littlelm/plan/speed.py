@@ -36,13 +36,20 @@ from littlelm.optim.optimizer import orthogonalize
 from littlelm.plan.memory import Dims, model_tensors
 from littlelm.train.device import tune_cpu_allocator
 
+# The step model's constants: each is counted from the model's code (model/gpt.py, blocks.py),
+# cited, or marked assumed; the GPU ceilings are in gpus.yaml's `defaults`, with theirs.
 # Elementwise passes of one block, in vectors of d_model (D) and of the MLP's hidden width (H)
 # read plus written per token, forward; the backward moves about twice as much (each op reads
 # its saved input and the incoming gradient and writes one gradient).
-RESIDUAL_ADD_PASSES_D = 6  # two residual adds (2 reads + 1 write each)
-RESIDUAL_SCALAR_PASSES_D = 6  # x = l_resid * x + l_x0 * x0 before each block
-BACKWARD_FACTOR = 2.0
-KERNELS_PER_BLOCK = 60  # forward + backward kernels of one block outside its GEMMs (eager)
+RESIDUAL_ADD_PASSES_D = 6  # counted: two residual adds (2 reads + 1 write each)
+RESIDUAL_SCALAR_PASSES_D = 6  # counted: x = l_resid * x + l_x0 * x0 before each block
+BACKWARD_FACTOR = 2.0  # assumed: the argument above, not measured op by op
+KERNELS_PER_BLOCK = 60  # assumed: forward + backward kernels of one block outside its GEMMs
+# (eager); a GPU's elementwise time is its bytes over bandwidth unless launches take longer
+# FlashAttention's backward does 2.5 forwards of work (it recomputes the scores): the count
+# FlashAttention-2's own benchmark uses (Dao 2023, arXiv:2307.08691)
+ATTENTION_BACKWARD = 2.5
+DDP_EXPOSED = 0.05  # assumed: the share of DDP's all-reduce after the backward ends (last bucket)
 # An FP8 linear's dynamic-scaled cast of each operand (model/fp8.py; torchao and Transformer
 # Engine alike): the amax pass reads it, the scaled cast reads it again and writes one byte, per
 # element; the backward's products need dy and x transposed (one byte read, one written each).
@@ -149,11 +156,11 @@ def gemms(d: Dims) -> list[Gemm]:
 
 def attention_flops(d: Dims) -> float:
     """Causal attention of one micro-batch, forward + backward: the forward's two products over
-    the lower triangle (2 x 2 x B x H x T^2/2 x hd) and a backward of 2.5 forwards (it
-    recomputes the scores, FlashAttention-style, as the CPU kernel does too)."""
+    the lower triangle (2 x 2 x B x H x T^2/2 x hd) and a backward of ATTENTION_BACKWARD
+    forwards (it recomputes the scores, FlashAttention-style, as the CPU kernel does too)."""
     m = d.model
     forward = 2.0 * d.micro_batch * m.n_head * d.seq_len**2 * m.head_dim
-    return forward * 3.5 * m.n_layer
+    return forward * (1 + ATTENTION_BACKWARD) * m.n_layer
 
 
 def elementwise_bytes(d: Dims) -> float:
@@ -251,7 +258,7 @@ def step_time(d: Dims, rates: Rates, devices: int = 1, recompute: float | None =
             # the recompute of checkpointed blocks runs the forward again (not the lm_head's)
             times = 1 + (redo if product == "forward" and g.name != "lm_head" else 0)
             gemm_s += times * one * g.count
-    attn_s = attention_flops(d) * (1 + redo / 3.5) / rates.attention
+    attn_s = attention_flops(d) * (1 + redo / (1 + ATTENTION_BACKWARD)) / rates.attention
     elem_bw = rates.elementwise or bw
     elem_s = max(elementwise_bytes(d) / elem_bw, elementwise_kernels(d) * rates.launch)
     elem_s *= 1 + redo / (1 + BACKWARD_FACTOR)
@@ -264,7 +271,7 @@ def step_time(d: Dims, rates: Rates, devices: int = 1, recompute: float | None =
         comm = d.grad_accum * max(0.0, per_micro / link - (gemm_s + attn_s + elem_s))
     elif link and per_step:  # DDP: buckets reduce during the last micro-batch's backward
         last = backward / d.grad_accum
-        comm = max(per_step / link - last, per_step / link * 0.05)  # the last bucket is exposed
+        comm = max(per_step / link - last, per_step / link * DDP_EXPOSED)
     parts = {
         "GEMMs": d.grad_accum * gemm_s,
         "attention": d.grad_accum * attn_s,
