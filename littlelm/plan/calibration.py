@@ -124,17 +124,20 @@ def fit(points: list[Fitted] | tuple[Fitted, ...], arch: str, framework: str) ->
     """The geometric mean ratio of the points of this kind (architecture and framework), else
     of this framework, else of all; the source names what it rests on."""
     tiers = (
-        ([f for f in points if f.arch == arch and f.framework == framework], f"{framework} {arch}"),
-        ([f for f in points if f.framework == framework], f"{framework} (none on {arch})"),
-        (list(points), f"published (none {framework})"),
+        (
+            [f for f in points if f.arch == arch and f.framework == framework],
+            f"{framework} {arch}",
+            "",
+        ),
+        ([f for f in points if f.framework == framework], framework, f" (none on {arch or 'it'})"),
+        (list(points), "published", f" (none {framework})"),
     )
-    for chosen, kind in tiers:
+    for chosen, kind, why in tiers:
         if chosen:
             names = "; ".join(f.point.name for f in chosen)
             n = len(chosen)
-            return Calibration(
-                geomean([f.ratio for f in chosen]), f"{n} {kind} run{'s' * (n > 1)}: {names}"
-            )
+            ratio = geomean([f.ratio for f in chosen])
+            return Calibration(ratio, f"{n} {kind} run{'s' * (n > 1)}{why}: {names}")
     return Calibration(1.0, "uncalibrated ceilings")
 
 

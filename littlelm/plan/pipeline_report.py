@@ -7,6 +7,15 @@ from rich.console import Console
 from rich.table import Table
 
 from littlelm.plan.pipeline import Option, PipelinePlan, StagePlan
+from littlelm.progress import human
+
+
+def _h(hours: float) -> str:
+    return f"{hours:,.1f} h" if hours >= 1 else f"{hours * 60:,.1f} min"
+
+
+def _usd(dollars: float) -> str:
+    return f"${dollars:,.0f}" if dollars >= 100 else f"${dollars:,.2f}"
 
 
 def _in_time(plan: PipelinePlan, o: Option) -> bool:
@@ -31,22 +40,22 @@ def _cell(s: StagePlan) -> str:
         return "does not fit" if not s.problem else "cannot run"
     mark = " fsdp" if s.strategy == "fsdp" and s.plan.devices > 1 else ""
     mb = "" if s.plan.fits else f" mb {s.plan.best_micro_batch}"
-    return f"{s.plan.hours:,.1f} h ${s.plan.dollars:,.0f}{mark}{mb}"
+    return f"{_h(s.plan.hours)} {_usd(s.plan.dollars)}{mark}{mb}"
 
 
 def _option(o: Option) -> str:
     parts = "; ".join(
-        f"{s.stage.name} {s.plan.hours:,.1f} h ${s.plan.dollars:,.0f}"
+        f"{s.stage.name} {_h(s.plan.hours)} {_usd(s.plan.dollars)}"
         for s in o.stages
         if s.plan and s.plan.hours is not None
     )
-    return f"{o.devices} x {o.gpu}: {o.hours:,.1f} h, ${o.dollars:,.0f} ({parts})"
+    return f"{o.devices} x {o.gpu}: {_h(o.hours)}, {_usd(o.dollars)} ({parts})"
 
 
 def print_pipeline(plan: PipelinePlan, console: Console | None = None) -> None:
     console = console or Console(width=140)
     first = plan.options[0].stages if plan.options else []
-    chain = " -> ".join(f"{s.stage.name} ({s.tokens / 1e9:,.2f}B tokens)" for s in first)
+    chain = " -> ".join(f"{s.stage.name} ({human(s.tokens)} tokens)" for s in first)
     console.print(f"pipeline: {chain}", highlight=False)
     for note in plan.notes:
         console.print(f"  {note} (its base is not trained yet)", highlight=False)
@@ -67,7 +76,7 @@ def print_pipeline(plan: PipelinePlan, console: Console | None = None) -> None:
         t.add_row(
             f"{o.devices} x {o.gpu} (${o.price_per_hour:,.2f}/GPU-h)",
             *(_cell(s) for s in o.stages),
-            f"{o.hours:,.1f} h ${o.dollars:,.0f}",
+            f"{_h(o.hours)} {_usd(o.dollars)}",
             "yes" if _in_time(plan, o) else "no",
         )
     console.print(t)
