@@ -10,11 +10,15 @@ from littlelm.plan.pipeline import Option, PipelinePlan, StagePlan
 from littlelm.progress import human
 
 
-def _h(hours: float) -> str:
+def _h(hours: float | None) -> str:
+    if hours is None:  # a stage that runs nowhere: never printed as a time
+        return "-"
     return f"{hours:,.1f} h" if hours >= 1 else f"{hours * 60:,.1f} min"
 
 
-def _usd(dollars: float) -> str:
+def _usd(dollars: float | None) -> str:
+    if dollars is None:
+        return "-"
     return f"${dollars:,.0f}" if dollars >= 100 else f"${dollars:,.2f}"
 
 
