@@ -102,3 +102,16 @@ def test_plan_of_several_stages_on_the_command_line(stages, capsys):
     assert main(["plan", str(sft), "--deadline", "10", "--no-trace"]) != 0
     err = " ".join(capsys.readouterr().err.split())
     assert "not trained yet: name the stage that trains it first" in err
+
+
+def test_one_stage_whose_base_has_only_its_config_on_disk_is_planned_from_it(stages, capsys):
+    base, sft = stages
+    assert main(["plan", str(sft), "--no-trace", "--gpu", "H100-SXM"]) == 2  # base not trained
+    assert "not trained yet: name the stage that trains it first" in capsys.readouterr().err
+    run_dir = load_run(base).run_dir()
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(base.read_text())  # what a run writes before its steps
+    ((stage, cfg),) = load_stages([str(sft)])
+    assert "config.yaml (no checkpoint yet)" in stage.based_on
+    assert cfg.model.vocab_size == load_run(base).model.vocab_size
+    assert main(["plan", str(sft), "--no-trace", "--gpu", "H100-SXM"]) == 0

@@ -127,15 +127,15 @@ def load_stages(
         try:
             cfg = _complete(load_run(path, [*overrides, *stage.stand_in], world_size), stage)
         except LittleLMError as e:
-            hint = ""
-            if base and not _on_disk(base) and stand_in is None:
-                hint = (
-                    f"; {path} starts from {base}, which is not trained yet: name the stage "
-                    "that trains it first (littlelm plan BASE.yaml "
-                    f"{path}), or plan it without its base ({'sft' if 'sft' in tree else 'grow'}"
-                    "=null)"
-                )
-            raise ConfigError([f"{path}: {e}{hint}"]) from None
+            if not base or _on_disk(base) or stand_in is not None:
+                raise
+            raise ConfigError(
+                [
+                    f"{path}: {e}; {path} starts from {base}, which is not trained yet: name the "
+                    f"stage that trains it first (littlelm plan BASE.yaml {path}), or plan it "
+                    f"without its base ({'sft' if 'sft' in tree else 'grow'}=null)"
+                ]
+            ) from None
         stage.name, stage.run_dir = cfg.run.name, cfg.run_dir()
         out.append((stage, cfg))
     return out

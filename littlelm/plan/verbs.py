@@ -54,7 +54,7 @@ def plan(
     detail: bool = False,
     deadline: Hours = None,
 ) -> None:
-    """Memory, speed and cost of a run on each GPU of a catalog; of a pipeline's stages together.
+    """Memory, speed and cost of a run (or a pipeline's stages) on each GPU of a catalog.
 
     examples:
       littlelm plan demo
@@ -80,10 +80,9 @@ def plan(
     from pathlib import Path
 
     from littlelm.plan.cost import load_catalog
+    from littlelm.plan.pipeline import load_stages
     from littlelm.plan.planner import make_plan
     from littlelm.plan.report import plan_chart, plan_json, print_plan
-    from littlelm.schema import load_run
-    from littlelm.train.growth import complete_growth
 
     first, rest = split_config(config, overrides)  # `plan a=1`: the demo with a=1
     stages = [first, *(o for o in rest if "=" not in o)]
@@ -95,9 +94,8 @@ def plan(
         print(js.dumps(pipeline_json(p), indent=1)) if json else print_pipeline(p)
         return
     with stdout_to_stderr(json):
-        cfg = complete_growth(
-            load_run(*split_config(config, overrides), world_size=devices)
-        )  # grow's parent
+        # grow's parent; a base not trained yet: its config.yaml, or the fix named
+        cfg = load_stages([first], rest, world_size=devices)[0][1]
         p = make_plan(
             cfg,
             load_catalog([*map(Path, gpus or [])]),
