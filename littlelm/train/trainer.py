@@ -103,7 +103,7 @@ class Trainer:
         progress = self.progress if self.is_main else Progress(io.StringIO())  # rank 0 shows it
         self.data = self.parallel.in_turns(lambda: build_data(cfg, self.log, progress))
         self.checkpointer = Checkpointer(
-            cfg, self.parallel, self.data.tokenizer, self.run_dir, self.data.fingerprint()
+            cfg, self.parallel, self.data.tokenizer, self.run_dir, self.data.fingerprint(cfg.data)
         )
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
         model = build_model(cfg, self.device)
