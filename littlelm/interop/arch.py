@@ -63,6 +63,7 @@ QWEN2 = {
 # None: littlelm's own names
 TABLES = {"llama": LLAMA, "mistral": LLAMA, "qwen2": QWEN2, "qwen3": QWEN3, "littlelm": None}
 CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+REMOTE_PREFIX = "model."  # modeling_littlelm.py's backbone: every name but lm_head's is under it
 IMPORTABLE = ("llama", "mistral", "qwen2", "qwen3", "littlelm")
 STOCK_NORM = "RMSNorm"  # the norm that transformers' Llama and Qwen classes and llama.cpp compute
 REMOTE_FEATURES = {  # GPTConfig switch -> why no stock class has it

@@ -185,7 +185,7 @@ def hf_form(model: GPT, tok) -> tuple[str, str, dict, dict[str, torch.Tensor]]:
     arch, reason = A.export_arch(m)
     tensors = ckpt.model_tensors(model)
     if arch == "littlelm":
-        config, hf_tensors = A.remote_config(m, tok.bos_id), tensors
+        config, hf_tensors = A.remote_config(m, tok.bos_id), remote_tensors(tensors, m)
     else:
         config, hf_tensors = A.stock_config(m, arch, tok.bos_id), stock_tensors(tensors, m, arch)
     config["torch_dtype"] = str(tensors["wte.weight"].dtype).removeprefix("torch.")
@@ -237,6 +237,18 @@ def staged_file(out: Path):
         tmp.unlink(missing_ok=True)
         if made is not None:  # a failure: the folders it made go too
             shutil.rmtree(made, ignore_errors=True)
+
+
+def remote_tensors(tensors: dict[str, torch.Tensor], m: GPTConfig) -> dict:
+    """littlelm tensors -> modeling_littlelm.py's: the backbone's under `model.`, lm_head at the
+    top, the vocabulary's padding rows cut from wte and lm_head (no token reaches them)."""
+    V = m.vocab_size
+    out = {}
+    for name, t in tensors.items():
+        if name in ("wte.weight", "lm_head.weight"):
+            t = t[:V].clone()  # a copy: safetensors refuses a slice of a larger tensor
+        out[name if name == "lm_head.weight" else f"{A.REMOTE_PREFIX}{name}"] = t
+    return out
 
 
 def stock_tensors(tensors: dict[str, torch.Tensor], m: GPTConfig, arch: str) -> dict:
@@ -291,6 +303,8 @@ def import_model(source: str | Path, out: str | Path) -> dict:
     except (ValueError, KeyError) as e:  # pydantic's ValidationError is a ValueError
         raise CheckpointError(f"{src / 'config.json'}: cannot describe this model ({e})") from None
     weights = read_weights(src)
+    if arch == "littlelm":  # the backbone's names are under `model.` (exports before: bare)
+        weights = {k.removeprefix(A.REMOTE_PREFIX): v for k, v in weights.items()}
     check_sizes(weights, m, arch, src)  # before anything is built to config.json's sizes
     tok = import_tokenizer(src, hf)
     assert m.vocab_size is not None, "imported_config reads it from config.json"
@@ -390,7 +404,9 @@ def check_sizes(weights: dict[str, torch.Tensor], m: GPTConfig, arch: str, src: 
     found = {int(k.split(".")[prefix.count(".")]) for k in weights if _in_layer(k, prefix)}
     layers = max(found) + 1 if found else 0
     rows = weights[embed].shape[0] if embed in weights else None
-    want_rows = m.padded_vocab if arch == "littlelm" else m.vocab_size
+    # littlelm's exports hold the vocabulary's rows (before: with the padding rows too)
+    want = {m.vocab_size, m.padded_vocab} if arch == "littlelm" else {m.vocab_size}
+    want_rows = max(want) if rows not in want else rows
     problems = []
     if layers != m.n_layer or len(found) != layers:
         problems.append(f"it says {m.n_layer} layers, the weights hold layers {_spans(found)}")

@@ -13,9 +13,13 @@ and computes what littlelm/model/gpt.py computes, in the same order (fp32 logits
                   on value-embedding layers; RMS-norm q and k per head (qk_norm, optional
                   gains), RoPE on the two halves of each head, causal SDPA (grouped queries)
     mlp:          blocks.MLPS[mlp]: c_proj(relu(c_fc(x))²), c_proj(silu(c_gate(x))·c_fc(x)), ...
-    logits = softcap(lm_head(norm_f(x))[:vocab_size]),  softcap(l) = c·tanh(l/c)
+    logits = softcap(lm_head(norm_f(x))),  softcap(l) = c·tanh(l/c)
 
-Parameter names are littlelm's own, so the weights are stored exactly as trained.
+As transformers' models are: LittleLMModel (the backbone, returning norm_f(x) as
+last_hidden_state) under LittleLMForCausalLM.model, and lm_head on it. Parameter names are
+littlelm's own under `model.` (lm_head.weight at the top); wte and lm_head hold the vocabulary's
+rows only (littlelm's padding rows, which no token reaches, are cut: a padded row of lm_head
+would take probability in a log-softmax run on the hidden states, as TRL runs it).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 # shipped beside this file: transformers resolves the import
 from .blocks import MLP, Norm, TorchOps
@@ -78,7 +82,9 @@ class LittleLMConfig(PretrainedConfig):
         self.value_embed_layers = list(value_embed_layers or [])
         self.ve_gate_channels = ve_gate_channels
         self.norm_affine, self.embed_norm, self.norm_eps = norm_affine, embed_norm, norm_eps
-        # transformers' generic names, read by generation and serving code
+        # transformers' generic names, read by generation and serving code (and TRL, which
+        # applies final_logit_softcapping when it runs lm_head on the hidden states itself)
+        self.final_logit_softcapping = softcap
         self.hidden_size, self.num_hidden_layers = d_model, n_layer
         self.num_attention_heads, self.num_key_value_heads = n_head, n_kv_head
         self.max_position_embeddings = max_seq_len
@@ -155,22 +161,26 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x, TorchOps), TorchOps)
 
 
-class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
+class LittleLMPreTrainedModel(PreTrainedModel):
     config_class = LittleLMConfig
-    base_model_prefix = "littlelm"
-    _tied_weights_keys = {"lm_head.weight": "wte.weight"}  # noqa: RUF012 (transformers' API)
+    base_model_prefix = "model"  # transformers' convention: the head's backbone is `.model`
     _supports_sdpa = True
+
+
+class LittleLMModel(LittleLMPreTrainedModel):
+    """The backbone: token ids -> the final-normed hidden states (`last_hidden_state`), as
+    transformers' base models return them (TRL, peft and lm-eval call it through `.model`)."""
 
     def __init__(self, cfg: LittleLMConfig):
         super().__init__(cfg)
         V, C, kv = cfg.padded_vocab, cfg.d_model, cfg.n_kv_head * cfg.head_dim
-        self.wte = nn.Embedding(V, C)
+        # the vocabulary rows no token reaches are cut, as lm_head's are
+        self.wte = nn.Embedding(cfg.vocab_size, C)
         self.value_embeds = nn.ModuleDict(
             {str(i): nn.Embedding(V, kv) for i in cfg.value_embed_layers}
         )
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.norm_f = Norm(C, cfg.norm_affine, cfg.norm_eps)
-        self.lm_head = nn.Linear(C, V, bias=False)
         if cfg.residual_scalars:
             self.resid_lambdas = nn.Parameter(torch.ones(cfg.n_layer))
             self.x0_lambdas = nn.Parameter(torch.zeros(cfg.n_layer))
@@ -179,8 +189,8 @@ class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
     def get_input_embeddings(self):
         return self.wte
 
-    def get_output_embeddings(self):
-        return self.lm_head
+    def set_input_embeddings(self, value):
+        self.wte = value
 
     def forward(
         self,
@@ -189,10 +199,9 @@ class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
         position_ids: torch.LongTensor | None = None,
         cache: DynamicCache | None = None,
         use_cache: bool | None = None,
-        labels: torch.LongTensor | None = None,
         past_key_values: DynamicCache | None = None,  # the name before transformers 5.2x
         **kwargs,
-    ) -> CausalLMOutputWithPast:
+    ) -> BaseModelOutputWithPast:
         cfg, (B, T) = self.config, input_ids.shape
         cache = cache if cache is not None else past_key_values
         if (cfg.use_cache if use_cache is None else use_cache) and cache is None:
@@ -205,14 +214,71 @@ class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
         if cfg.embed_norm:
             x = TorchOps.rms_norm(x, None, cfg.norm_eps)
         cos, sin = rope(positions, cfg.head_dim, cfg.rope_base, x.dtype)
-        mask = self._mask(attention_mask, T, start + T, x.device)
+        mask = LittleLMForCausalLM._mask(attention_mask, T, start + T, x.device)
         x0 = x
         for i, block in enumerate(self.blocks):
             if cfg.residual_scalars:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = self.value_embeds[str(i)](input_ids) if str(i) in self.value_embeds else None
             x = block(x, cos, sin, ve, cache, mask)
-        logits = self.lm_head(self.norm_f(x, TorchOps))[..., : cfg.vocab_size].float()
+        return BaseModelOutputWithPast(
+            last_hidden_state=self.norm_f(x, TorchOps), **_cache_field(BaseModelOutputWithPast, cache)
+        )
+
+
+def _cache_field(output: type, cache) -> dict[str, Any]:
+    """The output's cache, under the name this transformers gives it."""
+    name = "cache" if "cache" in output.__dataclass_fields__ else "past_key_values"
+    return {name: cache}
+
+
+class LittleLMForCausalLM(LittleLMPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.wte.weight"}  # noqa: RUF012 (transformers' API)
+
+    def __init__(self, cfg: LittleLMConfig):
+        super().__init__(cfg)
+        self.model = LittleLMModel(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.wte
+
+    def set_input_embeddings(self, value):
+        self.model.wte = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def get_decoder(self):
+        return self.model
+
+    def set_decoder(self, decoder):
+        self.model = decoder
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: DynamicCache | None = None,
+        use_cache: bool | None = None,
+        labels: torch.LongTensor | None = None,
+        past_key_values: DynamicCache | None = None,  # the name before transformers 5.2x
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        cfg = self.config
+        out = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache if cache is not None else past_key_values,
+            use_cache=use_cache,
+        )
+        logits = self.lm_head(out.last_hidden_state).float()
         if cfg.softcap:
             logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
         loss = None
@@ -220,11 +286,10 @@ class LittleLMForCausalLM(PreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(
                 logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100
             )
-        name = (
-            "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+        cache_out = getattr(out, next(iter(_cache_field(type(out), None))))
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, **_cache_field(CausalLMOutputWithPast, cache_out)
         )
-        cache_field: dict[str, Any] = {name: cache}
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **cache_field)
 
     @staticmethod
     def _mask(attention_mask, T: int, S: int, device) -> torch.Tensor | None:
