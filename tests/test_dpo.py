@@ -174,26 +174,30 @@ LLAMA = dict(
 
 
 @pytest.mark.parametrize(
-    ("seed", "beta", "label_smoothing"), [(1, 0.1, 0.0), (2, 0.5, 0.0), (1, 0.3, 0.2)]
+    ("seed", "beta", "label_smoothing", "shape"),
+    [(1, 0.1, 0.0, "llama"), (2, 0.5, 0.0, "llama"), (1, 0.3, 0.2, "llama"), (3, 0.1, 0.0, "default")],
 )
-def test_loss_and_gradients_equal_trls_dpo_trainer(tmp_path, seed, beta, label_smoothing):
+def test_loss_and_gradients_equal_trls_dpo_trainer(tmp_path, seed, beta, label_smoothing, shape):
     """TRL's DPOTrainer computes its loss (its own _compute_loss: its log-probs, its masks, its
     loss: sigmoid, or robust when label_smoothing is set) on the transformers export of the same
-    policy and reference weights and the same batch of pairs; loss and every gradient agree."""
+    policy and reference weights and the same batch of pairs; loss and every gradient agree. On
+    the Llama-shaped export (stock LlamaForCausalLM) and on the default model's (littlelm's
+    modeling file, loaded with trust_remote_code: TRL runs lm_head on its backbone's
+    last_hidden_state itself)."""
     judge("trl")
     from datasets import Dataset
     from test_interop import make_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    from littlelm.interop.hf import export, stock_tensors
+    from littlelm.interop.hf import export, remote_tensors, stock_tensors
 
     data = pref_data(tmp_path, reversal_pairs(40, seed))
     tok, fmt = data.tokenizer, chat_format(data.tokenizer)
     loader = PairLoader(data.pairs.train, "prefs", fmt, 6, 31, seed=seed)
     x, y = loader.next_batch()
     (_, policy), (ref_path, reference) = (
-        make_checkpoint(tmp_path / name, seed=seed + k, tok=tok, **LLAMA)
+        make_checkpoint(tmp_path / name, seed=seed + k, tok=tok, **(LLAMA if shape == "llama" else {}))
         for k, name in enumerate(("policy", "reference"))
     )
     policy.train()
@@ -201,13 +205,19 @@ def test_loss_and_gradients_equal_trls_dpo_trainer(tmp_path, seed, beta, label_s
     loss, _ = dpo_terms(logps, ref, beta, label_smoothing)
     loss.backward()
     grads = {n: p.grad for n, p in policy.named_parameters()}
-    theirs_grads = stock_tensors(grads, policy.cfg, "llama")
+    theirs_grads = (
+        stock_tensors(grads, policy.cfg, "llama")
+        if shape == "llama"
+        else remote_tensors(grads, policy.cfg)
+    )
 
     pol_path = ckpt.latest_checkpoint(tmp_path / "policy" / "checkpoints")
     for name, path in (("hf_policy", pol_path), ("hf_ref", ref_path)):
         export(path, tmp_path / name)
     hf = {
-        n: AutoModelForCausalLM.from_pretrained(tmp_path / n, dtype=torch.float32)
+        n: AutoModelForCausalLM.from_pretrained(
+            tmp_path / n, dtype=torch.float32, trust_remote_code=shape != "llama"
+        )
         for n in ("hf_policy", "hf_ref")
     }
     args = DPOConfig(
