@@ -235,7 +235,8 @@ LLAMA = dict(mlp="swiglu", qk_norm=False, softcap=None, residual_scalars=False, 
 def test_peft_on_the_exported_base_computes_the_lora_run_and_so_does_the_merged_export(
     tmp_path, features, targets
 ):
-    """peft, the judge: PeftModel.from_pretrained(base export, DIR/adapter) gives littlelm's
+    """peft, the judge: PeftModel.from_pretrained(base export, DIR/adapter) and
+    AutoPeftModelForCausalLM.from_pretrained(DIR/adapter) (the base it names) give littlelm's
     logits of the wrapped model within 1e-4 (fp32); the merged export (DIR) gives them too."""
     peft = judge("peft")
     transformers = judge("transformers")
@@ -265,6 +266,12 @@ def test_peft_on_the_exported_base_computes_the_lora_run_and_so_does_the_merged_
         theirs = model.eval()(ids).logits
         merged = auto.from_pretrained(tmp_path / "hf_lora", trust_remote_code=True).eval()
         merged_logits = merged(ids).logits
+        # the adapter alone names the base exported beside it: peft finds and loads both
+        alone = peft.AutoPeftModelForCausalLM.from_pretrained(
+            tmp_path / "hf_lora" / "adapter", trust_remote_code=True
+        )
+        alone_logits = alone.float().eval()(ids).logits
+    assert (alone_logits - ours).abs().max().item() < 1e-4
     assert (theirs - ours).abs().max().item() < 1e-4
     assert (merged_logits - ours).abs().max().item() < 1e-4
     assert (merged_logits - theirs).abs().max().item() < 1e-4

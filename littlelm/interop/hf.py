@@ -39,7 +39,7 @@ from littlelm.interop.hf_tokenizer import (
     import_tokenizer,
     stop_ids,
 )
-from littlelm.interop.peft_export import ADAPTER_DIR, adapter_problem, write_adapter
+from littlelm.interop.peft_export import ADAPTER_DIR, BASE_DIR, adapter_problem, write_adapter
 from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.kernels import rms_norm
@@ -165,7 +165,9 @@ def export(
                 adapter = Path(out) / ADAPTER_DIR
 
                 def extra(tmp: Path) -> None:
-                    write_adapter(path, tmp, model.cfg, arch, lora)
+                    # the base the adapter goes on, beside it, named by the path it will have
+                    base = write_base(path, tmp, arch, max_shard_size)
+                    write_adapter(path, tmp, model.cfg, arch, lora, Path(out).resolve() / base)
 
         write_hf_dir(Path(out), tok, hf_tensors, config, arch, max_shard_size, extra)
     return {
@@ -199,20 +201,39 @@ def write_hf_dir(
     """The export directory `out`, written whole or not at all; `extra(tmp)` adds files to it
     (a LoRA run's adapter)."""
     with staged(out) as tmp:
-        export_tokenizer(tok, tmp)  # first: a refused tokenizer writes nothing else
-        write_weights(hf_tensors, tmp, shard)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        # plain generate() stops at a reply's end (chat models) or at a document's end (BOS)
-        stops = stop_ids(tok)
-        eos = stops if len(stops) > 1 else stops[0]
-        gen = {"bos_token_id": tok.bos_id, "eos_token_id": eos, "pad_token_id": tok.bos_id}
-        gen["do_sample"] = False
-        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
-        if arch == "littlelm":
-            for path in MODELING_FILES:
-                shutil.copy(path, tmp / path.name)
+        fill_hf_dir(tmp, tok, hf_tensors, config, arch, shard)
         if extra is not None:
             extra(tmp)
+
+
+def write_base(checkpoint: Path, tmp: Path, arch: str, shard: str) -> str:
+    """A LoRA checkpoint's base, exported into the folder BASE_DIR of the export `tmp` (being
+    written), for PEFT's adapter to name (AutoPeftModelForCausalLM loads what it names).
+    Returns the folder's name."""
+    base_path = Path(json.loads((checkpoint / "state.json").read_text())["lora_base"]["path"])
+    base, tok, _ = load_model(base_path, "cpu")
+    assert isinstance(base, GPT), "a LoRA run's base is a GPT"
+    base_arch, _, config, tensors = hf_form(base, tok)
+    assert base_arch == arch, "LoRA keeps the base's shape: the same architecture"
+    (tmp / BASE_DIR).mkdir()
+    fill_hf_dir(tmp / BASE_DIR, tok, tensors, config, arch, shard)
+    return BASE_DIR
+
+
+def fill_hf_dir(tmp: Path, tok, hf_tensors: dict, config: dict, arch: str, shard: str) -> None:
+    """A Hugging Face model directory's files in the existing folder `tmp`."""
+    export_tokenizer(tok, tmp)  # first: a refused tokenizer writes nothing else
+    write_weights(hf_tensors, tmp, shard)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    # plain generate() stops at a reply's end (chat models) or at a document's end (BOS)
+    stops = stop_ids(tok)
+    eos = stops if len(stops) > 1 else stops[0]
+    gen = {"bos_token_id": tok.bos_id, "eos_token_id": eos, "pad_token_id": tok.bos_id}
+    gen["do_sample"] = False
+    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    if arch == "littlelm":
+        for path in MODELING_FILES:
+            shutil.copy(path, tmp / path.name)
 
 
 @contextmanager

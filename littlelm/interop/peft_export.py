@@ -1,12 +1,15 @@
 """A LoRA run's adapters in PEFT's format: `littlelm export LORA_RUN --out DIR` writes the merged
-model in DIR (as any export) and the adapters alone in DIR/adapter/:
+model in DIR (as any export), the run's base exported in DIR/base/, and the adapters alone in
+DIR/adapter/, whose base_model_name_or_path names DIR/base (absolute), so that
+`peft.AutoPeftModelForCausalLM.from_pretrained("DIR/adapter")` loads base and adapter
+(trust_remote_code=True for the littlelm architecture):
 
     adapter_config.json        peft_type LORA: r, lora_alpha, lora_dropout, target_modules
     adapter_model.safetensors  base_model.model.<module>.lora_A.weight (r × in) / lora_B.weight
 
-for `peft.PeftModel.from_pretrained(base, "DIR/adapter")`, where `base` is the export of the
-run's base checkpoint (`littlelm export BASE --out BASE_DIR`: the same architecture, so the
-module names are those interop/arch.py maps littlelm's to). PEFT scales B A by lora_alpha / r,
+or `peft.PeftModel.from_pretrained(base, "DIR/adapter")`, where `base` is DIR/base or any
+export of the run's base checkpoint (the same architecture, so the module names are those
+interop/arch.py maps littlelm's to). PEFT scales B A by lora_alpha / r,
 as littlelm does (alpha / rank).
 
 Tensors LoRA trains in full (lora.train_embeddings, train_norms) have no place there that
@@ -29,6 +32,7 @@ from littlelm.model.lora import LoRAConfig
 from littlelm.train.checkpoint import files as ckpt
 
 ADAPTER_DIR = "adapter"
+BASE_DIR = "base"  # the run's base, exported: what the adapter's base_model_name_or_path names
 
 
 def adapter_problem(lora: LoRAConfig) -> str | None:
@@ -52,7 +56,8 @@ def peft_tensors(checkpoint: Path, m: GPTConfig, arch: str) -> tuple[dict, list[
     modules = []
     for name in loaded.model:
         module, _, which = name.rpartition(".")  # blocks.0.attn.c_q, lora_A
-        theirs = table.get(f"{module}.weight", f"{module}.weight").removesuffix(".weight")
+        own = f"{A.REMOTE_PREFIX}{module}.weight"  # modeling_littlelm.py's name (remote code)
+        theirs = table.get(f"{module}.weight", own).removesuffix(".weight")
         out[f"base_model.model.{theirs}.{which}.weight"] = loaded.model[name].contiguous()
         modules.append(theirs)
     loaded.model.release()
@@ -67,19 +72,21 @@ def target_pattern(modules: list[str]) -> str:
     return "|".join(re.escape(t).replace(r"\{i\}", r"\d+") for t in templates)
 
 
-def write_adapter(checkpoint: Path, out: Path, m: GPTConfig, arch: str, lora: LoRAConfig) -> Path:
+def write_adapter(
+    checkpoint: Path, out: Path, m: GPTConfig, arch: str, lora: LoRAConfig, base: Path
+) -> Path:
     """DIR/adapter/ (adapter_config.json, adapter_model.safetensors) inside the export `out`
-    (being written). Returns the folder."""
+    (being written), on the exported base `base` (an absolute path: PEFT resolves it from the
+    working directory). Returns the folder."""
     tensors, modules = peft_tensors(checkpoint, m, arch)
     folder = out / ADAPTER_DIR
     folder.mkdir()
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     ckpt.umask_mode(folder / "adapter_model.safetensors")
-    state = json.loads((checkpoint / "state.json").read_text())
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": state["lora_base"]["path"],
+        "base_model_name_or_path": str(base),
         "r": lora.rank,
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
