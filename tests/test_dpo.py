@@ -256,9 +256,7 @@ def test_dpo_run_trains_reports_and_resumes_bitwise(tmp_path):
     straight = load_run(write_config(tmp_path / "straight.yaml", tree))
     trainer = Trainer(straight, resume="never")
     t = trainer  # the held-out figures before the first step (no record written)
-    before = t.dpo.validate(
-        t.model, t.data, t.cfg, t.device, t.autocast
-    )  # the base model: the reference itself, so no margin yet
+    before = t.objective.validate()  # the base model: the reference itself, so no margin yet
     assert before["val_reward_margin"] == 0 and before["val_loss"] == pytest.approx(np.log(2))
     result = trainer.fit()
     assert result["finished"]

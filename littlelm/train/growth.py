@@ -232,15 +232,22 @@ def check_lora_start(cfg: RunConfig, grown: GrownFrom | None) -> None:
 
 
 def base_copy(cfg: RunConfig, device: torch.device, fingerprint: str) -> torch.nn.Module:
-    """A frozen copy of the run's base (sft.base) on `device`, in train.master_weights' dtype: a
-    DPO run's reference (train/dpo.py). Read from the base checkpoint (and checked against its
-    logits, as the run's own copy), at start and on resume alike; the run's RNG is untouched."""
+    """A frozen copy of the run's base (sft.base) on `device`, in train.master_weights' dtype:
+    the one frozen reference (an objective's `Setting.reference`: DPO's reference, RL's KL).
+    Read from the base checkpoint (and checked against its logits, as the run's own copy), at
+    start and on resume alike; the run's RNG is untouched."""
     g = cfg.starts_from()
-    assert g is not None, "schema.resolve refuses dpo: without sft:"
+    assert g is not None, "schema.resolve refuses dpo: and rl: without sft:"
     with torch.random.fork_rng(devices=[]):  # building must not move the run's RNG
         model = build_model(cfg, device)
     assert isinstance(model, GPT), "complete_growth refuses a model whose config is not growable"
-    grow_from_parent(model, g.model_copy(update={"continue_data": False}), fingerprint)
+    try:
+        grow_from_parent(model, g.model_copy(update={"continue_data": False}), fingerprint)
+    except CheckpointError as e:
+        raise CheckpointError(
+            f"the frozen reference is the run's base ({g.parent}), which cannot be read ({e}); "
+            "restore it (a resumed run needs it too)"
+        ) from None
     model.requires_grad_(False)
     return model.eval()
 

@@ -43,22 +43,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from littlelm.checkpoint_dirs import find_checkpoint
 from littlelm.data.chat import chat_format, check_messages, json_lines
-from littlelm.errors import CheckpointError, DataError
+from littlelm.errors import DataError
 from littlelm.model.generate import sample_group
 from littlelm.model.gpt import GPT
-from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.objective import Objective, Pass, Setting
 from littlelm.train.rewards import reward_function, score
-
-if TYPE_CHECKING:  # for types only: train/ is below the schema's layer
-    from littlelm.schema import RunConfig
 
 FIGURES = ("reward", "pass1", "reply_tokens", "kl", "flat_frac", "sample_s", "learn_s")
 
@@ -115,39 +111,29 @@ def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(r) - r - 1
 
 
-class RL:
-    """The RL objective of one run: samples, scores and computes each step's loss."""
+class RL(Objective):
+    """The RL objective of one run: samples, scores and computes each step's loss (its held-out
+    figures are the language-model loss's, the default `validate`)."""
 
-    def __init__(self, cfg: RunConfig, model, device: torch.device, autocast, tokenizer):
-        assert cfg.rl is not None and cfg.sft is not None, (
-            "problems() refuses an rl run without sft"
-        )
-        self.cfg, self.r = cfg, cfg.rl
-        self.model, self.device, self.autocast = model, device, autocast
-        self.tok = tokenizer
+    counts_targets = True  # the reply tokens the loss trained on
+
+    # `r`: the run's rl section (train/rl_config.py, whose `build` makes this class: typed Any
+    # here, as naming it back would be an import cycle)
+    def __init__(self, setting: Setting, r: Any):
+        super().__init__(setting)
+        cfg = setting.cfg
+        assert cfg.sft is not None, "problems() refuses an rl run without sft"
+        self.cfg, self.r = cfg, r
+        assert isinstance(setting.model, GPT), "schema.problems refuses rl: without sft's GPT"
+        self.model, self.device, self.autocast = setting.model, setting.device, setting.autocast
+        self.tok = tokenizer = setting.data.tokenizer
         self.fmt = chat_format(tokenizer)
         room = cfg.model.max_seq_len - self.r.max_new_tokens
         self.prompts = read_prompts(Path(self.r.prompts).expanduser(), self.fmt, room)
         self.reward = reward_function(self.r.reward)
-        self.reference = self._reference(cfg.sft.base)
+        self.reference = setting.reference()  # the SFT model, frozen: the KL reference
         self.sums: dict[str, float] = dict.fromkeys(FIGURES, 0.0)
         self.steps = 0
-
-    def _reference(self, base: str) -> GPT:
-        """The SFT model, frozen: the KL reference."""
-        try:
-            path = find_checkpoint(base)
-            loaded = ckpt.load_checkpoint(path, with_optimizer=False)
-        except CheckpointError as e:
-            raise CheckpointError(
-                f"rl: the KL reference is the SFT model sft.base ({base}), which cannot be read "
-                f"({e}); restore it (a resumed RL run needs it too)"
-            ) from None
-        with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG
-            ref = GPT(self.cfg.model)
-        ckpt.load_model_tensors(ref, loaded.model, path)
-        ref.requires_grad_(False)
-        return ref.to(self.device).eval()
 
     def prompts_for(self, step: int) -> list[int]:
         """Indices of the prompts of `step` (0-based): the file in an order shuffled per pass."""
@@ -190,10 +176,10 @@ class RL:
         logp = F.log_softmax(logits.float() / self.r.temperature, dim=-1)
         return logp.gather(-1, y[..., None]).squeeze(-1)
 
-    def forward_backward(self, step: int, forward) -> tuple[torch.Tensor, int]:
+    def forward_backward(self, step: int, batches, forward) -> Pass:
         """Sample and score step `step`'s groups, then the loss's gradients into `.grad`
-        (`forward`: the trainer's wrapped model). Returns (the loss, detached; the reply tokens
-        it counted)."""
+        (`forward`: the trainer's wrapped model; the loader's `batches` are not read). Returns
+        the loss (detached) and the reply tokens it counted."""
         t0 = time.perf_counter()
         groups = self.sample(step)
         t1 = time.perf_counter()
@@ -242,9 +228,9 @@ class RL:
         for k, v in figures.items():
             self.sums[k] += v
         self.steps += 1
-        return loss_sum, total_tokens
+        return Pass(loss_sum, total_tokens, None)
 
-    def figures(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         """rl_* means over the steps since the last call (the trainer's logged records)."""
         if not self.steps:
             return {}

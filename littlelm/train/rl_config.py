@@ -1,19 +1,18 @@
-"""The `rl:` section (train/rl.py runs it) and its checks against the rest of the run.
+"""The `rl:` section (train/rl.py runs it: `build`) and its checks against the rest of the run.
 
-Apart from train/rl.py because the schema (littlelm/schema.py) composes this section into the run
-config while rl.py's loop reads that run config: with the class in rl.py the two modules would
-import each other (as train/start_from.py is apart from train/growth.py).
+Apart from train/rl.py, which holds the sampler, the rewards' calls and the loss: the schema
+composes this section into the run config, and a config section stays light to import.
 """
 
 from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from littlelm.config import Cfg
+from littlelm.train.objective import Objective, ObjectiveConfig, Setting
 from littlelm.train.rewards import check_spec
 
 
-class RLConfig(Cfg):
+class RLConfig(ObjectiveConfig):
     """Reinforcement learning with verifiable rewards after SFT, GRPO-style: replies sampled in
     groups per prompt, scored by a reward function, advantages normalised per group, an optional
     KL penalty to the SFT model (train/rl.py). The run starts from `sft.base` (required), which is
@@ -55,6 +54,11 @@ class RLConfig(Cfg):
     @classmethod
     def _known_reward(cls, v: str) -> str:
         return check_spec(v)
+
+    def build(self, setting: Setting) -> Objective:
+        from littlelm.train.rl import RL  # the sampler and the loss: needed by a run, not a config
+
+        return RL(setting, self)
 
 
 def problems(rl: RLConfig | None, sft: bool, world_size: int | None) -> list[str]:
