@@ -494,13 +494,6 @@ def resolve(
     problems += rl_problems(cfg.rl, cfg.sft is not None, cfg.distributed.world_size)
     sources: dict[str, str] = {k: src.name for k, src in cfg.data.sources.items()}
     problems += dpo_problems(cfg.dpo, cfg.sft is not None, sources)
-    for key in ("dpo", "rl") if cfg.lora is not None else ():
-        if getattr(cfg, key) is not None:  # their reference is a second model read from sft.base
-            problems.append(
-                f"lora with {key}: not built yet ({key}'s reference model is built from the base "
-                "checkpoint beside the policy, which is not yet made to work with LoRA's wrapped "
-                f"linears); remove lora: to train every weight with {key}"
-            )
     objectives = sorted(
         k for k in type(cfg).model_fields if isinstance(getattr(cfg, k), ObjectiveConfig)
     )

@@ -319,7 +319,6 @@ def test_dpo_on_an_imported_chatml_model(tmp_path):
         ({"dpo": {"label_smoothing": 0.5}}, "dpo.label_smoothing"),
         ({"dpo": {"beta": 0}}, "dpo.beta"),
         ({"rl": {"prompts": "prompts.jsonl"}}, "dpo and rl are both set: a run has one objective"),
-        ({"lora": {}}, "lora with dpo: not built yet"),
     ],
 )
 def test_inconsistent_dpo_configs_are_refused_with_the_fix(tmp_path, change, message):

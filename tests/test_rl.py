@@ -187,9 +187,6 @@ def test_rl_config_errors_name_the_fix(tmp_path, corpus):
     tree["rl"]["reward"] = "os.system('x')"
     with pytest.raises(ConfigError, match="neither a built-in reward .* module:function"):
         load_run(write_config(tmp_path / "b.yaml", tree))
-    tree["rl"]["reward"], tree["lora"] = "exact", {}
-    with pytest.raises(ConfigError, match="lora with rl: not built yet"):
-        load_run(write_config(tmp_path / "c.yaml", tree))
 
 
 def test_prompts_that_leave_no_room_are_refused(tmp_path):
