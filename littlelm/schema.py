@@ -491,7 +491,8 @@ def resolve(
             "fine-tuning a base of this shape, grow: {parent: ...} for a larger model"
         )
     problems += _lora_problems(cfg, world_size)
-    problems += rl_problems(cfg.rl, cfg.sft is not None, cfg.distributed.world_size)
+    dist_cfg = cfg.distributed
+    problems += rl_problems(cfg.rl, cfg.sft is not None, world_size, dist_cfg.strategy)
     sources: dict[str, str] = {k: src.name for k, src in cfg.data.sources.items()}
     problems += dpo_problems(cfg.dpo, cfg.sft is not None, sources)
     objectives = sorted(

@@ -97,6 +97,18 @@ def step_seed(seed: int, *keys: int) -> int:
     return int(np.random.SeedSequence([seed, *keys]).generate_state(2, np.uint64)[0] >> 1)
 
 
+def step_prompts(n: int, k: int, seed: int, step: int, rank: int, world: int) -> list[int]:
+    """Indices (of `n` prompts) of rank `rank`'s `k` prompts of `step` (0-based): the file in an
+    order shuffled per pass, read `k · world` prompts a step, each rank its own `k` of them (rank
+    0 of one process: the single-process run's)."""
+    out = []
+    first = (step * world + rank) * k
+    for pos in range(first, first + k):
+        order = np.random.default_rng(step_seed(seed, pos // n)).permutation(n)
+        out.append(int(order[pos % n]))
+    return out
+
+
 def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """(groups, group_size) rewards -> advantages normalised per group; a group whose rewards
     are all equal gets 0 (no signal)."""
@@ -136,18 +148,18 @@ class RL(Objective):
         self.steps = 0
 
     def prompts_for(self, step: int) -> list[int]:
-        """Indices of the prompts of `step` (0-based): the file in an order shuffled per pass."""
-        n, k = len(self.prompts), self.r.prompts_per_step
-        out = []
-        for pos in range(step * k, step * k + k):
-            order = np.random.default_rng(step_seed(self.cfg.run.seed, pos // n)).permutation(n)
-            out.append(int(order[pos % n]))
-        return out
+        """Indices of this rank's prompts of `step` (0-based)."""
+        p = self.setting.parallel
+        return step_prompts(
+            len(self.prompts), self.r.prompts_per_step, self.cfg.run.seed, step, p.rank, p.world
+        )
 
     def sample(self, step: int) -> list[tuple[Prompt, torch.Tensor, torch.Tensor, torch.Tensor]]:
         """(prompt, replies (G, L), lengths (G,), rewards (G,)) per prompt of `step`."""
         r = self.r
-        gen = torch.Generator(device=self.device).manual_seed(step_seed(self.cfg.run.seed, step))
+        rank = self.setting.parallel.rank  # rank 0 draws as a single process does
+        keys = (step, rank) if rank else (step,)
+        gen = torch.Generator(device=self.device).manual_seed(step_seed(self.cfg.run.seed, *keys))
         groups = []
         for i in self.prompts_for(step):
             p = self.prompts[i]
@@ -186,9 +198,14 @@ class RL(Objective):
         rewards = torch.stack([g[3] for g in groups])  # (P, G)
         adv = group_advantages(rewards).to(self.device)
         total_tokens = int(sum(int(g[2].sum()) for g in groups))
+        parallel = self.setting.parallel
+        world = parallel.world
+        # the loss is the mean over every rank's reply tokens: DDP averages the ranks' gradients,
+        # so each rank divides its sum by the tokens of all ranks over the number of ranks
+        per_rank = total_tokens if world == 1 else parallel.total(total_tokens, self.device) / world
         loss_sum = torch.zeros((), device=self.device)
         kl_sum = 0.0
-        for (p, tokens, lengths, _), a in zip(groups, adv):
+        for i, ((p, tokens, lengths, _), a) in enumerate(zip(groups, adv)):
             width = int(lengths.max())
             seq = torch.cat(
                 [
@@ -204,14 +221,17 @@ class RL(Objective):
             flat = bool((a == 0).all())
             with torch.no_grad():
                 ref = self._logp(self.reference, x, y)
-            learn = not flat or self.r.kl_coef > 0  # else nothing to learn: no graph
+            # else nothing to learn: no graph (under DDP every rank runs every group's backward,
+            # which all-reduces the gradients at the last one)
+            learn = not flat or self.r.kl_coef > 0 or world > 1
             with torch.set_grad_enabled(learn):
                 logp = self._logp(forward, x, y)
                 kl = k3(logp, ref)
                 per_token = -a[:, None] * logp + self.r.kl_coef * kl
-                loss = (per_token * mask).sum() / total_tokens
+                loss = (per_token * mask).sum() / per_rank
             if learn:
-                loss.backward()
+                with parallel.no_sync(skip=i < len(groups) - 1):
+                    loss.backward()
             loss_sum += loss.detach()
             kl_sum += float((kl.detach() * mask).sum())
         t2 = time.perf_counter()
@@ -231,9 +251,14 @@ class RL(Objective):
         return Pass(loss_sum, total_tokens, None)
 
     def metrics(self) -> dict[str, float]:
-        """rl_* means over the steps since the last call (the trainer's logged records)."""
+        """rl_* means over the steps since the last call (the trainer's logged records), and
+        over the ranks (each samples its own prompts)."""
         if not self.steps:
             return {}
         out = {f"rl_{k}": v / self.steps for k, v in self.sums.items()}
         self.sums, self.steps = dict.fromkeys(FIGURES, 0.0), 0
+        parallel = self.setting.parallel
+        if parallel.world > 1:  # float64: the figures as one process computes them
+            means = parallel.mean(torch.tensor(list(out.values()), dtype=torch.float64))
+            out = dict(zip(out, means.tolist()))
         return out

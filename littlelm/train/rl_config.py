@@ -61,17 +61,18 @@ class RLConfig(ObjectiveConfig):
         return RL(setting, self)
 
 
-def problems(rl: RLConfig | None, sft: bool, world_size: int | None) -> list[str]:
+def problems(rl: RLConfig | None, sft: bool, world_size: int | None, strategy: str) -> list[str]:
     """What makes an `rl:` section unusable in this run (the schema's resolve lists them): `sft`,
-    whether the run has an sft: section; `world_size`, distributed.world_size."""
+    whether the run has an sft: section; `world_size` and `strategy`, distributed's."""
     if rl is None:
         return []
     out = []
     if not sft:
         out.append("rl needs sft: {base: RUN}: the SFT model RL starts from, and its KL reference")
-    if world_size not in (None, 1):
+    if world_size not in (None, 1) and strategy == "fsdp":
         out.append(
-            "rl runs in one process for now (each process would sample the same prompts); "
-            "train it without --nproc / torchrun"
+            "rl with distributed.strategy=fsdp: each rank samples its replies through the whole "
+            "model outside the training forward, which FSDP's sharded parameters are not built "
+            "for here; use distributed.strategy=ddp (each rank samples its own prompts)"
         )
     return out
