@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from test_distributed import run_procs
 from test_rl import parity_reward, rl_records, rl_trees, weights
@@ -40,6 +41,7 @@ def logged_parity(reply: str, answer: str) -> float:
     return parity_reward(reply, answer)
 
 
+@pytest.mark.slow
 def test_rl_at_two_processes_samples_per_rank_and_resumes_bitwise(tmp_path):
     tree = rl_trees(tmp_path, reward="test_rl_ranks:logged_parity")
     tree["train"].update(precision="fp32")
