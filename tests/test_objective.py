@@ -17,8 +17,8 @@ from littlelm.train.step import LanguageModelLoss
 from littlelm.train.trainer import Trainer
 
 TRAINER = Path(littlelm.__file__).parent / "train" / "trainer.py"
-# what would name an objective: its section, its module or its class
-OBJECTIVE_WORDS = re.compile(r"(^|_)(dpo|rl|sft|objective_kind)($|_)|DPO|^RL|LanguageModelLoss")
+# what would name an objective (or LoRA, a model transform): its section, module or class
+OBJECTIVE_WORDS = re.compile(r"(^|_)(dpo|rl|sft|lora)($|_)|DPO|^RL|LanguageModelLoss|LoRA")
 
 
 def names_in(tree: ast.AST) -> set[str]:
@@ -38,9 +38,12 @@ def names_in(tree: ast.AST) -> set[str]:
     return out
 
 
-def test_the_trainer_names_no_objective():
+def test_the_trainer_names_no_objective_nor_lora():
     named = sorted(n for n in names_in(ast.parse(TRAINER.read_text())) if OBJECTIVE_WORDS.search(n))
-    assert not named, f"train/trainer.py names objectives: {named}; ask self.objective instead"
+    assert not named, (
+        f"train/trainer.py names objectives or LoRA: {named}; ask self.objective or "
+        "self.transform instead"
+    )
 
 
 class ToyConfig(ObjectiveConfig):

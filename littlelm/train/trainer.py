@@ -37,13 +37,19 @@ from littlelm.optim.schedule import GroupSchedule
 from littlelm.progress import Progress
 from littlelm.train import device as dev
 from littlelm.train.budget import Steps, build_budget
-from littlelm.train.build import build_data, build_model, build_objective, optimizer_for, with_lora
+from littlelm.train.build import (
+    build_data,
+    build_model,
+    build_objective,
+    build_transform,
+    optimizer_for,
+)
 from littlelm.train.callbacks import Callback, JSONLLogger, complete_end_record
 from littlelm.train.checkpoint.rundir import check_run_dir
 from littlelm.train.checkpoint.save_restore import Checkpointer
 from littlelm.train.checkpoint.state import TrainState, Window
 from littlelm.train.distributed import Parallel
-from littlelm.train.growth import base_copy, check_lora_start, complete_growth, grow_at_start
+from littlelm.train.growth import base_copy, complete_growth, grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
 from littlelm.train.objective import Setting
 from littlelm.train.signals import StopSignals
@@ -99,8 +105,16 @@ class Trainer:
         # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
         progress = self.progress if self.is_main else Progress(io.StringIO())  # rank 0 shows it
         self.data = self.parallel.in_turns(lambda: build_data(cfg, self.log, progress))
+        # what the run does to its model besides training it (train/transform.py: LoRA's
+        # adapters on a frozen base), which checkpoints keep and load through
+        self.transform = build_transform(cfg)
         self.checkpointer = Checkpointer(
-            cfg, self.parallel, self.data.tokenizer, self.run_dir, self.data.fingerprint()
+            cfg,
+            self.parallel,
+            self.data.tokenizer,
+            self.run_dir,
+            self.data.fingerprint(),
+            self.transform,
         )
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
         model = build_model(cfg, self.device)
@@ -110,15 +124,14 @@ class Trainer:
         resumed = self.checkpointer.load(resume, self.model)
         resumed_step: int | None = resumed.loaded.state["step"] if resumed is not None else None
         # 6. grow: a fresh grown run copies its parent's weights (same reason) and tags origins
-        grown = grow_at_start(self.model, cfg, resumed_step, self.data)
+        grown = grow_at_start(self.model, cfg, resumed_step, self.data, self.transform)
         if grown is not None:
             self.log(grown.summary())
-        # 6b. lora: a fresh LoRA run puts its adapters on the base copied in 6 (a resumed one's
-        #     went on in 5, between the base and the checkpoint's adapters), before the
-        #     sharding and the optimizer see the parameters
-        if cfg.lora is not None and resumed is None:
-            check_lora_start(cfg, grown)
-            with_lora(cfg, self.model)
+        # 6b. transform: a fresh run's (LoRA's adapters) goes on the weights copied in 6 (a
+        #     resumed one's went on in 5, with the checkpoint's weights), before the sharding
+        #     and the optimizer see the parameters
+        if resumed is None:
+            self.transform.start(self.model, grown)
         # 7. shard: FSDP replaces the parameters by DTensors, which the optimizer must hold
         self.parallel.shard_model(self.model, cfg.train.precision)
         # 8. optimizer: parameter groups from the sharded parameters and their origin tags, a
