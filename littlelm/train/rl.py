@@ -40,6 +40,7 @@ Held-out pass@1 is `littlelm eval RUN --chat DIR` (greedy), as for SFT.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,6 +182,14 @@ class RL(Objective):
             groups.append((p, tokens, lengths, torch.tensor(rewards)))
         return groups
 
+    @contextlib.contextmanager
+    def _step_rng(self, step: int):
+        """The global RNG, seeded for this step's loss and restored after it."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(step_seed(self.cfg.run.seed, step, self.setting.parallel.rank, 1))
+            yield
+
     def _logp(self, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """log-probabilities (B, T) of targets y under `model` at the sampling temperature."""
         with self.autocast:
@@ -205,35 +214,39 @@ class RL(Objective):
         per_rank = total_tokens if world == 1 else parallel.total(total_tokens, self.device) / world
         loss_sum = torch.zeros((), device=self.device)
         kl_sum = 0.0
-        for i, ((p, tokens, lengths, _), a) in enumerate(zip(groups, adv)):
-            width = int(lengths.max())
-            seq = torch.cat(
-                [
-                    torch.tensor(p.ids, device=self.device).expand(len(tokens), -1),
-                    tokens[:, :width],
-                ],
-                dim=1,
-            )
-            x, y = seq[:, :-1], seq[:, 1:]
-            start = len(p.ids) - 1  # the target index of the first reply token
-            cols = torch.arange(y.size(1), device=self.device)[None, :]
-            mask = (cols >= start) & (cols < start + lengths[:, None])
-            flat = bool((a == 0).all())
-            with torch.no_grad():
-                ref = self._logp(self.reference, x, y)
-            # else nothing to learn: no graph (under DDP every rank runs every group's backward,
-            # which all-reduces the gradients at the last one)
-            learn = not flat or self.r.kl_coef > 0 or world > 1
-            with torch.set_grad_enabled(learn):
-                logp = self._logp(forward, x, y)
-                kl = k3(logp, ref)
-                per_token = -a[:, None] * logp + self.r.kl_coef * kl
-                loss = (per_token * mask).sum() / per_rank
-            if learn:
-                with parallel.no_sync(skip=i < len(groups) - 1):
-                    loss.backward()
-            loss_sum += loss.detach()
-            kl_sum += float((kl.detach() * mask).sum())
+        # the loss's draws (LoRA's dropout) from a generator of (seed, step, rank): a rank's
+        # replies differ in length from the other ranks', so the global RNG would drift apart
+        # across ranks, and a checkpoint restores one RNG state for all of them
+        with self._step_rng(step):
+            for i, ((p, tokens, lengths, _), a) in enumerate(zip(groups, adv)):
+                width = int(lengths.max())
+                seq = torch.cat(
+                    [
+                        torch.tensor(p.ids, device=self.device).expand(len(tokens), -1),
+                        tokens[:, :width],
+                    ],
+                    dim=1,
+                )
+                x, y = seq[:, :-1], seq[:, 1:]
+                start = len(p.ids) - 1  # the target index of the first reply token
+                cols = torch.arange(y.size(1), device=self.device)[None, :]
+                mask = (cols >= start) & (cols < start + lengths[:, None])
+                flat = bool((a == 0).all())
+                with torch.no_grad():
+                    ref = self._logp(self.reference, x, y)
+                # else nothing to learn: no graph (under DDP every rank runs every group's backward,
+                # which all-reduces the gradients at the last one)
+                learn = not flat or self.r.kl_coef > 0 or world > 1
+                with torch.set_grad_enabled(learn):
+                    logp = self._logp(forward, x, y)
+                    kl = k3(logp, ref)
+                    per_token = -a[:, None] * logp + self.r.kl_coef * kl
+                    loss = (per_token * mask).sum() / per_rank
+                if learn:
+                    with parallel.no_sync(skip=i < len(groups) - 1):
+                        loss.backward()
+                loss_sum += loss.detach()
+                kl_sum += float((kl.detach() * mask).sum())
         t2 = time.perf_counter()
         flat_groups = float((rewards.std(1, unbiased=False) == 0).float().mean())
         figures = {
