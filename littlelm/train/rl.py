@@ -164,7 +164,7 @@ class RL(Objective):
         groups = []
         for i in self.prompts_for(step):
             p = self.prompts[i]
-            with self.autocast:
+            with self.autocast, self._inference():
                 tokens, lengths = sample_group(
                     self.model,
                     p.ids,
@@ -181,6 +181,17 @@ class RL(Objective):
                 rewards.append(score(self.reward, r.reward, text, p.answer))
             groups.append((p, tokens, lengths, torch.tensor(rewards)))
         return groups
+
+    @contextlib.contextmanager
+    def _inference(self):
+        """The model in eval mode while it samples: replies from the model itself (LoRA's
+        dropout off), and no draw from the global RNG, whose state would differ across ranks."""
+        was = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was)
 
     @contextlib.contextmanager
     def _step_rng(self, step: int):
