@@ -67,7 +67,7 @@ from littlelm.data.tokenizers import vocab_size_of
 from littlelm.errors import ConfigError
 from littlelm.model.gpt import GPTConfig
 from littlelm.model.lora import LoRAConfig
-from littlelm.optim.base import OptimizerConfig
+from littlelm.optim.base import WHOLE, OptimizerConfig
 from littlelm.optim.groups import ORIGINS, MuonConfig, OptimizerChoice
 from littlelm.optim.schedule import ScheduleChoice, TrapezoidalConfig, resolve_lr_multipliers
 from littlelm.registry import callback_classes
@@ -665,6 +665,13 @@ def _resolve_world(cfg: RunConfig, world_size: int) -> tuple[DistributedConfig, 
             "different steps); use repeat and set train.max_tokens"
         )
     problems += cfg.optimizer.check_world(world_size)
+    whole = [r.kind for r in cfg.optimizer.traits().rules if r.sharding == WHOLE]
+    if world_size > 1 and d.strategy == "fsdp" and whole:  # FSDP2 hands each rank a slice
+        problems.append(
+            f"optimizer.name={cfg.optimizer.name}: its {', '.join(whole)} groups step whole "
+            "tensors, which distributed.strategy=fsdp splits across the ranks; use "
+            "distributed.strategy=ddp"
+        )
     if world_size > 1 and d.strategy == "fsdp" and cfg.train.master_weights == "bf16":
         problems.append(
             "train.master_weights=bf16 is not supported with distributed.strategy=fsdp yet; use "

@@ -172,7 +172,7 @@ def test_origin_tags_and_lr_multipliers():
         lr_multipliers={"old": 0.05, "embedding": 0.5},
         scale_lr_by_width=False,
     )
-    lrs = {g["name"]: (g["kind"], g["lr"]) for g in plan_groups(child, cfg, True, o)}
+    lrs = {g["name"]: (g["kind"], g["lr"]) for g in plan_groups(child, cfg, o)}
     assert lrs["matrix/old"] == ("muon", pytest.approx(0.001))
     assert lrs["matrix/new"] == ("muon", pytest.approx(0.02))
     assert lrs["embedding/embedding"] == ("adamw", pytest.approx(0.1))
