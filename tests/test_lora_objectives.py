@@ -67,3 +67,17 @@ def test_lora_rl_trains_the_adapters_alone_and_resumes_bitwise(tmp_path):
     wa, wb = trained(a), trained(b)
     assert wa and all("lora_" in k for k in wa)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_rl_samples_without_the_adapters_dropout(tmp_path):
+    """Replies come from the model itself: sampling runs it in eval mode, so LoRA's dropout draws
+    nothing from the global RNG (whose state differs across ranks: a 2-rank resume, which
+    restores one state, would draw other replies on rank 1)."""
+    tree = rl_trees(tmp_path)
+    tree["lora"] = {**LORA, "dropout": 0.5}
+    trainer = Trainer(load_run(write_config(tmp_path / "rl.yaml", tree)), resume="never")
+    objective = trainer.objective
+    assert trainer.model.training
+    before = torch.get_rng_state()
+    objective.sample(0)
+    assert torch.equal(torch.get_rng_state(), before) and trainer.model.training
