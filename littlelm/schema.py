@@ -66,7 +66,7 @@ from littlelm.data.build import DataConfig
 from littlelm.data.tokenizers import vocab_size_of
 from littlelm.errors import ConfigError
 from littlelm.model.gpt import GPTConfig
-from littlelm.model.lora import LoRAConfig
+from littlelm.model.lora import LoRAConfig, rank_problems
 from littlelm.optim.base import WHOLE, OptimizerConfig
 from littlelm.optim.groups import ORIGINS, MuonConfig, OptimizerChoice
 from littlelm.optim.schedule import ScheduleChoice, TrapezoidalConfig, resolve_lr_multipliers
@@ -491,7 +491,7 @@ def resolve(
             "fine-tuning a base of this shape, grow: {parent: ...} for a larger model"
         )
     problems += _lora_problems(cfg, world_size)
-    dist_cfg = cfg.distributed
+    dist_cfg = cfg.distributed  # world_size: the processes running (torchrun's or --nproc)
     problems += rl_problems(cfg.rl, cfg.sft is not None, world_size, dist_cfg.strategy)
     sources: dict[str, str] = {k: src.name for k, src in cfg.data.sources.items()}
     problems += dpo_problems(cfg.dpo, cfg.sft is not None, sources)
@@ -524,12 +524,20 @@ def _lora_problems(cfg: RunConfig, world_size: int) -> list[str]:
             "checkpoints are not built); use distributed.strategy=ddp: the base is frozen, so "
             "each rank holds its weights but no gradients or optimizer state for them"
         )
+    problems += rank_problems(_shapes_only(cfg.model), cfg.lora)
     if cfg.model.fp8:
         problems.append(
             "lora with model.fp8: FP8 base linears under adapters are not supported; turn "
             "model.fp8 off for a LoRA run"
         )
     return problems
+
+
+def _shapes_only(model: GPTConfig) -> torch.nn.Module:
+    """The model on the meta device (no memory, no RNG drawn): its linears' shapes; the
+    vocabulary, resolved from the tokenizer later, does not shape a block's linears."""
+    with torch.device("meta"), torch.random.fork_rng(devices=[]):
+        return model.model_copy(update={"vocab_size": model.vocab_size or 1}).build()
 
 
 def _old_sft(tree: dict, g: dict) -> bool:

@@ -55,6 +55,11 @@ class Setting:
     reference: Callable[[], torch.nn.Module]
 
 
+class StepInterrupted(Exception):
+    """A stop signal reached an objective's step before any gradient (RL: while a reward was
+    being computed): nothing changed, the step is left out; the message says what stopped."""
+
+
 class Pass(NamedTuple):
     """What one step's forward and backward hand the trainer."""
 

@@ -50,6 +50,13 @@ class RLConfig(ObjectiveConfig):
         "function(reply, answer) -> float).",
     )
 
+    reward_timeout: float = Field(
+        10.0,
+        description="Seconds one reward call may take; past them the run stops naming the "
+        "function and the reply (SIGTERM interrupts a call at any time).",
+        gt=0,
+    )
+
     @field_validator("reward")
     @classmethod
     def _known_reward(cls, v: str) -> str:
@@ -63,7 +70,8 @@ class RLConfig(ObjectiveConfig):
 
 def problems(rl: RLConfig | None, sft: bool, world_size: int | None, strategy: str) -> list[str]:
     """What makes an `rl:` section unusable in this run (the schema's resolve lists them): `sft`,
-    whether the run has an sft: section; `world_size` and `strategy`, distributed's."""
+    whether the run has an sft: section; `world_size`, the processes running (torchrun's
+    WORLD_SIZE, or --nproc); `strategy`, distributed.strategy."""
     if rl is None:
         return []
     out = []

@@ -51,7 +51,7 @@ from littlelm.train.checkpoint.state import TrainState, Window
 from littlelm.train.distributed import Parallel
 from littlelm.train.growth import base_copy, complete_growth, grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
-from littlelm.train.objective import Setting
+from littlelm.train.objective import Setting, StepInterrupted
 from littlelm.train.signals import StopSignals
 from littlelm.train.step import grad_norm, seed_everything, synchronize, update
 
@@ -309,6 +309,8 @@ class Trainer:
             self.log(
                 f"{e}: stopped while waiting for the next batch; step {s.step + 1} is left out"
             )
+        except StepInterrupted as e:  # before the step's gradients (RL: scoring): nothing changed
+            self.log(f"{e}: stopped before step {s.step + 1}'s update; it is left out")
         finally:
             batches.close()
         return self._finish()

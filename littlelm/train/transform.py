@@ -13,19 +13,24 @@ knowing what it is.
 `Transform` is the identity (a run that trains every weight). `LoRA` puts adapters on the
 frozen base (model/lora.py holds the adapters, their tensors and the merge): its checkpoints keep
 the trained tensors alone, and state.json's `lora_base` names the base checkpoint with its
-fingerprint (train/checkpoint/files.py), checked whenever the adapters are loaded: a user's 3B
-base is not copied into every checkpoint, and the base must still be there, unchanged.
+fingerprint and the sha256 of its weights (train/checkpoint/files.py), checked whenever the
+adapters are loaded: a user's 3B base is not copied into every checkpoint, and the base must
+still be there, unchanged. `plain_tensors` reads any checkpoint as the plain model's tensors (a
+LoRA run's: its base with the adapters merged), so a run may start from a LoRA run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from littlelm.config import validate
 from littlelm.errors import CheckpointError, ConfigError
+from littlelm.model.gpt import GPT
+from littlelm.model.grow import parent_model_config
 from littlelm.model.lora import (
     LoRAConfig,
     add_lora,
@@ -82,7 +87,7 @@ class LoRA(Transform):
 
     def __init__(self, cfg: LoRAConfig, base: str | None):
         self.cfg, self.base = cfg, base
-        self.base_record: dict | None = None  # {path, fingerprint}: fingerprinted once
+        self.base_record: dict | None = None  # {path, fingerprint, sha256, stat}: read once
 
     def _apply(self, model: torch.nn.Module) -> None:
         problems = check_lora(model, self.cfg)
@@ -124,15 +129,21 @@ class LoRA(Transform):
     def record(self) -> dict:
         if self.base_record is None:
             assert self.base is not None, "a LoRA run starts from a checkpoint (LoRA.start)"
-            path = Path(self.base)
-            self.base_record = {"path": str(path), "fingerprint": ckpt.fingerprint(path)}
+            # complete_growth made it the exact checkpoint; absolute, so that every verb finds
+            # it from any directory
+            path = Path(self.base).resolve()
+            self.base_record = {
+                "path": str(path),
+                "fingerprint": ckpt.fingerprint(path),
+                **ckpt.weights_identity(path),
+            }
         return {"lora_base": self.base_record}
 
     def load(self, model: torch.nn.Module, loaded: ckpt.Loaded) -> None:
         """A LoRA checkpoint into the plain `model`: the base's weights from the checkpoint its
-        state.json names (checked against the fingerprint recorded there), the adapters put on,
-        then the checkpoint's trained tensors. Raises CheckpointError when the base is gone or
-        changed."""
+        state.json names (checked against the fingerprint and weights' hash recorded there),
+        the adapters put on, then the checkpoint's trained tensors. Raises CheckpointError when
+        the base is gone or changed."""
         record = loaded.state.get("lora_base")
         if record is None:
             raise ConfigError(
@@ -140,27 +151,42 @@ class LoRA(Transform):
                     f"{loaded.path} is not a LoRA run's checkpoint; remove the lora section to load it"
                 ]
             )
-        path, want = Path(record.get("path", "")), record.get("fingerprint")
+        path, want = base_path(loaded), record.get("fingerprint")
         try:
             found = ckpt.fingerprint(path)
         except CheckpointError:
+            relative = (
+                ""
+                if Path(record.get("path", "")).is_absolute()
+                else (
+                    " (its state.json records it relative to the directory that run started in: "
+                    "run from there, or write the absolute path into lora_base.path of "
+                    f"{loaded.path / 'state.json'})"
+                )
+            )
             raise CheckpointError(
-                f"{loaded.path} holds LoRA adapters of the base {path}, which cannot be read: put "
-                "that checkpoint back where it was (a LoRA run's checkpoints keep the adapters "
-                "alone, the base's weights stay in the base's checkpoint)"
+                f"{loaded.path} holds LoRA adapters of the base {path}, which cannot be read"
+                f"{relative}: put that checkpoint back where it was (a LoRA run's checkpoints "
+                "keep the adapters alone, the base's weights stay in the base's checkpoint)"
             ) from None
-        if found != want:
+        changed = f"fingerprint was {want}, is {found}" if found != want else None
+        if changed is None and ckpt.weights_changed(path, record):
+            changed = "its model.safetensors hashes differently, same size and header"
+        if changed:
             raise CheckpointError(
                 f"{loaded.path} holds LoRA adapters of the base {path}, which changed since (its "
-                f"fingerprint was {want}, is {found}): the adapters only fit the weights they "
-                "were trained on; restore that checkpoint as it was"
+                f"{changed}): the adapters only fit the weights they were trained on; restore "
+                "that checkpoint as it was"
             )
         base = ckpt.load_checkpoint(path, with_optimizer=False)
-        ckpt.load_model_tensors(model, base.model, path)
+        ckpt.load_model_tensors(model, plain_tensors(base), path)  # a LoRA base: merged in turn
         base.model.release()
         self._apply(model)
         load_trained(model, loaded.model, loaded.path)
-        self.base_record = {"path": str(path), "fingerprint": found}
+        kept = {k: record[k] for k in ("sha256", "stat") if k in record}
+        if "sha256" in kept:  # checked above: equal; its stat now (a copy has a new mtime)
+            kept["stat"] = ckpt.weights_stat(path)
+        self.base_record = {"path": str(path.resolve()), "fingerprint": found, **kept}
 
     def load_trained(
         self, model: torch.nn.Module, loaded: ckpt.Loaded, load_whole: Callable[[], None]
@@ -174,3 +200,36 @@ class LoRA(Transform):
 def transform_for(lora: LoRAConfig | None, base: str | None) -> Transform:
     """The transform of a run whose lora section is `lora`, started from the checkpoint `base`."""
     return Transform() if lora is None else LoRA(lora, base)
+
+
+def base_path(loaded: ckpt.Loaded) -> Path:
+    """The base checkpoint LoRA checkpoint `loaded` names. Runs record it absolute; an older
+    run's relative path is relative to the directory that run started in, which is known when
+    run.out_dir was relative: the checkpoint is START/out_dir/name/checkpoints/step_N."""
+    path = Path(loaded.state["lora_base"].get("path", ""))
+    if path.is_absolute() or path.exists():
+        return path
+    out_dir = Path(loaded.state.get("config", {}).get("run", {}).get("out_dir", ""))
+    parents = loaded.path.resolve().parents
+    depth = 2 + len(out_dir.parts)  # checkpoints/, the run's directory, out_dir's parts: START
+    usable = out_dir.parts and not out_dir.is_absolute() and ".." not in out_dir.parts
+    if usable and depth < len(parents) and (parents[depth] / path).exists():
+        return parents[depth] / path
+    return path
+
+
+def plain_tensors(loaded: ckpt.Loaded) -> Mapping:
+    """The plain model's tensors of a checkpoint: its own, or for a LoRA run's checkpoint
+    (adapters alone) its base's with the adapters merged in, as `load_model` reads it; so a run
+    may start from a LoRA run (sft.base, grow.parent, the frozen reference)."""
+    if "lora_base" not in loaded.state:
+        return loaded.model
+    config = loaded.state.get("config", {})
+    model = parent_model_config(loaded.state, loaded.path)
+    lora = validate(LoRAConfig, config.get("lora") or {}, source=str(loaded.path / "state.json"))
+    # the adapters go on the base's own weights (a QLoRA run's too: nf4 needs CUDA), as load_model
+    with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG
+        plain = GPT(model)
+    t = LoRA(lora.model_copy(update={"quantize": "none"}), None)
+    t.load(plain, loaded)
+    return t.merge(plain).state_dict()
