@@ -110,6 +110,7 @@ def prepare(
     from pathlib import Path
 
     from littlelm.data.build import prepare_data, prepared_section
+    from littlelm.data.prepare import duplicates_note
     from littlelm.schema import load_data_config
 
     name, items = split_config(config, overrides)
@@ -119,6 +120,9 @@ def prepare(
     _, result = prepare_data(
         cfg, Path(out) if out else None, only, verify="sizes" if no_verify else "checksums"
     )
+    for label, (src, _, manifest) in result.items():  # also of a dataset prepared before
+        if note := duplicates_note(label, manifest, not src.prepared):
+            print(f"note: {note}")
     if out is not None:
         print(prepared_section(result))
 

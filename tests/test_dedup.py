@@ -64,3 +64,24 @@ def test_dedup_off_keeps_every_copy_and_tail_split_dedups(tmp_path):
     assert m["documents"] == 100 and m["duplicates"] == 0
     _, m = prepare(tmp_path, val_split="tail")
     assert m["documents"] == 90 and m["duplicates"] == 10
+
+
+def test_the_duplicates_dropped_are_said_at_start_and_by_prepare_with_the_fix(tmp_path, capsys):
+    import yaml
+
+    from conftest import tiny_tree
+    from littlelm.cli import main
+
+    corpus(tmp_path / "raw")
+    tree = tiny_tree(tmp_path / "unused.txt", tmp_path / "runs", train={"max_steps": 1})
+    tree["data"]["sources"] = {"web": {"name": "jsonl", "path": str(tmp_path / "raw")}}
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(tree))
+    said = "data.sources.web: 10 exact duplicate document(s) were dropped when it was prepared"
+    for _ in range(2):  # preparing, then a dataset prepared before: said both times
+        assert main(["data", "prepare", str(cfg), "--out", str(tmp_path / "ds")]) == 0
+        out = capsys.readouterr().out
+        assert said in out and "data.sources.web.dedup=false keeps every copy" in out, out
+    assert main(["train", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert said in out and "90 kept" in out and "weight" in out, out

@@ -369,3 +369,91 @@ def test_val_fraction_over_a_stream_holds_out_whole_documents_once(tmp_path):
             continue  # this file ends at a document's end
         doc = tuple([BOS, *tokens[start + 1 : nxt].tolist()])
         assert doc in (trained_docs(val) if start >= 250 * i + 200 else trained_docs(train))
+
+
+# -- llm.c's val shard, filled like the others, and gaps in the numbering -------------------------
+
+
+def write_llmc_as_fineweb(d: Path, tokens: np.ndarray, shard: int) -> list[Path]:
+    """llm.c's fineweb.py exactly: one stream of documents cut into shards of `shard` tokens,
+    the first of which is the val shard (fineweb_val_000000.bin), the rest train shards."""
+    d.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, a in enumerate(range(0, len(tokens), shard)):
+        name = "fineweb_val_000000.bin" if i == 0 else f"fineweb_train_{i:06d}.bin"
+        paths.append(write_nanogpt(d / name, tokens[a : a + shard]))
+    return paths
+
+
+def test_the_val_shards_last_document_goes_on_into_the_first_train_shard(tmp_path):
+    tokens, docs = stream_of(300)
+    seps = np.flatnonzero(tokens == BOS)
+    shard = int(seps[40]) + 7  # the val shard ends 7 tokens into document 40
+    paths = write_llmc_as_fineweb(tmp_path / "fineweb", tokens, shard)
+    assert paths[1].read_bytes()[1024:1026] != np.uint16(BOS).tobytes()  # it starts mid-document
+    cfg = {"format": "nanogpt", "path": str(tmp_path / "fineweb")}
+    train, val, _, said = open_source(cfg, tmp_path / "cache")
+    # documents 0..40 are held out, document 40 whole (its tail from train_000001 with it);
+    # training has documents 41.. and nothing of 40, and no document with a BOS put before
+    assert trained_docs(val) == as_trained(docs[:41])
+    assert trained_docs(train) == as_trained(docs[41:])
+    assert sum(v.n_tokens for v in train + val) == len(tokens)
+    assert len(said) == 1 and "fineweb_val_000000.bin" in said[0]
+
+
+def test_a_gap_in_the_shard_numbering_is_said_and_glues_nothing(tmp_path):
+    tokens, _ = stream_of(300)
+    paths = write_llmc_dir(tmp_path / "web", tokens, 250, None)
+    gone = paths[2]
+    gone.unlink()  # fineweb_train_000003.bin
+    cfg = {"format": "nanogpt", "path": str(tmp_path / "web")}
+    train, _, summary, said = open_source(cfg, tmp_path / "cache")
+    assert (
+        len(said) == 1
+        and "skips from fineweb_train_000002.bin to fineweb_train_000004.bin" in said[0]
+    )
+    assert summary["gaps"] == [["fineweb_train_000002.bin", "fineweb_train_000004.bin"]]
+    # what the files around the gap hold is trained on as it is, nothing joined across it
+    before = tokens[: 2 * 250]
+    after = tokens[3 * 250 :]
+    last_start = int(np.flatnonzero(before == BOS)[-1])
+    first_sep = int(np.flatnonzero(after == BOS)[0])
+    cut_end = tuple([BOS, *before[last_start + 1 :].tolist()])
+    head = tuple([BOS, *after[:first_sep].tolist()])
+    got = trained_docs(train)
+    assert cut_end in got and (head in got or first_sep == 0)
+    assert sum(v.n_tokens for v in train) == len(tokens) - 250 + (1 if first_sep else 0)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_megatron_documents_written_with_append_eod_get_one_delimiter(tmp_path, capsys):
+    """preprocess_data.py --append-eod ends each document with EOD (gpt2's <|endoftext|>, the
+    BOS here): a boundary is that one token, not EOD then a BOS put before the next."""
+    _, docs = stream_of(60)
+    megatron_with_builder(tmp_path / "eod_text_document", [np.append(d, BOS) for d in docs], False)
+    cfg = {"format": "megatron", "path": str(tmp_path / "eod_text_document")}
+    train, _, _, _ = open_source(cfg, tmp_path / "cache")
+    assert trained_docs(train) == as_trained(docs)
+    rows = np.concatenate([v.head(None) for v in train])
+    assert not np.any((rows[1:] == BOS) & (rows[:-1] == BOS))  # never 50256 50256
+    assert main(["data", "inspect", str(tmp_path / "eod_text_document")]) == 0
+    assert "ends with EOD" in capsys.readouterr().out
+
+
+def test_data_inspect_counts_documents_as_training_reads_them(tmp_path, capsys):
+    tokens, docs = stream_of(300)
+    paths = write_llmc_as_fineweb(tmp_path / "fineweb", tokens, 997)
+    starts = np.flatnonzero(tokens == BOS)
+    crossing = sum(
+        1 for a in range(997, len(tokens), 997) if not (starts == a).any()
+    )  # a file that does not begin at a document: the one before goes on into it
+    assert crossing > 2
+    assert main(["data", "inspect", str(tmp_path / "fineweb"), "--separator", str(BOS)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"{len(paths)} file(s)" in out and f"{len(docs):,} documents as training reads them" in out
+    ), out
+    assert f"{crossing:,} go on from one file into the next" in out
+    assert "fineweb_val_000000.bin" in out and "held out" in out
+    table = [line.split() for line in out.splitlines() if line.startswith("fineweb_")]
+    assert sum(int(row[2].replace(",", "")) for row in table) == len(docs)  # each starts once

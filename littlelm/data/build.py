@@ -18,9 +18,10 @@ import torch
 from pydantic import Field
 
 from littlelm.config import RESUMABLE, SAME_DATA, Cfg, Kind, named
-from littlelm.data.cache import cache_root, content_hash
+from littlelm.data.cache import cache_root
 from littlelm.data.chat import chat_format
 from littlelm.data.conversations import ChatConfig
+from littlelm.data.fingerprint import record_files
 from littlelm.data.foreign import TokenFiles, TokensConfig
 from littlelm.data.hub import HFConfig
 from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader, val_batches
@@ -28,6 +29,7 @@ from littlelm.data.preference import PairLoader, PreferenceConfig, pairs_of
 from littlelm.data.prepare import (
     damaged_shards,
     dataset_dir,
+    duplicates_note,
     make_split,
     prepare_source,
     read_manifest,
@@ -101,9 +103,16 @@ class DataConfig(Cfg):
     )
     on_changed: Literal["stop", "restart"] = Field(
         "stop",
-        description="At resume, when a data file changed since the checkpoint (its size or a "
-        "hash of sampled blocks): stop with an error naming it, or keep the weights and "
-        "optimizer state and start the data position over at the beginning of the data.",
+        description="At resume, when a data file changed, is gone or was inserted among the "
+        "others since the checkpoint (its size, sampled blocks or sha256 differ): stop with an "
+        "error naming it, or keep the weights and optimizer state and start the data position "
+        "over at the beginning of the data.",
+        json_schema_extra=RESUMABLE,
+    )
+    full_verify: bool = Field(
+        False,
+        description="At start, read every data file in full for its sha256, even one whose "
+        "size, mtime, ctime and inode are those it was last hashed at (then its hash is reused).",
         json_schema_extra=RESUMABLE,
     )
     shard_tokens: int = Field(
@@ -151,6 +160,7 @@ class PreparedSource:
     mask: Callable[[np.ndarray], np.ndarray] | None = None
     on_error: str = "skip"
     pairs: bool = False  # preference pairs (data/preference.py): two documents each, for DPO
+    from_raw: bool = True  # prepared from this config's raw source (not a `shards` directory)
 
     def too_long(self, row_len: int) -> tuple[int, int]:
         """(conversations longer than a row of `row_len` tokens, the longest's length)."""
@@ -211,18 +221,11 @@ class RunData:
     def __post_init__(self):
         self.masked = any(s.mask is not None for s in self.sources.values())
 
-    def fingerprint(self) -> dict[str, list[list]]:
-        """Per source, [path, bytes, content hash] of each of its files (data/cache.py's
-        content_hash): what a checkpoint's data position is a position in."""
-        out = {}
-        for label, src in self.sources.items():
-            try:
-                out[label] = [[str(p), p.stat().st_size, content_hash(p)] for p in src.files()]
-            except OSError as e:
-                raise DataError(
-                    f"data.sources.{label}: cannot read {e.filename}: {e.strerror}"
-                ) from None
-        return out
+    def fingerprint(self, cfg: DataConfig) -> dict[str, list[list]]:
+        """Per source, [path, bytes, sampled hash, sha256] of each of its files
+        (data/fingerprint.py): what a checkpoint's data position is a position in."""
+        files = {label: src.files() for label, src in self.sources.items()}
+        return record_files(files, cache_root(cfg.cache_dir), cfg.full_verify)
 
     @property
     def pairs(self) -> PreparedSource | None:
@@ -252,6 +255,15 @@ class RunData:
         weights = {k: s.weight for k, s in self.sources.items()}
         masks = {k: s.mask for k, s in self.sources.items()}
         return MixtureLoader(packers, weights, batch, seq_len, masks)
+
+    def duplicate_notes(self) -> list[str]:
+        """At start: per source, the exact duplicates its preparation dropped (and the fix)."""
+        return [
+            note
+            for label, src in self.sources.items()
+            if src.manifest is not None
+            and (note := duplicates_note(label, src.manifest, src.from_raw))
+        ]
 
     def chat_notes(self, seq_len: int) -> list[str]:
         """At start: the conversation sources whose conversations do not fit a row, left out
@@ -475,6 +487,7 @@ def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
                 label, src.cfg.weight, directory, manifest, tok, cfg.verify_checksums
             )
         opened[label].long_docs = src.cfg.long_docs
+        opened[label].from_raw = not src.prepared
         opened[label].explicit = "long_docs" in src.cfg.model_fields_set
         if src.conversations or manifest.get("conversations"):
             opened[label].mask = chat_format(tok).mask  # the loss counts the assistant's tokens

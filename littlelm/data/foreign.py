@@ -31,8 +31,8 @@ the packer writes BOS over tokens[start] (the separator, the last token of the d
 or, at the start of the file, start = -1 and nothing).
 
 Each file's index (document starts and ends, the token range) is built by one pass over the file
-and cached under CACHE/token-index, keyed by the file's path, size and mtime and the options
-that change it: a second open reads only the index. The tokens stay in the file, memory-mapped.
+and cached under CACHE/token-index, keyed by the file's path, size, mtime, ctime and inode and
+the options that change it: a second open reads only the index. The tokens stay in the file, memory-mapped.
 Validation: the files of `val_path` whole or, without it, the documents that start in the last
 `data.val_fraction` of each file's tokens.
 """
@@ -43,10 +43,8 @@ import fnmatch
 import functools
 import hashlib
 import json
-import mmap
 import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -55,6 +53,14 @@ from pydantic import Field
 
 from littlelm.config import named
 from littlelm.data.sources import Source, SourceConfig, find_files
+from littlelm.data.token_stream import (
+    CHUNK,
+    Layout,
+    Stream,
+    gap_warning,
+    map_tokens,
+    numbered_order,
+)
 from littlelm.errors import DataError
 
 NANOGPT_HEADER = 256 * 4
@@ -70,8 +76,8 @@ PATTERNS = {  # what a directory is searched for, per format
     "parquet": ("*.parquet",),
 }
 TOKEN_FILES = ("*.bin", "*.npy", "*.idx", "*.parquet")  # any of these: a mixed directory
-CHUNK = 1 << 24  # tokens scanned at a time when indexing
-INDEX_VERSION = 4  # 2: the first and last separator of each file; 3: the index raw; 4: one file
+INDEX_VERSION = 5  # 2: the first and last separator of each file; 3: the index raw; 4: one
+# file; 5: documents that end with EOD (Megatron --append-eod) lose it
 VAL_NAME = "*_val_*"  # shard names that mark validation (llm.c: fineweb_val_000000.bin)
 
 
@@ -112,15 +118,6 @@ class TokensConfig(SourceConfig):
 
 
 # -- one file: reading its header, indexing it once --------------------------------------------
-
-
-@dataclass
-class Layout:
-    """Where a file's tokens are: `offset` bytes in, `count` tokens of `dtype`."""
-
-    offset: int
-    count: int
-    dtype: type
 
 
 def _stat(path: Path) -> os.stat_result:
@@ -284,15 +281,6 @@ def megatron_index(idx: Path, bin_: Path) -> tuple[Layout, np.ndarray, np.ndarra
     return layout, tok_off[doc_idx[:-1]], tok_off[doc_idx[1:]]
 
 
-def map_tokens(path: Path, layout: Layout) -> np.ndarray:
-    """The file's tokens as an array over a read-only memory map (nothing is read yet)."""
-    if layout.count == 0:
-        return np.zeros(0, layout.dtype)
-    with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    return np.frombuffer(mapped, layout.dtype, layout.count, layout.offset)
-
-
 def separator_index(
     tokens: np.ndarray, sep: int | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -307,6 +295,20 @@ def separator_index(
     ends = np.concatenate([starts[1:], [len(tokens)]])
     keep = ends - starts > 1  # BOS and at least one token
     return starts[keep], ends[keep], seps
+
+
+def without_eod(
+    tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, eod: int
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(starts, ends, True) without each document's last token when every non-empty document
+    ends with `eod`; else the index unchanged and False."""
+    full = ends > starts
+    if not len(starts) or not full.any():
+        return starts, ends, False
+    last = tokens[np.maximum(ends[full] - 1, 0)]
+    if not (last == eod).all():
+        return starts, ends, False
+    return starts, np.where(full, ends - 1, ends), True
 
 
 def token_range(tokens: np.ndarray) -> tuple[int, int]:
@@ -336,7 +338,7 @@ class TokenFile:
         self.data_path = path  # the file the tokens are in
         if cfg.format == "megatron":
             idx, self.data_path = megatron_files(path)
-        # an index cached for this path, size and mtime: the header was read when it was made
+        # an index cached for this path and stat: the header was read when it was made
         self.key = key = self._key(cfg, cache)
         meta, index = self._load(cache, key)
         layout = None
@@ -357,9 +359,14 @@ class TokenFile:
                 self.data_path = cache / f"{key}.tokens"
             tokens = map_tokens(self.data_path, layout)
             seps = np.zeros(0, np.int64)
+            eod_ended = False
             if cfg.format in ("nanogpt", "array"):
                 starts, ends, seps = separator_index(tokens, sep)
             else:  # indexed documents: BOS before each, unless it is there
+                # Megatron's preprocess_data.py --append-eod ends every document with the
+                # EOD token, which is BOS here (gpt2's <|endoftext|>): that one is dropped, as
+                # the BOS before the next document is the boundary already
+                starts, ends, eod_ended = without_eod(tokens, starts, ends, bos)
                 if len(starts):
                     first = tokens[np.minimum(starts, max(0, len(tokens) - 1))]
                     starts = np.where((ends > starts) & (first == bos), starts, starts - 1)
@@ -377,6 +384,7 @@ class TokenFile:
                 "first_sep": int(seps[0]) if len(seps) else None,
                 "last_sep": int(seps[-1]) if len(seps) else None,
                 "data": str(self.data_path),
+                "eod_ended": eod_ended,
             }
             self._save(cache, key, np.stack([starts, ends]).astype(np.int64), meta)
             self.starts, self.ends = starts, ends
@@ -389,9 +397,9 @@ class TokenFile:
         for p in dict.fromkeys([self.path, self.data_path]):
             st = _stat(p)  # a missing, unreadable or empty file: its error, named
             # the directory resolved once for all its files: 528 realpath calls cost 40 ms
-            stats.append(
-                (os.path.join(_real_dir(str(p.parent)), p.name), st.st_size, st.st_mtime_ns)
-            )
+            # ctime and inode too: an edit in place that sets the mtime back moves the ctime
+            where = os.path.join(_real_dir(str(p.parent)), p.name)
+            stats.append((where, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
         ident = {
             "v": INDEX_VERSION,
             "files": stats,
@@ -516,52 +524,6 @@ def parquet_to_tokens(path: Path, column: str, out: Path) -> tuple[Layout, np.nd
 # -- the source and its views ------------------------------------------------------------------
 
 
-class TokenDocs:
-    """Some documents of a token file, as the loader reads a shard (`tokens`, `starts`, `ends`,
-    `bos`, len(); data/loader.py)."""
-
-    def __init__(self, path: Path, bos: int, tokens: np.ndarray, starts, ends, files=None):
-        self.path, self.bos, self.tokens = path, bos, tokens
-        self.starts, self.ends = np.asarray(starts), np.asarray(ends)
-        self.files = files or (path,)  # the files its tokens come from (checkpoints hash them)
-
-    @classmethod
-    def of(cls, file: TokenFile, keep: np.ndarray | None = None) -> TokenDocs:
-        """The documents of `file` where `keep` (all without it)."""
-        starts, ends = file.starts, file.ends
-        if keep is not None:
-            starts, ends = starts[keep], ends[keep]
-        return cls(file.path, file.bos, file.tokens, starts, ends, file.source_files())
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    @property
-    def n_tokens(self) -> int:
-        """Tokens as trained on (each document's BOS included)."""
-        return int((self.ends - self.starts).sum())
-
-    def lengths(self) -> np.ndarray:
-        return (self.ends - self.starts).astype(np.int64)
-
-    def doc(self, i: int) -> np.ndarray:
-        """Document i as it is trained on: BOS, then its tokens."""
-        a, b = int(self.starts[i]), int(self.ends[i])
-        return np.concatenate([[self.bos], self.tokens[a + 1 : b]]).astype(self.tokens.dtype)
-
-    def head(self, limit: int | None) -> np.ndarray:
-        """The documents in order, as trained on, `limit` tokens at most (None: all)."""
-        parts, have = [], 0
-        for i in range(len(self)):
-            if limit is not None and have >= limit:
-                break
-            d = self.doc(i)
-            parts.append(d)
-            have += len(d)
-        out = np.concatenate(parts) if parts else np.zeros(0, self.tokens.dtype)
-        return out if limit is None else out[:limit]
-
-
 class TokenFiles(Source):
     """Token files another tool wrote, used as they are (memory-mapped)."""
 
@@ -571,6 +533,7 @@ class TokenFiles(Source):
     prepared = True  # no tokenizing
     foreign = True
     opened: tuple[list, list, dict]  # set by data/build.py's prepare_data: what open returned
+    streams: list[Stream]  # set by open: the training stream (and the validation files')
 
     def files(self, spec=None, key: str = "path") -> list[Path]:
         spec = self.cfg.path if spec is None else spec
@@ -610,8 +573,21 @@ class TokenFiles(Source):
             return files
 
         paths, val_paths = self.split_val(log)
-        train_files = opened(paths)
-        stream = Stream(train_files, sep, tok.bos_id, cache / "token-index")
+        # llm.c's val shard (number 0) is filled to a fixed size like the others, so its last
+        # document goes on into the first training shard: the held-out files and the training
+        # files are one stream in shard-number order, and each document goes with its start
+        order = (
+            numbered_order(val_paths + paths) if val_paths and self.cfg.val_path is None else None
+        )
+        if order is not None:
+            every, val_set = opened(order), set(val_paths or ())
+            held = [f.path in val_set for f in every]
+            stream = Stream(every, sep, tok.bos_id, cache / "token-index")
+            train_files, all_files = [f for f, h in zip(every, held) if not h], every
+            train, val = stream.views(None, "train", held), stream.views(None, "val", held)
+        else:
+            train_files = all_files = opened(paths)
+            stream = Stream(train_files, sep, tok.bos_id, cache / "token-index")
         if self.cfg.format in ("nanogpt", "array") and sep is not None and not stream.separators:
             tokens = sum(f.meta["tokens"] for f in train_files)
             log(
@@ -620,11 +596,16 @@ class TokenFiles(Source):
                 f"each file is one document; set data.sources.{self.label}.separator to the id "
                 "between its documents (or none)"
             )
-        if val_paths is not None:
+        for a, b, head in stream.gaps:
+            log(gap_warning(self.label, a, b, head))
+        self.streams = [stream]  # what `data inspect` lists, file by file
+        if order is None and val_paths is not None:
             train = stream.views(None)
             val_files = opened(val_paths)
-            val = Stream(val_files, sep, tok.bos_id, cache / "token-index").views(None)
-        else:
+            all_files = train_files + val_files
+            self.streams.append(Stream(val_files, sep, tok.bos_id, cache / "token-index"))
+            val = self.streams[-1].views(None)
+        elif order is None:
             cuts = [
                 f.meta["tokens"] - round(val_fraction * f.meta["tokens"]) if val_fraction else None
                 for f in train_files
@@ -635,9 +616,12 @@ class TokenFiles(Source):
         for f in train_files:
             if note := megatron_note(f, self.label):
                 log(note)
-        summary = summarise(train_files, sep) | {
+        summary = summarise(all_files, sep) | {
             "documents": sum(len(v) for v in train + val),
+            "train_documents": sum(len(v) for v in train),
+            "val_documents": sum(len(v) for v in val),
             "continued": stream.joined,
+            "gaps": [[a.name, b.name] for a, b, _ in stream.gaps],
             "split": {
                 "fraction": "val_path" if val_paths is not None else val_fraction,
                 **({"val_files": [str(p) for p in val_paths]} if val_paths else {}),
@@ -691,123 +675,6 @@ class TokenFiles(Source):
         if self.cfg.format not in ("nanogpt", "array") or self.cfg.separator == "none":
             return None
         return bos if self.cfg.separator is None else int(self.cfg.separator)
-
-
-class Stream:
-    """The documents of files read as one stream, in their order: with a separator, a file that
-    does not begin with one continues the document open at the end of the file before (llm.c's
-    fineweb shards are filled to a fixed size, cutting documents). Such a document, in pieces
-    in two or more files, is copied once, whole, into the cache (CACHE/token-index/KEY.joined)
-    and left out of its files' own documents; every other document stays where it is."""
-
-    def __init__(self, files: list[TokenFile], sep: int | None, bos: int, cache: Path):
-        self.files, self.bos = files, bos
-        self.separators = sum(f.meta["separators"] for f in files)
-        self.drop: list[set[int]] = [set() for _ in files]  # starts now in a joined document
-        self.pieces: list[list[tuple[int, int, int]]] = []  # (file, start, end) per document
-        self.tokens: np.ndarray | None = None
-        if sep is not None and self.separators and len(files) > 1:
-            self._join()
-        self.joined = len(self.pieces)
-        if self.pieces:
-            self._copy(cache)
-
-    def _join(self) -> None:
-        open_doc: list[tuple[int, int, int]] | None = None  # the document open at a file's end
-        for i, f in enumerate(self.files):
-            n, first, last = f.meta["tokens"], f.meta["first_sep"], f.meta["last_sep"]
-            head = n if first is None else first  # tokens before the file's first separator
-            if open_doc is None:  # the stream's first tokens: a document with BOS put before
-                open_doc = [(i, -1, head)] if head else None
-            elif head:
-                open_doc.append((i, 0, head))
-            if first is None:  # no separator: the whole file continues the open document
-                continue
-            self._close(open_doc)
-            open_doc = [(i, last, n)]
-        self._close(open_doc)
-
-    def _close(self, doc: list[tuple[int, int, int]] | None) -> None:
-        if doc is None or len(doc) < 2:  # within one file: its own index has it
-            return
-        self.pieces.append(doc)
-        self.drop[doc[0][0]].add(doc[0][1])  # its start in the first file
-        for j, _, _ in doc[1:]:  # and each later file's head, a document from -1 there
-            self.drop[j].add(-1)
-
-    def _copy(self, cache: Path) -> None:
-        dtype = np.result_type(*(f.tokens.dtype for f in self.files))
-        ident = [f.key for f in self.files] + [self.bos]
-        path = cache / (hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24] + ".joined")
-        lengths = [sum(b - a for _, a, b in doc) for doc in self.pieces]
-        total = sum(lengths)
-        if not (path.is_file() and path.stat().st_size == total * dtype.itemsize):
-            tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-            try:
-                cache.mkdir(parents=True, exist_ok=True)
-                with open(tmp, "wb") as out:
-                    for doc in self.pieces:
-                        for j, a, b in doc:
-                            if a < 0:  # the stream's first document: BOS before it
-                                out.write(np.array([self.bos], dtype).tobytes())
-                                a = 0
-                            for c in range(a, b, CHUNK):
-                                part = self.files[j].tokens[c : min(b, c + CHUNK)]
-                                out.write(part.astype(dtype).tobytes())
-                os.replace(tmp, path)
-            except OSError as e:
-                raise DataError(
-                    f"cannot write the joined documents to {path}: {e.strerror}; set "
-                    "data.cache_dir to a writable directory"
-                ) from None
-        self.tokens = map_tokens(path, Layout(0, total, dtype.type))
-        self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        self.ends = self.starts + np.array(lengths, np.int64)
-
-    def views(self, cuts: list[int | None] | None, part: str = "train") -> list[TokenDocs]:
-        """The documents as the loader reads them, one view a file (and one of the joined
-        documents); with `cuts`, those of `part`: train, the documents that start before
-        each file's cut (at least one), or val, the rest."""
-        out, joined = [], np.zeros(len(self.pieces), bool)
-        starting: dict[int, list[int]] = {}  # file -> the joined documents that start in it
-        for d, doc in enumerate(self.pieces):
-            starting.setdefault(doc[0][0], []).append(d)
-        for i, f in enumerate(self.files):
-            keep = np.ones(len(f), bool)
-            for start in self.drop[i]:  # at most two: the file's head and its last document
-                keep &= f.starts != start
-            if cuts is not None and (cut := cuts[i]) is not None:
-                k = max(1, int(np.searchsorted(f.starts, cut, "left")))
-                train = np.arange(len(f)) < k
-                keep &= train if part == "train" else ~train
-                for d in starting.get(i, ()):  # a joined document goes with its start
-                    at = int(np.searchsorted(f.starts, self.pieces[d][0][1], "left"))
-                    joined[d] = (at < k) == (part == "train")
-            elif part == "train":  # no cut: every document trains
-                joined[:] = True
-            else:
-                continue
-            if keep.any():
-                out.append(TokenDocs.of(f, keep))
-        if joined.any():
-            assert self.tokens is not None, "joined documents are copied at construction (_copy)"
-            first = self.files[self.pieces[int(np.flatnonzero(joined)[0])][0][0]]
-            files = {
-                self.files[j].path: None
-                for d in np.flatnonzero(joined)
-                for j, _, _ in self.pieces[d]
-            }
-            out.append(
-                TokenDocs(
-                    first.path,
-                    self.bos,
-                    self.tokens,
-                    self.starts[joined],
-                    self.ends[joined],
-                    tuple(files),
-                )
-            )
-        return out
 
 
 def megatron_note(f: TokenFile, label: str) -> str | None:
@@ -888,6 +755,7 @@ def summarise(files: list[TokenFile], sep: int | None) -> dict:
         "documents": sum(len(f) for f in files),
         "separator": sep,
         "separator_in": sum(1 for f in files if f.meta["separators"]),
+        "eod_ended": sum(1 for f in files if f.meta.get("eod_ended")),
         "min_id": min((f.meta["min_id"] for f in files), default=0),
         "max_id": max((f.meta["max_id"] for f in files), default=-1),
         "dtype": sorted({f.meta["dtype"] for f in files}),

@@ -77,12 +77,16 @@ def inspect_tokens(
     separator: int | None = None,
     column: str = "input_ids",
     out=print,
+    val_fraction: float = 0.01,
 ) -> None:
-    """Describe token files another tool wrote (data/foreign.py): files, tokens, documents,
-    the separator found, the range of token ids, document lengths. Without --separator a
-    nanogpt v1 file (GPT-2's uint16) is split at <|endoftext|> (50256), others not at all."""
+    """Describe token files another tool wrote (data/foreign.py) as a run reads them: files,
+    tokens, documents (a document that goes on from one file into the next counted once), the
+    files held out for validation, gaps in the numbering, the separator found, the range of
+    token ids, document lengths. Without --separator a nanogpt v1 file (GPT-2's uint16) is
+    split at <|endoftext|> (50256), others not at all; a Megatron or parquet file whose
+    documents all end with one token (--append-eod) is read with that token as the BOS."""
     from littlelm.data.cache import cache_root
-    from littlelm.data.foreign import TokenFiles, TokensConfig, detect_format, summarise
+    from littlelm.data.foreign import TokenFiles, TokensConfig, detect_format
 
     fmt = fmt or detect_format(path)
     cfg = TokensConfig(
@@ -95,32 +99,78 @@ def inspect_tokens(
     )
     # TokenFiles reads a TokensConfig, not the DocumentSourceConfig of Source.__init__ (its cfg)
     src = TokenFiles(cfg, "inspect")  # type: ignore[arg-type]  # TokenFiles.cfg says why
-    paths = src.files()
+    paths, cache = src.files(), cache_root(None)
     if separator is None and fmt == "nanogpt":
-        first = src.open_files(paths[:1], None, -1, cache_root(None))[0]
+        first = src.open_files(paths[:1], None, -1, cache)[0]
         separator = 50256 if first.meta["dtype"] == "uint16" else None
-    sep = src.separator(None) if separator is None else separator
-    files = src.open_files(paths, sep, -1, cache_root(None))
-    s = summarise(files, sep)
+        if separator is not None:
+            src.cfg = cfg.model_copy(update={"separator": separator})
+    bos = separator if separator is not None else _common_last_token(src, paths, cache)
+    said: list[str] = []
+    train, val, s = src.open(_AnyIds(bos), val_fraction, cache, said.append)
     for line in describe_tokens(s):
         out(line)
-    out(f"{'file':<40} {'tokens':>14} {'documents':>11} {'ids':>14} {'separator':>9}")
-    for f in files[:20]:
+    for line in said:  # the held-out files, gaps in the numbering: what a run says at start
+        out(line)
+    if not s["split"].get("val_files"):
+        out(
+            f"validation: the documents that start in the last {val_fraction:.1%} of each "
+            "file's tokens (data.val_fraction), no file named *_val_* to hold out"
+        )
+    sep = src.separator(bos)
+    out(f"{'file':<40} {'tokens':>14} {'doc starts':>11} {'ids':>14} {'separator':>9}")
+    shown = [(st, i) for st in src.streams for i in range(len(st.files))]
+    for st, i in shown[:20]:
+        f = st.files[i]
         ids = f"{f.meta['min_id']}..{f.meta['max_id']}"
         found = "-" if sep is None else f"{f.meta['separators']:,}"
-        out(f"{f.path.name:<40} {f.meta['tokens']:>14,} {len(f):>11,} {ids:>14} {found:>9}")
-    if len(files) > 20:
-        out(f"... and {len(files) - 20} more file(s)")
-    lengths = np.concatenate([np.asarray(f.ends) - np.asarray(f.starts) for f in files])
+        begun = len(f) - int(i > 0 and -1 in st.drop[i])  # its head goes on from the file before
+        out(f"{f.path.name:<40} {f.meta['tokens']:>14,} {begun:>11,} {ids:>14} {found:>9}")
+    if len(shown) > 20:
+        out(f"... and {len(shown) - 20} more file(s)")
+    lengths = np.concatenate([v.lengths() for v in train + val])
     out("document lengths (tokens, BOS included):")
     for line in histogram(lengths):
         out("  " + line)
 
 
+class _AnyIds:
+    """The tokenizer `data inspect` reads token files under: any id, and `bos` (or none)."""
+
+    vocab_size = 2**32
+
+    def __init__(self, bos: int | None):
+        self.bos_id = -1 if bos is None else bos
+
+    def describe(self) -> str:
+        return "any token id"
+
+
+def _common_last_token(src, paths: list[Path], cache: Path) -> int | None:
+    """The token every indexed document (Megatron, parquet) ends with, when they all end with
+    one: the EOD of Megatron's --append-eod."""
+    if src.cfg.format not in ("megatron", "parquet"):
+        return None
+    last = set()
+    for f in src.open_files(paths, None, -1, cache):
+        ends = np.asarray(f.ends)
+        last.update(np.unique(f.tokens[ends[ends > 0] - 1]).tolist())
+        if len(last) > 1:
+            return None
+    return int(last.pop()) if len(last) == 1 else None
+
+
 def describe_tokens(s: dict) -> list[str]:
+    crossing = s.get("continued", 0)
     lines = [
         f"{s['format']} token files: {s['files']:,} file(s), {s['tokens']:,} tokens "
-        f"({'/'.join(s['dtype'])}), {s['documents']:,} documents",
+        f"({'/'.join(s['dtype'])}), {s['documents']:,} documents as training reads them"
+        + (
+            f" (train {s['train_documents']:,}, validation {s['val_documents']:,})"
+            if "train_documents" in s
+            else ""
+        )
+        + (f"; {crossing:,} go on from one file into the next" if crossing else ""),
         f"token ids: {s['min_id']:,}..{s['max_id']:,} (a tokenizer needs a vocabulary of at least "
         f"{s['max_id'] + 1:,})",
     ]
@@ -132,7 +182,13 @@ def describe_tokens(s: dict) -> list[str]:
         )
     else:
         where = "index (.idx)" if s["format"] == "megatron" else "rows"
-        lines.append(f"documents: from the {where}, BOS put before each")
+        eod = (
+            f"; every document ends with EOD (= BOS, {s['eod_ended']} of {s['files']} file(s): "
+            "Megatron's --append-eod), which is dropped, so a boundary is one BOS"
+            if s.get("eod_ended")
+            else ""
+        )
+        lines.append(f"documents: from the {where}, BOS put before each{eod}")
     return lines
 
 

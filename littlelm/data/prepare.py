@@ -508,6 +508,25 @@ def _skips(skipped: dict) -> str:
     return ", ".join(f"{n:,} {reason}" for reason, n in sorted(skipped.items()))
 
 
+def duplicates_note(label: str, m: dict, prepared_here: bool = True) -> str | None:
+    """What a run and `data prepare` say of a source's exact duplicates dropped when it was
+    prepared (dedup: true, the default): how many, and how to repeat documents on purpose."""
+    n = m.get("duplicates") or 0
+    if not n:
+        return None
+    fix = (
+        f"data.sources.{label}.dedup=false keeps every copy"
+        if prepared_here
+        else f"prepare {m.get('label', label)!r} again with dedup: false to keep every copy"
+    )
+    return (
+        f"data.sources.{label}: {n:,} exact duplicate document(s) were dropped when it was "
+        f"prepared (dedup: true, the default; {m.get('documents', 0):,} kept), so repeating "
+        f"documents in the input does not upsample them: {fix}, and a higher weight gives a "
+        "source a larger share of the training tokens"
+    )
+
+
 def _log_summary(m: dict, log) -> None:
     tr, va = m["splits"]["train"], m["splits"]["val"]
     secs = max(m["seconds"], 1e-9)
@@ -516,7 +535,6 @@ def _log_summary(m: dict, log) -> None:
         f"prepared {m['label']!r}: {n:,} tokens (train {tr['tokens']:,} in {len(tr['shards'])} "
         f"shard(s), val {va['tokens']:,}) from {m['documents']:,} documents, "
         f"{m['bytes'] / 1e6:.1f} MB, in {secs:.1f}s"
-        + (f"; {m['duplicates']:,} exact duplicate(s) dropped" if m.get("duplicates") else "")
         + (f"; skipped: {_skips(m['skipped'])}" if m["skipped"] else "")
     )
     if va["docs"] == 0 and m["split"]["fraction"] > 0:

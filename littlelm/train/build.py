@@ -119,6 +119,8 @@ def build_data(cfg: RunConfig, log, progress=None):
         log(f"warning: {cropped}")
     for note in data.chat_notes(seq_len):  # conversations too long for a row
         log(f"warning: {note}")
+    for note in data.duplicate_notes():  # repeats in the input that a run will not repeat
+        log(f"note: {note}")
     return data
 
 

@@ -113,7 +113,7 @@ class Trainer:
             self.parallel,
             self.data.tokenizer,
             self.run_dir,
-            self.data.fingerprint(),
+            self.data.fingerprint(cfg.data),
             self.transform,
         )
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG

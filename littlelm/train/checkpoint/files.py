@@ -53,6 +53,7 @@ from littlelm.checkpoint_dirs import (  # noqa: F401
     step_dir,
 )
 from littlelm.errors import CheckpointError
+from littlelm.filehash import FileStat, sha256_file
 
 FORMAT_VERSION = 1
 FAULT_DELAY_ENV = "LITTLELM_FAULT_SAVE_DELAY"
@@ -419,27 +420,23 @@ def fingerprint(path: Path) -> str:
 
 
 # a base's weights up to this size are hashed in full at every load (well under a second);
-# larger ones when their size, mtime or inode moved since the hash was recorded
+# larger ones when their size, mtime, ctime or inode moved since the hash was recorded
 FULL_HASH_ALWAYS = 512 * 2**20
 
 
 def weights_identity(path: Path) -> dict:
     """What a LoRA run keeps of its base checkpoint `path`'s weights besides `fingerprint`: the
-    sha256 of model.safetensors (every byte) and the file's size, mtime and inode then."""
+    sha256 of model.safetensors (every byte) and the file's stat then (see _stat)."""
     weights = path / "model.safetensors"
     try:
-        h = hashlib.sha256()
-        with open(weights, "rb") as f:
-            while chunk := f.read(1 << 24):  # 16 MiB at a time: hashlib releases the GIL
-                h.update(chunk)
-        return {"sha256": h.hexdigest(), "stat": _stat(weights)}
+        return {"sha256": sha256_file(weights), "stat": _stat(weights)}
     except OSError as e:
         raise CheckpointError(f"cannot read the checkpoint {path} ({e.strerror or e})") from None
 
 
 def weights_changed(path: Path, record: dict) -> bool | None:
     """Whether checkpoint `path`'s weights differ from `record` (weights_identity's): hashed in
-    full when at most FULL_HASH_ALWAYS bytes or when size, mtime or inode moved; None when
+    full when at most FULL_HASH_ALWAYS bytes or when its stat moved; None when
     nothing was checked (a large file whose stat is as recorded, or a record without a hash)."""
     if "sha256" not in record:
         return None
@@ -454,7 +451,7 @@ def weights_changed(path: Path, record: dict) -> bool | None:
 
 
 def weights_stat(path: Path) -> list[int]:
-    """[size, mtime_ns, inode] of checkpoint `path`'s model.safetensors."""
+    """[size, mtime_ns, ctime_ns, inode] of checkpoint `path`'s model.safetensors."""
     try:
         return _stat(path / "model.safetensors")
     except OSError as e:
@@ -462,8 +459,9 @@ def weights_stat(path: Path) -> list[int]:
 
 
 def _stat(weights: Path) -> list[int]:
-    st = weights.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    # the ctime too: a rewrite in place with the mtime set back still moves it (filehash.FileStat);
+    # a record of 3 fields (before the ctime was kept) never matches, so it is hashed again
+    return list(FileStat.of(weights).to_json().values())
 
 
 # state.json fields resume reads, and their JSON types

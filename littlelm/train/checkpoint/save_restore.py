@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from littlelm.config import dump_yaml, to_tree
+from littlelm.data.fingerprint import compare as compare_files
 from littlelm.data.reshard import MakeLoader, loader_state_for
 from littlelm.errors import CheckpointError, RunDirError, TrainingError
 from littlelm.optim.groups import origin_tags
@@ -70,7 +71,7 @@ class Checkpointer:
     def __init__(self, cfg, parallel, tokenizer, run_dir: Path, data_files, transform):
         self.cfg = cfg
         self.transform = transform
-        # per source [path, bytes, content hash] of its files (data/build.py's RunData)
+        # per source [path, bytes, sampled hash, sha256] of its files (data/fingerprint.py)
         self.data_files = data_files
         self.parallel = parallel
         self.tokenizer = tokenizer
@@ -210,7 +211,8 @@ class Checkpointer:
         changed since: then an error naming the file, or with data.on_changed=restart the
         position starts over (returned: what to say)."""
         p = self.parallel
-        changed = data_change(saved.get("data_files"), self.data_files)
+        change = compare_files(saved.get("data_files"), self.data_files)
+        changed = change.problem
         choices = (
             "restore the data as it was; or keep the weights and optimizer state and start the "
             "data position over: data.on_changed=restart; or start a new run: --resume never "
@@ -220,6 +222,15 @@ class Checkpointer:
             return f"{changed}: the data position starts over (data.on_changed=restart)"
         if changed:
             raise CheckpointError(f"cannot resume {path}: {changed}; {choices}")
+        if change.added:  # a grown dataset: the old position is not one in the new order
+            loader.load_state_dict(make_loader(p.rank, p.world).state_dict())
+            state.loader = loader.snapshot()
+            shown = ", ".join(change.added[:3]) + (" ..." if len(change.added) > 3 else "")
+            return (
+                f"{len(change.added)} data file(s) were added after the ones it was trained on "
+                f"({shown}): the run continues (weights, optimizer state, step) and its data "
+                "position starts over at the beginning of the data, new files included"
+            )
         try:
             loader.load_state_dict(loader_state_for(saved, p.rank, p.world, make_loader))
         except (IndexError, KeyError, TypeError, ValueError) as e:  # a position outside the data
@@ -274,30 +285,3 @@ class Frozen:
 
     def state_dict(self) -> dict:
         return self._state
-
-
-def data_change(saved: dict | None, now: dict | None) -> str | None:
-    """What changed between a checkpoint's data fingerprints and this run's (None: nothing, or
-    a checkpoint written before littlelm recorded them). Files are compared by size and content
-    in order, so a moved directory of the same files is no change."""
-    if saved is None or now is None:
-        return None
-    for label in sorted(set(saved) & set(now)):
-        old, new = saved[label], now[label]
-        for i, (a, b) in enumerate(zip(old, new)):
-            if a[1:] != b[1:]:
-                was = f"{a[1]:,} bytes, content hash {a[2]}"
-                is_ = f"{b[1]:,} bytes, content hash {b[2]}"
-                if a[0] != b[0]:
-                    return (
-                        f"data.sources.{label}'s file {i + 1} was {a[0]} ({was}) when it was "
-                        f"written, it is now {b[0]} ({is_})"
-                    )
-                return f"data.sources.{label}'s file {b[0]} changed since it was written (was {was}, now {is_})"
-        if len(old) != len(new):
-            extra = new[len(old)][0] if len(new) > len(old) else old[len(new)][0]
-            return (
-                f"data.sources.{label} had {len(old)} file(s) when it was written, it has "
-                f"{len(new)} now ({'new' if len(new) > len(old) else 'gone'}: {extra})"
-            )
-    return None

@@ -17,7 +17,8 @@ rollback. The weights and the optimizer's moments live in the model and the opti
 
 A checkpoint's state.json holds `format_version` and `step` (train/checkpoint/files.py), then
 `tokens`, `train_time`, `loader`, `tokenizer` (fingerprint), `data_files` (each source's
-files as [path, bytes, content hash]: what `loader` is a position in), `config` (the resolved
+files as [path, bytes, sampled hash, sha256]: what `loader` is a position in;
+data/fingerprint.py), `config` (the resolved
 config) and `guard`, plus `loader_world_size` and `loader_ranks` (every rank's data position) under torchrun,
 and a LoRA run's `lora_base` ({path, fingerprint}: the frozen base its adapters belong to, whose
 weights its checkpoints do not copy; save_restore.py).
