@@ -49,7 +49,7 @@ VERBS = [
     ("littlelm.report.verbs:report", "Write a Markdown report with plots of one or more runs (a sweep's: its comparison)."),
     ("littlelm.eval.verbs:eval_", "Score a checkpoint on CORE or other in-context tasks."),
     ("littlelm.eval.verbs:eval_bundle", "Download the public CORE eval bundle."),
-    ("littlelm.plan.verbs:plan", "Memory, speed and cost of a run on each GPU of a catalog."),
+    ("littlelm.plan.verbs:plan", "Memory, speed and cost of a run (or a pipeline's stages) on each GPU of a catalog."),
     ("littlelm.plan.verbs:bench", "Run real steps, a save and a resume; measure them."),
     ("littlelm.interop.verbs:export", "Write a Hugging Face model directory (transformers, vLLM, llama.cpp)."),
     ("littlelm.interop.verbs:import_", "Read a Hugging Face Llama/Mistral/Qwen2/Qwen3/SmolLM directory into a littlelm run."),

@@ -265,6 +265,25 @@ class CheckpointConfig(Cfg):
         description="When a periodic save fails (disk full, unwritable): stop the run, or warn "
         "and keep training (the final save always stops on failure).",
     )
+    # `async` is a Python keyword, so the field is named after DCP's async_save
+    async_save: bool | Literal["auto"] = Field(
+        "auto",
+        description="Write checkpoints on a background thread: training waits only while the "
+        "state is copied to host memory. auto: when that copy fits in half the host's "
+        "available memory (said at start).",
+    )
+    slow_after_minutes: float = Field(
+        10.0,
+        description="Report a background save still running after this many minutes (the run "
+        "goes on; 0 = never).",
+        ge=0,
+    )
+    save_wait_seconds: float = Field(
+        600.0,
+        description="The longest the end of a run (a SIGTERM, Ctrl-C, a rollback) waits for a "
+        "background save; past it the run exits 2, naming the stuck save.",
+        gt=0,
+    )
 
 
 class RunConfig(Cfg):

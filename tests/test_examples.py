@@ -147,10 +147,15 @@ def check_example(argv: list[str], capsys) -> None:
         plan_sweep(opts)  # every variant's config checked; nothing runs
     elif "overrides" in inspect.signature(fn).parameters:  # train, plan, bench
         world = args.get("nproc") or args.get("devices") or 1
-        try:
-            load_run(resolve_config(config), overrides, world_size=world)
-        except DataError:  # a tokenizer an earlier step makes (sft_demo's runs/demo)
-            load_run(resolve_config(config), [*overrides, "model.vocab_size=4096"], world_size=world)  # fmt: skip
+        stages = [config]
+        if verb == "plan":  # `plan A.yaml B.yaml k=v`: a pipeline's stages, each with the overrides
+            stages += [o for o in overrides if "=" not in o]
+            overrides = [o for o in overrides if "=" in o]
+        for stage in stages:
+            try:
+                load_run(resolve_config(stage), overrides, world_size=world)
+            except DataError:  # a tokenizer an earlier step makes (sft_demo's runs/demo)
+                load_run(resolve_config(stage), [*overrides, "model.vocab_size=4096"], world_size=world)  # fmt: skip
         if verb == "plan":
             load_catalog(args.get("gpus") or []).select(args.get("gpu"))
 

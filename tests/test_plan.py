@@ -12,6 +12,7 @@ from littlelm.cli import main
 from littlelm.errors import ConfigError
 from littlelm.plan import memory as mem
 from littlelm.plan import speed
+from littlelm.plan.calibration import cuda_calibration
 from littlelm.plan.cost import (
     largest_fitting,
     load_catalog,
@@ -23,7 +24,6 @@ from littlelm.plan.cost import (
 from littlelm.plan.memory import Dims
 from littlelm.plan.planner import make_plan
 from littlelm.plan.speed import (
-    cuda_calibration,
     save_measurement,
     speed_calibrations,
     workload_key,
@@ -172,7 +172,7 @@ def test_costs_follow_the_step_model_price_and_tokens(tiny_config):
     g = cat.gpus["H100-SXM"]
     p = plan_gpu(d, g, cat, tokens=10**9)
     rates = speed.catalog_rates(g, cat, d)
-    ratio = cuda_calibration(cat).ratio
+    ratio = cuda_calibration(cat, g, d.compile).ratio  # compiled on CUDA by default
     expect = d.tokens * d.grad_accum / (speed.step_time(d, rates).raw * ratio)
     assert p.tok_s == pytest.approx(expect) and "torchtitan" in p.mfu_source
     assert p.dollars == pytest.approx(p.hours * g.price_per_hour)

@@ -24,8 +24,8 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 class Proc:
     """`littlelm train` in a child process, its output collected line by line."""
 
-    def __init__(self, config, *args, save_delay: float = 0.0):
-        env = {**os.environ, ckpt.FAULT_DELAY_ENV: str(save_delay)}
+    def __init__(self, config, *args, save_delay: float = 0.0, env: dict | None = None):
+        env = {**os.environ, ckpt.FAULT_DELAY_ENV: str(save_delay), **(env or {})}
         self.p = subprocess.Popen(
             [sys.executable, "-m", "littlelm", "train", str(config), *args],
             stdout=subprocess.PIPE,

@@ -30,6 +30,7 @@ from littlelm.errors import RunDirError
 from littlelm.model.gpt import flops_per_token
 from littlelm.model.kernels import run_backend
 from littlelm.plan import speed
+from littlelm.plan.calibration import cuda_calibration
 from littlelm.plan.cost import GIB, load_catalog
 from littlelm.plan.memory import Dims
 from littlelm.plan.planner import current_rss, local_plan, proc_status_bytes, step_memory
@@ -203,7 +204,7 @@ def predictions(c, d: Dims, device, probe, measured: dict) -> dict:
     }
     if gpu:
         modelled = speed.step_time(d, speed.catalog_rates(gpu, catalog, d)).raw
-        ratio = speed.cuda_calibration(catalog).ratio
+        ratio = cuda_calibration(catalog, gpu, d.compile).ratio
         pred["predicted_tok_s"] = d.tokens * d.grad_accum / (modelled * ratio)
         pred["speed_ratio"] = measured["step_s"] / modelled
     return pred

@@ -32,6 +32,7 @@ from littlelm.model.gpt import flops_per_token
 from littlelm.model.lora import LoRAConfig
 from littlelm.plan import memory as mem
 from littlelm.plan import speed
+from littlelm.plan.calibration import cuda_calibration
 from littlelm.plan.memory import Dims
 
 PACKAGED = Path(__file__).with_name("gpus.yaml")
@@ -80,6 +81,12 @@ class GPU(Cfg):
     match: list[str] = Field(
         default_factory=list, description="Substrings of torch.cuda.get_device_name()."
     )
+    datasheet: str = Field("", description="Where its peak figures come from (a URL).")
+    arch: str = Field(
+        "",
+        description="Architecture (ampere, ada, hopper, blackwell, cdna3): which published runs "
+        "calibrate its speed (plan/calibration.py).",
+    )
     memory_gib: float = Field(..., description="Total memory as PyTorch reports it, GiB.", gt=0)
     bf16_tflops: float = Field(..., description="Dense bf16 tensor peak, TFLOP/s.", gt=0)
     fp8_tflops: float | None = Field(None, description="Dense fp8 tensor peak, TFLOP/s.", gt=0)
@@ -119,7 +126,7 @@ class Catalog(Cfg):
 
     defaults: Defaults = Field(default_factory=Defaults, description="Catalog-wide defaults.")
     gpus: dict[str, GPU] = Field(default_factory=dict, description="GPUs by catalog key.")
-    __hash__ = object.__hash__  # by identity: speed.cuda_calibration caches per catalog
+    __hash__ = object.__hash__  # by identity: calibration.fitted_points caches per catalog
 
     def select(self, names: list[str] | None) -> list[GPU]:
         """The named GPUs (case-insensitive), or all of them."""
@@ -317,8 +324,8 @@ def gpu_speed(
     if measured and measured.get("speed_ratio"):
         ratio, source = measured["speed_ratio"], f"bench on this GPU {measured['time'][:10]}"
     else:
-        cal = speed.cuda_calibration(catalog)
-        ratio, source = cal.ratio, cal.source
+        cal = cuda_calibration(catalog, gpu, d.compile)
+        ratio, source = cal.ratio, f"calibrated by {cal.source}"
     rates = replace(rates, calibration=ratio)
     return speed.tokens_per_second(d, rates, devices), f"step model, {source}"
 

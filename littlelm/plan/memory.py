@@ -167,6 +167,7 @@ class Dims:
     master_bf16: bool = False  # train.master_weights: bf16 (parameters, grads, state in bf16)
     checkpointing: bool = False  # train.activation_checkpointing
     fp8: bool = False  # model.fp8
+    compile: bool = False  # train.compile on CUDA: calibrated by the compiled published runs
     stochastic_rounding: bool = False  # train.stochastic_rounding
     world: int = 1  # processes (distributed.world_size)
     strategy: str = "ddp"  # distributed.strategy: "ddp" or "fsdp"
@@ -207,6 +208,7 @@ class Dims:
             master_bf16=t.master_weights == "bf16",
             checkpointing=t.activation_checkpointing,
             fp8=cfg.model.fp8,
+            compile=t.compiles("cuda"),
             stochastic_rounding=t.stochastic_rounding,
             world=dc.world_size or 1,
             strategy=dc.strategy,

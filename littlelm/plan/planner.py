@@ -29,6 +29,7 @@ from littlelm.plan import memory as mem
 from littlelm.plan import speed
 from littlelm.plan.cost import GIB, Catalog, GpuPlan, apply_budget, plan_gpu
 from littlelm.plan.memory import Dims
+from littlelm.plan.saves import CheckpointCosts
 from littlelm.plan.trace import CATEGORIES, Memory, trace_step
 from littlelm.schema import RunConfig
 
@@ -85,6 +86,7 @@ class Plan:
     price_per_hour: float | None = None  # --price-per-hour: what the user pays per device-hour
     priced: list[str] = field(default_factory=list)  # the GPUs (and "this machine") it prices
     price_scope: str = ""  # those in words: "H100-SXM", "every catalog GPU and this machine"
+    checkpoints: CheckpointCosts | None = None  # plan/saves.py (plan's --write-gbs)
 
     @property
     def flops_per_token(self) -> int:

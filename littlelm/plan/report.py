@@ -14,6 +14,7 @@ from littlelm.errors import LittleLMError
 from littlelm.plan import trace as cat
 from littlelm.plan.cost import GIB, GpuPlan, MethodPlan
 from littlelm.plan.planner import Plan
+from littlelm.plan.saves import checkpoint_json, checkpoint_line
 from littlelm.plan.trace import CATEGORIES, FB, OPT
 from littlelm.progress import human
 
@@ -61,6 +62,8 @@ def print_plan(plan: Plan, console: Console | None = None, detail: bool = False)
         console.print(local_table(plan))
     console.print(memory_line(plan))
     console.print(resume_line(plan))
+    if plan.checkpoints is not None:
+        console.print(checkpoint_line(plan.checkpoints))
     if not detail:
         console.print("  [dim]--detail: memory by category, trace check, every remedy[/dim]")
         return
@@ -361,6 +364,7 @@ def plan_json(plan: Plan) -> dict:
         "trace_seconds": tr.seconds if tr else None,
         "trace_over_analytic": plan.trace_check(),
         "resume_gib": plan.resume,
+        "checkpoints": checkpoint_json(plan.checkpoints) if plan.checkpoints else None,
         "memory_per_rank_bytes": plan.per_rank()[0],
         "price_per_hour": plan.price_per_hour,
         "priced": plan.priced,

@@ -11,7 +11,8 @@ them (published points, benches on disk).
 Every GEMM is listed at its shape, so the shape of a run moves the prediction through rates
 measured at those shapes, not through one assumed MFU. Not modelled: torch.compile's fusions
 (planned as eager), host dispatch overlapping a previous kernel beyond the per-kernel max.
-docs/planning.md "Speed and cost" has the sources of every figure.
+docs/planning.md "Speed and cost" has the sources of every figure; plan/calibration.py what
+calibrates it for a GPU.
 """
 
 from __future__ import annotations
@@ -22,28 +23,38 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cache
 from pathlib import Path
 
 import torch
-from pydantic import Field
 
-from littlelm.config import Cfg, read_yaml, to_tree
+from littlelm.config import to_tree
 from littlelm.data.cache import cache_root, digest
 from littlelm.model import blocks
 from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import causal_attention
 from littlelm.plan.memory import Dims, model_tensors
-from littlelm.schema import load_run
 from littlelm.train.device import tune_cpu_allocator
 
+# The step model's constants: each is counted from the model's code (model/gpt.py, blocks.py),
+# cited, or marked assumed; the GPU ceilings are in gpus.yaml's `defaults`, with theirs.
 # Elementwise passes of one block, in vectors of d_model (D) and of the MLP's hidden width (H)
 # read plus written per token, forward; the backward moves about twice as much (each op reads
 # its saved input and the incoming gradient and writes one gradient).
-RESIDUAL_ADD_PASSES_D = 6  # two residual adds (2 reads + 1 write each)
-RESIDUAL_SCALAR_PASSES_D = 6  # x = l_resid * x + l_x0 * x0 before each block
-BACKWARD_FACTOR = 2.0
-KERNELS_PER_BLOCK = 60  # forward + backward kernels of one block outside its GEMMs (eager)
+RESIDUAL_ADD_PASSES_D = 6  # counted: two residual adds (2 reads + 1 write each)
+RESIDUAL_SCALAR_PASSES_D = 6  # counted: x = l_resid * x + l_x0 * x0 before each block
+BACKWARD_FACTOR = 2.0  # assumed: the argument above, not measured op by op
+KERNELS_PER_BLOCK = 60  # assumed: forward + backward kernels of one block outside its GEMMs
+# (eager); a GPU's elementwise time is its bytes over bandwidth unless launches take longer
+# FlashAttention's backward does 2.5 forwards of work (it recomputes the scores): the count
+# FlashAttention-2's own benchmark uses (Dao 2023, arXiv:2307.08691)
+ATTENTION_BACKWARD = 2.5
+DDP_EXPOSED = 0.05  # assumed: the share of DDP's all-reduce after the backward ends (last bucket)
+# An FP8 linear's dynamic-scaled cast of each operand (model/fp8.py; torchao and Transformer
+# Engine alike): the amax pass reads it, the scaled cast reads it again and writes one byte, per
+# element; the backward's products need dy and x transposed (one byte read, one written each).
+# What a fused cast moves at least; eager's extra passes are in the calibration.
+FP8_CAST_READS = 2
+FP8_TRANSPOSE_BYTES = 2
 
 
 # The three products of a linear layer y = x W^T, x (m, k), W (n, k): each has its own operand
@@ -144,11 +155,11 @@ def gemms(d: Dims) -> list[Gemm]:
 
 def attention_flops(d: Dims) -> float:
     """Causal attention of one micro-batch, forward + backward: the forward's two products over
-    the lower triangle (2 x 2 x B x H x T^2/2 x hd) and a backward of 2.5 forwards (it
-    recomputes the scores, FlashAttention-style, as the CPU kernel does too)."""
+    the lower triangle (2 x 2 x B x H x T^2/2 x hd) and a backward of ATTENTION_BACKWARD
+    forwards (it recomputes the scores, FlashAttention-style, as the CPU kernel does too)."""
     m = d.model
     forward = 2.0 * d.micro_batch * m.n_head * d.seq_len**2 * m.head_dim
-    return forward * 3.5 * m.n_layer
+    return forward * (1 + ATTENTION_BACKWARD) * m.n_layer
 
 
 def elementwise_bytes(d: Dims) -> float:
@@ -177,7 +188,19 @@ def elementwise_bytes(d: Dims) -> float:
     casts += nf4 * (0.5 + 2) * 2
     # read + write the sum, read the new part: the trained parameters' gradients only
     accumulate = d.n_trainable * (d.param_bytes * 2 + es)
-    return in_blocks + loss + casts + accumulate
+    return in_blocks + loss + casts + accumulate + fp8_cast_bytes(d)
+
+
+def fp8_cast_bytes(d: Dims) -> float:
+    """Bytes one micro-batch moves casting the FP8 linears' operands: x and w in the forward,
+    dy in the backward, and the transposed copies of x and dy the weight gradient reads."""
+    cast = FP8_CAST_READS * d.act_bytes + 1
+    total = 0.0
+    for g in gemms(d):
+        if g.fp8:
+            x, w, dy = g.m * g.k, g.k * g.n, g.m * g.n
+            total += g.count * (cast * (x + w + dy) + FP8_TRANSPOSE_BYTES * (x + dy))
+    return total
 
 
 def elementwise_kernels(d: Dims) -> int:
@@ -227,7 +250,7 @@ def step_time(d: Dims, rates: Rates, devices: int = 1, recompute: float | None =
             # the recompute of checkpointed blocks runs the forward again (not the lm_head's)
             times = 1 + (redo if product == "forward" and g.name != "lm_head" else 0)
             gemm_s += times * one * g.count
-    attn_s = attention_flops(d) * (1 + redo / 3.5) / rates.attention
+    attn_s = attention_flops(d) * (1 + redo / (1 + ATTENTION_BACKWARD)) / rates.attention
     elem_bw = rates.elementwise or bw
     elem_s = max(elementwise_bytes(d) / elem_bw, elementwise_kernels(d) * rates.launch)
     elem_s *= 1 + redo / (1 + BACKWARD_FACTOR)
@@ -240,7 +263,7 @@ def step_time(d: Dims, rates: Rates, devices: int = 1, recompute: float | None =
         comm = d.grad_accum * max(0.0, per_micro / link - (gemm_s + attn_s + elem_s))
     elif link and per_step:  # DDP: buckets reduce during the last micro-batch's backward
         last = backward / d.grad_accum
-        comm = max(per_step / link - last, per_step / link * 0.05)  # the last bucket is exposed
+        comm = max(per_step / link - last, per_step / link * DDP_EXPOSED)
     parts = {
         "GEMMs": d.grad_accum * gemm_s,
         "attention": d.grad_accum * attn_s,
@@ -507,63 +530,11 @@ def measure_rates(ds: list[Dims]) -> list[Rates]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Calibration. A GPU without a bench of its own: the published points of calibration.yaml (a run
-# file of the same model and its measured tokens/s); CUDA predictions are divided by their mean
-# ratio (predicted / measured step time). `littlelm bench` writes one record per run to
+# Calibration. A GPU without a bench of its own: the published runs of calibration.yaml
+# (plan/calibration.py). `littlelm bench` writes one record per run to
 # CACHE/bench/ (CACHE = $LITTLELM_CACHE or ~/.cache/littlelm) and the run directory; its
 # `speed_ratio` (measured / modelled step time) calibrates every run on the same GPU model or
 # machine (`device_key`), its memory the same workload (`workload_key`) and micro-batch.
-
-POINTS = Path(__file__).with_name("calibration.yaml")
-PLANS = Path(__file__).parent.parent / "configs" / "plans"
-
-
-class Point(Cfg):
-    """One published measurement."""
-
-    name: str = Field(..., description="What was measured, in a few words.")
-    config: str = Field(..., description="Run file of the same model, in configs/plans/.")
-    gpu: str = Field(..., description="Catalog key of the GPU it ran on.")
-    overrides: dict[str, float] = Field(
-        default_factory=dict, description="Catalog fields of that GPU's variant that differ."
-    )
-    devices: int = Field(1, description="Data-parallel GPUs.", ge=1)
-    recompute: float = Field(0.0, description="Fraction of the forward recomputed.", ge=0, le=1)
-    tokens_per_s_per_gpu: float = Field(..., description="Measured speed per GPU.", gt=0)
-    source: str = Field(..., description="Where the figure is published.")
-
-
-@dataclass(frozen=True)
-class Calibration:
-    ratio: float  # predicted / measured step time (divide predictions' speed by it)
-    source: str
-
-
-def load_points(path: Path = POINTS) -> list[Point]:
-    return [Point(**p) for p in read_yaml(path).get("points") or []]
-
-
-def point_ratio(p: Point, catalog) -> float:
-    """The step model's tokens/s for the point over the measured tokens/s."""
-    cfg = load_run(PLANS / p.config, world_size=1)
-    d = replace(Dims.of(cfg), world=p.devices)
-    gpu = catalog.gpus[p.gpu].model_copy(update=p.overrides)
-    rates = catalog_rates(gpu, catalog, d)
-    st = step_time(d, rates, p.devices, p.recompute)
-    predicted = d.tokens * d.grad_accum / st.raw
-    return predicted / p.tokens_per_s_per_gpu
-
-
-@cache  # per catalog (hashed by identity)
-def cuda_calibration(catalog) -> Calibration:
-    """The mean ratio of the packaged points."""
-    points = load_points()
-    ratios = [point_ratio(p, catalog) for p in points]
-    if not ratios:
-        return Calibration(1.0, "uncalibrated ceilings")
-    mean = sum(ratios) / len(ratios)
-    names = "; ".join(f"{p.name} ({r:.2f}x)" for p, r in zip(points, ratios))
-    return Calibration(mean, f"calibrated from {names}")
 
 
 # ----------------------------------------------------------------------------------------------

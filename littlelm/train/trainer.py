@@ -48,6 +48,7 @@ from littlelm.train.callbacks import Callback, JSONLLogger, complete_end_record
 from littlelm.train.checkpoint.rundir import check_run_dir
 from littlelm.train.checkpoint.save_restore import Checkpointer
 from littlelm.train.checkpoint.state import TrainState, Window
+from littlelm.train.checkpoint.writer import BackgroundSaves, SaveStuck, background_saves
 from littlelm.train.distributed import Parallel
 from littlelm.train.growth import base_copy, complete_growth, grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
@@ -94,6 +95,7 @@ class Trainer:
         self.stop = StopSignals()
         self.last_eval: dict = {}
         self.last_loss: torch.Tensor | None = None  # the last step's loss (on the device)
+        self.saves: BackgroundSaves | None = None  # background checkpoint writes (fit decides)
         # 1. process: every rank has this config and the device can run the model, checked
         #    before any work; then seeded, before anything draws from the RNG (model init)
         self._setup_process()
@@ -258,7 +260,12 @@ class Trainer:
         benchmarks to simulate an interruption). Returns the final metrics. Holds the run
         directory's lock throughout; SIGTERM/SIGINT stop it cleanly after a save."""
         with self.checkpointer.session(self.state, self.stop, self.log):
-            return self._fit(stop_after)
+            try:
+                return self._fit(stop_after)
+            except (Exception, KeyboardInterrupt) as e:  # a background save in flight
+                if self.saves is not None:
+                    self.saves.close(self.log, e)
+                raise
 
     @property
     def stopping(self) -> str | None:
@@ -271,6 +278,10 @@ class Trainer:
         if budget.done(s.step):  # resumed at its end
             return self._already_finished()
         self.checkpointer.write_config()
+        self.saves, note = background_saves(
+            self.checkpointer, self.parallel, self.model, self.optimizer
+        )
+        self.log(note)
         for cb in self._my_callbacks():
             cb.on_train_start(self)
         stop_at = math.inf if stop_after is None else s.step + stop_after
@@ -287,6 +298,8 @@ class Trainer:
                 else:  # no update: say why; a STOP verdict ends the run
                     self.log(s.guard.skip_note(s.step))
                     if step.verdict is Verdict.STOP:
+                        if self.saves is not None:  # the message names the newest checkpoint
+                            self._settle_save(wait=True)
                         raise TrainingError(s.guard.stop_message(s.step, s.last_checkpoint))
                 if step.verdict is Verdict.ROLLBACK:
                     self._rollback()  # to the last checkpoint; the data moves on
@@ -298,6 +311,8 @@ class Trainer:
                     metrics.update(self._log_metrics(window))
                 for cb in self._my_callbacks():
                     cb.on_step_end(self, metrics)
+                if self.saves is not None:  # a background save: a slow one said, a done one kept
+                    self._watch_save(settle=s.step % c.train.log_every == 0)
                 if self._due(c.eval.every) and not budget.done(s.step) and not self.stopping:
                     self.evaluate()
                 if self._due(c.checkpoint.every) and not last:
@@ -362,6 +377,8 @@ class Trainer:
 
     def _rollback(self) -> None:
         """Reload the last checkpoint; the data moves on (train/guard.py explains)."""
+        if self.saves is not None:  # the newest checkpoint, whatever the writer's pace
+            self._settle_save(wait=True)
         info = self.checkpointer.rollback(self.state, self.model, self.optimizer)
         self.log(self.state.guard.rollback_note(info))
         for cb in self._my_callbacks():
@@ -391,18 +408,61 @@ class Trainer:
 
     def save(self, final: bool = False) -> Path | None:
         """Checkpoint now. A failed periodic save stops the run, or with
-        checkpoint.on_save_error=continue is reported and skipped; a final save always raises."""
+        checkpoint.on_save_error=continue is reported and skipped; a final save always raises.
+        With background saves (checkpoint/writer.py) a periodic save returns None once started
+        (or skipped); the final one waits for the write, within checkpoint.save_wait_seconds."""
+        if self.saves is not None:
+            return self._save_background(final)
         try:  # a failure (disk full) raises the same CheckpointError on every rank
             path = self.checkpointer.save(self.state, self.model, self.optimizer)
         except CheckpointError as e:
-            if final or self.cfg.checkpoint.on_save_error == "stop":
-                raise
-            self.state.save_failures += 1
-            self.log(f"warning: {e}\ntraining goes on (checkpoint.on_save_error is continue)")
+            self._save_failed(e, final)
             return None
+        self._saved(path)
+        return path
+
+    def _save_failed(self, e: CheckpointError, final: bool) -> None:
+        if final or isinstance(e, SaveStuck) or self.cfg.checkpoint.on_save_error == "stop":
+            raise e
+        self.state.save_failures += 1
+        self.log(f"warning: {e}\ntraining goes on (checkpoint.on_save_error is continue)")
+
+    def _saved(self, path: Path) -> None:
         for cb in self._my_callbacks():
             cb.on_checkpoint(self, path)
+
+    def _save_background(self, final: bool) -> Path | None:
+        saves: BackgroundSaves = self.saves  # type: ignore[assignment]  # the caller checked
+        self._settle_save(wait=final)  # a final save: the one in flight first
+        if final and self.state.saved_step == self.state.step:
+            return self.state.last_checkpoint
+        started = saves.start(self.state, self.model, self.optimizer, self.log)
+        if started and final:
+            return self._settle_save(wait=True, final=True)
+        return None
+
+    def _settle_save(self, wait: bool, final: bool = False) -> Path | None:
+        """The background save's outcome, on every rank (train/checkpoint/writer.py); a failure
+        handled as a failed save (`final`: the final one's), one stuck past the wait raised."""
+        assert self.saves is not None
+        try:
+            path = self.saves.settle(self.state, wait=wait)
+        except CheckpointError as e:
+            self._save_failed(e, final)
+            return None
+        if path is not None:
+            self._saved(path)
         return path
+
+    def _watch_save(self, settle: bool) -> None:
+        """Each step: a background save past checkpoint.slow_after_minutes is said (rank 0,
+        reads no file); at the steps that log (a collective under torchrun) its outcome."""
+        assert self.saves is not None
+        note = self.saves.slow_note()
+        if note:
+            self.log(note)
+        if settle:
+            self._settle_save(wait=False)
 
     def evaluate(self) -> dict:
         c, s = self.cfg, self.state
@@ -423,6 +483,8 @@ class Trainer:
         done = self.budget.done(s.step)
         if done and self.cfg.eval.at_end:
             self.evaluate()
+        if self.saves is not None:  # the end waits for a background save (bounded)
+            self._settle_save(wait=True)
         if (self.cfg.checkpoint.at_end or not done) and s.saved_step != s.step:
             self.save(final=True)
         final = {

@@ -8,6 +8,8 @@
     save_restore.py  Checkpointer: saves a TrainState with the weights and optimizer state,
                      restores it on resume and rollback; the run directory's session (lock)
     resume.py        which checkpoint a run resumes from, and which config changes it may make
+    writer.py        background saves (checkpoint.async_save): the state staged to host memory
+                     at the step boundary, written on a thread while training goes on
     rundir.py        what may be a run directory, and one trainer per directory (RunLock)
 
 The names of checkpoint directories and finding the newest complete one are

@@ -19,6 +19,8 @@ everything `torch.load` reads is loaded with `weights_only=True`.
 
 `LITTLELM_FAULT_SAVE_DELAY=SECONDS` (a fault-injection hook for tests and benchmarks/faults.py)
 pauses that long between the writes of a save, so a kill can be landed inside the save window.
+`LITTLELM_FAULT_SAVE_STALL=PATH` (the same kind of hook) makes every fsync of a save wait while
+the file PATH exists: a filesystem whose fsync hangs, until the file is removed.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from littlelm.filehash import FileStat, sha256_file
 
 FORMAT_VERSION = 1
 FAULT_DELAY_ENV = "LITTLELM_FAULT_SAVE_DELAY"
+FAULT_STALL_ENV = "LITTLELM_FAULT_SAVE_STALL"
 
 
 class UnreadableCheckpoint(CheckpointError):
@@ -105,7 +108,15 @@ def umask_mode(path: Path) -> None:
     os.chmod(path, 0o666 & ~mask)
 
 
+def _fault_stall() -> None:
+    """Test hook: wait while the file LITTLELM_FAULT_SAVE_STALL names exists (unset: no-op)."""
+    flag = os.environ.get(FAULT_STALL_ENV)
+    while flag and os.path.exists(flag):
+        time.sleep(0.05)
+
+
 def _fsync_file(path: Path) -> None:
+    _fault_stall()
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
 
@@ -139,20 +150,28 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(
-    root: Path, step: int, model, optimizer, state: dict, origin: dict[str, str], tokenizer=None
+    root: Path,
+    step: int,
+    model,
+    optimizer,
+    state: dict,
+    origin: dict[str, str],
+    tokenizer=None,
+    rng: dict | None = None,
 ) -> Path:
-    """Write a complete checkpoint for `step` under `root` and return its directory.
+    """Write a complete checkpoint for `step` under `root` and return its directory. `rng`: the
+    RNG states to save (a background save's, read when it was staged); None reads them now.
 
     Raises CheckpointError (after removing the temporary directory) when the disk is full or
     the directory is unwritable; what was there before is untouched."""
     final = step_dir(root, step)
-    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    tmp = temporary_dir(root, step)
     try:
         root.mkdir(parents=True, exist_ok=True)
         _check_free_space(root, step)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        _write_files(tmp, step, model, optimizer, state, origin, tokenizer)
+        _write_files(tmp, step, model, optimizer, state, origin, tokenizer, rng)
         _publish(tmp, final)
     except CheckpointError:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -167,7 +186,13 @@ def save_checkpoint(
     return final
 
 
-def _write_files(tmp: Path, step: int, model, optimizer, state, origin, tokenizer) -> None:
+def temporary_dir(root: Path, step: int) -> Path:
+    """Where this process writes the checkpoint of `step` before renaming it into place."""
+    final = step_dir(root, step)
+    return final.with_name(f"{final.name}.tmp-{os.getpid()}")
+
+
+def _write_files(tmp: Path, step: int, model, optimizer, state, origin, tokenizer, rng) -> None:
     meta = {"format_version": str(FORMAT_VERSION), "origin": json.dumps(origin)}
 
     def write_model(p: Path) -> None:
@@ -176,7 +201,7 @@ def _write_files(tmp: Path, step: int, model, optimizer, state, origin, tokenize
 
     _write(tmp / "model.safetensors", write_model)
     _write(tmp / "optimizer.pt", lambda p: torch.save(optimizer.state_dict(), p))
-    _write(tmp / "rng.pt", lambda p: torch.save(rng_state(), p))
+    _write(tmp / "rng.pt", lambda p: torch.save(rng_state() if rng is None else rng, p))
     if tokenizer is not None:
         tokenizer.save(tmp / "tokenizer")
         _fsync_tree(tmp / "tokenizer")

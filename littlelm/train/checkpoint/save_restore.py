@@ -120,20 +120,36 @@ class Checkpointer:
     def save(self, state: TrainState, model, optimizer) -> Path:
         """Checkpoint `state` with the weights and optimizer state; records it in `state` and
         prunes older checkpoints. Raises CheckpointError (on every rank) when the write fails."""
-        saved = self._state_json(state)
-        # every rank takes part in gathering the whole state; rank 0 writes it
-        weights = self.parallel.model_state_dict(model)
-        weights = Frozen(self.transform.trained_state(weights, model))
-        moments = Frozen(optimizer.state_dict())
-        origin = origin_tags(model, optimizer)  # kept by the groups (optim/groups.py)
-        path = self.parallel.on_main(
-            lambda: ckpt.save_checkpoint(
-                self.dir, state.step, weights, moments, saved, origin, self.tokenizer
-            )
-        )
+        snap = self.snapshot(state, model, optimizer)
+        path = self.parallel.on_main(lambda: self.write(state.step, snap))
         state.last_checkpoint, state.saved_step = path, state.step
-        if self.parallel.is_main:
-            ckpt.prune(self.dir, self.cfg.checkpoint.keep_last, self.cfg.checkpoint.keep_every)
+        return path
+
+    def snapshot(self, state: TrainState, model, optimizer) -> dict:
+        """What a checkpoint of `state` holds, gathered whole by every rank (a collective):
+        weights, optimizer state, state.json's contents, origin tags. The tensors may be the
+        live ones: `write` them now, or stage a copy (writer.py) to write later."""
+        saved = self._state_json(state)
+        weights = self.parallel.model_state_dict(model)
+        weights = self.transform.trained_state(weights, model)  # a LoRA run's: adapters alone
+        moments = optimizer.state_dict()
+        origin = origin_tags(model, optimizer)  # kept by the groups (optim/groups.py)
+        return {"weights": weights, "moments": moments, "state": saved, "origin": origin}
+
+    def write(self, step: int, snap: dict, rng: dict | None = None) -> Path:
+        """Rank 0: write `snap` as the checkpoint of `step` (files.py), then prune older ones.
+        `rng`: RNG states read when `snap` was staged (None: now)."""
+        path = ckpt.save_checkpoint(
+            self.dir,
+            step,
+            Frozen(snap["weights"]),
+            Frozen(snap["moments"]),
+            snap["state"],
+            snap["origin"],
+            self.tokenizer,
+            rng,
+        )
+        ckpt.prune(self.dir, self.cfg.checkpoint.keep_last, self.cfg.checkpoint.keep_every)
         return path
 
     def _state_json(self, state: TrainState) -> dict:
