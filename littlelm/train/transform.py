@@ -46,6 +46,9 @@ from littlelm.train.checkpoint import files as ckpt
 class Transform:
     """The identity: the run trains (and its checkpoints keep) every weight."""
 
+    # whether trained_state keeps every weight (what a background save stages: writer.py)
+    keeps_every_weight = True
+
     def start(self, model: torch.nn.Module, grown: Any) -> None:
         """A fresh run, its start's weights in (`grown`: train/growth.py's GrownFrom, or None)."""
 
@@ -84,6 +87,8 @@ class Transform:
 class LoRA(Transform):
     """Adapters on a frozen base (model/lora.py); `base` is the checkpoint the run starts from
     (sft.base or grow.parent, made exact by complete_growth), None when the run has none."""
+
+    keeps_every_weight = False  # the trained tensors alone: the base stays in its checkpoint
 
     def __init__(self, cfg: LoRAConfig, base: str | None):
         self.cfg, self.base = cfg, base
