@@ -147,9 +147,7 @@ def main() -> None:
         shutil.rmtree(out / tree["run"]["name"], ignore_errors=True)
         trainer = run(tree, out / f"dpo-{args.task}-{seed}.yaml")
         t = trainer
-        before = t.dpo.validate(
-            t.model, t.data, t.cfg, t.device, t.autocast
-        )  # the SFT model: policy = reference before the first step
+        before = t.objective.validate()  # the SFT model: policy = reference before the first step
         after = trainer.fit()
         rows.append((seed, before, after))
     print(

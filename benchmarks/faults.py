@@ -5,6 +5,8 @@
     python benchmarks/faults.py --sft          # the runs are SFT (docs/post-training.md)
     python benchmarks/faults.py --lora         # the runs train LoRA adapters on a frozen base
     python benchmarks/faults.py --rl --steps 100   # the runs are RL from an SFT run (rl:)
+    python benchmarks/faults.py --dpo          # the runs are DPO from a base run (dpo:)
+    python benchmarks/faults.py --dpo --lora   # ... on LoRA adapters (also --rl --lora)
 
 1. Trains a small config (2 layers, d_model 64, byte tokenizer, synthetic text) without
    interruption: the reference. With `--nproc N` (N > 1) both runs are `littlelm train ...
@@ -82,6 +84,10 @@ on those conversations (150 steps from random weights, so that sampled replies a
 of the time), and both runs start from it (`sft.base`) with `rl:` groups sampled at temperature
 1 and scored by exact match; besides the losses and weights, every logged step's mean reward
 must be bitwise equal: a resumed run samples exactly the replies of the uninterrupted one.
+With `--dpo` the two runs are DPO (train/dpo.py) from a base run with the chat tokens (30
+steps), on synthetic preference pairs (reversals: the chosen reply reversed, the rejected not),
+against the frozen reference (the base, read again at every resume). `--lora` with `--dpo` or
+`--rl` trains adapters on the base instead of every weight (the reference stays the base).
 
 Exit status 0 only when every check passes. On 2 CPU cores the default run takes about one
 minute, `--nproc 2` (10 kills, 200 steps) about two, and the cases of steps 4 and 5 about three
@@ -212,6 +218,29 @@ def rl_section(work: Path) -> dict:
     }
 
 
+def dpo_data(work: Path) -> tuple[dict, dict]:
+    """(the DPO runs' data section, their sft section), for --dpo: reversal pairs."""
+    pairs = work / "pairs.jsonl"
+    if not pairs.exists():
+        rng = random.Random(3)
+        rows = []
+        for _ in range(3000):
+            letters = [rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))]
+            good = " ".join(reversed(letters))
+            bad = " ".join(letters) if letters != letters[::-1] else good + " a"
+            rows.append(
+                {"prompt": f"Reverse: {' '.join(letters)}", "chosen": good, "rejected": bad}
+            )
+        pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = work / "runs" / "base"
+    data = {
+        "tokenizer": {"name": "saved", "path": str(base)},
+        "sources": {"prefs": {"name": "preference", "dataset": str(pairs)}},
+        "val_fraction": 0.05,
+    }
+    return data, {"base": str(base)}
+
+
 def make_run(work: Path, name: str, args: argparse.Namespace, steps: int | None = None) -> Path:
     rng = random.Random(0)
     corpus = work / "corpus.txt"
@@ -241,16 +270,20 @@ def make_run(work: Path, name: str, args: argparse.Namespace, steps: int | None 
         "eval": {"every": 0, "at_end": False},
         "checkpoint": {"every": args.every, "keep_last": 2, "async_save": not args.sync},
     }
-    if args.sft and name == "base":  # the base model: a BPE tokenizer with the chat tokens
+    if (args.sft or args.dpo) and name == "base":  # a BPE tokenizer with the chat tokens
         tree["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 400, "train_chars": 200_000}
-    if (args.sft or args.lora) and name == "base":
+    if (args.sft or args.lora or args.dpo) and name == "base":
         tree["train"]["max_steps"] = 30
         tree["checkpoint"] = {"every": 30}
     elif args.sft:
         tree["data"], tree["sft"] = sft_data(work)
+    elif args.dpo:
+        tree["data"], tree["sft"] = dpo_data(work)
+        tree["dpo"] = {"beta": 0.1}
+        tree["optimizer"] = {"name": "adamw", "lr": 3e-4}
     if args.lora and name != "base":  # adapters on the base (--sft's, or continued pretraining)
         tree["lora"] = {"rank": 8, "dropout": 0.1, "lr": 0.003}
-        if not args.sft:
+        if not (args.sft or args.dpo or args.rl):  # those start from sft.base already
             tree["grow"] = {"parent": str(work / "runs" / "base")}
     if args.rl and name == "base":  # the SFT model RL starts from: conversations from random
         tree["data"], _ = sft_data(work)
@@ -551,6 +584,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--sft", action="store_true", help="SFT runs from a base run (conversations)")
     ap.add_argument("--lora", action="store_true", help="LoRA runs on a frozen base run")
     ap.add_argument("--rl", action="store_true", help="RL runs from an SFT run (rl:, exact match)")
+    ap.add_argument(
+        "--dpo", action="store_true", help="DPO runs from a base run (preference pairs)"
+    )
     ap.add_argument(
         "--set",
         action="append",
@@ -1017,7 +1053,7 @@ def main() -> int:
     env = {**os.environ, "LITTLELM_CACHE": str(work / "cache")}
     t0 = time.monotonic()
 
-    if args.sft or args.lora or args.rl:  # the base model the SFT, LoRA or RL runs start from
+    if args.sft or args.lora or args.rl or args.dpo:  # the base model the runs start from
         base = Child(make_run(work, "base", args), env, 1)
         if base.drain() != 0:
             print("".join(base.out + base.err))

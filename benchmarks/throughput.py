@@ -509,7 +509,8 @@ def bf16_eval_of_fp8(args, device: torch.device) -> float:
     batches = t.data.val_batches(
         c.eval.batch_size or c.train.micro_batch_size, c.train.seq_len, c.eval.max_tokens
     )
-    return evaluate_loss(t.model, batches, t.token_bytes, t.device, t.autocast)["val_loss"]
+    token_bytes = torch.from_numpy(t.data.tokenizer.token_bytes()).to(t.device)
+    return evaluate_loss(t.model, batches, token_bytes, t.device, t.autocast)["val_loss"]
 
 
 def fp8_report(args, runs: dict[str, list[str]], device: torch.device) -> None:

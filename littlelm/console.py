@@ -28,7 +28,6 @@ from littlelm.train.budget import train_further
 from littlelm.train.callbacks import Callback, TrainerView
 from littlelm.train.growth import group_rows
 from littlelm.train.trainer import Trainer
-from littlelm.train.validation import validation_line
 
 
 class Console(Callback):
@@ -66,7 +65,9 @@ class Console(Callback):
             self.progress.update(progress_line(line, budget.total(step)))
 
     def on_eval(self, trainer: TrainerView, m: dict) -> None:
-        self.say(f"eval step {m['step']}: {validation_line(m)} | train time {m['train_time']:.1f}s")
+        assert isinstance(trainer, Trainer), "the console is the CLI's, for a Trainer"
+        line = trainer.objective.validation_line(m)  # each objective's figures
+        self.say(f"eval step {m['step']}: {line} | train time {m['train_time']:.1f}s")
 
     def say(self, text: str) -> None:
         self.progress.message(text)

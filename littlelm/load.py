@@ -10,10 +10,9 @@ from littlelm.checkpoint_dirs import find_checkpoint
 from littlelm.config import validate
 from littlelm.data.tokenizer import Tokenizer
 from littlelm.data.tokenizers import load_tokenizer
-from littlelm.model.lora import merge_lora
 from littlelm.schema import RunConfig
 from littlelm.train.checkpoint import files as ckpt
-from littlelm.train.checkpoint.save_restore import load_lora
+from littlelm.train.transform import transform_for
 
 __all__ = ["find_checkpoint", "load_model"]  # find_checkpoint: littlelm/checkpoint_dirs.py
 
@@ -27,13 +26,11 @@ def load_model(
     loaded = ckpt.load_checkpoint(path, with_optimizer=False)
     cfg = validate(RunConfig, loaded.state["config"], source=str(path / "state.json"))
     model = cfg.model.build()
-    if "lora_base" in loaded.state:  # a LoRA run: base + adapters, merged into the plain model
-        # a QLoRA run's adapters go on the base's own weights, not their 4-bit rounding: it
-        # loads anywhere (bitsandbytes' NF4 needs CUDA), for every verb that reads a run
-        lora = cfg.lora.model_copy(update={"quantize": "none"}) if cfg.lora else None
-        load_lora(model, loaded, lora)
-        merge_lora(model)
-    else:
-        ckpt.load_model_tensors(model, loaded.model, path)
+    # a QLoRA run's adapters go on the base's own weights, not their 4-bit rounding: it loads
+    # anywhere (bitsandbytes' NF4 needs CUDA), for every verb that reads a run
+    lora = cfg.lora.model_copy(update={"quantize": "none"}) if cfg.lora else None
+    transform = transform_for(lora, None)  # its base: the one the checkpoint names
+    transform.load(model, loaded)  # a LoRA run's base + adapters
+    transform.merge(model)  # ... merged into the plain model
     tokenizer = load_tokenizer(path / "tokenizer")
     return model.to(device).eval(), tokenizer, cfg

@@ -75,6 +75,7 @@ from littlelm.train.budget import BudgetConfig
 from littlelm.train.distributed import DistributedConfig
 from littlelm.train.dpo import DPOConfig, dpo_problems
 from littlelm.train.guard import GuardConfig
+from littlelm.train.objective import ObjectiveConfig
 from littlelm.train.rl_config import RLConfig
 from littlelm.train.rl_config import problems as rl_problems
 from littlelm.train.start_from import GrowConfig, SFTConfig
@@ -509,20 +510,17 @@ def resolve(
             "fine-tuning a base of this shape, grow: {parent: ...} for a larger model"
         )
     problems += _lora_problems(cfg, world_size)
-    problems += rl_problems(cfg.rl, cfg.sft is not None, world_size)  # the processes running
+    dist_cfg = cfg.distributed  # world_size: the processes running (torchrun's or --nproc)
+    problems += rl_problems(cfg.rl, cfg.sft is not None, world_size, dist_cfg.strategy)
     sources: dict[str, str] = {k: src.name for k, src in cfg.data.sources.items()}
     problems += dpo_problems(cfg.dpo, cfg.sft is not None, sources)
-    for key in ("dpo", "rl") if cfg.lora is not None else ():
-        if getattr(cfg, key) is not None:  # their reference is a second model read from sft.base
-            problems.append(
-                f"lora with {key}: not built yet ({key}'s reference model is built from the base "
-                "checkpoint beside the policy, which is not yet made to work with LoRA's wrapped "
-                f"linears); remove lora: to train every weight with {key}"
-            )
-    if cfg.dpo is not None and cfg.rl is not None:  # each replaces the step's loss with its own
+    objectives = sorted(
+        k for k in type(cfg).model_fields if isinstance(getattr(cfg, k), ObjectiveConfig)
+    )
+    if len(objectives) > 1:  # each replaces the step's loss with its own (train/objective.py)
         problems.append(
-            "dpo and rl are both set: a run has one objective; train DPO from the SFT run, then "
-            "RL from the DPO run (sft: {base: DPO_RUN}), or the other way round"
+            f"{' and '.join(objectives)} are both set: a run has one objective; train one from the "
+            "SFT run, then the next from that run (sft: {base: RUN}), e.g. DPO then RL"
         )
     if problems:
         raise ConfigError(problems, source or None)

@@ -290,9 +290,7 @@ def test_dpo_run_trains_reports_and_resumes_bitwise(tmp_path):
     straight = load_run(write_config(tmp_path / "straight.yaml", tree))
     trainer = Trainer(straight, resume="never")
     t = trainer  # the held-out figures before the first step (no record written)
-    before = t.dpo.validate(
-        t.model, t.data, t.cfg, t.device, t.autocast
-    )  # the base model: the reference itself, so no margin yet
+    before = t.objective.validate()  # the base model: the reference itself, so no margin yet
     assert before["val_reward_margin"] == 0 and before["val_loss"] == pytest.approx(np.log(2))
     result = trainer.fit()
     assert result["finished"]
@@ -356,7 +354,6 @@ def test_dpo_on_an_imported_chatml_model(tmp_path):
         ({"dpo": {"label_smoothing": 0.5}}, "dpo.label_smoothing"),
         ({"dpo": {"beta": 0}}, "dpo.beta"),
         ({"rl": {"prompts": "prompts.jsonl"}}, "dpo and rl are both set: a run has one objective"),
-        ({"lora": {}}, "lora with dpo: not built yet"),
     ],
 )
 def test_inconsistent_dpo_configs_are_refused_with_the_fix(tmp_path, change, message):

@@ -16,7 +16,6 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_tree, write_config
-from littlelm.cli import main
 from littlelm.errors import ConfigError, DataError, TrainingError
 from littlelm.model.generate import generate, sample_group
 from littlelm.model.gpt import GPT, GPTConfig
@@ -251,7 +250,7 @@ def test_huge_rewards_log_a_number_and_sigterm_stops_a_hung_reward_cleanly(tmp_p
     assert ckpt.latest_checkpoint(cfg.run_dir() / "checkpoints").name == "step_000001"
 
 
-def test_rl_config_errors_name_the_fix(tmp_path, corpus, capsys):
+def test_rl_config_errors_name_the_fix(tmp_path, corpus):
     tree = tiny_tree(corpus, tmp_path / "runs")
     tree["rl"] = {"prompts": "p.jsonl"}
     with pytest.raises(ConfigError, match=r"rl needs sft: \{base: RUN\}"):
@@ -264,21 +263,13 @@ def test_rl_config_errors_name_the_fix(tmp_path, corpus, capsys):
         tree["rl"]["reward"] = spec
         with pytest.raises(ConfigError, match="standard library .* my_rewards:score"):
             load_run(write_config(tmp_path / "b.yaml", tree))
-    # under --nproc 2 or torchrun (WORLD_SIZE=2), though distributed.world_size is not set
+    # several processes (distributed.world_size unset: the processes running): under ddp each
+    # rank samples its own prompts (tests/test_rl_ranks.py); fsdp is refused with the reason
     tree["rl"]["reward"] = "exact"
-    two = write_config(tmp_path / "two.yaml", tree)
-    with pytest.raises(ConfigError, match="rl runs in one process"):
-        load_run(two, world_size=2)
-    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    with pytest.MonkeyPatch.context() as env:
-        for key, value in torchrun.items():
-            env.setenv(key, value)
-        assert main(["train", str(two)]) == 2
-    assert main(["train", str(two), "--nproc", "2"]) == 2
-    assert capsys.readouterr().err.count("rl runs in one process") == 2
-    tree["rl"]["reward"], tree["lora"] = "exact", {}
-    with pytest.raises(ConfigError, match="lora with rl: not built yet"):
-        load_run(write_config(tmp_path / "c.yaml", tree))
+    assert load_run(write_config(tmp_path / "two.yaml", tree), world_size=2).rl is not None
+    tree["distributed"] = {"strategy": "fsdp"}
+    with pytest.raises(ConfigError, match="rl with distributed.strategy=fsdp"):
+        load_run(write_config(tmp_path / "fsdp.yaml", tree), world_size=2)
 
 
 def test_prompts_that_leave_no_room_are_refused(tmp_path):

@@ -4,8 +4,10 @@ planned is what is trained.
 
     model = build_model(cfg, device)          # parameters in train.master_weights' dtype
     with_lora(cfg, model)                     # lora: adapters on, once the base weights are in
+    transform = build_transform(cfg)          # the same, as the trainer's model transform
     optimizer = optimizer_for(cfg, model)     # once the model is loaded, grown and sharded
     model, optimizer = build(cfg, device)     # both at once (the planner's trace)
+    objective = build_objective(cfg, setting) # what the run minimises (train/objective.py)
     data = build_data(cfg, log)               # the trainer's data, checked against the model
 
 `traced=True` builds for the trace, under FakeTensorMode: the parameters are cast in place
@@ -24,6 +26,9 @@ from littlelm.data import build as data_build
 from littlelm.errors import ConfigError
 from littlelm.model.lora import add_lora, check_lora
 from littlelm.model.protocol import LanguageModel
+from littlelm.train.objective import Objective, Setting, chosen_objective
+from littlelm.train.step import LanguageModelLoss
+from littlelm.train.transform import Transform, transform_for
 
 if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
     from littlelm.schema import RunConfig
@@ -76,6 +81,19 @@ def optimizer_for(
     stochastically when train.stochastic_rounding is on."""
     oc = cfg.optimizer.traceable() if traced else cfg.optimizer
     return oc.build(model, cfg.train.stochastic_rounding, origin)
+
+
+def build_transform(cfg: RunConfig) -> Transform:
+    """The run's model transform (train/transform.py): LoRA's adapters on its base, or none."""
+    g = cfg.starts_from()
+    return transform_for(cfg.lora, g.parent if g is not None else None)
+
+
+def build_objective(cfg: RunConfig, setting: Setting) -> Objective:
+    """The run's objective: the one its config's objective section (dpo:, rl:, ...) builds, or
+    the language-model loss (pretraining, SFT) when none is set."""
+    chosen = chosen_objective(cfg)
+    return chosen.build(setting) if chosen is not None else LanguageModelLoss(setting)
 
 
 def build_data(cfg: RunConfig, log, progress=None):

@@ -41,12 +41,14 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from littlelm.config import RESUMABLE, Cfg
+from littlelm.config import RESUMABLE
 from littlelm.data.chat import chat_format
 from littlelm.data.preference import pair_rows, pairs_of
+from littlelm.train.objective import ObjectiveConfig, Setting
+from littlelm.train.step import LanguageModelLoss
 
 
-class DPOConfig(Cfg):
+class DPOConfig(ObjectiveConfig):
     """Direct preference optimisation after SFT: the objective (the run starts from `sft.base`,
     the model being tuned and the reference; the data is a `preference` source)."""
 
@@ -69,6 +71,9 @@ class DPOConfig(Cfg):
         "frozen) in each step, without gradients (train/dpo.py says why; the only way offered).",
         json_schema_extra=RESUMABLE,
     )
+
+    def build(self, setting: Setting) -> DPOObjective:
+        return DPOObjective(setting, self)
 
 
 def dpo_problems(dpo: DPOConfig | None, sft: bool, sources: dict[str, str]) -> list[str]:
@@ -135,17 +140,24 @@ TIE_RTOL = 1e-4  # of the log-probs' magnitudes: float32 sums and bf16 autocast'
 TRAIN_FIGURES = ("reward_margin", "reward_accuracy", "logps_chosen", "logps_rejected")
 
 
-class DPOObjective:
-    """The forward of a DPO run's step: called as the trainer calls its model, `(x, y)` -> the
-    loss, on a PairLoader's rows; keeps the figures of the pairs it saw for the next record."""
+class DPOObjective(LanguageModelLoss):
+    """A DPO run's objective: the language-model step's micro-batches (a PairLoader's rows,
+    chosen then rejected), each one's loss DPO's, of the model and the frozen reference (the
+    run's base: `Setting.reference`); keeps the figures of the pairs it saw for the next record."""
 
-    def __init__(self, forward, reference: torch.nn.Module, cfg: DPOConfig):
-        self.forward, self.reference, self.cfg = forward, reference, cfg
+    def __init__(self, setting: Setting, cfg: DPOConfig):
+        super().__init__(setting)
+        self.cfg = cfg
+        self.reference = setting.reference()  # resident beside the model, without gradients
         self._sums: dict[str, torch.Tensor] = {}
         self._pairs = 0
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logps = sequence_logps(self.forward, x, y)
+    def loss_of(self, forward):
+        return lambda x, y: self.pair_loss(forward, x, y)
+
+    def pair_loss(self, forward, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The mean DPO loss of the pairs in rows (x, y), the policy's log-probs from `forward`."""
+        logps = sequence_logps(forward, x, y)
         with torch.no_grad():
             ref = sequence_logps(self.reference, x, y)
         loss, figures = dpo_terms(logps, ref, self.cfg.beta, self.cfg.label_smoothing)
@@ -164,9 +176,10 @@ class DPOObjective:
         return out
 
     @torch.no_grad()
-    def validate(self, model, data, cfg, device, autocast) -> dict:
-        """DPO's figures over every held-out pair (`data`: the run's RunData; `cfg` its
-        RunConfig), as `val_*`."""
+    def validate(self) -> dict:
+        """DPO's figures over every held-out pair, as `val_*`."""
+        st = self.setting
+        model, data, cfg, device = st.model, st.data, st.cfg, st.device
         src = data.pairs
         row_len = cfg.train.seq_len + 1
         pairs, _ = pairs_of(src.val, src.label, row_len)
@@ -179,7 +192,7 @@ class DPOObjective:
             for i in range(0, len(pairs), batch):
                 x, y = pair_rows(pairs[i : i + batch], row_len, bos, fmt)
                 x, y = x.to(device), y.to(device)
-                with autocast:
+                with st.autocast:
                     logps = sequence_logps(model, x, y)
                     ref = sequence_logps(self.reference, x, y)
                 loss, figures = dpo_terms(logps, ref, self.cfg.beta, self.cfg.label_smoothing)
@@ -196,6 +209,9 @@ class DPOObjective:
             **{f"val_{k}": v / n for k, v in sums.items()},
             "val_pairs": n,
         }
+
+    def validation_line(self, m: dict) -> str:
+        return validation_line(m)
 
 
 def validation_line(m: dict) -> str:

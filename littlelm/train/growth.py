@@ -34,14 +34,13 @@ from littlelm.model.grow import (
     logit_gap,
     parent_model_config,
 )
-from littlelm.model.lora import has_lora
 from littlelm.model.protocol import LanguageModel
 from littlelm.optim.groups import group_table
 from littlelm.optim.schedule import OriginLR, OriginRamp, multiplier
 from littlelm.train.build import build_model, optimizer_for
 from littlelm.train.checkpoint import files as ckpt
-from littlelm.train.checkpoint.save_restore import plain_tensors
 from littlelm.train.start_from import GrowConfig
+from littlelm.train.transform import Transform, plain_tensors
 
 if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
     from littlelm.schema import RunConfig
@@ -195,7 +194,7 @@ class GrownFrom:
 
 
 def grow_at_start(
-    model: LanguageModel, cfg: RunConfig, resumed_step: int | None, data
+    model: LanguageModel, cfg: RunConfig, resumed_step: int | None, data, transform: Transform
 ) -> GrownFrom | None:
     """A fresh grown run (or one resumed at step 0): the parent's weights and origin tags go
     into `model` (None: not a grown run, or one resumed past its start)."""
@@ -203,50 +202,30 @@ def grow_at_start(
     if g is None or resumed_step:
         return None
     assert isinstance(model, GPT), "complete_growth refuses a model whose config is not growable"
-    if has_lora(model):  # a LoRA run resumed at step 0: its base is in already (its load)
+    if transform.applied(model):  # resumed at step 0 with its transform on: its base is in
         return None
     return grow_from_parent(model, g, data.tokenizer.fingerprint, cfg, _key(cfg))
 
 
-def check_lora_start(cfg: RunConfig, grown: GrownFrom | None) -> None:
-    """A fresh LoRA run starts from trained weights of its own shape: LoRA learns a small
-    change of a model that works already. From random weights the frozen base is noise that the
-    adapters cannot undo (train every weight instead), and a grown model's new blocks start as
-    the identity (their output projections zero), frozen there for good."""
-    if cfg.lora is None:
-        return
-    if grown is None:
-        raise ConfigError(
-            [
-                "lora: the run starts from random weights; LoRA trains a low-rank change of a "
-                "trained base, which a frozen random model is not. Set sft: {base: RUN_DIR} "
-                "(fine-tuning) or grow: {parent: RUN_DIR} with the parent's shape (continued "
-                "pretraining), or remove lora: to train every weight"
-            ]
-        )
-    if grown.grew:
-        raise ConfigError(
-            [
-                f"lora with a grown model: {grown.path} is grown into another shape here, and "
-                "the new blocks (the identity at their start) would stay frozen; grow and train "
-                "every weight first, then LoRA from that run (or give the model section the "
-                "parent's shape)"
-            ]
-        )
-
-
 def base_copy(cfg: RunConfig, device: torch.device, fingerprint: str) -> torch.nn.Module:
-    """A frozen copy of the run's base (sft.base) on `device`, in train.master_weights' dtype: a
-    DPO run's reference (train/dpo.py). Read from the base checkpoint (and checked against its
-    logits, as the run's own copy), at start and on resume alike; the run's RNG is untouched."""
+    """A frozen copy of the run's base (sft.base) on `device`, in train.master_weights' dtype:
+    the one frozen reference (an objective's `Setting.reference`: DPO's reference, RL's KL).
+    Read from the base checkpoint (and checked against its logits, as the run's own copy), at
+    start and on resume alike; the run's RNG is untouched."""
     g = cfg.starts_from()
-    assert g is not None, "schema.resolve refuses dpo: without sft:"
+    assert g is not None, "schema.resolve refuses dpo: and rl: without sft:"
     with torch.random.fork_rng(devices=[]):  # building must not move the run's RNG
         model = build_model(cfg, device)
     assert isinstance(model, GPT), "complete_growth refuses a model whose config is not growable"
-    grow_from_parent(
-        model, g.model_copy(update={"continue_data": False}), fingerprint, key=_key(cfg)
-    )
+    try:
+        grow_from_parent(
+            model, g.model_copy(update={"continue_data": False}), fingerprint, key=_key(cfg)
+        )
+    except CheckpointError as e:
+        raise CheckpointError(
+            f"the frozen reference is the run's base ({g.parent}), which cannot be read ({e}); "
+            "restore it (a resumed run needs it too)"
+        ) from None
     model.requires_grad_(False)
     return model.eval()
 

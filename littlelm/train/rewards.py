@@ -37,6 +37,7 @@ import numpy as np
 
 from littlelm.data.chat import extract
 from littlelm.errors import ConfigError, TrainingError
+from littlelm.train.objective import StepInterrupted
 
 Reward = Callable[[str, str], float]
 NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")  # what float() reads, no inf/nan
@@ -119,7 +120,7 @@ class RewardTimeout(Exception):
     pass
 
 
-class RewardStopped(Exception):
+class RewardStopped(StepInterrupted):
     """SIGTERM or SIGINT arrived during a reward call: the call was interrupted."""
 
 

@@ -40,26 +40,22 @@ Held-out pass@1 is `littlelm eval RUN --chat DIR` (greedy), as for SFT.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from littlelm.checkpoint_dirs import find_checkpoint
 from littlelm.data.chat import chat_format, check_messages, json_lines
-from littlelm.errors import CheckpointError, DataError
+from littlelm.errors import DataError
 from littlelm.model.generate import sample_group
 from littlelm.model.gpt import GPT
-from littlelm.train.checkpoint import files as ckpt
-from littlelm.train.checkpoint.save_restore import plain_tensors
+from littlelm.train.objective import Objective, Pass, Setting
 from littlelm.train.rewards import reward_function, score
-
-if TYPE_CHECKING:  # for types only: train/ is below the schema's layer
-    from littlelm.schema import RunConfig
 
 FIGURES = ("reward", "pass1", "reply_tokens", "kl", "flat_frac", "sample_s", "learn_s")
 
@@ -102,6 +98,18 @@ def step_seed(seed: int, *keys: int) -> int:
     return int(np.random.SeedSequence([seed, *keys]).generate_state(2, np.uint64)[0] >> 1)
 
 
+def step_prompts(n: int, k: int, seed: int, step: int, rank: int, world: int) -> list[int]:
+    """Indices (of `n` prompts) of rank `rank`'s `k` prompts of `step` (0-based): the file in an
+    order shuffled per pass, read `k · world` prompts a step, each rank its own `k` of them (rank
+    0 of one process: the single-process run's)."""
+    out = []
+    first = (step * world + rank) * k
+    for pos in range(first, first + k):
+        order = np.random.default_rng(step_seed(seed, pos // n)).permutation(n)
+        out.append(int(order[pos % n]))
+    return out
+
+
 def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """(groups, group_size) rewards -> advantages normalised per group; a group whose rewards
     are all equal gets 0 (no signal)."""
@@ -122,57 +130,47 @@ def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(r) - r - 1
 
 
-class RL:
-    """The RL objective of one run: samples, scores and computes each step's loss."""
+class RL(Objective):
+    """The RL objective of one run: samples, scores and computes each step's loss (its held-out
+    figures are the language-model loss's, the default `validate`)."""
 
-    def __init__(self, cfg: RunConfig, model, device: torch.device, autocast, tokenizer):
-        assert cfg.rl is not None and cfg.sft is not None, (
-            "problems() refuses an rl run without sft"
-        )
-        self.cfg, self.r = cfg, cfg.rl
-        self.model, self.device, self.autocast = model, device, autocast
-        self.tok = tokenizer
+    counts_targets = True  # the reply tokens the loss trained on
+
+    # `r`: the run's rl section (train/rl_config.py, whose `build` makes this class: typed Any
+    # here, as naming it back would be an import cycle)
+    def __init__(self, setting: Setting, r: Any):
+        super().__init__(setting)
+        cfg = setting.cfg
+        assert cfg.sft is not None, "problems() refuses an rl run without sft"
+        self.cfg, self.r = cfg, r
+        assert isinstance(setting.model, GPT), "schema.problems refuses rl: without sft's GPT"
+        self.model, self.device, self.autocast = setting.model, setting.device, setting.autocast
+        self.tok = tokenizer = setting.data.tokenizer
         self.fmt = chat_format(tokenizer)
         room = cfg.model.max_seq_len - self.r.max_new_tokens
         self.prompts = read_prompts(Path(self.r.prompts).expanduser(), self.fmt, room)
         self.reward = reward_function(self.r.reward)
-        self.reference = self._reference(cfg.sft.base)
+        self.reference = setting.reference()  # the SFT model, frozen: the KL reference
         self.sums: dict[str, float] = dict.fromkeys(FIGURES, 0.0)
         self.steps = 0
 
-    def _reference(self, base: str) -> GPT:
-        """The SFT model, frozen: the KL reference."""
-        try:
-            path = find_checkpoint(base)
-            loaded = ckpt.load_checkpoint(path, with_optimizer=False)
-        except CheckpointError as e:
-            raise CheckpointError(
-                f"rl: the KL reference is the SFT model sft.base ({base}), which cannot be read "
-                f"({e}); restore it (a resumed RL run needs it too)"
-            ) from None
-        with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG
-            ref = GPT(self.cfg.model)
-        ckpt.load_model_tensors(ref, plain_tensors(loaded), path)  # a LoRA run's: merged
-        ref.requires_grad_(False)
-        return ref.to(self.device).eval()
-
     def prompts_for(self, step: int) -> list[int]:
-        """Indices of the prompts of `step` (0-based): the file in an order shuffled per pass."""
-        n, k = len(self.prompts), self.r.prompts_per_step
-        out = []
-        for pos in range(step * k, step * k + k):
-            order = np.random.default_rng(step_seed(self.cfg.run.seed, pos // n)).permutation(n)
-            out.append(int(order[pos % n]))
-        return out
+        """Indices of this rank's prompts of `step` (0-based)."""
+        p = self.setting.parallel
+        return step_prompts(
+            len(self.prompts), self.r.prompts_per_step, self.cfg.run.seed, step, p.rank, p.world
+        )
 
     def sample(self, step: int) -> list[tuple[Prompt, torch.Tensor, torch.Tensor, torch.Tensor]]:
         """(prompt, replies (G, L), lengths (G,), rewards (G,)) per prompt of `step`."""
         r = self.r
-        gen = torch.Generator(device=self.device).manual_seed(step_seed(self.cfg.run.seed, step))
+        rank = self.setting.parallel.rank  # rank 0 draws as a single process does
+        keys = (step, rank) if rank else (step,)
+        gen = torch.Generator(device=self.device).manual_seed(step_seed(self.cfg.run.seed, *keys))
         groups = []
         for i in self.prompts_for(step):
             p = self.prompts[i]
-            with self.autocast:
+            with self.autocast, self._inference():
                 tokens, lengths = sample_group(
                     self.model,
                     p.ids,
@@ -191,6 +189,25 @@ class RL:
             groups.append((p, tokens, lengths, torch.tensor(rewards, dtype=torch.float64)))
         return groups
 
+    @contextlib.contextmanager
+    def _inference(self):
+        """The model in eval mode while it samples: replies from the model itself (LoRA's
+        dropout off), and no draw from the global RNG, whose state would differ across ranks."""
+        was = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was)
+
+    @contextlib.contextmanager
+    def _step_rng(self, step: int):
+        """The global RNG, seeded for this step's loss and restored after it."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(step_seed(self.cfg.run.seed, step, self.setting.parallel.rank, 1))
+            yield
+
     def _logp(self, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """log-probabilities (B, T) of targets y under `model` at the sampling temperature."""
         with self.autocast:
@@ -198,10 +215,10 @@ class RL:
         logp = F.log_softmax(logits.float() / self.r.temperature, dim=-1)
         return logp.gather(-1, y[..., None]).squeeze(-1)
 
-    def forward_backward(self, step: int, forward) -> tuple[torch.Tensor, int]:
+    def forward_backward(self, step: int, batches, forward) -> Pass:
         """Sample and score step `step`'s groups, then the loss's gradients into `.grad`
-        (`forward`: the trainer's wrapped model). Returns (the loss, detached; the reply tokens
-        it counted)."""
+        (`forward`: the trainer's wrapped model; the loader's `batches` are not read). Returns
+        the loss (detached) and the reply tokens it counted."""
         t0 = time.perf_counter()
         groups = self.sample(step)
         t1 = time.perf_counter()
@@ -212,34 +229,46 @@ class RL:
         scale = rewards.abs().amax(1, keepdim=True).clamp(min=1)
         adv = group_advantages((rewards / scale).float()).to(self.device)
         total_tokens = int(sum(int(g[2].sum()) for g in groups))
+        parallel = self.setting.parallel
+        world = parallel.world
+        # the loss is the mean over every rank's reply tokens: DDP averages the ranks' gradients,
+        # so each rank divides its sum by the tokens of all ranks over the number of ranks
+        per_rank = total_tokens if world == 1 else parallel.total(total_tokens, self.device) / world
         loss_sum = torch.zeros((), device=self.device)
         kl_sum = 0.0
-        for (p, tokens, lengths, _), a in zip(groups, adv):
-            width = int(lengths.max())
-            seq = torch.cat(
-                [
-                    torch.tensor(p.ids, device=self.device).expand(len(tokens), -1),
-                    tokens[:, :width],
-                ],
-                dim=1,
-            )
-            x, y = seq[:, :-1], seq[:, 1:]
-            start = len(p.ids) - 1  # the target index of the first reply token
-            cols = torch.arange(y.size(1), device=self.device)[None, :]
-            mask = (cols >= start) & (cols < start + lengths[:, None])
-            flat = bool((a == 0).all())
-            with torch.no_grad():
-                ref = self._logp(self.reference, x, y)
-            learn = not flat or self.r.kl_coef > 0  # else nothing to learn: no graph
-            with torch.set_grad_enabled(learn):
-                logp = self._logp(forward, x, y)
-                kl = k3(logp, ref)
-                per_token = -a[:, None] * logp + self.r.kl_coef * kl
-                loss = (per_token * mask).sum() / total_tokens
-            if learn:
-                loss.backward()
-            loss_sum += loss.detach()
-            kl_sum += float((kl.detach() * mask).sum())
+        # the loss's draws (LoRA's dropout) from a generator of (seed, step, rank): a rank's
+        # replies differ in length from the other ranks', so the global RNG would drift apart
+        # across ranks, and a checkpoint restores one RNG state for all of them
+        with self._step_rng(step):
+            for i, ((p, tokens, lengths, _), a) in enumerate(zip(groups, adv)):
+                width = int(lengths.max())
+                seq = torch.cat(
+                    [
+                        torch.tensor(p.ids, device=self.device).expand(len(tokens), -1),
+                        tokens[:, :width],
+                    ],
+                    dim=1,
+                )
+                x, y = seq[:, :-1], seq[:, 1:]
+                start = len(p.ids) - 1  # the target index of the first reply token
+                cols = torch.arange(y.size(1), device=self.device)[None, :]
+                mask = (cols >= start) & (cols < start + lengths[:, None])
+                flat = bool((a == 0).all())
+                with torch.no_grad():
+                    ref = self._logp(self.reference, x, y)
+                # else nothing to learn: no graph (under DDP every rank runs every group's backward,
+                # which all-reduces the gradients at the last one)
+                learn = not flat or self.r.kl_coef > 0 or world > 1
+                with torch.set_grad_enabled(learn):
+                    logp = self._logp(forward, x, y)
+                    kl = k3(logp, ref)
+                    per_token = -a[:, None] * logp + self.r.kl_coef * kl
+                    loss = (per_token * mask).sum() / per_rank
+                if learn:
+                    with parallel.no_sync(skip=i < len(groups) - 1):
+                        loss.backward()
+                loss_sum += loss.detach()
+                kl_sum += float((kl.detach() * mask).sum())
         t2 = time.perf_counter()
         flat_groups = float((rewards.std(1, unbiased=False) == 0).float().mean())
         figures = {
@@ -254,12 +283,17 @@ class RL:
         for k, v in figures.items():
             self.sums[k] += v
         self.steps += 1
-        return loss_sum, total_tokens
+        return Pass(loss_sum, total_tokens, None)
 
-    def figures(self) -> dict[str, float]:
-        """rl_* means over the steps since the last call (the trainer's logged records)."""
+    def metrics(self) -> dict[str, float]:
+        """rl_* means over the steps since the last call (the trainer's logged records), and
+        over the ranks (each samples its own prompts)."""
         if not self.steps:
             return {}
         out = {f"rl_{k}": v / self.steps for k, v in self.sums.items()}
         self.sums, self.steps = dict.fromkeys(FIGURES, 0.0), 0
+        parallel = self.setting.parallel
+        if parallel.world > 1:  # float64: the figures as one process computes them
+            means = parallel.mean(torch.tensor(list(out.values()), dtype=torch.float64))
+            out = dict(zip(out, means.tolist()))
         return out

@@ -1,19 +1,18 @@
-"""The `rl:` section (train/rl.py runs it) and its checks against the rest of the run.
+"""The `rl:` section (train/rl.py runs it: `build`) and its checks against the rest of the run.
 
-Apart from train/rl.py because the schema (littlelm/schema.py) composes this section into the run
-config while rl.py's loop reads that run config: with the class in rl.py the two modules would
-import each other (as train/start_from.py is apart from train/growth.py).
+Apart from train/rl.py, which holds the sampler, the rewards' calls and the loss: the schema
+composes this section into the run config, and a config section stays light to import.
 """
 
 from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from littlelm.config import Cfg
+from littlelm.train.objective import Objective, ObjectiveConfig, Setting
 from littlelm.train.rewards import check_spec
 
 
-class RLConfig(Cfg):
+class RLConfig(ObjectiveConfig):
     """Reinforcement learning with verifiable rewards after SFT, GRPO-style: replies sampled in
     groups per prompt, scored by a reward function, advantages normalised per group, an optional
     KL penalty to the SFT model (train/rl.py). The run starts from `sft.base` (required), which is
@@ -63,19 +62,25 @@ class RLConfig(Cfg):
     def _known_reward(cls, v: str) -> str:
         return check_spec(v)
 
+    def build(self, setting: Setting) -> Objective:
+        from littlelm.train.rl import RL  # the sampler and the loss: needed by a run, not a config
 
-def problems(rl: RLConfig | None, sft: bool, world_size: int | None) -> list[str]:
+        return RL(setting, self)
+
+
+def problems(rl: RLConfig | None, sft: bool, world_size: int | None, strategy: str) -> list[str]:
     """What makes an `rl:` section unusable in this run (the schema's resolve lists them): `sft`,
     whether the run has an sft: section; `world_size`, the processes running (torchrun's
-    WORLD_SIZE, or --nproc)."""
+    WORLD_SIZE, or --nproc); `strategy`, distributed.strategy."""
     if rl is None:
         return []
     out = []
     if not sft:
         out.append("rl needs sft: {base: RUN}: the SFT model RL starts from, and its KL reference")
-    if world_size not in (None, 1):
+    if world_size not in (None, 1) and strategy == "fsdp":
         out.append(
-            "rl runs in one process for now (each process would sample the same prompts); "
-            "train it without --nproc / torchrun"
+            "rl with distributed.strategy=fsdp: each rank samples its replies through the whole "
+            "model outside the training forward, which FSDP's sharded parameters are not built "
+            "for here; use distributed.strategy=ddp (each rank samples its own prompts)"
         )
     return out

@@ -31,27 +31,30 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from littlelm.config import flatten, to_tree
-from littlelm.data.loader import Batch, DataExhausted, Prefetcher, StopWaiting
+from littlelm.data.loader import DataExhausted, Prefetcher, StopWaiting
 from littlelm.errors import CheckpointError, TrainingError
 from littlelm.optim.schedule import GroupSchedule
 from littlelm.progress import Progress
 from littlelm.train import device as dev
 from littlelm.train.budget import Steps, build_budget
-from littlelm.train.build import build_data, build_model, optimizer_for, with_lora
+from littlelm.train.build import (
+    build_data,
+    build_model,
+    build_objective,
+    build_transform,
+    optimizer_for,
+)
 from littlelm.train.callbacks import Callback, JSONLLogger, complete_end_record
 from littlelm.train.checkpoint.rundir import check_run_dir
 from littlelm.train.checkpoint.save_restore import Checkpointer
 from littlelm.train.checkpoint.state import TrainState, Window
 from littlelm.train.checkpoint.writer import BackgroundSaves, SaveStuck, background_saves
 from littlelm.train.distributed import Parallel
-from littlelm.train.dpo import DPOObjective
-from littlelm.train.growth import base_copy, check_lora_start, complete_growth, grow_at_start
+from littlelm.train.growth import base_copy, complete_growth, grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
-from littlelm.train.rewards import RewardStopped
-from littlelm.train.rl import RL
+from littlelm.train.objective import Setting, StepInterrupted
 from littlelm.train.signals import StopSignals
-from littlelm.train.step import grad_norm, micro_step, seed_everything, synchronize, update
-from littlelm.train.validation import validation_metrics
+from littlelm.train.step import grad_norm, seed_everything, synchronize, update
 
 if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
     from littlelm.schema import RunConfig
@@ -104,8 +107,16 @@ class Trainer:
         # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
         progress = self.progress if self.is_main else Progress(io.StringIO())  # rank 0 shows it
         self.data = self.parallel.in_turns(lambda: build_data(cfg, self.log, progress))
+        # what the run does to its model besides training it (train/transform.py: LoRA's
+        # adapters on a frozen base), which checkpoints keep and load through
+        self.transform = build_transform(cfg)
         self.checkpointer = Checkpointer(
-            cfg, self.parallel, self.data.tokenizer, self.run_dir, self.data.fingerprint(cfg.data)
+            cfg,
+            self.parallel,
+            self.data.tokenizer,
+            self.run_dir,
+            self.data.fingerprint(cfg.data),
+            self.transform,
         )
         # 4. model: whole (unsharded), in train.master_weights' dtype, from the seeded RNG
         model = build_model(cfg, self.device)
@@ -115,15 +126,14 @@ class Trainer:
         resumed = self.checkpointer.load(resume, self.model)
         resumed_step: int | None = resumed.loaded.state["step"] if resumed is not None else None
         # 6. grow: a fresh grown run copies its parent's weights (same reason) and tags origins
-        grown = grow_at_start(self.model, cfg, resumed_step, self.data)
+        grown = grow_at_start(self.model, cfg, resumed_step, self.data, self.transform)
         if grown is not None:
             self.log(grown.summary())
-        # 6b. lora: a fresh LoRA run puts its adapters on the base copied in 6 (a resumed one's
-        #     went on in 5, between the base and the checkpoint's adapters), before the
-        #     sharding and the optimizer see the parameters
-        if cfg.lora is not None and resumed is None:
-            check_lora_start(cfg, grown)
-            with_lora(cfg, self.model)
+        # 6b. transform: a fresh run's (LoRA's adapters) goes on the weights copied in 6 (a
+        #     resumed one's went on in 5, with the checkpoint's weights), before the sharding
+        #     and the optimizer see the parameters
+        if resumed is None:
+            self.transform.start(self.model, grown)
         # 7. shard: FSDP replaces the parameters by DTensors, which the optimizer must hold
         self.parallel.shard_model(self.model, cfg.train.precision)
         # 8. optimizer: parameter groups from the sharded parameters and their origin tags, a
@@ -139,7 +149,6 @@ class Trainer:
         self.state.guard.collapse = Collapse(vocab, cfg.guard.collapse_steps)
         # 10. measure: FLOPs per token and peak FLOP/s (a CPU's first probe draws its random
         #     matrices from a generator of its own: a probe or a cached peak trains the same)
-        self.token_bytes = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
         self.flops_per_token = self.model.flops_per_token(cfg.train.seq_len)
         self.peak = dev.peak_flops(self.device, precision=cfg.train.precision) * self.parallel.world
         # 11. resume: optimizer moments, RNG, counters, guard and data position, into the
@@ -172,16 +181,22 @@ class Trainer:
         #     and sampling use the bare `self.model`
         forward = self.parallel.wrap(self.model)
         self.forward = torch.compile(forward) if cfg.train.compiles(self.device) else forward
-        # 14. RL (train/rl.py): a step's loss from replies sampled and scored, not from batches
-        self.rl = (
-            RL(cfg, self.model, self.device, self.autocast, self.data.tokenizer) if cfg.rl else None
+        # 14. objective (train/objective.py): what a step minimises, chosen by the config (the
+        #     language-model loss, DPO, RL, ...), with what it keeps resident (a frozen
+        #     reference: the run's base, read last so that nothing above draws after it)
+        fingerprint = self.data.tokenizer.fingerprint
+        self.objective = build_objective(
+            cfg,
+            Setting(
+                cfg,
+                self.model,
+                self.device,
+                self.autocast,
+                self.data,
+                self.parallel,
+                reference=lambda: base_copy(cfg, self.device, fingerprint),
+            ),
         )
-        # 15. dpo: a step's loss is DPO's, of the model and a frozen copy of its base (the
-        #     reference), on the loader's pairs (train/dpo.py)
-        self.dpo: DPOObjective | None = None
-        if cfg.dpo is not None:
-            base = base_copy(cfg, self.device, self.data.tokenizer.fingerprint)
-            self.forward = self.dpo = DPOObjective(self.forward, base, cfg.dpo)
 
     # ---- construction steps (in the order __init__ calls them) --------------------------------
 
@@ -309,8 +324,8 @@ class Trainer:
             self.log(
                 f"{e}: stopped while waiting for the next batch; step {s.step + 1} is left out"
             )
-        except RewardStopped as e:  # RL's step was sampling: no gradient yet, nothing changed
-            self.log(f"{e}: stopped while scoring replies; step {s.step + 1} is left out")
+        except StepInterrupted as e:  # before the step's gradients (RL: scoring): nothing changed
+            self.log(f"{e}: stopped before step {s.step + 1}'s update; it is left out")
         finally:
             batches.close()
         return self._finish()
@@ -326,11 +341,11 @@ class Trainer:
         s, t = self.state, self.cfg.train
         batch_tokens = t.batch_tokens
         assert batch_tokens, "load_run derives it"
-        # forward and backward: gradients accumulate in .grad; `trained`: the targets counted
-        if self.rl is None:
-            loss, trained = self._micro_batches(batches)
-        else:  # RL: the loss on replies sampled and scored now (train/rl.py), their tokens
-            loss, trained = self.rl.forward_backward(s.step, self.forward)
+        # forward and backward (the objective's): gradients accumulate in .grad; `trained`:
+        # the targets counted; the loader's position after the batches it took
+        loss, trained, loader = self.objective.forward_backward(s.step, batches, self.forward)
+        if loader is not None:
+            s.loader = loader
         # clip: measure the gradient norm (before clipping) and clip to train.grad_clip
         norm = grad_norm(self.model.parameters(), t.grad_clip)
         # the loss guard's verdict on this step's loss and norm (one host sync)
@@ -341,29 +356,11 @@ class Trainer:
         update(self.optimizer, apply=verdict is Verdict.OK)
         s.step += 1
         # a masked loss (conversations, RL's replies) counts the targets it trained on (all ranks)
-        masked = self.data.masked or self.rl is not None
+        masked = self.objective.counts_targets
         s.tokens += self.parallel.total(trained, self.device) if masked else batch_tokens
         synchronize(self.device)  # the step's time includes the device's work
         s.train_time += time.perf_counter() - t0
         return Step(loss, norm, verdict, lr_mult)
-
-    def _micro_batches(self, batches) -> tuple[torch.Tensor, int]:
-        """Forward and backward of `grad_accum` micro-batches: gradients accumulate in .grad.
-        Returns the mean loss (detached) and the targets it counted (conversations: the
-        assistant's tokens only)."""
-        t = self.cfg.train
-        accum, seq_len = t.grad_accum, t.seq_len
-        assert accum and seq_len, "load_run derives them"
-        total = torch.zeros((), device=self.device)
-        trained = 0
-        for i in range(accum):
-            batch: Batch = next(batches)
-            trained += t.micro_batch_size * seq_len if batch.trained is None else batch.trained
-            x, y = (b.to(self.device, non_blocking=True) for b in (batch.x, batch.y))
-            with self.parallel.no_sync(skip=i < accum - 1):  # DDP: all-reduce on the last
-                total += micro_step(self.forward, x, y, accum, self.autocast)
-        self.state.loader = batch.state
-        return total / accum, trained
 
     def _judge(self, loss: torch.Tensor, norm: torch.Tensor) -> Verdict:
         """The loss guard's verdict on this step (one host sync for both numbers). Under torchrun
@@ -406,9 +403,8 @@ class Trainer:
                 achieved / world, dev.auto_precision(self.cfg.train.precision, "cpu")
             )
             self.peak, m["mfu"] = achieved, 1.0
-        m.update(self.dpo.metrics() if self.dpo else {})  # margin, accuracy, log-probs
-        rl = self.rl.figures() if self.rl else {}  # reward, pass@1, KL, ... since the last record
-        return {**m, **self.budget.record(s.step, per_step), **s.data_figures(), **rl}
+        m.update(self.objective.metrics())  # its figures since the last record (DPO's, RL's)
+        return {**m, **self.budget.record(s.step, per_step), **s.data_figures()}
 
     def save(self, final: bool = False) -> Path | None:
         """Checkpoint now. A failed periodic save stops the run, or with
@@ -474,13 +470,7 @@ class Trainer:
             return {}
         with self.budget.aside("eval"):  # the evaluation and its callbacks (samples) take this long
             t0 = time.perf_counter()
-            m = (
-                self.dpo.validate(self.model, self.data, c, self.device, self.autocast)
-                if self.dpo  # the held-out pairs' DPO figures
-                else validation_metrics(  # the whole held-out data, and each of eval.sets
-                    self.model, self.data, c, self.token_bytes, self.device, self.autocast
-                )
-            )
+            m = self.objective.validate()  # the objective's held-out figures
             m.update(step=s.step, tokens=s.tokens, train_time=s.train_time)
             m.update(eval_time=time.perf_counter() - t0, **self.budget.figures())
             self.last_eval = m

@@ -10,23 +10,22 @@ and a set's loss is exactly what evaluating its sources alone would give. A reco
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from littlelm.model.bpb import LossSums, loss_sums
-from littlelm.train import dpo
 
 if TYPE_CHECKING:
     import torch
 
     from littlelm.data.build import RunData
-    from littlelm.schema import RunConfig
 
 
 def validation_metrics(
-    model, data: RunData, cfg: RunConfig, token_bytes: torch.Tensor, device, autocast
+    model, data: RunData, cfg: Any, token_bytes: torch.Tensor, device, autocast
 ) -> dict:
     """val_loss / val_bpb / val_tokens over every source's held-out split, plus `val_sets`
-    (name -> loss / bpb / tokens) when eval.sets names any."""
+    (name -> loss / bpb / tokens) when eval.sets names any. `cfg`: the RunConfig, not named
+    (the schema imports the objectives' configs, whose default validation this is)."""
     e, t = cfg.eval, cfg.train
     batch = e.batch_size or t.micro_batch_size
     assert t.seq_len is not None, "load_run derives it"
@@ -55,9 +54,7 @@ def validation_metrics(
 
 def validation_line(m: dict) -> str:
     """'val loss 1.5200 | val bpb 2.1900 | 24,576 tokens', then ' | code 1.3100 (1.8900 bpb)'
-    for each named set; a DPO run's figures in its own line (train/dpo.py)."""
-    if "val_pairs" in m:
-        return dpo.validation_line(m)
+    for each named set (an objective with other figures prints its own: train/dpo.py)."""
     line = f"val loss {m['val_loss']:.4f} | val bpb {m['val_bpb']:.4f} | {m['val_tokens']:,} tokens"
     for name, s in m.get("val_sets", {}).items():
         line += f" | {name} {s['loss']:.4f} ({s['bpb']:.4f} bpb)"

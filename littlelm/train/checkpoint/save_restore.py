@@ -10,11 +10,9 @@ optimizer state: the run directory's side of the Trainer.
     rollback    mid-run: the last checkpoint's weights, optimizer state, RNG, counters and loss
                 window, keeping the data position and the time spent
 
-A LoRA run's checkpoint (model/lora.py) keeps the trained tensors alone (adapters, and the
-embeddings or norms lora trains in full) with their optimizer state; its state.json's
-`lora_base` says where the frozen base is (a checkpoint directory) and its fingerprint
-(files.py), checked when the run resumes or is loaded (`load_lora`): a user's 3B base is not
-copied into every checkpoint, and the base must still be there, unchanged.
+The run's model transform (train/transform.py) says what a checkpoint keeps of the weights and
+adds to state.json, and loads them back: a LoRA run's checkpoint keeps the trained tensors
+alone with their optimizer state, and names its frozen base.
 
 Under torchrun every rank takes part in gathering and rank 0 alone writes (`Parallel.on_main`: a
 failure is raised on every rank); every rank reads the same checkpoint to resume or roll back.
@@ -25,26 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from littlelm.config import dump_yaml, to_tree, validate
+from littlelm.config import dump_yaml, to_tree
 from littlelm.data.fingerprint import compare as compare_files
 from littlelm.data.reshard import MakeLoader, loader_state_for
-from littlelm.errors import CheckpointError, ConfigError, RunDirError, TrainingError
-from littlelm.model.gpt import GPT
-from littlelm.model.grow import parent_model_config
-from littlelm.model.lora import (
-    LoRAConfig,
-    add_lora,
-    check_lora,
-    load_trained,
-    merge_lora,
-    trained_tensors,
-)
+from littlelm.errors import CheckpointError, RunDirError, TrainingError
 from littlelm.optim.groups import origin_tags
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.checkpoint import resume as resuming
@@ -80,16 +65,18 @@ class Resumed:
 class Checkpointer:
     # cfg: the run's RunConfig (littlelm/schema.py)
     # parallel: train/distributed.py's Parallel (not imported: distributed.py reads checkpoint
-    # files, and the package must not import it back)
-    def __init__(self, cfg, parallel, tokenizer, run_dir: Path, data_files: dict | None = None):
+    # files, and the package must not import it back); transform: the run's model transform
+    # (train/transform.py, not imported for the same reason): what a checkpoint keeps of the
+    # weights and adds to state.json, and how they load back
+    def __init__(self, cfg, parallel, tokenizer, run_dir: Path, data_files, transform):
         self.cfg = cfg
+        self.transform = transform
         # per source [path, bytes, sampled hash, sha256] of its files (data/fingerprint.py)
         self.data_files = data_files
         self.parallel = parallel
         self.tokenizer = tokenizer
         self.run_dir = run_dir
         self.dir = run_dir / "checkpoints"
-        self.lora_base: dict | None = None  # a LoRA run's {path, fingerprint} of its base
 
     def write_config(self) -> None:
         """The resolved config, RUN_DIR/config.yaml (rank 0; an error is raised on every rank)."""
@@ -144,8 +131,7 @@ class Checkpointer:
         live ones: `write` them now, or stage a copy (writer.py) to write later."""
         saved = self._state_json(state)
         weights = self.parallel.model_state_dict(model)
-        if self.cfg.lora is not None:  # the adapters (+ full-trained tensors); the base stays put
-            weights = trained_tensors(weights, model)
+        weights = self.transform.trained_state(weights, model)  # a LoRA run's: adapters alone
         moments = optimizer.state_dict()
         origin = origin_tags(model, optimizer)  # kept by the groups (optim/groups.py)
         return {"weights": weights, "moments": moments, "state": saved, "origin": origin}
@@ -177,8 +163,7 @@ class Checkpointer:
             "config": to_tree(self.cfg),
             "guard": state.guard.state_dict(),
         }
-        if self.cfg.lora is not None:
-            saved["lora_base"] = self._lora_base()
+        saved.update(self.transform.record())  # a LoRA run's base
         budget = state.budget.state_dict() if state.budget is not None else None
         if budget is not None:  # a time budget: the time spent counts after a resume
             saved["budget"] = budget
@@ -186,22 +171,6 @@ class Checkpointer:
             saved["loader_world_size"] = self.parallel.world
             saved["loader_ranks"] = self.parallel.gather_objects(state.loader.state_dict())
         return saved
-
-    def _lora_base(self) -> dict:
-        """{path, fingerprint, sha256, stat} of a LoRA run's base: the checkpoint the run started
-        from (a resumed run's: the one its checkpoint names), identified at the first save."""
-        if self.lora_base is None:
-            g = self.cfg.starts_from()
-            assert g is not None, "a LoRA run starts from a checkpoint (growth.check_lora_start)"
-            # complete_growth made it the exact checkpoint; absolute, so that every verb finds
-            # it from any directory
-            path = Path(g.parent).resolve()
-            self.lora_base = {
-                "path": str(path),
-                "fingerprint": ckpt.fingerprint(path),
-                **ckpt.weights_identity(path),
-            }
-        return self.lora_base
 
     # ------------------------------------------------------------------------------------------
     # Resuming and rolling back
@@ -225,10 +194,7 @@ class Checkpointer:
         changes = resuming.check_compatible(
             loaded.state, to_tree(self.cfg), self.tokenizer.fingerprint, loaded.path, type(self.cfg)
         )
-        if "lora_base" in loaded.state:  # base, then adapters on it, then the checkpoint's
-            self.lora_base = load_lora(model, loaded, self.cfg.lora)
-        else:
-            ckpt.load_model_tensors(model, loaded.model, loaded.path)
+        self.transform.load(model, loaded)  # LoRA: the base, its adapters, the checkpoint's
         loaded.model.release()  # the weights are in the model: unmap their file now
         return Resumed(loaded, changes)
 
@@ -307,10 +273,9 @@ class Checkpointer:
         failed_at, reason = state.step, state.guard.reason
         loaded = ckpt.load_checkpoint(state.last_checkpoint)
         # every rank reads the same checkpoint (whole tensors; FSDP keeps its slice)
-        if self.cfg.lora is not None:  # the trained tensors alone; the frozen base is in
-            load_trained(model, loaded.model, loaded.path)
-        else:
-            self.parallel.load_model_state(model, loaded.model, loaded.path)
+        self.transform.load_trained(
+            model, loaded, lambda: self.parallel.load_model_state(model, loaded.model, loaded.path)
+        )
         loaded.model.release()
         assert loaded.optimizer is not None and loaded.rng is not None, "loaded with_optimizer"
         resuming.load_optimizer_state(optimizer, loaded.optimizer)
@@ -325,89 +290,6 @@ class Checkpointer:
             "rollbacks": state.guard.rollbacks,
             "checkpoint": str(loaded.path),
         }
-
-
-def load_lora(model, loaded: ckpt.Loaded, lora: LoRAConfig | None) -> dict:
-    """A LoRA checkpoint (`loaded`) into the plain `model`: the base's weights from the
-    checkpoint its state.json names (checked against the fingerprint recorded there), the
-    adapters of `lora` put on, then the checkpoint's trained tensors. Returns the base's record.
-    Raises CheckpointError when the base is gone or changed."""
-    record = loaded.state["lora_base"]
-    path, want = base_path(loaded), record.get("fingerprint")
-    if lora is None:
-        raise ConfigError(
-            [f"{loaded.path} is a LoRA run's checkpoint; its config's lora section is missing"]
-        )
-    try:
-        found = ckpt.fingerprint(path)
-    except CheckpointError:
-        relative = (
-            ""
-            if Path(record.get("path", "")).is_absolute()
-            else (
-                f" (its state.json records it relative to the directory that run started in: run "
-                f"from there, or write the absolute path into lora_base.path of "
-                f"{loaded.path / 'state.json'})"
-            )
-        )
-        raise CheckpointError(
-            f"{loaded.path} holds LoRA adapters of the base {path}, which cannot be read{relative}: "
-            "put that checkpoint back where it was (a LoRA run's checkpoints keep the adapters "
-            "alone, the base's weights stay in the base's checkpoint)"
-        ) from None
-    changed = f"fingerprint was {want}, is {found}" if found != want else None
-    if changed is None and ckpt.weights_changed(path, record):
-        changed = "its model.safetensors hashes differently, same size and header"
-    if changed:
-        raise CheckpointError(
-            f"{loaded.path} holds LoRA adapters of the base {path}, which changed since (its "
-            f"{changed}): the adapters only fit the weights they were trained on; restore that "
-            "checkpoint as it was"
-        )
-    base = ckpt.load_checkpoint(path, with_optimizer=False)
-    ckpt.load_model_tensors(model, plain_tensors(base), path)  # a LoRA base: merged in turn
-    base.model.release()
-    problems = check_lora(model, lora)
-    if problems:
-        raise ConfigError(problems)
-    add_lora(model, lora)
-    load_trained(model, loaded.model, loaded.path)
-    kept = {k: record[k] for k in ("sha256", "stat") if k in record}
-    if "sha256" in kept:  # checked above: equal; its stat now (a copy has a new mtime)
-        kept["stat"] = ckpt.weights_stat(path)
-    return {"path": str(path.resolve()), "fingerprint": found, **kept}
-
-
-def base_path(loaded: ckpt.Loaded) -> Path:
-    """The base checkpoint LoRA checkpoint `loaded` names. Runs record it absolute; an older
-    run's relative path is relative to the directory that run started in, which is known when
-    run.out_dir was relative: the checkpoint is START/out_dir/name/checkpoints/step_N."""
-    path = Path(loaded.state["lora_base"].get("path", ""))
-    if path.is_absolute() or path.exists():
-        return path
-    out_dir = Path(loaded.state.get("config", {}).get("run", {}).get("out_dir", ""))
-    parents = loaded.path.resolve().parents
-    depth = 2 + len(out_dir.parts)  # checkpoints/, the run's directory, out_dir's parts: START
-    usable = out_dir.parts and not out_dir.is_absolute() and ".." not in out_dir.parts
-    if usable and depth < len(parents) and (parents[depth] / path).exists():
-        return parents[depth] / path
-    return path
-
-
-def plain_tensors(loaded: ckpt.Loaded) -> Mapping:
-    """The plain model's tensors of a checkpoint: its own, or for a LoRA run's checkpoint
-    (adapters alone) its base's with the adapters merged in, as `load_model` reads it; so a run
-    may start from a LoRA run (sft.base, grow.parent, RL's and DPO's reference)."""
-    if "lora_base" not in loaded.state:
-        return loaded.model
-    config = loaded.state.get("config", {})
-    model = parent_model_config(loaded.state, loaded.path)
-    lora = validate(LoRAConfig, config.get("lora") or {}, source=str(loaded.path / "state.json"))
-    # the adapters go on the base's own weights (a QLoRA run's too: nf4 needs CUDA), as load_model
-    with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG
-        plain = GPT(model)
-    load_lora(plain, loaded, lora.model_copy(update={"quantize": "none"}))
-    return merge_lora(plain).state_dict()
 
 
 class Frozen:

@@ -283,7 +283,7 @@ def background_saves(
     """At the start of training: background saves or not (checkpoint.async_save, and with
     `auto` the host memory rank 0 has), the same on every rank, and the line that says so."""
     setting = checkpointer.cfg.checkpoint.async_save
-    need = staged_size(model, optimizer, trained_only=checkpointer.cfg.lora is not None)
+    need = staged_size(model, optimizer, trained_only=not checkpointer.transform.keeps_every_weight)
     on, note = parallel.broadcast_object(choose(setting, need, available_memory()))
     return (BackgroundSaves(checkpointer, parallel) if on else None), note
 

@@ -1,0 +1,240 @@
+"""What a run does to its model besides training it: a model transform, one object that the
+trainer, the checkpoints and the loader of trained models (littlelm/load.py) call without
+knowing what it is.
+
+    t = build_transform(cfg)              # train/build.py: LoRA's for a `lora:` run, else none
+    t.start(model, grown)                 # a fresh run, once the base weights are in
+    t.trained_state(weights, model)       # what a checkpoint keeps of the weights
+    t.record()                            # what it adds to state.json
+    t.load(model, loaded)                 # a checkpoint's weights into a freshly built model
+    t.load_trained(model, loaded, load_whole)   # a rollback's, into the running model
+    t.merge(model)                        # the plain model (sample, chat, eval, export)
+
+`Transform` is the identity (a run that trains every weight). `LoRA` puts adapters on the
+frozen base (model/lora.py holds the adapters, their tensors and the merge): its checkpoints keep
+the trained tensors alone, and state.json's `lora_base` names the base checkpoint with its
+fingerprint and the sha256 of its weights (train/checkpoint/files.py), checked whenever the
+adapters are loaded: a user's 3B base is not copied into every checkpoint, and the base must
+still be there, unchanged. `plain_tensors` reads any checkpoint as the plain model's tensors (a
+LoRA run's: its base with the adapters merged), so a run may start from a LoRA run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from littlelm.config import validate
+from littlelm.errors import CheckpointError, ConfigError
+from littlelm.model.gpt import GPT
+from littlelm.model.grow import parent_model_config
+from littlelm.model.lora import (
+    LoRAConfig,
+    add_lora,
+    check_lora,
+    has_lora,
+    load_trained,
+    merge_lora,
+    trained_tensors,
+)
+from littlelm.train.checkpoint import files as ckpt
+
+
+class Transform:
+    """The identity: the run trains (and its checkpoints keep) every weight."""
+
+    # whether trained_state keeps every weight (what a background save stages: writer.py)
+    keeps_every_weight = True
+
+    def start(self, model: torch.nn.Module, grown: Any) -> None:
+        """A fresh run, its start's weights in (`grown`: train/growth.py's GrownFrom, or None)."""
+
+    def applied(self, model: torch.nn.Module) -> bool:
+        """Whether `model` is transformed already (a run resumed at its step 0)."""
+        return False
+
+    def trained_state(self, weights: dict, model: torch.nn.Module) -> dict:
+        """Of the model's whole state dict, what a checkpoint keeps."""
+        return weights
+
+    def record(self) -> dict:
+        """What the transform adds to a checkpoint's state.json."""
+        return {}
+
+    def load(self, model: torch.nn.Module, loaded: ckpt.Loaded) -> None:
+        """A checkpoint's weights into a freshly built (untransformed, unsharded) model."""
+        if "lora_base" in loaded.state:
+            raise ConfigError(
+                [f"{loaded.path} is a LoRA run's checkpoint; its config's lora section is missing"]
+            )
+        ckpt.load_model_tensors(model, loaded.model, loaded.path)
+
+    def load_trained(
+        self, model: torch.nn.Module, loaded: ckpt.Loaded, load_whole: Callable[[], None]
+    ) -> None:
+        """A rollback: the checkpoint's weights into the running model (`load_whole` loads the
+        whole state dict, sharded as the model is)."""
+        load_whole()
+
+    def merge(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The plain model computing what the transformed one computes."""
+        return model
+
+
+class LoRA(Transform):
+    """Adapters on a frozen base (model/lora.py); `base` is the checkpoint the run starts from
+    (sft.base or grow.parent, made exact by complete_growth), None when the run has none."""
+
+    keeps_every_weight = False  # the trained tensors alone: the base stays in its checkpoint
+
+    def __init__(self, cfg: LoRAConfig, base: str | None):
+        self.cfg, self.base = cfg, base
+        self.base_record: dict | None = None  # {path, fingerprint, sha256, stat}: read once
+
+    def _apply(self, model: torch.nn.Module) -> None:
+        problems = check_lora(model, self.cfg)
+        if problems:
+            raise ConfigError(problems)
+        add_lora(model, self.cfg)
+
+    def start(self, model: torch.nn.Module, grown: Any) -> None:
+        """A fresh LoRA run starts from trained weights of its own shape: LoRA learns a small
+        change of a model that works already. From random weights the frozen base is noise that
+        the adapters cannot undo (train every weight instead), and a grown model's new blocks
+        start as the identity (their output projections zero), frozen there for good."""
+        if grown is None:
+            raise ConfigError(
+                [
+                    "lora: the run starts from random weights; LoRA trains a low-rank change of "
+                    "a trained base, which a frozen random model is not. Set sft: {base: "
+                    "RUN_DIR} (fine-tuning) or grow: {parent: RUN_DIR} with the parent's shape "
+                    "(continued pretraining), or remove lora: to train every weight"
+                ]
+            )
+        if grown.grew:
+            raise ConfigError(
+                [
+                    f"lora with a grown model: {grown.path} is grown into another shape here, "
+                    "and the new blocks (the identity at their start) would stay frozen; grow "
+                    "and train every weight first, then LoRA from that run (or give the model "
+                    "section the parent's shape)"
+                ]
+            )
+        self._apply(model)
+
+    def applied(self, model: torch.nn.Module) -> bool:
+        return has_lora(model)
+
+    def trained_state(self, weights: dict, model: torch.nn.Module) -> dict:
+        return trained_tensors(weights, model)  # the base stays in its checkpoint
+
+    def record(self) -> dict:
+        if self.base_record is None:
+            assert self.base is not None, "a LoRA run starts from a checkpoint (LoRA.start)"
+            # complete_growth made it the exact checkpoint; absolute, so that every verb finds
+            # it from any directory
+            path = Path(self.base).resolve()
+            self.base_record = {
+                "path": str(path),
+                "fingerprint": ckpt.fingerprint(path),
+                **ckpt.weights_identity(path),
+            }
+        return {"lora_base": self.base_record}
+
+    def load(self, model: torch.nn.Module, loaded: ckpt.Loaded) -> None:
+        """A LoRA checkpoint into the plain `model`: the base's weights from the checkpoint its
+        state.json names (checked against the fingerprint and weights' hash recorded there),
+        the adapters put on, then the checkpoint's trained tensors. Raises CheckpointError when
+        the base is gone or changed."""
+        record = loaded.state.get("lora_base")
+        if record is None:
+            raise ConfigError(
+                [
+                    f"{loaded.path} is not a LoRA run's checkpoint; remove the lora section to load it"
+                ]
+            )
+        path, want = base_path(loaded), record.get("fingerprint")
+        try:
+            found = ckpt.fingerprint(path)
+        except CheckpointError:
+            relative = (
+                ""
+                if Path(record.get("path", "")).is_absolute()
+                else (
+                    " (its state.json records it relative to the directory that run started in: "
+                    "run from there, or write the absolute path into lora_base.path of "
+                    f"{loaded.path / 'state.json'})"
+                )
+            )
+            raise CheckpointError(
+                f"{loaded.path} holds LoRA adapters of the base {path}, which cannot be read"
+                f"{relative}: put that checkpoint back where it was (a LoRA run's checkpoints "
+                "keep the adapters alone, the base's weights stay in the base's checkpoint)"
+            ) from None
+        changed = f"fingerprint was {want}, is {found}" if found != want else None
+        if changed is None and ckpt.weights_changed(path, record):
+            changed = "its model.safetensors hashes differently, same size and header"
+        if changed:
+            raise CheckpointError(
+                f"{loaded.path} holds LoRA adapters of the base {path}, which changed since (its "
+                f"{changed}): the adapters only fit the weights they were trained on; restore "
+                "that checkpoint as it was"
+            )
+        base = ckpt.load_checkpoint(path, with_optimizer=False)
+        ckpt.load_model_tensors(model, plain_tensors(base), path)  # a LoRA base: merged in turn
+        base.model.release()
+        self._apply(model)
+        load_trained(model, loaded.model, loaded.path)
+        kept = {k: record[k] for k in ("sha256", "stat") if k in record}
+        if "sha256" in kept:  # checked above: equal; its stat now (a copy has a new mtime)
+            kept["stat"] = ckpt.weights_stat(path)
+        self.base_record = {"path": str(path.resolve()), "fingerprint": found, **kept}
+
+    def load_trained(
+        self, model: torch.nn.Module, loaded: ckpt.Loaded, load_whole: Callable[[], None]
+    ) -> None:
+        load_trained(model, loaded.model, loaded.path)  # the frozen base is in already
+
+    def merge(self, model: torch.nn.Module) -> torch.nn.Module:
+        return merge_lora(model)
+
+
+def transform_for(lora: LoRAConfig | None, base: str | None) -> Transform:
+    """The transform of a run whose lora section is `lora`, started from the checkpoint `base`."""
+    return Transform() if lora is None else LoRA(lora, base)
+
+
+def base_path(loaded: ckpt.Loaded) -> Path:
+    """The base checkpoint LoRA checkpoint `loaded` names. Runs record it absolute; an older
+    run's relative path is relative to the directory that run started in, which is known when
+    run.out_dir was relative: the checkpoint is START/out_dir/name/checkpoints/step_N."""
+    path = Path(loaded.state["lora_base"].get("path", ""))
+    if path.is_absolute() or path.exists():
+        return path
+    out_dir = Path(loaded.state.get("config", {}).get("run", {}).get("out_dir", ""))
+    parents = loaded.path.resolve().parents
+    depth = 2 + len(out_dir.parts)  # checkpoints/, the run's directory, out_dir's parts: START
+    usable = out_dir.parts and not out_dir.is_absolute() and ".." not in out_dir.parts
+    if usable and depth < len(parents) and (parents[depth] / path).exists():
+        return parents[depth] / path
+    return path
+
+
+def plain_tensors(loaded: ckpt.Loaded) -> Mapping:
+    """The plain model's tensors of a checkpoint: its own, or for a LoRA run's checkpoint
+    (adapters alone) its base's with the adapters merged in, as `load_model` reads it; so a run
+    may start from a LoRA run (sft.base, grow.parent, the frozen reference)."""
+    if "lora_base" not in loaded.state:
+        return loaded.model
+    config = loaded.state.get("config", {})
+    model = parent_model_config(loaded.state, loaded.path)
+    lora = validate(LoRAConfig, config.get("lora") or {}, source=str(loaded.path / "state.json"))
+    # the adapters go on the base's own weights (a QLoRA run's too: nf4 needs CUDA), as load_model
+    with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG
+        plain = GPT(model)
+    t = LoRA(lora.model_copy(update={"quantize": "none"}), None)
+    t.load(plain, loaded)
+    return t.merge(plain).state_dict()
