@@ -175,7 +175,12 @@ LLAMA = dict(
 
 @pytest.mark.parametrize(
     ("seed", "beta", "label_smoothing", "shape"),
-    [(1, 0.1, 0.0, "llama"), (2, 0.5, 0.0, "llama"), (1, 0.3, 0.2, "llama"), (3, 0.1, 0.0, "default")],
+    [
+        (1, 0.1, 0.0, "llama"),
+        (2, 0.5, 0.0, "llama"),
+        (1, 0.3, 0.2, "llama"),
+        (3, 0.1, 0.0, "default"),
+    ],
 )
 def test_loss_and_gradients_equal_trls_dpo_trainer(tmp_path, seed, beta, label_smoothing, shape):
     """TRL's DPOTrainer computes its loss (its own _compute_loss: its log-probs, its masks, its
@@ -197,7 +202,9 @@ def test_loss_and_gradients_equal_trls_dpo_trainer(tmp_path, seed, beta, label_s
     loader = PairLoader(data.pairs.train, "prefs", fmt, 6, 31, seed=seed)
     x, y = loader.next_batch()
     (_, policy), (ref_path, reference) = (
-        make_checkpoint(tmp_path / name, seed=seed + k, tok=tok, **(LLAMA if shape == "llama" else {}))
+        make_checkpoint(
+            tmp_path / name, seed=seed + k, tok=tok, **(LLAMA if shape == "llama" else {})
+        )
         for k, name in enumerate(("policy", "reference"))
     )
     policy.train()

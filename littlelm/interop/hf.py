@@ -426,8 +426,8 @@ def check_sizes(weights: dict[str, torch.Tensor], m: GPTConfig, arch: str, src: 
     layers = max(found) + 1 if found else 0
     rows = weights[embed].shape[0] if embed in weights else None
     # littlelm's exports hold the vocabulary's rows (before: with the padding rows too)
-    want = {m.vocab_size, m.padded_vocab} if arch == "littlelm" else {m.vocab_size}
-    want_rows = max(want) if rows not in want else rows
+    want = {m.vocab, m.padded_vocab} if arch == "littlelm" else {m.vocab}
+    want_rows = rows if rows in want else max(want)
     problems = []
     if layers != m.n_layer or len(found) != layers:
         problems.append(f"it says {m.n_layer} layers, the weights hold layers {_spans(found)}")

@@ -222,11 +222,12 @@ class LittleLMModel(LittleLMPreTrainedModel):
             ve = self.value_embeds[str(i)](input_ids) if str(i) in self.value_embeds else None
             x = block(x, cos, sin, ve, cache, mask)
         return BaseModelOutputWithPast(
-            last_hidden_state=self.norm_f(x, TorchOps), **_cache_field(BaseModelOutputWithPast, cache)
+            last_hidden_state=self.norm_f(x, TorchOps),
+            **_cache_field(BaseModelOutputWithPast, cache),
         )
 
 
-def _cache_field(output: type, cache) -> dict[str, Any]:
+def _cache_field(output: Any, cache) -> dict[str, Any]:
     """The output's cache, under the name this transformers gives it."""
     name = "cache" if "cache" in output.__dataclass_fields__ else "past_key_values"
     return {name: cache}
