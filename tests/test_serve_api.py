@@ -12,6 +12,7 @@ in this process under uvicorn, on a free loopback port."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import threading
 import time
@@ -49,7 +50,7 @@ def controlled_model(tok) -> GPT:
                 p.zero_()
         model.wte.weight.zero_()  # a token outside the chain: all logits 0, BOS (id 0) first
         model.lm_head.weight.zero_()
-        for k, (a, b) in enumerate(zip(ids, ids[1:])):  # token a: direction k, read as b
+        for k, (a, b) in enumerate(itertools.pairwise(ids)):  # token a: direction k, read as b
             model.wte.weight[a, k] = 1.0
             model.lm_head.weight[b, k] = 10.0
     return model
@@ -85,7 +86,7 @@ def client(url: str):
 
 
 def ask(url: str, path: str, body, headers: dict | None = None) -> requests.Response:
-    data = body if isinstance(body, (str, bytes)) or not isinstance(body, dict) else json.dumps(body)
+    data = json.dumps(body) if isinstance(body, dict) else body  # else: raw text or chunks
     h = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}", **(headers or {})}
     return requests.post(url + path, data=data, headers=h, timeout=60)
 

@@ -76,7 +76,9 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
             pending[name].extend(source.rendered(raw, fmt) if fmt else source.pieces(raw))
             size[name] += len(data)
             if size[name] >= BATCH_BYTES:
-                _flush(pending[name], writers[name], tok, lambda t, n=size[name]: report(n, t), chat)
+                _flush(
+                    pending[name], writers[name], tok, lambda t, n=size[name]: report(n, t), chat
+                )
                 size[name] = 0
         for name, w in writers.items():
             _flush(pending[name], w, tok, lambda t, n=size[name]: report(n, t), chat)

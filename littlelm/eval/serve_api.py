@@ -173,7 +173,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length", b"")
         if length.isdigit() and int(length) > self.limit:
-            return await self.refuse(int(length), scope, send)
+            return await self.refuse(int(length), scope, receive, send)
         body, more = b"", True
         while more:
             message = await receive()
@@ -182,7 +182,7 @@ class BodyLimit:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.limit:
-                return await self.refuse(None, scope, send)
+                return await self.refuse(None, scope, receive, send)
         read = False
 
         async def replay():
@@ -194,7 +194,7 @@ class BodyLimit:
 
         return await self.app(scope, replay, send)
 
-    async def refuse(self, size: int | None, scope, send) -> None:
+    async def refuse(self, size: int | None, scope, receive, send) -> None:
         from starlette.responses import JSONResponse
 
         said = f"{size:,} bytes" if size is not None else f"over {self.limit:,} bytes"
@@ -203,4 +203,4 @@ class BodyLimit:
             "prompt longer than the model's context could not be answered anyway): shorten it",
             None, "request_too_large",
         )  # fmt: skip
-        await JSONResponse(err.body(), status_code=413)(scope, None, send)
+        await JSONResponse(err.body(), status_code=413)(scope, receive, send)
