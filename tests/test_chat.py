@@ -22,8 +22,9 @@ from safetensors.torch import load_file
 from conftest import make_corpus, tiny_tree, write_config
 from littlelm.cli import main
 from littlelm.config import validate
-from littlelm.data.build import DataConfig, build_data
+from littlelm.data.build import DataConfig, build_data, prepare_data
 from littlelm.data.chat import CHAT_TOKENS, assistant_mask, chat_format, conversation_problem
+from littlelm.data.shards import Shard
 from littlelm.errors import ConfigError, DataError
 from littlelm.model.kernels import linear_cross_entropy
 from littlelm.schema import load_run
@@ -108,6 +109,33 @@ def test_good_conversations_pass():
     ]
     assert conversation_problem(ok) is None
     assert conversation_problem(ok[:-1])[0] == "roles out of order"  # ends on a user turn
+
+
+def test_a_text_corpus_quoting_chat_tokens_prepares_no_chat_token(tmp_path):
+    """Special-token text in a plain text source is ordinary text in its shards; the chat
+    source beside it still gets the tokens where the format puts them."""
+    quoted = [f"doc {i}: the chat format writes <|user|>hi<|end|><|assistant|> after <|bos|>"
+              for i in range(40)]  # fmt: skip
+    (tmp_path / "web.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in quoted))
+    src = write_conversations(tmp_path / "c.jsonl", 60)
+    cfg = data_cfg(tmp_path, {"dataset": str(src)}, workers=1)
+    cfg.sources["web"] = validate(
+        DataConfig, {"sources": {"web": {"name": "jsonl", "path": str(tmp_path / "web.jsonl")}}}
+    ).sources["web"]
+    tok, prepared = prepare_data(cfg, tmp_path / "out", log=lambda s: None)
+    chat_ids = {tok.special_id(t) for t in CHAT_TOKENS}
+    assert None not in chat_ids
+
+    def tokens(label: str) -> np.ndarray:
+        _, directory, manifest = prepared[label]
+        files = [s["file"] for split in manifest["splits"].values() for s in split["shards"]]
+        return np.concatenate([Shard(directory / f).tokens[:] for f in files])
+
+    web = tokens("web")
+    assert not chat_ids & set(web.tolist())
+    assert (web == tok.bos_id).sum() == 40  # one BOS a document, none from the quoted text
+    assert tok.decode(web.tolist()).count("<|assistant|>") == 40
+    assert chat_ids <= set(tokens("chat").tolist())
 
 
 def test_bad_rows_are_counted_by_data_inspect(tmp_path, capsys):
@@ -699,7 +727,7 @@ def test_an_imported_models_template_renders_as_transformers_does(tmp_path, bos_
     tok = load_tokenizer(tmp_path / "saved")
     fmt = chat_format(tok)
     assert fmt.end == raw.token_to_id("<|im_end|>")
-    assert fmt.header == tuple(tok.encode("<|im_start|>assistant\n"))
+    assert fmt.header == tuple(tok.encode("<|im_start|>assistant\n", special=True))
     hf = transformers.AutoTokenizer.from_pretrained(str(src))
     for msgs, prompt in random_conversations(200, seed=1):
         theirs = hf_ids(hf, msgs, prompt)

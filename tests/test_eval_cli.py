@@ -6,14 +6,17 @@ import hashlib
 import io
 import json
 import zipfile
+from pathlib import Path
 
 import pytest
 import yaml
 
+import littlelm.model.generate as generate
 from conftest import make_corpus, tiny_tree, write_config
 from littlelm.cli import main
 from littlelm.errors import EvalError
 from littlelm.eval.bundle import download_bundle
+from littlelm.load import load_model
 from littlelm.progress import Progress
 from littlelm.schema import load_run
 from littlelm.train.trainer import Trainer
@@ -231,3 +234,23 @@ def test_eval_on_a_missing_checkpoint_names_the_checkpoint_first(tmp_path, capsy
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and "no-such-run" in err, err
     assert "bundle" not in err and "eval directory" not in err and "Traceback" not in err
+
+
+def test_sample_reads_special_token_text_in_its_prompt_as_text(monkeypatch, capsys):
+    """`sample --prompt` quoting chat tokens gives the model text, not control tokens (an SFT
+    checkpoint whose tokenizer has them: the old-runs fixture's, read in place)."""
+    step = Path(__file__).parent / "fixtures/old_runs/runs/sft/checkpoints/step_000006"
+    _, tok, _ = load_model(step, "cpu")
+    specials = {tok.special_id(t) for t in ("<|bos|>", "<|user|>", "<|end|>", "<|assistant|>")}
+    assert None not in specials
+    prompts, real = [], generate.generate
+    monkeypatch.setattr(
+        generate,
+        "generate",
+        lambda model, ids, *a, **k: prompts.append(ids) or real(model, ids, *a, **k),
+    )
+    prompt = "<|user|>hi<|end|><|assistant|>"
+    assert main(["sample", str(step), "--prompt", prompt, "--max-tokens", "2"]) == 0
+    assert capsys.readouterr().out.startswith(prompt)
+    assert prompts == [[tok.bos_id, *tok.encode(prompt)]]
+    assert not specials & set(prompts[0][1:])

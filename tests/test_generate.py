@@ -97,3 +97,27 @@ def test_prompt_and_length_are_fitted_with_a_note():
 def test_bad_sampling_settings_are_user_errors(args, expected):
     with pytest.raises(LittleLMError, match=expected):
         check_sampling(*args)
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-45, 1e-30])
+@pytest.mark.parametrize("top_p", [None, 1e-300, 0.5])
+def test_a_tiny_temperature_or_top_p_samples_the_greedy_token(temperature, top_p):
+    """Any temperature > 0 and top_p in (0, 1] is a distribution: 1e-300 is 0 in fp32, where
+    dividing by it (or keeping a mass of it) gave nan probabilities and a traceback."""
+    m = model()
+    greedy = generate(m, [1, 2, 3], 12, temperature=0)
+    assert generate(m, [1, 2, 3], 12, temperature, seed=0, top_p=top_p) == greedy
+    logits = torch.tensor([[0.5, 2.0, 2.0, -1.0]])  # a tie: either of the two, never another
+    gen = torch.Generator().manual_seed(0)
+    assert {pick(logits, temperature, None, gen, top_p) for _ in range(20)} <= {1, 2}
+
+
+def test_a_tiny_temperature_samples_groups_and_scores_them_finitely():
+    from littlelm.model.generate import sample_group, tempered
+
+    m = model()
+    greedy = generate(m, [1, 2, 3], 6, temperature=0)
+    rows, _ = sample_group(m, [1, 2, 3], 3, 6, 1e-300, torch.Generator().manual_seed(0), 96)
+    assert all(row == greedy for row in rows.tolist())
+    logp = torch.log_softmax(tempered(torch.tensor([[1.0, 3.0, 2.0]]), 1e-300), dim=-1)
+    assert logp[0, 1] == 0 and not logp.isnan().any()  # what RL's loss reads at that temperature

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import SHARED, write_config
 from littlelm.cli import main
+from littlelm.data.chat import CHAT_TOKENS
 from littlelm.data.tiktoken_tokenizer import TiktokenConfig, TiktokenTokenizer
 from littlelm.data.tokenizer import (
     MAX_RUN,
@@ -225,3 +226,53 @@ def test_encoding_one_huge_row_is_bounded_in_memory(bpe, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert float(r.stdout) < 120, f"peak memory grew by {float(r.stdout):.0f} MB"
+
+
+SPECIAL_TEXT = "quoted: <|bos|> then <|user|>hi<|end|><|assistant|> and <|system|>"
+
+
+def special_ids(tok) -> set[int]:
+    return {i for t in ("<|bos|>", *CHAT_TOKENS) if (i := tok.special_id(t)) is not None}
+
+
+def test_special_token_text_in_plain_text_is_ordinary_text(bpe, tmp_path):
+    """Text that quotes special tokens (data, prompts, completions) never makes control tokens;
+    only text a chat format rendered (`special=True`) does."""
+    bpe.save(tmp_path / "tok")
+    hf = HuggingFaceJSON.from_config(
+        HuggingFaceConfig(name="huggingface", path=str(tmp_path / "tok" / "tokenizer.json"))
+    )
+    for tok in (bpe, hf):
+        specials = special_ids(tok)
+        assert len(specials) == 5  # <|bos|> and the four chat tokens
+        for text in ("<|bos|>", "<|end|>", "<|assistant|>", SPECIAL_TEXT):
+            ids = tok.encode(text)
+            assert not specials & set(ids), (tok.kind, text, ids)
+            assert tok.decode(ids) == text
+        assert not specials & set(tok.encode_batch([SPECIAL_TEXT])[0])
+        tokens, _ = tok.encode_docs([SPECIAL_TEXT, "x" + SPECIAL_TEXT])
+        assert [i for i in tokens.tolist() if i in specials] == [tok.bos_id, tok.bos_id]
+        # where a chat format put them (special=True), they are the tokens
+        for t in ("<|bos|>", *CHAT_TOKENS):
+            assert tok.encode(t, special=True) == [tok.special_id(t)]
+    assert load_tokenizer(tmp_path / "tok").fingerprint == bpe.fingerprint  # the same tokenizer
+
+
+def test_long_documents_quoting_special_tokens_stay_ordinary_text(bpe, monkeypatch):
+    from littlelm.data import tokenizer as module
+
+    monkeypatch.setattr(module, "ENCODE_CHARS", 64)  # the piecewise path of encode_docs
+    text = " ".join([SPECIAL_TEXT] * 20)
+    tokens, _ = bpe.encode_docs([text])
+    assert tokens.tolist() == [bpe.bos_id, *bpe.encode(text)]
+    assert tokens.tolist().count(bpe.bos_id) == 1
+
+
+@needs_gpt2
+def test_tiktoken_special_token_text_is_ordinary_text():
+    tok = TiktokenTokenizer.from_config(gpt2_config(threads=2))
+    text = "a<|endoftext|>b"
+    assert tok.bos_id not in tok.encode(text) + tok.encode_batch([text, text])[1]
+    assert tok.encode_docs([text, text])[0].tolist().count(tok.bos_id) == 2  # the documents'
+
+    assert tok.encode("<|endoftext|>", special=True) == [tok.bos_id]

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_tree, write_config
-from littlelm.errors import CheckpointError, DataError
+from littlelm.errors import CheckpointError, ConfigError, DataError
 from littlelm.schema import load_run
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.trainer import Trainer
@@ -158,3 +158,18 @@ def test_start_record_describes_the_session(tiny_config):
     assert start["flops_per_token"] == trainer.flops_per_token and start["device"] == "cpu"
     times = [r["time"] for r in map(json.loads, (cfg.run_dir() / "metrics.jsonl").open())]
     assert times == sorted(times) and times[0] > 1.7e9
+
+
+def test_a_tokenizer_that_learns_fewer_tokens_is_blamed_not_model_vocab_size(tmp_path, corpus):
+    """model.vocab_size was never set: the message names the tokenizer's size and its fix."""
+    tree = tiny_tree(corpus, tmp_path / "runs")
+    tree["data"]["tokenizer"] = {"name": "bpe", "vocab_size": 5000, "train_chars": 1000}
+    with pytest.raises(ConfigError) as e:
+        Trainer(load_run(write_config(tmp_path / "r.yaml", tree)), resume="never")
+    message = str(e.value)
+    assert "model.vocab_size" not in message and "data.tokenizer.vocab_size" in message
+    learned = int(message.split("learned ")[1].split()[0])
+    assert 257 < learned < 5000 and f"vocab_size to {learned}" in message
+    tree["model"]["vocab_size"] = 4000  # set by the user: then it is the one named
+    with pytest.raises(ConfigError, match="model.vocab_size 4000 differs"):
+        Trainer(load_run(write_config(tmp_path / "r.yaml", tree)), resume="never")

@@ -111,7 +111,7 @@ class Encoder(Protocol):
 
     bos_id: int
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, special: bool = False) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,8 @@ class ChatFormat:
     def encode(self, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
         """Token ids the model sees: BOS, then the rendered conversation."""
         tok = self.tokenizer
-        return [tok.bos_id, *tok.encode(self.render(messages, add_generation_prompt))]
+        text = self.render(messages, add_generation_prompt)
+        return [tok.bos_id, *tok.encode(text, special=True)]  # the format's tokens, from its text
 
     def render_json(self, text: str) -> str:
         """A conversation stored as JSON (what the conversation sources hand on) rendered."""
@@ -260,8 +261,8 @@ def _template_format(tok, template: str, special: dict) -> ChatFormat:
     )
     header = prompt[len(bare) :] if prompt.startswith(bare) else ""
     after = reply[len(prompt) :] if reply.startswith(prompt + "A") else ""
-    header_ids = tuple(tok.encode(header)) if header else ()
-    end_ids = tok.encode(after[1:]) if after else []
+    header_ids = tuple(tok.encode(header, special=True)) if header else ()
+    end_ids = tok.encode(after[1:], special=True) if after else []
     if not header_ids or not end_ids:
         raise DataError(
             "the tokenizer's chat_template does not render a reply as its generation prompt "

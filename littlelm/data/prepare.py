@@ -42,7 +42,7 @@ from littlelm.data.meter import Meter
 from littlelm.data.shards import Shard, read_header
 from littlelm.data.sources import Source, Unit
 from littlelm.data.split import ValSplit
-from littlelm.data.tokenizer import META, Tokenizer, TokenizerConfig
+from littlelm.data.tokenizer import META, HFTokenizer, Tokenizer, TokenizerConfig
 from littlelm.data.tokenizers import load_tokenizer
 from littlelm.data.workers import UNITS, UnitJob, pool_size, run_units, unit_record_path
 from littlelm.errors import DataError
@@ -141,6 +141,8 @@ def dataset_key(source: Source, tok: Tokenizer, split: ValSplit) -> str:
     }
     if source.conversations:  # rendered with the tokenizer's chat format
         key["chat"] = chat_format(tok).identity()
+    elif isinstance(tok, HFTokenizer):  # shards made when special-token text became control
+        key["special_text"] = "ordinary"  # tokens are not found again (tokenizer.encode)
     return digest(key)
 
 

@@ -18,6 +18,7 @@ import json
 import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Literal, cast
 from unittest import mock
@@ -88,33 +89,39 @@ class TiktokenTokenizer(Tokenizer[TiktokenConfig]):
     def vocab_size_for(cls, cfg: TiktokenConfig) -> int:
         return _encoding(cfg).n_vocab
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        if special:
+            return self.enc.encode(text, allowed_special="all")
         return self.enc.encode_ordinary(text)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    def encode_batch(self, texts: list[str], special: bool = False) -> list[list[int]]:
         if self.threads == 1:
-            return [self.enc.encode_ordinary(t) for t in texts]
+            return [self.encode(t, special) for t in texts]
+        if special:
+            return self.enc.encode_batch(texts, num_threads=self.threads, allowed_special="all")
         return self.enc.encode_ordinary_batch(texts, num_threads=self.threads)
 
-    def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode_docs(self, texts: list[str], special: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """As `Tokenizer.encode_docs`, without a Python object per token: each document is
         encoded straight into a numpy array (special-token text encoded as ordinary text, as
-        `encode_ordinary` does), in `threads` chunks of documents at once."""
+        `encode_ordinary` does, unless `special`), in `threads` chunks of documents at once."""
+        encode = partial(self._encode_arrays, special=special)
         if self.threads == 1 or len(texts) < 2:
-            arrays = self._encode_arrays(texts)
+            arrays = encode(texts)
         else:
             n = min(len(texts), 4 * self.threads)  # chunks: few tasks, balanced across threads
             chunks = [texts[i::n] for i in range(n)]
-            done = list(self._executor().map(self._encode_arrays, chunks))
+            done = list(self._executor().map(encode, chunks))
             slots: list[np.ndarray | None] = [None] * len(texts)
             for i, part in enumerate(done):
                 slots[i::n] = part
             arrays = cast(list[np.ndarray], slots)  # every slot is filled: the chunks cover all
         return join_docs(arrays, self.bos_id)
 
-    def _encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
+    def _encode_arrays(self, texts: list[str], special: bool = False) -> list[np.ndarray]:
         encode = self.enc.encode_to_numpy  # releases the GIL while it encodes
-        return [encode(t, allowed_special=set(), disallowed_special=()) for t in texts]
+        allowed = "all" if special else set()
+        return [encode(t, allowed_special=allowed, disallowed_special=()) for t in texts]
 
     def _executor(self) -> ThreadPoolExecutor:
         if getattr(self, "_pool", None) is None:

@@ -64,16 +64,21 @@ class Tokenizer(Generic[TokCfg]):
         """A new tokenizer: this one plus `tokens` as special tokens after its last id."""
         raise NotImplementedError
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        """Token ids of `text`. Special-token text in it (`<|bos|>`, `<|end|>`, ...) is ordinary
+        text, as in tiktoken's encode_ordinary: data, prompts and completions never make control
+        tokens. `special=True` is for text a chat format rendered (data/chat.py): there the
+        special tokens' text becomes those tokens, where the format put them."""
         raise NotImplementedError
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
+    def encode_batch(self, texts: list[str], special: bool = False) -> list[list[int]]:
+        return [self.encode(t, special) for t in texts]
 
-    def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Documents ready for a shard: (tokens, lengths), each document BOS first, flattened."""
+    def encode_docs(self, texts: list[str], special: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Documents ready for a shard: (tokens, lengths), each document BOS first, flattened
+        (`special` as in `encode`)."""
         return join_docs(
-            [np.asarray(x, dtype=np.int64) for x in self.encode_batch(texts)], self.bos_id
+            [np.asarray(x, dtype=np.int64) for x in self.encode_batch(texts, special)], self.bos_id
         )
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -185,10 +190,10 @@ class ByteTokenizer(Tokenizer[ByteConfig]):
     vocab_size = 257
     bos_id = 256
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))  # no text makes BOS, the only special token
 
-    def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode_docs(self, texts: list[str], special: bool = False) -> tuple[np.ndarray, np.ndarray]:
         return join_docs([np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts], self.bos_id)
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -240,18 +245,32 @@ class HFTokenizer(Tokenizer[TokCfg]):
         self.chat_template, self._template_tokens = template, dict(tokens)
         return self
 
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+    def _raw(self, special: bool):
+        """The library's tokenizer that encodes as `encode(..., special)` asks: `self.tok`
+        (special-token text -> the token), or a copy with `encode_special_tokens` set, which
+        encodes that text as ordinary text (transformers' split_special_tokens)."""
+        if not special:
+            if getattr(self, "_plain", None) is None:
+                from tokenizers import Tokenizer as RawTokenizer
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+                plain = RawTokenizer.from_str(self.tok.to_str())
+                plain.encode_special_tokens = True  # not serialized: saving reads self.tok
+                self._plain = plain
+            return self._plain
+        return self.tok
 
-    def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        return self._raw(special).encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str], special: bool = False) -> list[list[int]]:
+        return [e.ids for e in self._raw(special).encode_batch(texts, add_special_tokens=False)]
+
+    def encode_docs(self, texts: list[str], special: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """As `Tokenizer.encode_docs`; a document longer than ENCODE_CHARS is encoded in pieces
         (`encode_pieces`), each turned into an array at once: the library keeps about 100 bytes
         per token of an encoding (its strings and offsets), so a 50 MB row took 9.4 GB."""
         if all(len(t) <= ENCODE_CHARS for t in texts) or not self._cuts_safely():
-            return super().encode_docs(texts)
+            return super().encode_docs(texts, special)
         owner, pieces = [], []
         for d, text in enumerate(texts):
             for piece in encode_pieces(text, ENCODE_CHARS):
@@ -263,7 +282,7 @@ class HFTokenizer(Tokenizer[TokCfg]):
             j, size = i + 1, len(pieces[i])
             while j < len(pieces) and size + len(pieces[j]) <= BATCH_CHARS:
                 size, j = size + len(pieces[j]), j + 1
-            batch = self.tok.encode_batch(pieces[i:j], add_special_tokens=False)
+            batch = self._raw(special).encode_batch(pieces[i:j], add_special_tokens=False)
             ids += [np.array(e.ids, dtype=np.int32) for e in batch]
             i = j
         docs: list[list[np.ndarray]] = [[] for _ in texts]

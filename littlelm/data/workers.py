@@ -65,6 +65,7 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
     docs = chars = nbytes = 0
     # a conversation (canonical JSON) is rendered with the tokenizer's chat format (data/chat.py)
     fmt = chat_format(tok) if source.conversations else None
+    chat = fmt is not None
     try:
         for i, raw in enumerate(source.unit_documents(job.unit)):
             if i in job.duplicates:
@@ -75,10 +76,12 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
             pending[name].extend(source.rendered(raw, fmt) if fmt else source.pieces(raw))
             size[name] += len(data)
             if size[name] >= BATCH_BYTES:
-                _flush(pending[name], writers[name], tok, lambda t, n=size[name]: report(n, t))
+                _flush(
+                    pending[name], writers[name], tok, lambda t, n=size[name]: report(n, t), chat
+                )
                 size[name] = 0
         for name, w in writers.items():
-            _flush(pending[name], w, tok, lambda t, n=size[name]: report(n, t))
+            _flush(pending[name], w, tok, lambda t, n=size[name]: report(n, t), chat)
         shards = {name: w.close() for name, w in writers.items()}
     except BaseException:
         for w in writers.values():
@@ -101,9 +104,13 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
     return record
 
 
-def _flush(texts: list[str], writer: _SplitWriter, tok: Tokenizer, tokens_done) -> None:
+def _flush(
+    texts: list[str], writer: _SplitWriter, tok: Tokenizer, tokens_done, special: bool
+) -> None:
+    """Encode and write `texts`; `special`: they are chats the format rendered, whose special
+    tokens' text becomes those tokens (any other text's is ordinary text: tokenizer.encode)."""
     if texts:
-        tokens, lengths = tok.encode_docs(texts)
+        tokens, lengths = tok.encode_docs(texts, special)
         writer.add(tokens, lengths)
         tokens_done(len(tokens))
         texts.clear()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import queue
@@ -34,87 +35,25 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from littlelm.data.chat import chat_format, conversation_problem
 from littlelm.errors import LittleLMError
 from littlelm.eval.chat import Chat
+from littlelm.eval.serve_api import (
+    ApiError,
+    BodyLimit,
+    ChatRequest,
+    CompletionRequest,
+    Sampling,
+    add_error_handlers,
+    body_limit,
+    stops_of,
+)
 from littlelm.model.generate import stream
 
 PAGE = Path(__file__).with_name("serve_page.html")
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    """A message; its content a string or OpenAI's list of text parts (joined), and the role
-    `developer` (OpenAI's newer name for the system message) read as `system`."""
-
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-
-    @field_validator("role")
-    @classmethod
-    def _system(cls, role: str) -> str:
-        return "system" if role == "developer" else role
-
-    @field_validator("content")
-    @classmethod
-    def _text(cls, content: str | list[TextPart]) -> str:
-        return content if isinstance(content, str) else "".join(p.text for p in content)
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
-
-
-class Sampling(BaseModel):
-    """What both endpoints take (OpenAI's names); unknown fields are ignored, as OpenAI's
-    clients send some this server has no use for."""
-
-    model_config = ConfigDict(extra="ignore")
-    model: str
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    seed: int | None = None
-    n: int = Field(1, ge=1, le=1)
-
-
-class ChatRequest(Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-
-
-class CompletionRequest(Sampling):
-    prompt: str | list[str]
-
-
-class ApiError(Exception):
-    """A request the server answers with `status` and an OpenAI-style error body."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str = ""):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def body(self) -> dict:
-        kind = {401: "authentication_error", 404: "not_found_error"}.get(
-            self.status, "invalid_request_error"
-        )
-        return {"error": {"message": self.message, "type": kind, "param": self.param,
-                          "code": self.code or None}}  # fmt: skip
 
 
 END = object()  # what a job's queue holds after its last piece
@@ -157,6 +96,13 @@ class Server:
         with contextlib.suppress(LittleLMError):  # a base model still serves /v1/completions
             self.format = chat_format(tokenizer)
         self.context = model.cfg.max_seq_len
+        # the most characters a token stands for: a longer prompt cannot fit the context, and
+        # is refused before it is tokenized (and its request before it is read: body_limit)
+        self.token_chars = max(int(tokenizer.token_bytes().max()), 1)
+        self.max_body = body_limit(self.context, self.token_chars)
+        # a completion ends where its document would (the next BOS) or, on a chat model, at
+        # the end of a turn, as a chat reply does
+        self.ends = {tokenizer.bos_id} | ({self.format.end} if self.format else set())
 
     # -- requests -> (prompt ids, budget) ------------------------------------------------------
 
@@ -165,6 +111,15 @@ class Server:
             raise ApiError(
                 404, f"the model {name!r} does not exist; this server serves {self.name!r} "
                 "(GET /v1/models)", "model", "model_not_found",
+            )  # fmt: skip
+
+    def check_length(self, chars: int, param: str) -> None:
+        """Refuse a prompt of `chars` characters that no tokenization fits into the context."""
+        if chars > self.context * self.token_chars:
+            raise ApiError(
+                400, f"the prompt is {chars:,} characters: more than the model's "
+                f"{self.context}-token context holds ({self.token_chars} characters a token at "
+                "most); shorten it", param, "context_length_exceeded",
             )  # fmt: skip
 
     def budget(self, req: Sampling, prompt_tokens: int) -> int:
@@ -194,6 +149,7 @@ class Server:
                 "fine-tune it first (docs/post-training.md)", "messages", "no_chat_format",
             )  # fmt: skip
         messages = [m.model_dump() for m in req.messages]
+        self.check_length(sum(len(m["content"]) for m in messages), "messages")
         if messages[-1]["role"] != "user":
             raise ApiError(400, "the last message must be the user's (the turn to answer)",
                            "messages")  # fmt: skip
@@ -220,8 +176,11 @@ class Server:
         if isinstance(req.prompt, list) and len(req.prompt) != 1:
             raise ApiError(400, "prompt: give one string (batches of prompts are not served)",
                            "prompt")  # fmt: skip
+        self.check_length(len(text), "prompt")
         tok = self.tokenizer
-        prompt = [tok.bos_id, *tok.encode(text)]  # a document starts with BOS, as in training
+        # a document starts with BOS, as in training; special-token text in the prompt is
+        # ordinary text (tokenizer.encode): a client's text never makes control tokens
+        prompt = [tok.bos_id, *tok.encode(text)]
         budget = self.budget(req, len(prompt))
         usage = {"prompt_tokens": len(prompt)}
         return self._complete(prompt, budget, req, usage), usage
@@ -238,10 +197,10 @@ class Server:
         logits = model(torch.tensor([prompt], device=device), caches=caches)[:, -1]
         ids: list[int] = []
         shown, usage["finish"] = "", "length"
-        steps = stream(model, logits, caches, budget, req.temperature, None, gen, tok.bos_id, top_p)
+        steps = stream(model, logits, caches, budget, req.temperature, None, gen, None, top_p)
         try:
             for nxt in steps:
-                if nxt == tok.bos_id:  # the document ends where the next one would start
+                if nxt in self.ends:  # the next document's BOS, or a chat turn's end
                     usage["finish"] = "stop"
                     break
                 ids.append(nxt)
@@ -299,48 +258,26 @@ def cut_at_stops(pieces: Iterator[str], stops: list[str]) -> Iterator[tuple[str,
         yield text[sent:], None
 
 
-def stops_of(req: Sampling) -> list[str]:
-    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stops) > 4 or any(not s for s in stops):
-        raise ApiError(400, "stop: at most 4 non-empty strings", "stop")
-    return stops
-
-
 def build_app(server: Server, api_key: str | None = None):
-    """The FastAPI application serving `server`."""
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
-    from starlette.concurrency import run_in_threadpool
-    from starlette.exceptions import HTTPException
+    """The FastAPI application serving `server`: the error handlers, the body limit and the key
+    check, then each endpoint (one function each, below)."""
+    from fastapi import FastAPI
 
     app = FastAPI(title="littlelm", docs_url=None, redoc_url=None, openapi_url=None)
+    add_error_handlers(app)
+    add_key_check(app, api_key)
+    app.add_middleware(BodyLimit, limit=server.max_body)  # added last: it runs first
+    add_page(app, server, api_key)
+    add_models(app, server)
+    add_chat_completions(app, server)
+    add_completions(app, server)
+    return app
 
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, e: ApiError):
-        return JSONResponse(e.body(), status_code=e.status)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, e: RequestValidationError):
-        first = e.errors()[0] if e.errors() else {}
-        where: str | None = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            message, where = "the body is not valid JSON", None
-        n = len(e.errors())
-        more = f" (and {n - 1} more problem(s))" if n > 1 else ""
-        err = ApiError(400, f"{where + ': ' if where else ''}{message}{more}", where or None)
-        return JSONResponse(err.body(), status_code=400)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, e: HTTPException):
-        err = ApiError(e.status_code, str(e.detail))
-        return JSONResponse(err.body(), status_code=e.status_code)
-
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, e: Exception):  # a bug: said, not a traceback, and serving on
-        err = ApiError(500, f"internal error: {type(e).__name__}: {e}"[:300], code="internal")
-        return JSONResponse(err.body(), status_code=500)
+def add_key_check(app, api_key: str | None) -> None:
+    """With a key, every /v1 request must carry `Authorization: Bearer KEY`."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
 
     @app.middleware("http")
     async def authorize(request: Request, call_next):
@@ -352,11 +289,19 @@ def build_app(server: Server, api_key: str | None = None):
                 return JSONResponse(err.body(), status_code=401)
         return await call_next(request)
 
+
+def add_page(app, server: Server, api_key: str | None) -> None:
+    """GET /: the chat page (serve_page.html), told the model's name and whether a key is needed."""
+    from fastapi.responses import HTMLResponse
+
     @app.get("/", response_class=HTMLResponse)
     def page():
         html = PAGE.read_text().replace("__MODEL__", json.dumps(server.name))
         return html.replace("__NEEDS_KEY__", "true" if api_key else "false")
 
+
+def add_models(app, server: Server) -> None:
+    """GET /v1/models and /v1/models/NAME: the one model served."""
     entry = {"id": server.name, "object": "model", "created": 0, "owned_by": "littlelm"}
 
     @app.get("/v1/models")
@@ -368,10 +313,116 @@ def build_app(server: Server, api_key: str | None = None):
         server.check_model(name)
         return entry
 
-    class JobStream(StreamingResponse):
-        """Server-sent events of a job; however the response ends (done, the client gone,
-        an error), the job is cancelled: a generation nobody reads stops at its next piece."""
 
+def add_chat_completions(app, server: Server) -> None:
+    """POST /v1/chat/completions: a reply in the model's chat format."""
+    from starlette.concurrency import run_in_threadpool
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatRequest):
+        server.check_model(req.model)
+        stops_of(req)  # refused before any tokenizing
+        pieces, usage = await run_in_threadpool(server.chat_pieces, req)
+        return await respond(server, "chat", req, pieces, usage)
+
+
+def add_completions(app, server: Server) -> None:
+    """POST /v1/completions: plain text continued from BOS."""
+    from starlette.concurrency import run_in_threadpool
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        server.check_model(req.model)
+        stops_of(req)
+        pieces, usage = await run_in_threadpool(server.completion_pieces, req)
+        return await respond(server, "text", req, pieces, usage)
+
+
+class Reply:
+    """How one request's answer is written: its id, object names and choices (OpenAI's shapes
+    for a chat or a text completion) and its usage."""
+
+    def __init__(self, server: Server, kind: str, usage: dict):
+        self.kind, self.usage, self.model = kind, usage, server.name
+        self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.object = "chat.completion" if kind == "chat" else "text_completion"
+
+    def choice(self, text: str, finish: str | None, delta: bool) -> dict:
+        if self.kind == "chat":
+            key = "delta" if delta else "message"
+            body = {"content": text} if delta else {"role": "assistant", "content": text}
+            return {"index": 0, key: body, "finish_reason": finish}
+        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+
+    def usage_of(self) -> dict:
+        p, c = self.usage["prompt_tokens"], self.usage.get("completion_tokens", 0)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def head(self, streamed: bool) -> dict:
+        obj = f"{self.object}.chunk" if streamed and self.kind == "chat" else self.object
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+
+async def respond(server: Server, kind: str, req: Sampling, pieces, usage: dict):
+    """Queue the request's generation; its answer whole or streamed."""
+    job = server.submit(Job(pieces, stops_of(req)))
+    reply = Reply(server, kind, usage)
+    if not req.stream:
+        return await whole(job, reply)
+    return job_stream(events(job, reply, req), job)
+
+
+async def whole(job: Job, reply: Reply) -> dict:
+    parts, finish = [], None
+    try:
+        async for text, fin in job.results():
+            parts.append(text)
+            finish = fin or finish
+    finally:
+        job.cancel()
+    finish = finish or reply.usage.get("finish", "length")
+    return {**reply.head(False), "choices": [reply.choice("".join(parts), finish, False)],
+            "usage": reply.usage_of()}  # fmt: skip
+
+
+async def events(job: Job, reply: Reply, req: Sampling) -> AsyncIterator[str]:
+    """The server-sent events of a streamed answer, ending with [DONE]."""
+    chunk = reply.head(True)
+
+    def event(choices: list, **more) -> str:
+        return f"data: {json.dumps({**chunk, 'choices': choices, **more})}\n\n"
+
+    if reply.kind == "chat":  # the role first, as OpenAI's stream does
+        yield event([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                      "finish_reason": None}])  # fmt: skip
+    finish = None
+    try:
+        async for text, fin in job.results():
+            finish = fin or finish
+            if text:
+                yield event([reply.choice(text, None, True)])
+    except Exception as e:  # after the headers went out: an error event, then the end
+        err = ApiError(500, f"generation failed: {type(e).__name__}: {e}"[:300])
+        yield f"data: {json.dumps(err.body())}\n\n"
+    else:
+        yield event([reply.choice("", finish or reply.usage.get("finish", "length"), True)])
+        if req.stream_options and req.stream_options.include_usage:
+            yield event([], usage=reply.usage_of())  # OpenAI's last chunk: no choices, usage
+    yield "data: [DONE]\n\n"
+
+
+def job_stream(events: AsyncIterator[str], job: Job):
+    """A streamed response of `events`; however it ends (done, the client gone, an error), the
+    job is cancelled: a generation nobody reads stops at its next piece."""
+    return _job_stream_class()(events, job)
+
+
+@functools.cache
+def _job_stream_class():  # made on first use: fastapi and starlette are an optional extra
+    from starlette.responses import StreamingResponse
+
+    class JobStream(StreamingResponse):
         def __init__(self, events: AsyncIterator[str], job: Job):
             super().__init__(events, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
@@ -383,77 +434,7 @@ def build_app(server: Server, api_key: str | None = None):
             finally:
                 self.job.cancel()
 
-    async def respond(kind: str, req: Sampling, pieces, usage: dict):
-        stops = stops_of(req)
-        job = server.submit(Job(pieces, stops))
-        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        created, obj = int(time.time()), "chat.completion" if kind == "chat" else "text_completion"
-
-        def choice(text: str, finish: str | None, delta: bool) -> dict:
-            if kind == "chat":
-                key = "delta" if delta else "message"
-                body = {"content": text} if delta else {"role": "assistant", "content": text}
-                return {"index": 0, key: body, "finish_reason": finish}
-            return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-
-        def usage_of() -> dict:
-            p, c = usage["prompt_tokens"], usage.get("completion_tokens", 0)
-            return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
-
-        if not req.stream:
-            parts, finish = [], None
-            try:
-                async for text, fin in job.results():
-                    parts.append(text)
-                    finish = fin or finish
-            finally:
-                job.cancel()
-            finish = finish or usage.get("finish", "length")
-            return {"id": rid, "object": obj, "created": created, "model": server.name,
-                    "choices": [choice("".join(parts), finish, False)], "usage": usage_of()}  # fmt: skip
-
-        chunk = {"id": rid, "object": f"{obj}.chunk" if kind == "chat" else obj,
-                 "created": created, "model": server.name}  # fmt: skip
-
-        def event(choices: list, **more) -> str:
-            return f"data: {json.dumps({**chunk, 'choices': choices, **more})}\n\n"
-
-        async def events() -> AsyncIterator[str]:
-            if kind == "chat":  # the role first, as OpenAI's stream does
-                yield event([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                              "finish_reason": None}])  # fmt: skip
-            finish = None
-            try:
-                async for text, fin in job.results():
-                    finish = fin or finish
-                    if text:
-                        yield event([choice(text, None, True)])
-            except Exception as e:  # after the headers went out: an error event, then the end
-                err = ApiError(500, f"generation failed: {type(e).__name__}: {e}"[:300])
-                yield f"data: {json.dumps(err.body())}\n\n"
-            else:
-                yield event([choice("", finish or usage.get("finish", "length"), True)])
-                if req.stream_options and req.stream_options.include_usage:
-                    yield event([], usage=usage_of())  # OpenAI's last chunk: no choices, usage
-            yield "data: [DONE]\n\n"
-
-        return JobStream(events(), job)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatRequest):
-        server.check_model(req.model)
-        stops_of(req)  # refused before any tokenizing
-        pieces, usage = await run_in_threadpool(server.chat_pieces, req)
-        return await respond("chat", req, pieces, usage)
-
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
-        server.check_model(req.model)
-        stops_of(req)
-        pieces, usage = await run_in_threadpool(server.completion_pieces, req)
-        return await respond("text", req, pieces, usage)
-
-    return app
+    return JobStream
 
 
 def serve(
@@ -478,6 +459,13 @@ def serve(
 
     if max_tokens < 1:
         raise LittleLMError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if api_key is not None and not api_key.strip():  # '' would serve without a key, silently
+        raise LittleLMError(
+            "the API key is empty (--api-key '' or an empty $LITTLELM_API_KEY): give a key, or "
+            "leave both unset to serve without one"
+        )
+    if not 1 <= port <= 65535:
+        raise LittleLMError(f"--port must be in 1..65535, got {port}")
     path = find_checkpoint(checkpoint)
     check_port(host, port)  # before loading takes the user's time
     dev = pick_device(device)

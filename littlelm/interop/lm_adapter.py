@@ -51,7 +51,9 @@ class LittleLMAdapter(TemplateLM):
     def tok_encode(
         self, string: str, add_special_tokens: bool | None = None, **kwargs
     ) -> list[int]:
-        return list(self.tok.encode(string))
+        # with chat on, lm_eval hands over the text apply_chat_template rendered: the format's
+        # special-token text becomes its tokens; without, task text is ordinary text
+        return list(self.tok.encode(string, special=self.chat is not None))
 
     def tok_decode(self, tokens: list[int], **kwargs) -> str:
         return self.tok.decode(tokens)

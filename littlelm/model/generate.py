@@ -89,6 +89,17 @@ def stream(model, logits, caches, max_tokens, temperature, top_k, gen, stop=None
         logits = model(torch.tensor([[nxt]], device=device), caches=caches)[:, -1]
 
 
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 `logits / temperature`, shifted so that the largest is 0: what a softmax at that
+    temperature reads. Computed so that any temperature > 0 gives a distribution: a tiny one
+    (1e-300 is 0 in fp32) would make inf / inf or 0 / 0, nan probabilities; here it is
+    held at fp32's smallest normal number, where every token but the most likely gets -inf
+    (greedy, its limit)."""
+    logits = logits.float()
+    shifted = logits - logits.amax(-1, keepdim=True)
+    return shifted / max(temperature, torch.finfo(torch.float32).tiny)
+
+
 def pick(
     logits: torch.Tensor,
     temperature: float,
@@ -99,14 +110,15 @@ def pick(
     """One token id from logits (1, V)."""
     if temperature <= 0:
         return int(logits.argmax(-1))
-    logits = logits / temperature
+    logits = tempered(logits, temperature)
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1:  # the smallest set of tokens holding top_p of the mass
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         mass = torch.softmax(sorted_logits.float(), dim=-1).cumsum(-1)
-        drop = mass - torch.softmax(sorted_logits.float(), dim=-1) >= top_p  # keeps the first
+        drop = mass - torch.softmax(sorted_logits.float(), dim=-1) >= top_p
+        drop[..., 0] = False  # the most likely stays, also for a top_p that is 0 in fp32
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     probs = torch.softmax(logits.float(), dim=-1)
     return int(torch.multinomial(probs, 1, generator=gen))
@@ -134,7 +146,7 @@ def sample_group(
     lengths = torch.full((n,), max_tokens, dtype=torch.long, device=device)
     done = torch.zeros(n, dtype=torch.bool, device=device)
     for i in range(max_tokens):
-        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        probs = torch.softmax(tempered(logits, temperature), dim=-1)
         nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
         nxt = torch.where(done, stop, nxt)  # a finished row only holds filler
         out[:, i] = nxt

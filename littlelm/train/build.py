@@ -102,12 +102,7 @@ def build_data(cfg: RunConfig, log, progress=None):
     `val loss nan` at each evaluation."""
     data = data_build.build_data(cfg.data, log, progress)
     if data.tokenizer.vocab_size != cfg.model.vocab_size:
-        raise ConfigError(
-            [
-                f"model.vocab_size {cfg.model.vocab_size} differs from the tokenizer's "
-                f"{data.tokenizer.vocab_size}; leave model.vocab_size null"
-            ]
-        )
+        raise ConfigError([vocab_mismatch(cfg, data.tokenizer)])
     seq_len = cfg.train.seq_len
     assert seq_len is not None, "a resolved config has train.seq_len (schema.resolve)"
     evaluates = cfg.eval.every or cfg.eval.at_end
@@ -122,6 +117,32 @@ def build_data(cfg: RunConfig, log, progress=None):
     for note in data.duplicate_notes():  # repeats in the input that a run will not repeat
         log(f"note: {note}")
     return data
+
+
+def vocab_mismatch(cfg: RunConfig, tok) -> str:
+    """Why the model's vocabulary is not the tokenizer's, blaming what set it: the user's
+    model.vocab_size, or (when the model's size is the one the tokenizer's config promised,
+    which `resolve` fills in for a null model.vocab_size) the tokenizer, which made another."""
+    tc = cfg.data.tokenizer
+    promised = tc.tokenizer_class().vocab_size_for(tc)
+    if cfg.model.vocab_size != promised:
+        return (
+            f"model.vocab_size {cfg.model.vocab_size} differs from the tokenizer's "
+            f"{tok.vocab_size}; leave model.vocab_size null"
+        )
+    if tc.tokenizer_class().trainable:
+        return (
+            f"the {tok.kind} tokenizer learned {tok.vocab_size} tokens from its training text, "
+            f"not the {promised} data.tokenizer.vocab_size asks for: the text has too few "
+            f"distinct pieces to merge into more. Set data.tokenizer.vocab_size to "
+            f"{tok.vocab_size} (or less), or give it more text (data.tokenizer.train_chars, "
+            "more sources)"
+        )
+    return (
+        f"the tokenizer ({tok.describe()}) has {tok.vocab_size} tokens, not the {promised} its "
+        "files said when the run was configured: were they replaced meanwhile? Prepare the "
+        "data again, or set model.vocab_size to the tokenizer's size"
+    )
 
 
 def _cast(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from littlelm.data.chat import chat_format, check_messages, json_lines
 from littlelm.errors import DataError
-from littlelm.model.generate import sample_group
+from littlelm.model.generate import sample_group, tempered
 from littlelm.model.gpt import GPT
 from littlelm.train.objective import Objective, Pass, Setting
 from littlelm.train.rewards import reward_function, score
@@ -212,7 +212,7 @@ class RL(Objective):
         """log-probabilities (B, T) of targets y under `model` at the sampling temperature."""
         with self.autocast:
             logits = model(x)
-        logp = F.log_softmax(logits.float() / self.r.temperature, dim=-1)
+        logp = F.log_softmax(tempered(logits, self.r.temperature), dim=-1)  # finite at any T > 0
         return logp.gather(-1, y[..., None]).squeeze(-1)
 
     def forward_backward(self, step: int, batches, forward) -> Pass:
