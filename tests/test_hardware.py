@@ -16,14 +16,16 @@ from littlelm.train.device import autocast, with_precision
 
 @pytest.fixture
 def cpu_flags(monkeypatch):
-    """Pretend the CPU reports `flags` (torch.cpu.get_capabilities) for one test."""
+    """Pretend the CPU reports `flags` (torch.cpu.get_capabilities) for one test, whatever
+    LITTLELM_NATIVE_BF16 the suite runs under."""
+    monkeypatch.delenv(hardware.OVERRIDE, raising=False)
 
     def set_flags(**flags):
-        hardware.native_bf16.cache_clear()
+        hardware.detected_bf16.cache_clear()
         monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: flags)
 
     yield set_flags
-    hardware.native_bf16.cache_clear()
+    hardware.detected_bf16.cache_clear()
 
 
 def test_x86_without_avx512_bf16_or_amx_is_not_native(cpu_flags):
@@ -138,3 +140,23 @@ def test_a_run_says_when_auto_chose_fp32_and_records_it(cpu_flags, tiny_config, 
     cfg = load_run(tiny_config)
     (state,) = (cfg.run_dir() / "checkpoints").glob("step_*/state.json")
     assert json.loads(state.read_text())["config"]["train"]["precision"] == "fp32"  # not auto
+
+
+@pytest.mark.parametrize(("value", "native"), [("1", True), ("0", False)])
+def test_the_environment_overrides_the_detection(cpu_flags, monkeypatch, value, native):
+    cpu_flags(architecture="x86_64", avx512_bf16=not native)  # the detection says the opposite
+    monkeypatch.setenv(hardware.OVERRIDE, value)
+    assert hardware.native_bf16("cpu") is native
+    assert hardware.native_bf16("cuda") is native  # every device: a CI run forces either path
+    assert hardware.auto_precision("auto", "cpu") == ("bf16" if native else "fp32")
+    assert with_precision(cfg(), torch.device("cpu")).train.precision == ("bf16" if native else "fp32")
+    monkeypatch.setenv(hardware.OVERRIDE, "")  # empty: unset, the detection decides again
+    assert hardware.native_bf16("cpu") is not native
+
+
+def test_a_bad_override_names_the_values(cpu_flags, monkeypatch):
+    from littlelm.errors import LittleLMError
+
+    monkeypatch.setenv(hardware.OVERRIDE, "yes")
+    with pytest.raises(LittleLMError, match="LITTLELM_NATIVE_BF16='yes': set it to 1 .* or 0"):
+        hardware.native_bf16("cpu")
