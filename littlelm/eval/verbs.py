@@ -180,6 +180,20 @@ def eval_(
     from littlelm.eval.core import EvalOptions
     from littlelm.eval.run import parse_labels, run_eval
 
+    harness_only = {
+        "--include": include is not None,
+        "--apply-chat-template": apply_chat_template,
+        "--num-fewshot": num_fewshot is not None,
+    }
+    stray = [flag for flag, given in harness_only.items() if given]
+    if harness is None and stray:  # silently ignored, they would score other tasks than asked
+        from littlelm.errors import EvalError
+
+        raise EvalError(
+            f"{' and '.join(stray)} {'applies' if len(stray) == 1 else 'apply'} only with "
+            "--harness TASKS (lm-evaluation-harness); "
+            "for your own tasks.yaml and JSONL files use --bundle DIR"
+        )
     if chat is not None:
         from littlelm.eval.chat_eval import run_chat_eval
 
