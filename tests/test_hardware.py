@@ -149,7 +149,9 @@ def test_the_environment_overrides_the_detection(cpu_flags, monkeypatch, value, 
     assert hardware.native_bf16("cpu") is native
     assert hardware.native_bf16("cuda") is native  # every device: a CI run forces either path
     assert hardware.auto_precision("auto", "cpu") == ("bf16" if native else "fp32")
-    assert with_precision(cfg(), torch.device("cpu")).train.precision == ("bf16" if native else "fp32")
+    assert with_precision(cfg(), torch.device("cpu")).train.precision == (
+        "bf16" if native else "fp32"
+    )
     monkeypatch.setenv(hardware.OVERRIDE, "")  # empty: unset, the detection decides again
     assert hardware.native_bf16("cpu") is not native
 
