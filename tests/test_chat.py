@@ -417,6 +417,7 @@ def sft_run(tmp_path_factory):
     return root / "runs" / "sft"
 
 
+@pytest.mark.precision
 def test_non_interactive_replies_equal_greedy_generate(sft_run, capsys, monkeypatch):
     import io
 
@@ -580,6 +581,7 @@ def test_chat_refuses_a_temperature_that_cannot_sample(sft_run, capsys, value):
     assert "--temperature must be a finite number" in capsys.readouterr().err
 
 
+@pytest.mark.precision
 @pytest.mark.parametrize("verb", ["chat", "serve"])
 def test_chat_and_serve_answer_in_fp32_unless_asked(sft_run, monkeypatch, verb):
     """fp32 by default, whatever the hardware: the replies the transformers and GGUF exports

@@ -25,6 +25,8 @@ from littlelm.schema import load_run
 from littlelm.train.trainer import Trainer
 
 transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.precision  # .ci/run: again with bf16 forced and with fp32
 # text whose split differs between GPT-2's and Qwen's regex (digits, contractions, newlines)
 PROBE = "It's 2026 -- naïve café, 東京 🙂\n\tdef f(x): return x**2\n  I'LL go 123 don't\r\n\n"
 

@@ -13,6 +13,8 @@ from littlelm.optim.optimizer import orthogonalize
 from littlelm.schema import RunConfig
 from littlelm.train.device import autocast, with_precision
 
+pytestmark = pytest.mark.precision  # .ci/run: again with bf16 forced and with fp32
+
 
 @pytest.fixture
 def cpu_flags(monkeypatch):
@@ -162,3 +164,14 @@ def test_a_bad_override_names_the_values(cpu_flags, monkeypatch):
     monkeypatch.setenv(hardware.OVERRIDE, "yes")
     with pytest.raises(LittleLMError, match="LITTLELM_NATIVE_BF16='yes': set it to 1 .* or 0"):
         hardware.native_bf16("cpu")
+
+
+def test_ci_lints_and_runs_the_precision_tests_both_ways():
+    """.ci/run checks ruff's lint and format, and reruns the `precision` tests with `auto`
+    forced to bf16 and to fp32, whatever the CI machine's CPU has."""
+    from pathlib import Path
+
+    ci = (Path(__file__).parents[1] / ".ci" / "run").read_text()
+    assert ".venv/bin/ruff check ." in ci and ".venv/bin/ruff format --check ." in ci
+    assert "for native in 1 0; do" in ci
+    assert "LITTLELM_NATIVE_BF16=$native" in ci and "-m precision" in ci

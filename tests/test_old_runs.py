@@ -20,6 +20,8 @@ import pytest
 
 FIXTURE = Path(__file__).parent / "fixtures" / "old_runs"
 
+pytestmark = pytest.mark.precision  # .ci/run: again with bf16 forced and with fp32
+
 
 @pytest.fixture
 def old_runs(tmp_path) -> Path:

@@ -221,6 +221,7 @@ def fixture_step(m: GPT, opt, s: int) -> None:
     opt.zero_grad(set_to_none=True)
 
 
+@pytest.mark.precision
 @pytest.mark.parametrize("case", ["muon", "muon_bf16_rounding"])
 def test_state_written_by_the_old_optimizer_resumes_bitwise(case):
     """Optimizer state written by the code of 22771fd (one part per inner optimizer) loads, through
