@@ -165,8 +165,7 @@ def speed_summary(cfg: RunConfig, device: torch.device | str = "cpu") -> str:
     if t.stochastic_rounding:
         parts.append("stochastic rounding")
     parts += m.speed_settings(device)
-    if cfg.optimizer.traits().adamw_8bit:
-        parts.append("8-bit AdamW")
+    parts += cfg.optimizer.traits().settings
     if t.activation_checkpointing:
         parts.append("activation checkpointing")
     if t.compiles(device):

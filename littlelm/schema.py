@@ -66,8 +66,8 @@ from littlelm.data.build import DataConfig
 from littlelm.data.tokenizers import vocab_size_of
 from littlelm.errors import ConfigError
 from littlelm.model.gpt import GPTConfig
-from littlelm.model.lora import LoRAConfig
-from littlelm.optim.base import OptimizerConfig
+from littlelm.model.lora import LoRAConfig, rank_problems
+from littlelm.optim.base import WHOLE, OptimizerConfig
 from littlelm.optim.groups import ORIGINS, MuonConfig, OptimizerChoice
 from littlelm.optim.schedule import ScheduleChoice, TrapezoidalConfig, resolve_lr_multipliers
 from littlelm.registry import callback_classes
@@ -491,7 +491,7 @@ def resolve(
             "fine-tuning a base of this shape, grow: {parent: ...} for a larger model"
         )
     problems += _lora_problems(cfg, world_size)
-    problems += rl_problems(cfg.rl, cfg.sft is not None, cfg.distributed.world_size)
+    problems += rl_problems(cfg.rl, cfg.sft is not None, world_size)  # the processes running
     sources: dict[str, str] = {k: src.name for k, src in cfg.data.sources.items()}
     problems += dpo_problems(cfg.dpo, cfg.sft is not None, sources)
     for key in ("dpo", "rl") if cfg.lora is not None else ():
@@ -527,12 +527,20 @@ def _lora_problems(cfg: RunConfig, world_size: int) -> list[str]:
             "checkpoints are not built); use distributed.strategy=ddp: the base is frozen, so "
             "each rank holds its weights but no gradients or optimizer state for them"
         )
+    problems += rank_problems(_shapes_only(cfg.model), cfg.lora)
     if cfg.model.fp8:
         problems.append(
             "lora with model.fp8: FP8 base linears under adapters are not supported; turn "
             "model.fp8 off for a LoRA run"
         )
     return problems
+
+
+def _shapes_only(model: GPTConfig) -> torch.nn.Module:
+    """The model on the meta device (no memory, no RNG drawn): its linears' shapes; the
+    vocabulary, resolved from the tokenizer later, does not shape a block's linears."""
+    with torch.device("meta"), torch.random.fork_rng(devices=[]):
+        return model.model_copy(update={"vocab_size": model.vocab_size or 1}).build()
 
 
 def _old_sft(tree: dict, g: dict) -> bool:
@@ -668,6 +676,13 @@ def _resolve_world(cfg: RunConfig, world_size: int) -> tuple[DistributedConfig, 
             "different steps); use repeat and set train.max_tokens"
         )
     problems += cfg.optimizer.check_world(world_size)
+    whole = [r.kind for r in cfg.optimizer.traits().rules if r.sharding == WHOLE]
+    if world_size > 1 and d.strategy == "fsdp" and whole:  # FSDP2 hands each rank a slice
+        problems.append(
+            f"optimizer.name={cfg.optimizer.name}: its {', '.join(whole)} groups step whole "
+            "tensors, which distributed.strategy=fsdp splits across the ranks; use "
+            "distributed.strategy=ddp"
+        )
     if world_size > 1 and d.strategy == "fsdp" and cfg.train.master_weights == "bf16":
         problems.append(
             "train.master_weights=bf16 is not supported with distributed.strategy=fsdp yet; use "

@@ -14,6 +14,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from test_optim_traits import LionConfig  # this script's directory is on sys.path
 
 from littlelm.errors import DistributedError
 from littlelm.model.gpt import GPT, GPTConfig
@@ -79,18 +80,18 @@ def old_layout(state: dict) -> dict:
     return {"optimizers": parts}
 
 
-def variants(base: GPT) -> dict:
+def variants(base: GPT, cfg=OPT) -> dict:
     """name -> (model, optimizer) built from copies of `base`."""
     out = {}
     m = copy.deepcopy(base)
-    out["ref"] = (m, build_optimizer(m, OPT))
+    out["ref"] = (m, build_optimizer(m, cfg))
     m = copy.deepcopy(base)
-    out["ddp"] = (m, build_optimizer(m, OPT).shard(False, True, True))
+    out["ddp"] = (m, build_optimizer(m, cfg).shard(False, True, True))
     m = copy.deepcopy(base)
     env = DistEnv(dist.get_rank(), dist.get_world_size())
     fsdp = Parallel(DistributedConfig(strategy="fsdp"), env, torch.device("cpu"))
     fsdp.shard_model(m, "fp32")
-    out["fsdp"] = (m, build_optimizer(m, OPT).shard(True, True, False))
+    out["fsdp"] = (m, build_optimizer(m, cfg).shard(True, True, False))
     return out
 
 
@@ -122,6 +123,32 @@ def ddp_accumulation(par: Parallel) -> dict:
             for p, q in zip(model.parameters(), ref.parameters())
         ),
     }
+
+
+def new_optimizer(base: GPT) -> dict:
+    """A new optimizer's elementwise rule (Lion, tests/test_optim_traits.py) under ZeRO-1 and
+    FSDP2, sharded by what its rule says alone, against its single-process run."""
+    runs = variants(base, LionConfig(weight_decay=0.1))
+    for step in range(3):
+        for model, opt in runs.values():
+            train_step(model, opt, step)
+    ref_model, ref_opt = runs["ref"]
+    ref_state = ref_opt.state_dict()
+    result = {
+        "lion_params_zero": max_diff(ref_model, runs["ddp"][0]),
+        "lion_params_fsdp": max_diff(ref_model, runs["fsdp"][0]),
+        "lion_state_zero": state_diff(ref_state, runs["ddp"][1].state_dict()),
+        "lion_state_fsdp": state_diff(ref_state, runs["fsdp"][1].state_dict()),
+    }
+    resumed = variants(ref_model, LionConfig(weight_decay=0.1))
+    for _, opt in resumed.values():
+        opt.load_state_dict(copy.deepcopy(ref_state))
+    train_step(ref_model, ref_opt, 3)
+    for model, opt in resumed.values():
+        train_step(model, opt, 3)
+    result["lion_resumed_zero"] = max_diff(ref_model, resumed["ddp"][0])
+    result["lion_resumed_fsdp"] = max_diff(ref_model, resumed["fsdp"][0])
+    return result
 
 
 def main(out_path: str) -> None:
@@ -164,6 +191,7 @@ def compare(out_path: str) -> None:
     result["resumed_fsdp"] = max_diff(ref_model, resumed["fsdp"][0])
     result["migrated_ddp"] = max_diff(ref_model, migrated["ddp"][0])
     result["migrated_fsdp"] = max_diff(ref_model, migrated["fsdp"][0])
+    result.update(new_optimizer(base))
     env = DistEnv(dist.get_rank(), dist.get_world_size())
     par = Parallel(DistributedConfig(), env, torch.device("cpu"))
     result.update(ddp_accumulation(par))

@@ -39,3 +39,24 @@ def test_masked_targets_count_neither_in_the_loss_nor_in_its_mean(loss):
     b = token_bytes[y[keep]]
     bpb = (per * (b > 0)).sum().item() / (math.log(2) * b.sum().item())
     assert m["val_bpb"] == pytest.approx(bpb, abs=1e-4)
+
+
+def test_bpb_counts_a_trained_end_of_turn_token_and_leaves_out_bos():
+    """An SFT reply's end token stands for no bytes but is trained: its loss counts in val_bpb
+    (so bpb and loss rank runs alike); a predicted BOS (the next packed document) does not."""
+    torch.manual_seed(0)
+    V, BOS, END = 50, 0, 4
+    model = GPT(GPTConfig(n_layer=1, d_model=32, n_head=2, max_seq_len=16, vocab_size=V))
+    x = torch.randint(5, V, (2, 16))
+    y = torch.randint(5, V, (2, 16))
+    y[:, :6] = IGNORE  # the prompt
+    y[0, 10], y[0, 15], y[1, 12] = END, BOS, END
+    token_bytes = torch.full((model.cfg.padded_vocab,), 2)
+    token_bytes[:5] = 0  # BOS and the chat tokens stand for no bytes
+    m = loss_sums(model, [(x, y)], token_bytes, "cpu", contextlib.nullcontext(), bos=BOS)
+    with torch.no_grad():
+        logits = model(x).double()
+    keep = (y != IGNORE) & (y != BOS)
+    per = F.cross_entropy(logits[keep], y[keep], reduction="none")
+    assert m.nats_bytes == pytest.approx(per.sum().item(), rel=1e-6)
+    assert m.n_bytes == 2 * int((keep & (y != END)).sum())

@@ -126,12 +126,16 @@ def test_resumable_is_declared_on_the_fields():
 def test_optimizer_configs_answer_for_their_options():
     muon, adamw = MuonConfig(name="muon", adamw_8bit=True), AdamWConfig(name="adamw")
     assert isinstance(muon, OptimizerConfig) and isinstance(adamw, OptimizerConfig)
-    assert (muon.traits().kind, muon.traits().nesterov, muon.traits().adamw_8bit) == (
-        "muon",
-        True,
-        True,
-    )
-    assert adamw.traits().kind == "adamw" and not adamw.traits().nesterov
+    t = muon.traits()
+    assert (t.name, t.kind("matrix"), t.kind("embedding")) == ("muon", "muon", "adamw")
+    assert t.by_kind["muon"].nesterov and t.by_kind["adamw"].eight_bit
+    assert t.settings == ("8-bit AdamW",) and t.stand_in is not None
+    assert not t.stand_in.by_kind["adamw"].eight_bit  # the trace runs torch's AdamW
+    assert {adamw.traits().kind(r) for r in ("matrix", "embedding")} == {"adamw"}
+    assert [o for o, _, _ in adamw.traits().lighter] == [
+        "optimizer.adamw_8bit=true",
+        "optimizer.name=muon",
+    ]
     assert (
         muon.momentum_schedule()(0) == pytest.approx(0.85)
         and muon.momentum_schedule()(10_000) == 0.95

@@ -190,12 +190,14 @@ def test_fsdp_in_bf16_with_a_callback_that_runs_the_model(runs, tmp_path):
 def test_sharded_optimizers_equal_single_process(tmp_path):
     """Sharded Muon (ddp and fsdp), ZeRO-1 AdamW and FSDP AdamW against the single-process
     optimizer on the same gradients, their whole state, and a load of the single-process state
-    (in today's layout and in the one written before MuonAdamW, optim/migrate.py)."""
+    (in today's layout and in the one written before MuonAdamW, optim/migrate.py); the same for
+    a new optimizer's elementwise rule (Lion, tests/test_optim_traits.py)."""
     out = tmp_path / "result.json"
     run_procs([*TORCHRUN, str(ROOT / "tests/dist_optim_worker.py"), str(out)], tmp_path)
     result = json.loads(out.read_text())
     assert result.pop("agree_raised") is True
     assert {"resumed_ddp", "migrated_ddp", "migrated_fsdp"} <= result.keys()
+    assert {"lion_state_zero", "lion_resumed_fsdp"} <= result.keys()  # a new optimizer's rule
     for name, diff in result.items():
         assert diff <= 1e-6, (name, diff)
 

@@ -19,7 +19,7 @@ from littlelm.data.build import DataConfig, build_data
 from littlelm.data.chat import chat_format
 from littlelm.data.loader import IGNORE
 from littlelm.data.preference import PairLoader, as_pair, pair_rows, reply_mask
-from littlelm.errors import ConfigError
+from littlelm.errors import ConfigError, DataError
 from littlelm.schema import load_run
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.dpo import dpo_terms, sequence_logps
@@ -74,6 +74,16 @@ def test_the_preference_layouts_become_one_pair():
     assert as_pair({"prompt": q, "chosen": "", "rejected": "a"}).startswith("empty content")
 
 
+def test_reward_accuracy_counts_a_tie_half():
+    ref = torch.tensor([-40.0, -35.0, -52.0, -41.0, -30.0, -33.0])  # 3 chosen, then 3 rejected
+    noise = torch.tensor([1e-5, -1e-5, 2e-6, -3e-6, 0.0, 1e-5])  # rounding: the same weights
+    _, figures = dpo_terms(ref + noise, ref, 0.1, 0.0)
+    assert figures["reward_accuracy"].tolist() == [0.5, 0.5, 0.5]
+    moved = ref + torch.tensor([1.0, -1.0, 0.0, 0.0, 0.0, 0.0])
+    _, figures = dpo_terms(moved, ref, 0.1, 0.0)
+    assert figures["reward_accuracy"].tolist() == [1.0, 0.0, 0.5]
+
+
 def pref_data(tmp_path: Path, rows: list, **source) -> object:
     corpus = write_jsonl(tmp_path / "p.jsonl", rows)
     tree = {
@@ -83,6 +93,20 @@ def pref_data(tmp_path: Path, rows: list, **source) -> object:
         "cache_dir": str(tmp_path / "cache"),
     }
     return build_data(validate(DataConfig, tree), log=lambda *_: None)
+
+
+def test_pairs_whose_replies_are_the_same_are_bad_rows(tmp_path):
+    """chosen == rejected gives the DPO loss no gradient: counted as a bad row, and a source of
+    nothing else is refused."""
+    same = {"prompt": "x", "chosen": "y z", "rejected": "y z"}
+    assert as_pair(same).startswith("same reply")
+    data = pref_data(tmp_path, [*reversal_pairs(40), same])
+    assert data.pairs is not None
+    assert data.pairs.manifest["skipped"] == {"preference: same reply": 1}
+    rows = [{**same, "prompt": f"q{i}"} for i in range(40)]
+    (tmp_path / "all").mkdir()
+    with pytest.raises(DataError, match="no training documents; skipped: 40 preference: same"):
+        pref_data(tmp_path / "all", rows)
 
 
 def test_pairs_are_two_rows_whose_targets_are_the_last_reply_only(tmp_path):
@@ -268,6 +292,7 @@ def test_dpo_run_trains_reports_and_resumes_bitwise(tmp_path):
         assert {"reward_margin", "reward_accuracy", "logps_chosen", "logps_rejected"} <= set(r)
         assert r["logps_chosen"] < 0 and r["logps_rejected"] < 0
     assert steps[0]["loss"] == pytest.approx(np.log(2), abs=1e-6)  # policy = reference at first
+    assert steps[0]["reward_accuracy"] == 0.5  # so every pair is a tie, counted half
     evals = [r for r in records(straight.run_dir()) if "val_pairs" in r]
     assert evals and evals[-1]["val_reward_margin"] > 0  # the held-out pairs moved apart
     # interrupted after 3 steps and resumed: the same losses, figures and weights

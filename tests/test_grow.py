@@ -172,7 +172,7 @@ def test_origin_tags_and_lr_multipliers():
         lr_multipliers={"old": 0.05, "embedding": 0.5},
         scale_lr_by_width=False,
     )
-    lrs = {g["name"]: (g["kind"], g["lr"]) for g in plan_groups(child, cfg, True, o)}
+    lrs = {g["name"]: (g["kind"], g["lr"]) for g in plan_groups(child, cfg, o)}
     assert lrs["matrix/old"] == ("muon", pytest.approx(0.001))
     assert lrs["matrix/new"] == ("muon", pytest.approx(0.02))
     assert lrs["embedding/embedding"] == ("adamw", pytest.approx(0.1))
@@ -481,3 +481,21 @@ def test_three_stage_growth_keeps_function_and_tags(parent_run, tmp_path):
     saved = ckpt.load_checkpoint(ckpt.latest_checkpoint(c.run_dir / "checkpoints")).origin
     # the tags C's checkpoint keeps
     assert saved == o
+
+
+def test_sft_with_bf16_master_weights_starts_and_the_check_names_sfts_key(tmp_path, monkeypatch):
+    """train.master_weights=bf16 from an fp32 base: the copy holds the base rounded to bf16, and
+    is compared with the base rounded the same way (not called a bug); a failing check names
+    the key the run set, sft.verify_tokens."""
+    from test_chat import sft_trees
+
+    from littlelm.train import growth
+
+    _, tree = sft_trees(tmp_path)
+    tree["train"]["master_weights"] = "bf16"
+    cfg = load_run(write_config(tmp_path / "sft.yaml", tree))
+    trainer = Trainer(cfg, resume="never")
+    assert trainer.model.wte.weight.dtype == torch.bfloat16
+    monkeypatch.setattr(growth, "VERIFY_RTOL_LOW", -1.0)  # any gap fails: the message's words
+    with pytest.raises(TrainingError, match=r"in bfloat16\. .*\(sft\.verify_tokens: 0 skips"):
+        Trainer(cfg, resume="never")

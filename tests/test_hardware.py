@@ -105,7 +105,7 @@ def test_muon_ns_dtype_auto_follows_the_hardware(cpu_flags):
 
     def ns_dtype(**opt):
         optimizer = build_optimizer(model, c.optimizer.model_copy(update=opt))
-        return optimizer.ns_dtype
+        return optimizer.rules["muon"].dtype
 
     cpu_flags(architecture="x86_64")
     assert ns_dtype() == torch.float32

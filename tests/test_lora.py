@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,18 @@ def test_config_refusals():
     assert validate(RunConfig, {"lora": {"quantize": "nf4"}}).lora.quantize == "nf4"
     with pytest.raises(ConfigError, match="lists no linears"):
         validate(RunConfig, {"lora": {"targets": []}})
+    # a rank above the smallest side of a targeted linear adds parameters, not rank: refused
+    tiny = {"d_model": 32, "n_head": 2, "n_layer": 2, "max_seq_len": 32}
+    limit = 32  # d_model: c_q, c_k, c_v and c_proj are 32 × 32, the MLP's 32 × 128
+    from littlelm.schema import resolve
+
+    tree = {"model": {**tiny, "vocab_size": 50}, "lora": {"rank": limit}}
+    with pytest.raises(ConfigError) as no_data:  # this tree has no data: refused for that alone
+        resolve(validate(RunConfig, tree))
+    assert "lora.rank" not in str(no_data.value)
+    tree["lora"]["rank"] = 100000
+    with pytest.raises(ConfigError, match=f"lora.rank: 100000 is above {limit}, the smallest"):
+        resolve(validate(RunConfig, tree))
     with pytest.raises(ValueError, match="train_norms"):
         from littlelm.model.lora import check_lora
 
@@ -337,3 +350,73 @@ def test_gguf_of_a_lora_run_is_the_merged_model(tmp_path):
         ours = merged(ids)
         assert (ours - plain(ids)).abs().max() > 1e-3
         assert (hf(ids).logits - ours).abs().max().item() < 1e-4
+
+
+def test_a_run_starts_from_a_lora_run_as_its_merged_model(tmp_path):
+    """grow.parent (and so sft.base, RL's and DPO's reference) naming a LoRA run: its base with
+    the adapters merged in, as every verb reads it (the checkpoint holds the adapters alone)."""
+    from littlelm.load import load_model
+
+    _, tree = base_and_lora(tmp_path)
+    tree["train"]["max_steps"] = 2
+    lora_run = load_run(write_config(tmp_path / "lora.yaml", tree))
+    Trainer(lora_run, resume="never").fit()
+    merged, _, _ = load_model(lora_run.run_dir())
+    child = copy.deepcopy(tree)
+    del child["lora"]
+    child["run"]["name"] = "child"
+    child["grow"] = {"parent": str(lora_run.run_dir())}
+    trainer = Trainer(load_run(write_config(tmp_path / "child.yaml", child)), resume="never")
+    want, vocab = merged.state_dict(), merged.cfg.vocab  # padding rows past it: each run's own
+    got = trainer.model.state_dict()
+    rows = {k: vocab if k in ("wte.weight", "lm_head.weight") else None for k in want}
+    assert all(torch.equal(got[k][: rows[k]], v[: rows[k]]) for k, v in want.items())
+
+
+def test_the_base_is_found_from_any_directory_and_a_same_size_edit_is_refused(
+    tmp_path, monkeypatch
+):
+    """The base is recorded absolute (an older run's relative path is read from the directory
+    it started in), and with its full hash: 1,024 values changed inside the base's weights, size,
+    header and mtime kept, are refused."""
+    from littlelm.load import load_model
+
+    _, tree = base_and_lora(tmp_path)
+    tree["train"]["max_steps"] = 2
+    tree["run"]["out_dir"], tree["grow"]["parent"] = "runs", "runs/base"
+    monkeypatch.chdir(tmp_path)
+    run = load_run(write_config(tmp_path / "lora.yaml", tree))
+    Trainer(run, resume="never").fit()
+    newest = ckpt.latest_checkpoint(tmp_path / "runs" / "lora" / "checkpoints")
+    state_file = newest / "state.json"
+    state = json.loads(state_file.read_text())
+    base = Path(state["lora_base"]["path"])
+    assert base.is_absolute() and base.parent.parent == tmp_path / "runs" / "base"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    merged, _, _ = load_model(newest)
+    # a run written before: its base relative to where it started (tmp_path)
+    state["lora_base"]["path"] = str(base.relative_to(tmp_path))
+    state_file.write_text(json.dumps(state))
+    again, _, _ = load_model(newest)
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in merged.state_dict().items())
+    state["config"]["run"]["out_dir"] = str(tmp_path / "runs")  # START cannot be told
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match="relative to the directory that run started in"):
+        load_model(newest)
+    state["lora_base"]["path"] = str(base)
+    state_file.write_text(json.dumps(state))
+    # 1,024 fp32 values changed in place: the same size, header and mtime
+    weights = base / "model.safetensors"
+    before = weights.stat()
+    data = bytearray(weights.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")
+    data[start : start + 4096] = bytes(4096)
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(CheckpointError, match="changed since .*hashes differently"):
+        load_model(newest)
+    monkeypatch.chdir(tmp_path)  # where the run's config's relative paths are
+    with pytest.raises(CheckpointError, match="changed since"):
+        Trainer(run)  # nor does a resume train on it

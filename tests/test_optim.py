@@ -94,7 +94,7 @@ def test_groups_route_roles_and_apply_multipliers():
     cfg = MuonConfig(
         name="muon", lr=0.03, lr_multipliers={"old": 0.1, "embedding": 0.5}, scale_lr_by_width=False
     )
-    groups = {g["name"]: g for g in plan_groups(m, cfg, True, origin)}
+    groups = {g["name"]: g for g in plan_groups(m, cfg, origin)}
     assert groups["matrix/old"]["kind"] == "muon"
     assert groups["matrix/old"]["lr"] == pytest.approx(0.003)
     assert groups["matrix/new"]["lr"] == pytest.approx(0.03)
@@ -110,7 +110,7 @@ def test_groups_route_roles_and_apply_multipliers():
 
 def test_adamw_lr_scales_with_width():
     m = model()
-    groups = {g["name"]: g for g in plan_groups(m, MuonConfig(name="muon"), use_muon=True)}
+    groups = {g["name"]: g for g in plan_groups(m, MuonConfig(name="muon"))}
     assert groups["embedding/embedding"]["lr"] == pytest.approx(0.2 * math.sqrt(768 / 32))
     assert groups["matrix/new"]["lr"] == pytest.approx(0.02)
 

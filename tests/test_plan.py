@@ -207,8 +207,8 @@ def test_per_rank_memory_follows_the_distributed_strategy(tiny_config):
         assert need <= plan_gpu(one, g, cat, tokens=10**9).needed_gib + 1e-9, name
     whole = mem.optimizer_state_bytes(one)
     assert state["replicated"] == state["fsdp"] == whole  # fsdp divides in fsdp_per_gpu
-    muon = sum(mem.block_bytes(4 * p.numel) for p in one.params if one.muon_param(p))
-    owned = sum(mem.block_bytes(4 * math.prod(s)) * -(-n // 2) for s, n in one.muon_buckets())
+    muon = sum(mem.block_bytes(4 * p.numel) for p in one.params if one.matrix_param(p))
+    owned = sum(mem.block_bytes(4 * math.prod(s)) * -(-n // 2) for _, s, n in one.matrix_buckets())
     assert state["ddp"] == whole - muon + owned and owned < muon
     assert state["zero1"] < state["ddp"]
 

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from conftest import tiny_tree, write_config
+from littlelm.optim.groups import AdamWConfig
+from littlelm.optim.optimizer import BNB_MIN_8BIT
 from littlelm.plan import memory as mem
 from littlelm.plan.memory import Dims
 from littlelm.plan.trace import CATEGORIES, trace_step
@@ -136,8 +138,8 @@ def test_speed_switches_in_the_analytic_model(tmp_path, corpus):
     state and drop the casts; activation checkpointing keeps one stream tensor per layer."""
     adam = {"optimizer": {"name": "adamw"}}
     d = Dims.of(config(tmp_path, corpus, adam))
-    eight = replace(d, adamw_8bit=True)
-    big = [p.numel for p in d.params if p.numel >= mem.BNB_MIN_8BIT]
+    eight = replace(d, optimizer=AdamWConfig(adamw_8bit=True).traits())
+    big = [p.numel for p in d.params if p.numel >= BNB_MIN_8BIT]
     saved = mem.optimizer_state_bytes(d) - mem.optimizer_state_bytes(eight)
     assert abs(saved - 6 * sum(big)) < 0.05 * 6 * sum(big)
     bf16 = replace(d, master_bf16=True)
@@ -174,7 +176,7 @@ def test_newton_schulz_in_fp32_is_planned_as_traced(tmp_path, corpus):
     cfg = config(tmp_path, corpus, {"optimizer": {"name": "muon", "ns_dtype": "fp32"}})
     traced = trace_step(cfg)
     d = Dims.of(cfg)
-    assert not d.ns_bf16 and d.ns_bytes == 4
+    assert d.optimizer.by_kind["muon"].ns_bytes == 4
     analytic = mem.estimate(d)
     t, a = traced.categories[mem.SCRATCH], analytic.categories[mem.SCRATCH]
     assert close(a, t), f"optimizer scratch: analytic {a} vs trace {t}"

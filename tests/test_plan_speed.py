@@ -12,6 +12,7 @@ from rich.console import Console
 from littlelm.cli import main
 from littlelm.config import to_tree
 from littlelm.hardware import native_bf16
+from littlelm.optim.groups import AdamWConfig
 from littlelm.plan import speed
 from littlelm.plan.cost import load_catalog, plan_gpu
 from littlelm.plan.memory import Dims
@@ -219,12 +220,12 @@ def test_local_calibration_is_the_median_of_the_newest_benches(tiny_config, monk
 
 def test_muon_step_costs_bytes_per_parameter_and_newton_schulz_flops(tiny_config):
     d = Dims.of(load_run("demo"))
-    assert d.optimizer == "muon"
+    assert d.optimizer.name == "muon"
     bytes_, flops = speed.optimizer_work(d)
     # every parameter is read and written a few times: tens of bytes each, not millions
     assert 10 * d.n_params < bytes_ < 200 * d.n_params
     assert flops > 0  # five Newton-Schulz iterations per matrix
-    adamw = replace(d, optimizer="adamw")
+    adamw = replace(d, optimizer=AdamWConfig().traits())
     assert speed.optimizer_work(adamw)[1] == 0.0
 
 
@@ -242,7 +243,7 @@ def test_cpu_probe_rates_the_runs_own_elementwise_work_and_newton_schulz(monkeyp
         (r,) = measure_rates([d])
         p = speed.step_time(speed._layers_dims(d), r).parts
         assert p["GEMMs"] + p["attention"] + p["elementwise"] == pytest.approx(seconds)
-        assert r.newton_schulz == pytest.approx(1e-4 * len(d.muon_buckets()))
+        assert r.newton_schulz == pytest.approx(1e-4 * len(d.matrix_buckets()))
         plans[seconds] = speed.step_time(d, r)
     assert plans[1.0].parts["elementwise"] > 1.9 * plans[0.5].parts["elementwise"]
     assert plans[1.0].parts["GEMMs"] == plans[0.5].parts["GEMMs"]

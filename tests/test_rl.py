@@ -4,21 +4,28 @@ estimator, batched group sampling, and RL runs that resume bitwise (docs/post-tr
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_tree, write_config
+from littlelm.cli import main
 from littlelm.errors import ConfigError, DataError, TrainingError
 from littlelm.model.generate import generate, sample_group
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.schema import load_run
 from littlelm.train.checkpoint import files as ckpt
-from littlelm.train.rewards import exact, numeric, reward_function, score
+from littlelm.train.rewards import RewardStopped, exact, numeric, reward_function, score
 from littlelm.train.rl import group_advantages, k3
+from littlelm.train.rl import mean as rl_mean
+from littlelm.train.signals import StopSignals
 from littlelm.train.trainer import Trainer
 
 
@@ -47,6 +54,46 @@ def test_a_reward_function_path_is_imported_and_its_errors_named():
         reward_function("test_rl:missing")
     with pytest.raises(TrainingError, match="returned nan.*finite number"):
         score(nan_reward, "test_rl:nan_reward", "x", "y")
+
+
+def two_args_missing(reply: str) -> float:
+    return 1.0
+
+
+def numpy_reward(reply: str, answer: str) -> np.float32:
+    return np.float32(0.5)
+
+
+def hanging_reward(reply: str, answer: str) -> float:
+    while True:  # a loop that never ends: only the timeout or a signal gets out of it
+        time.sleep(0.01)
+
+
+def test_reward_functions_are_checked_before_their_first_call_and_numpy_numbers_count():
+    with pytest.raises(ConfigError, match=r"cannot be called as two_args_missing\(reply, answer\)"):
+        reward_function("test_rl:two_args_missing")
+    assert score(numpy_reward, "test_rl:numpy_reward", "x", "y") == 0.5
+    assert score(lambda r, a: np.int64(2), "f", "x", "y") == 2.0
+    assert score(lambda r, a: np.bool_(True), "f", "x", "y") == 1.0
+    with pytest.raises(TrainingError, match="returned 'x'.*finite number"):
+        score(lambda r, a: "x", "f", "x", "y")
+    # a sum of 1e308s is past float64's range; their mean is not
+    assert rl_mean(torch.full((2, 4), 1e308, dtype=torch.float64)) == pytest.approx(1e308)
+    assert rl_mean(torch.tensor([[0.0, 1.0, 1.0, 0.0]], dtype=torch.float64)) == 0.5
+
+
+def test_a_reward_call_that_hangs_stops_at_its_timeout_or_on_sigterm():
+    with pytest.raises(TrainingError, match="did not return within rl.reward_timeout = 0.2 s"):
+        score(hanging_reward, "test_rl:hanging_reward", "reply", "y", timeout=0.2)
+
+    def terminated(reply: str, answer: str) -> float:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return hanging_reward(reply, answer)
+
+    with StopSignals() as stop, pytest.raises(RewardStopped, match="SIGTERM received during"):
+        score(terminated, "f", "x", "y", timeout=60)
+    assert stop.requested == "SIGTERM"  # the trainer saves and exits as on any stop
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None, signal.default_int_handler)
 
 
 def test_advantages_are_normalised_per_group_and_a_flat_group_has_none():
@@ -178,7 +225,33 @@ def test_flat_groups_teach_nothing(tmp_path):
     assert all(torch.equal(base[k], after[k]) for k in base)
 
 
-def test_rl_config_errors_name_the_fix(tmp_path, corpus):
+CALLS = {"n": 0}
+
+
+def huge_then_hang(reply: str, answer: str) -> float:
+    """1e308 for step 1's 8 replies (4 × 2), then SIGTERM and a hang in step 2's first call."""
+    CALLS["n"] += 1
+    if CALLS["n"] == 9:
+        os.kill(os.getpid(), signal.SIGTERM)
+        hanging_reward(reply, answer)
+    return 1e308
+
+
+def test_huge_rewards_log_a_number_and_sigterm_stops_a_hung_reward_cleanly(tmp_path):
+    CALLS["n"] = 0
+    tree = rl_trees(tmp_path, reward="test_rl:huge_then_hang", reward_timeout=600)
+    tree["checkpoint"] = {"every": 0}
+    cfg = load_run(write_config(tmp_path / "rl.yaml", tree))
+    result = Trainer(cfg, resume="never").fit()
+    assert result["step"] == 1 and not result["finished"]  # step 2 left out, nothing changed
+    records = [
+        json.loads(line) for line in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["rl_reward"] for r in records if "rl_reward" in r] == [1e308]
+    assert ckpt.latest_checkpoint(cfg.run_dir() / "checkpoints").name == "step_000001"
+
+
+def test_rl_config_errors_name_the_fix(tmp_path, corpus, capsys):
     tree = tiny_tree(corpus, tmp_path / "runs")
     tree["rl"] = {"prompts": "p.jsonl"}
     with pytest.raises(ConfigError, match=r"rl needs sft: \{base: RUN\}"):
@@ -187,6 +260,22 @@ def test_rl_config_errors_name_the_fix(tmp_path, corpus):
     tree["rl"]["reward"] = "os.system('x')"
     with pytest.raises(ConfigError, match="neither a built-in reward .* module:function"):
         load_run(write_config(tmp_path / "b.yaml", tree))
+    for spec in ("os:system", "subprocess:run", "shutil.os:remove"):
+        tree["rl"]["reward"] = spec
+        with pytest.raises(ConfigError, match="standard library .* my_rewards:score"):
+            load_run(write_config(tmp_path / "b.yaml", tree))
+    # under --nproc 2 or torchrun (WORLD_SIZE=2), though distributed.world_size is not set
+    tree["rl"]["reward"] = "exact"
+    two = write_config(tmp_path / "two.yaml", tree)
+    with pytest.raises(ConfigError, match="rl runs in one process"):
+        load_run(two, world_size=2)
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in torchrun.items():
+            env.setenv(key, value)
+        assert main(["train", str(two)]) == 2
+    assert main(["train", str(two), "--nproc", "2"]) == 2
+    assert capsys.readouterr().err.count("rl runs in one process") == 2
     tree["rl"]["reward"], tree["lora"] = "exact", {}
     with pytest.raises(ConfigError, match="lora with rl: not built yet"):
         load_run(write_config(tmp_path / "c.yaml", tree))

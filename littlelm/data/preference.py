@@ -14,7 +14,8 @@ Rows are Hugging Face's preference layouts, in a JSONL or Parquet file, a direct
 A plain-string prompt is one user turn and a plain-string reply one assistant turn; a
 conversational `chosen` that starts with the prompt's messages (UltraFeedback's layout) has them
 taken off; without `prompt`, the prompt is what `chosen` and `rejected` share before their last
-message. Each reply must be one assistant message, and the prompt a conversation ending with a
+message. Each reply must be one assistant message, the two replies different (a pair whose
+chosen equals its rejected gives the loss no gradient), and the prompt a conversation ending with a
 user turn (data/chat.py's rules); a bad row is counted or, with `on_error: fail`, stops
 preparation naming FILE:LINE.
 
@@ -128,6 +129,8 @@ def as_pair(row: dict, system: str | None = None) -> dict | str:
             del replies[: len(prompt)]
     if len(chosen) != 1 or len(rejected) != 1:
         return "not one reply: chosen and rejected must each be one assistant message"
+    if chosen[0] == rejected[0]:  # DPO's loss has no gradient on such a pair: it teaches nothing
+        return "same reply: chosen and rejected are the same message"
     if system and prompt[0].get("role") != "system":
         prompt = [{"role": "system", "content": system}, *prompt]
     for reply in (chosen[0], rejected[0]):

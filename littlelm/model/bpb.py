@@ -1,8 +1,11 @@
 """Validation loss in nats per token and bits per byte.
 
 Bits per byte divides the summed loss (converted to bits) by the number of UTF-8 bytes the
-predicted tokens stand for; special tokens (BOS) stand for no bytes and are left out of both
-sums. Unlike loss per token, it compares models with different tokenizers.
+predicted tokens stand for. A predicted BOS (the start of the next packed document) stands for
+no bytes and is left out of both sums; every other trained target counts its loss, including a
+special token of no bytes that the loss trains, such as a chat reply's end-of-turn token (an SFT
+run's val_bpb is its val_loss's sum over the reply's bytes, so the two rank runs alike). Unlike
+loss per token, it compares models with different tokenizers.
 
 `loss_sums` returns the sums themselves, so that the sums of several held-out sets add up to
 those of their union (train/validation.py evaluates each source once and combines them).
@@ -52,10 +55,12 @@ def loss_sums(
     token_bytes: torch.Tensor,
     device,
     autocast,
+    bos: int | None = None,
 ) -> LossSums:
     """The summed loss of `model` over `batches` (in float64), and what it was summed over:
     the trained targets only. A target set to IGNORE (a masked SFT row's prompt, padding) has
-    no loss and counts neither as a token nor as bytes, as in training's loss."""
+    no loss and counts neither as a token nor as bytes, as in training's loss. A target `bos`
+    is left out of the bits-per-byte sum (module docstring); None: every target of no bytes."""
     was_training = model.training
     model.eval()
     nats = torch.zeros((), dtype=torch.float64, device=device)
@@ -69,7 +74,8 @@ def loss_sums(
         trained = y != IGNORE
         b = token_bytes[y.clamp(min=0)] * trained  # IGNORE (-1) would index the last token
         nats += loss.sum()
-        nats_bytes += (loss * (b > 0)).sum()
+        counted = (b > 0) if bos is None else trained & (y != bos)
+        nats_bytes += (loss * counted).sum()
         n_bytes += b.sum()
         n_tokens += trained.sum()
     model.train(was_training)

@@ -213,6 +213,25 @@ def check_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     return problems
 
 
+def rank_problems(model: nn.Module, cfg: LoRAConfig) -> list[str]:
+    """lora.rank above what a targeted linear can hold: B A of an out × in linear has rank at
+    most min(in, out), so a larger rank only adds parameters (`model` may be on the meta
+    device: only shapes are read)."""
+    limits = {
+        min(linear.in_features, linear.out_features): name
+        for parent, name in _targets(model, cfg.roles())
+        for linear in [getattr(parent, name)]
+    }
+    if not limits or cfg.rank <= min(limits):
+        return []
+    limit = min(limits)
+    return [
+        f"lora.rank: {cfg.rank} is above {limit}, the smallest side of a targeted linear "
+        f"({limits[limit]}: an update B A of it has rank at most {limit}); set lora.rank to "
+        f"{limit} or less"
+    ]
+
+
 def has_lora(model: nn.Module) -> bool:
     return any(isinstance(m, LoRALinear) for m in model.modules())
 

@@ -8,10 +8,14 @@ pair. Its base lr is the role's lr from the optimizer config times
 `lr_multipliers[origin]`; the schedule multiplies every base lr by the same factor each step,
 and in a grown run `grow.lr_multipliers` (optim/schedule.py) by its origin's factor at that step.
 
-Two optimizers, the `optimizer:` section's choices (`OptimizerChoice`, on its `name`), each
-built by `build_optimizer` (`cfg.build(model, ...)`):
-- `muon`: Muon for the 2-D hidden matrices, AdamW for everything else (the modern recipe);
+The `optimizer:` section's choices (`OptimizerChoice`, on its `name`), each built by
+`build_optimizer` (`cfg.build(model, ...)`) from its traits (`traits()`: which kind of group,
+a `GroupRule`, takes the hidden matrices and which the rest; optim/base.py):
+- `muon`: Muon for the 2-D hidden matrices, AdamW for everything else (the modern recipe;
+  their rules: optim/optimizer.py);
 - `adamw`: AdamW for everything, still with a learning rate per role.
+A new optimizer is its config (an AdamWConfig subclass takes the per-role lrs) with its
+`traits()` and its rule, in one file, and one more member of `OptimizerChoice`.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 import torch
@@ -27,9 +32,8 @@ from torch import nn
 
 from littlelm.config import RESUMABLE, named
 from littlelm.errors import ConfigError
-from littlelm.hardware import auto_precision
 from littlelm.optim.base import OptimizerConfig, OptimizerTraits
-from littlelm.optim.optimizer import MuonAdamW
+from littlelm.optim.optimizer import AdamWRule, MuonAdamW, MuonRule
 from littlelm.optim.schedule import momentum_warmup
 
 
@@ -76,12 +80,49 @@ class AdamWConfig(OptimizerConfig):
             )
         return self
 
-    def traits(self) -> OptimizerTraits:
-        return OptimizerTraits("adamw", adamw_8bit=self.adamw_8bit)
+    def adamw_rule(self) -> AdamWRule:
+        """The rule of this config's AdamW groups."""
+        return AdamWRule(betas=self.betas, eps=self.eps, eight_bit=self.adamw_8bit)
 
-    def muon_options(self) -> dict[str, Any]:
-        """The options of Muon's groups (AdamW has none: every group is AdamW's)."""
-        return {}
+    def traits(self) -> OptimizerTraits:
+        # what the trace runs (`traceable`): torch's AdamW
+        plain = self.model_copy(update={"adamw_8bit": False})
+        stand_in = plain.own_traits() if self.adamw_8bit else None
+        return replace(self.own_traits(), stand_in=stand_in, lighter=tuple(self.lighter()))
+
+    def lighter(self) -> list[tuple[str, str, OptimizerTraits]]:
+        """The changes of this config that keep less state, mildest first (the plan's
+        remedies): 8-bit AdamW, then Muon, which keeps one buffer per matrix, not AdamW's two."""
+        muon = MuonConfig(adamw_8bit=self.adamw_8bit, ns_dtype="bf16").own_traits()
+        return [
+            *self._eight_bit(),
+            ("optimizer.name=muon", "one buffer per matrix, not AdamW's two", muon),
+        ]
+
+    def _eight_bit(self) -> list[tuple[str, str, OptimizerTraits]]:
+        if self.adamw_8bit:
+            return []
+        why = "AdamW's two moments in 1 byte each, not 4 (CUDA, bitsandbytes)"
+        eight = self.model_copy(update={"adamw_8bit": True})
+        return [("optimizer.adamw_8bit=true", why, eight.own_traits())]
+
+    def own_traits(self) -> OptimizerTraits:
+        """Its traits without the alternatives the planner offers (`traits`)."""
+        return OptimizerTraits("adamw", (self.adamw_rule(),), "adamw", "adamw", **self._8bit())
+
+    def _8bit(self) -> dict[str, Any]:
+        """What 8-bit AdamW says of itself, in an optimizer with AdamW groups."""
+        if not self.adamw_8bit:
+            return {}
+        return {
+            "stochastic_rounding": False,
+            "settings": ("8-bit AdamW",),
+            "notes": (
+                "optimizer.adamw_8bit: bitsandbytes runs on CUDA only, so its optimizer state is "
+                "analytic (2 bytes per parameter of tensors of 4096+ elements); the trace runs "
+                "fp32 AdamW",
+            ),
+        }
 
     def build(
         self,
@@ -142,13 +183,12 @@ class MuonConfig(AdamWConfig):
         json_schema_extra=RESUMABLE,  # numerics of the update only, like the lrs
     )
 
-    def traits(self) -> OptimizerTraits:
-        return OptimizerTraits(
-            "muon", nesterov=self.nesterov, adamw_8bit=self.adamw_8bit, ns_dtype=self.ns_dtype
-        )
+    def lighter(self) -> list[tuple[str, str, OptimizerTraits]]:
+        return self._eight_bit()
 
-    def muon_options(self) -> dict[str, Any]:
-        return {"momentum": self.momentum, "nesterov": self.nesterov, "ns_steps": self.ns_steps}
+    def own_traits(self) -> OptimizerTraits:
+        muon = MuonRule(self.momentum, self.nesterov, self.ns_steps, self.ns_dtype)
+        return OptimizerTraits("muon", (self.adamw_rule(), muon), "muon", "adamw", **self._8bit())
 
     def with_native_bf16(self, native: bool) -> MuonConfig:
         if self.ns_dtype != "auto":
@@ -167,7 +207,6 @@ class MuonConfig(AdamWConfig):
 OptimizerChoice = Annotated[AdamWConfig | MuonConfig, Field(discriminator="name")]
 
 ORIGINS = ("embedding", "old", "new")
-NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def role_lr(cfg: AdamWConfig, role: str) -> float:
@@ -191,13 +230,14 @@ def origin_tags(model: nn.Module, optimizer: MuonAdamW) -> dict[str, str]:
     return {name: tag[id(p)] for name, p in model.named_parameters() if id(p) in tag}
 
 
-def plan_groups(
-    model: Any, cfg: AdamWConfig, use_muon: bool, origin: dict[str, str] | None = None
-) -> list[dict]:
+def plan_groups(model: Any, cfg: AdamWConfig, origin: dict[str, str] | None = None) -> list[dict]:
     """The parameter groups for `model` under `cfg` (MuonAdamW's, see optim/optimizer.py), with
-    `origin`'s tags (a parameter it lacks: `default_origin`), in a stable order: the AdamW
-    groups, then the Muon groups, each by role and origin. `model`: an nn.Module with `cfg` and
-    `role` (model/protocol.py's LanguageModel, a type optim/ may not import)."""
+    `origin`'s tags (a parameter it lacks: `default_origin`), in a stable order: by the kinds'
+    step order (`cfg.traits().rules`: for Muon the AdamW groups, then the Muon groups), each by
+    role and origin. `model`: an nn.Module with `cfg` and `role` (model/protocol.py's
+    LanguageModel, a type optim/ may not import)."""
+    traits = cfg.traits()
+    kinds = [r.kind for r in traits.rules]
     width_scale = math.sqrt(768 / model.cfg.d_model) if cfg.scale_lr_by_width else 1.0
     fused = next(model.parameters()).device.type in ("cpu", "cuda")  # else foreach
     buckets: dict[tuple[str, str], list[nn.Parameter]] = {}
@@ -207,38 +247,33 @@ def plan_groups(
             tag = (origin or {}).get(name) or default_origin(role)
             buckets.setdefault((role, tag), []).append(p)
     groups = []
-    for role, tag in sorted(buckets, key=lambda key: _order(key, use_muon)):
-        kind = "muon" if use_muon and role == "matrix" else "adamw"
-        if role == "adapter":  # LoRA's A and B: AdamW at lora.lr, set on the model (model/lora.py)
+    for role, tag in sorted(buckets, key=lambda key: _order(key, kinds.index(traits.kind(key[0])))):
+        rule = traits.rule(role)
+        if role == "adapter":  # LoRA's A and B: at lora.lr, set on the model (model/lora.py)
             lr = model.adapter_lr * cfg.lr_multipliers.get(tag, 1.0)
         else:
             lr = role_lr(cfg, role) * cfg.lr_multipliers.get(tag, 1.0)
-        options: dict[str, Any]
-        if kind == "adamw" and role != "adapter":  # lora.lr is the adapters' lr as given
+        if rule.scales_lr_by_width and role != "adapter":  # lora.lr is the adapters' as given
             lr *= width_scale
-        if kind == "adamw":
-            options = {"betas": cfg.betas, "eps": cfg.eps, "fused": fused}
-        else:
-            options = cfg.muon_options()
         groups.append(
             {
                 "params": buckets[role, tag],
-                "kind": kind,
+                "kind": rule.kind,
                 "role": role,
                 "origin": tag,  # grow.lr_multipliers move each origin's lr (GroupSchedule, optim/schedule.py)
                 "name": f"{role}/{tag}",
                 "lr": lr,
                 "base_lr": lr,
                 "weight_decay": cfg.weight_decay if role == "matrix" else 0.0,
-                **options,
+                **rule.group_options(fused),
             }
         )
     return groups
 
 
-def _order(key: tuple[str, str], use_muon: bool) -> tuple[bool, int, int]:
+def _order(key: tuple[str, str], kind: int) -> tuple[int, int, int]:
     roles = ("embedding", "value_embedding", "matrix", "scalar", "lm_head", "adapter")
-    return use_muon and key[0] == "matrix", roles.index(key[0]), ORIGINS.index(key[1])
+    return kind, roles.index(key[0]), ORIGINS.index(key[1])
 
 
 def build_optimizer(
@@ -253,11 +288,18 @@ def build_optimizer(
     device = next(model.parameters()).device
     if cfg.adamw_8bit:
         _check_8bit(device, stochastic_rounding)
+    traits = cfg.traits()
+    if stochastic_rounding and not traits.stochastic_rounding:
+        raise ConfigError(
+            [
+                f"optimizer.name={traits.name} cannot round its updates stochastically; "
+                "set train.stochastic_rounding=false"
+            ]
+        )
     return MuonAdamW(
-        plan_groups(model, cfg, cfg.traits().kind == "muon", origin),
+        plan_groups(model, cfg, origin),
         stochastic_rounding=stochastic_rounding,
-        ns_dtype=NS_DTYPES[auto_precision(cfg.traits().ns_dtype, device.type)],
-        adamw_8bit=cfg.adamw_8bit,
+        rules=[r.on(device.type) for r in traits.rules],
     )
 
 

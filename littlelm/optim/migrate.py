@@ -23,6 +23,7 @@ def from_parts(state: dict, groups: list[dict]) -> dict:
             ids = list(range(offset, offset + len(g["params"])))
             renumber.update(zip(g["params"], ids))
             offset += len(ids)
+            # that layout knew these two kinds only; later optimizers never wrote it
             kind = "muon" if "momentum" in g and "betas" not in g else "adamw"
             merged_groups.append({**g, "params": ids, "kind": kind})
         merged_state.update({renumber[i]: s for i, s in part["state"].items()})

@@ -2,184 +2,153 @@
 
 Each group carries, besides its `params`:
 
-    kind          "muon" (the 2-D hidden matrices) or "adamw" (the rest; everything under
-                  optimizer.name=adamw)
+    kind          which rule steps it (a `GroupRule`, optim/base.py): "adamw" or "muon" (the
+                  2-D hidden matrices), both below, or another optimizer's from its own file
     role, origin  which parameters (optim/groups.py): the model's role (matrix, embedding, ...)
                   and growth's origin tag (embedding, old, new); `name` is "role/origin"
     lr, base_lr   this step's lr and the config's: the trainer sets lr = base_lr x schedule x
                   grow.lr_multipliers' factor for the origin
     weight_decay  decoupled, as in AdamW
-    adamw: betas, eps, fused      muon: momentum, nesterov, ns_steps
+    the rule's options (`GroupRule.group_options`): adamw: betas, eps, fused; muon: momentum,
+                  nesterov, ns_steps
 
-An AdamW group steps with torch's own AdamW arithmetic (`torch.optim.adam.adam`: the fused kernel
-on CPU and CUDA, foreach elsewhere), with the stochastic-rounding AdamW of optim/lowp.py for bf16
-parameters, or with bitsandbytes' 8-bit AdamW. A Muon group updates its momentum, replaces each
-update by its nearest orthogonal matrix (`orthogonalize`, at the end of this file: same-shaped
-matrices in one batch) and scales it by sqrt(max(1, rows/cols)). All AdamW groups step before the Muon groups.
+A step hands each rule its groups, the rules in the order the optimizer's traits list them (for
+Muon: every AdamW group, then the Muon groups). The rules are given by the config that builds
+the optimizer (`OptimizerTraits.rules`); without them, AdamW and Muon.
 
-Several processes (`shard`, once, before the first step; one process is the plain path):
-    ddp, shard_muon   within each Muon group, the matrices of one shape (N of them) give
-                      k = ceil(N / world) consecutive ones to each rank: rank r owns [r·k, r·k+k),
-                      keeps their momentum, orthogonalises them, and one all-gather (in the
-                      Newton–Schulz dtype) hands every rank every update
-    ddp, shard_adamw  ZeRO stage 1: each parameter seen flat and cut in `world` chunks; a rank
-                      keeps AdamW's moments for its chunk only (AdamW is elementwise: the same
-                      arithmetic), then one all-gather per dtype gives every rank every parameter
-    fsdp              the parameters are DTensors holding rows [r·c, r·c+c) (c = ceil(rows /
-                      world)); AdamW runs on them as they are (its state is sharded like them);
-                      Muon updates the momentum of those rows, one all-to-all sends each owner
-                      the rows of its matrices, the owner orthogonalises whole matrices and a
-                      second all-to-all returns each rank its rows of the updates
-Newton–Schulz starts by rounding to its dtype, so exchanging the directions in it changes nothing.
-
-Checkpoints: `state_dict()` is torch's layout with whole tensors and one numbering at any world
-size (a collective when sharded); `load_state_dict` keeps this rank's part, and migrates the
-layout written before this class (`{"optimizers": [...]}`, optim/migrate.py).
+Several processes (`shard`, once, before the first step; one process is the plain path), by how
+each rule shards (`GroupRule.sharding`):
+    ELEMENTS, ddp, shard_adamw   ZeRO stage 1: each parameter seen flat and cut in `world`
+                      chunks; a rank keeps the state of its chunk only (the rule is elementwise:
+                      the same arithmetic), then one all-gather per dtype gives every rank every
+                      parameter (`step_elementwise`)
+    ELEMENTS, fsdp    the parameters are DTensors holding rows [r·c, r·c+c); the rule runs on
+                      them as they are (its state is sharded like them)
+    MATRICES          the rule's own exchange (Muon's owned matrices, below), under ddp
+                      with shard_muon and always under fsdp
+    WHOLE             every rank keeps and steps whole tensors (ddp; refused under fsdp)
+Checkpoints hold whole tensors at any world size (optim/state.py, which this class inherits).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from typing import cast
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 from torch.optim.adam import adam
 
+from littlelm.errors import ConfigError
+from littlelm.hardware import auto_precision
+from littlelm.optim.base import (
+    ELEMENTS,
+    MATRICES,
+    WHOLE,
+    GroupRule,
+    all_gather,
+    chunk_bounds,
+)
 from littlelm.optim.lowp import stochastic_adamw_, stochastic_round_
-from littlelm.optim.migrate import from_parts
+from littlelm.optim.state import WholeTensorState
 
-# torch 2.13 renamed all_gather_into_tensor; keep working with the older name on older torch
-all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+Update = Callable[..., None]  # GroupRule.update
 
 
-class MuonAdamW(torch.optim.Optimizer):
-    """Muon for the groups of kind "muon", AdamW for those of kind "adamw" (module docstring).
+class MuonAdamW(WholeTensorState):
+    """The groups of each kind stepped by that kind's rule (module docstring): Muon and AdamW
+    unless `rules` says otherwise.
 
     `stochastic_rounding` (bf16 parameters) computes every update in fp32 and rounds it
-    stochastically into the parameter; `ns_dtype` is the Newton–Schulz iterate's dtype;
-    `adamw_8bit` steps the AdamW groups with bitsandbytes' AdamW8bit (CUDA). These three are
-    not group options: they are derived from the config on every start.
+    stochastically into the parameter. It and the rules are not group options: they are derived
+    from the config on every start.
     """
 
     def __init__(
         self,
         groups: list[dict],
         stochastic_rounding: bool = False,
-        ns_dtype: torch.dtype = torch.bfloat16,
-        adamw_8bit: bool = False,
+        rules: Sequence[GroupRule] | None = None,
     ):
         super().__init__(groups, defaults={})
-        self.stochastic_rounding, self.ns_dtype = stochastic_rounding, ns_dtype
+        self.stochastic_rounding = stochastic_rounding
+        rules = (AdamWRule(), MuonRule()) if rules is None else rules
+        self.rules = {r.kind: r for r in rules}  # in the order they step
         self.rank, self.world = 0, 1
         self.fsdp = self.shard_muon = self.shard_adamw = False
-        self._stepped: set[int] = set()  # sharded Muon: ids of matrices with momentum
+        self.stepped: set[int] = set()  # sharded MATRICES rules: ids of matrices with state
         self._bounds: dict[int, tuple[int, int]] = {}  # ZeRO: id -> this rank's flat [a, b)
         for group in self.param_groups:
-            assert group["kind"] in ("muon", "adamw"), group["kind"]
-            for p in group["params"] if group["kind"] == "muon" else ():
-                if p.ndim != 2:
-                    raise ValueError(f"Muon takes 2-D matrices only, got shape {tuple(p.shape)}")
-        adamw = [g for g in self.param_groups if g["kind"] == "adamw"]
-        # bitsandbytes' optimizer steps these very group dicts, its state kept in ours
-        self._8bit = _adamw_8bit(adamw) if adamw_8bit and adamw else None
+            assert group["kind"] in self.rules, f"no rule steps groups of kind {group['kind']}"
+        # what each rule made for its groups (bitsandbytes' AdamW8bit)
+        self.helpers = {
+            kind: rule.prepare(self, self._groups(kind))
+            for kind, rule in self.rules.items()
+            if self._groups(kind)
+        }
 
     def shard(self, fsdp: bool, shard_muon: bool, shard_adamw: bool) -> MuonAdamW:
         """Step and checkpoint across the processes of torch.distributed (module docstring);
-        before the first step. Under fsdp Muon is always sharded and AdamW never ZeRO-split."""
+        before the first step. Under fsdp MATRICES rules always shard and ELEMENTS rules are
+        never ZeRO-split; `shard_muon` shards the MATRICES rules, `shard_adamw` the ELEMENTS."""
         assert not self.state, "shard the optimizer before its first step"
+        whole = [k for k, r in self.rules.items() if r.sharding == WHOLE and self._groups(k)]
+        if fsdp and whole:
+            raise ConfigError(
+                [
+                    f"the {', '.join(whole)} optimizer steps whole tensors, which FSDP2 splits "
+                    "across the ranks; use distributed.strategy=ddp (or another optimizer)"
+                ]
+            )
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.fsdp, self.shard_muon = fsdp, fsdp or shard_muon
         self.shard_adamw = shard_adamw and not fsdp
         if self.shard_adamw:
-            for p in self._params("adamw"):
+            for p in self._params(ELEMENTS):
                 self._bounds[id(p)] = chunk_bounds(p.numel(), self.rank, self.world)
         return self
 
-    @property
-    def sharded(self) -> bool:
-        """Whether any state is split across the ranks (`shard`), or held as DTensors."""
-        return self.fsdp or self.shard_muon or self.shard_adamw
+    def _groups(self, kind: str) -> list[dict]:
+        return [g for g in self.param_groups if g["kind"] == kind]
 
-    def _params(self, kind: str) -> list[torch.Tensor]:
-        return [p for g in self.param_groups if g["kind"] == kind for p in g["params"]]
+    def _params(self, sharding: str) -> list[torch.Tensor]:
+        """The parameters of the groups whose rule shards as `sharding`."""
+        return [
+            p
+            for g in self.param_groups
+            if self.rules[g["kind"]].sharding == sharding
+            for p in g["params"]
+        ]
 
     @torch.no_grad()
     def step(self, closure=None):
         assert closure is None, "MuonAdamW does not take a closure"
-        adamw = [g for g in self.param_groups if g["kind"] == "adamw"]
-        if self._8bit is not None:  # see __init__; load_state_dict replaces both
-            self._8bit.param_groups, self._8bit.state = adamw, self.state
-            self._8bit.step()
-        elif self.shard_adamw:
-            self._step_zero(adamw)
-        else:
-            for group in adamw:
-                live = [p for p in group["params"] if p.grad is not None]
-                self._adamw(group, live, live, [p.grad for p in live])
-        for group in self.param_groups:
-            if group["kind"] == "muon":
-                self._step_muon(group)
+        for kind, rule in self.rules.items():
+            groups = self._groups(kind)
+            if groups:
+                rule.step_groups(self, groups)
 
     # ------------------------------------------------------------------------------------------
-    # AdamW
+    # Elementwise rules: each parameter whole, or ZeRO-1's slice of it
 
-    def _adamw(
-        self,
-        group: dict,
-        keys: list[torch.Tensor],
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-    ) -> None:
-        """One AdamW step of `params` (a parameter, or this rank's slice of it) whose state is
-        kept under `keys` (the parameters)."""
-        if not params:
+    def step_elementwise(self, groups: list[dict], update: Update) -> None:
+        """`update` (GroupRule.update) on each group's parameters with a gradient; under
+        ZeRO-1 on this rank's flat slices, then one all-gather per dtype makes them whole."""
+        if not self.shard_adamw:
+            for group in groups:
+                live = [p for p in group["params"] if p.grad is not None]
+                update(self, group, live, live, [p.grad for p in live])
             return
-        states = [self._adamw_state(k, p, group) for k, p in zip(keys, params)]
-        if self.stochastic_rounding:
-            for p, g, s in zip(params, grads, states):
-                stochastic_adamw_(p, g, s, group)
-            return
-        beta1, beta2 = group["betas"]
-        adam(
-            params,
-            grads,
-            [s["exp_avg"] for s in states],
-            [s["exp_avg_sq"] for s in states],
-            [],
-            [s["step"] for s in states],
-            foreach=not group["fused"],
-            fused=group["fused"],
-            decoupled_weight_decay=True,
-            amsgrad=False,
-            beta1=beta1,
-            beta2=beta2,
-            lr=group["lr"],
-            weight_decay=group["weight_decay"],
-            eps=group["eps"],
-            maximize=False,
-        )
-
-    def _adamw_state(self, key: torch.Tensor, like: torch.Tensor, group: dict) -> dict:
-        state = self.state[key]
-        if not state:  # as torch's AdamW: the fused kernel reads `step` on the device
-            on_device = group["fused"] and not self.stochastic_rounding
-            state["step"] = torch.zeros((), device=like.device if on_device else "cpu")
-            state["exp_avg"] = torch.zeros_like(like, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(like, memory_format=torch.preserve_format)
-        return state
-
-    def _step_zero(self, groups: list[dict]) -> None:
-        """ZeRO-1: step this rank's slice of every parameter, then all-gather them."""
         params = [p for g in groups for p in g["params"]]
         slices = [self._slice(p) for p in params]
         for group in groups:
             live = [p for p in group["params"] if p.grad is not None]
             grads = [p.grad.reshape(-1)[slice(*self._bounds[id(p)])] for p in live]
-            self._adamw(group, live, [self._slice(p) for p in live], grads)
+            update(self, group, live, [self._slice(p) for p in live], grads)
         for p, whole in zip(params, self._gather_flat(params, slices)):
             p.view(-1).copy_(whole)
 
@@ -208,37 +177,206 @@ class MuonAdamW(torch.optim.Optimizer):
         return out
 
     # ------------------------------------------------------------------------------------------
-    # Muon
+    # Matrix rules' checkpoints: each matrix's state is on its owner (ddp) or in rows (fsdp)
 
-    def _step_muon(self, group: dict) -> None:
-        for bucket in same_shape_buckets(group["params"]):
-            live = [p for p in bucket if p.grad is not None]
-            if not live:
-                continue
-            if self.shard_muon:  # fsdp too
-                self._stepped.update(id(p) for p in live)
-            if self.fsdp:  # FSDP2's parameters are DTensors
-                self._muon_fsdp(group, cast(list[DTensor], live))
-            elif self.shard_muon:
-                self._muon_owned(group, live)
-            else:
-                self._muon(group, live)
+    def _stepped_buckets(self) -> Iterator[tuple[GroupRule, list[torch.Tensor]]]:
+        for group in self.param_groups:
+            rule = self.rules[group["kind"]]
+            if rule.sharding == MATRICES:
+                for bucket in same_shape_buckets(group["params"]):
+                    live = [p for p in bucket if id(p) in self.stepped]
+                    if live:
+                        yield rule, live
 
-    def _muon(self, group: dict, params: list[torch.Tensor]) -> None:
+
+# ----------------------------------------------------------------------------------------------
+# AdamW: torch's own AdamW arithmetic (`torch.optim.adam.adam`: the fused kernel on CPU and CUDA,
+# foreach elsewhere), the stochastic-rounding AdamW of optim/lowp.py for bf16 parameters, or
+# bitsandbytes' 8-bit AdamW. Elementwise: ZeRO-1 steps each rank's flat slice and FSDP2's
+# DTensor shards step as they are (`MuonAdamW.step_elementwise`).
+
+BNB_MIN_8BIT = 4096  # bitsandbytes keeps tensors smaller than this in 32-bit state
+BNB_BLOCK = 256  # elements per quantization block (one fp32 absmax each)
+
+
+@dataclass(frozen=True)
+class AdamWRule(GroupRule):
+    """AdamW; `betas`, `eps`: a new group's options; `eight_bit`: bitsandbytes' AdamW8bit
+    (CUDA), its state kept in the optimizer's."""
+
+    kind: ClassVar[str] = "adamw"
+    scalar_state: ClassVar[tuple[str, ...]] = ("step",)
+
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    eight_bit: bool = False
+
+    def group_options(self, fused: bool) -> dict[str, Any]:
+        return {"betas": self.betas, "eps": self.eps, "fused": fused}
+
+    def prepare(self, opt: Any, groups: list[dict]) -> Any:
+        if not self.eight_bit:
+            return None
+        import bitsandbytes as bnb  # optim/groups.py checked that it is installed
+
+        # it steps these very group dicts (its own options added), its state kept in ours
+        return bnb.optim.AdamW8bit(groups, betas=groups[0]["betas"], eps=groups[0]["eps"])
+
+    def step_groups(self, opt: Any, groups: list[dict]) -> None:
+        if self.eight_bit:  # load_state_dict replaces both, so hand them over on every step
+            helper = opt.helpers[self.kind]
+            helper.param_groups, helper.state = groups, opt.state
+            helper.step()
+        else:
+            opt.step_elementwise(groups, self.update)
+
+    def update(
+        self,
+        opt: Any,
+        group: dict,
+        keys: list[torch.Tensor],
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+    ) -> None:
+        if not params:
+            return
+        states = [_state(opt, k, p, group) for k, p in zip(keys, params)]
+        if opt.stochastic_rounding:
+            for p, g, s in zip(params, grads, states):
+                stochastic_adamw_(p, g, s, group)
+            return
+        beta1, beta2 = group["betas"]
+        adam(
+            params,
+            grads,
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
+            [],
+            [s["step"] for s in states],
+            foreach=not group["fused"],
+            fused=group["fused"],
+            decoupled_weight_decay=True,
+            amsgrad=False,
+            beta1=beta1,
+            beta2=beta2,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+        )
+
+    # -- what the planner reads -----------------------------------------------------------------
+
+    def state_bytes(self, numel: int, param_bytes: int) -> tuple[int, ...]:
+        """exp_avg + exp_avg_sq in the parameters' dtype and a step counter (torch's fused
+        AdamW); 8-bit: one byte each plus an fp32 absmax per block of 256, or fp32 moments for
+        a tensor too small to quantize."""
+        if self.eight_bit and numel >= BNB_MIN_8BIT:
+            absmax = 4 * -(-numel // BNB_BLOCK)
+            return (numel, numel, absmax, absmax)
+        if self.eight_bit:
+            return (4 * numel, 4 * numel)
+        return (param_bytes * numel, param_bytes * numel, 4)
+
+    def scratch_bytes(
+        self, numel: int, param_bytes: int, stochastic_rounding: bool
+    ) -> tuple[int, ...]:
+        # fused AdamW none; the stochastic-rounding AdamW three fp32 tensors (optim/lowp.py)
+        return (4 * numel,) * 3 if stochastic_rounding else ()
+
+    def traffic(self, param_bytes: int) -> float:
+        # foreach AdamW: parameter, gradient and two moments read, three written, in about
+        # three passes of torch's multi-tensor kernels
+        moments = 2 * 2 if self.eight_bit else param_bytes * 3
+        return 3 * (param_bytes * 4 + moments)
+
+
+def _state(opt: Any, key: torch.Tensor, like: torch.Tensor, group: dict) -> dict:
+    state = opt.state[key]
+    if not state:  # as torch's AdamW: the fused kernel reads `step` on the device
+        on_device = group["fused"] and not opt.stochastic_rounding
+        state["step"] = torch.zeros((), device=like.device if on_device else "cpu")
+        state["exp_avg"] = torch.zeros_like(like, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(like, memory_format=torch.preserve_format)
+    return state
+
+
+# ----------------------------------------------------------------------------------------------
+# Muon: momentum SGD whose update for each 2-D matrix is replaced by its nearest orthogonal
+# matrix (a Newton–Schulz iteration: `orthogonalize`, same-shaped matrices in one batch), scaled
+# by sqrt(max(1, rows/cols)), so every direction of the update moves at the same rate. Used for
+# the hidden matrices; embeddings, lm_head and scalars go to AdamW (optim/groups.py). It shards
+# whole matrices (MATRICES, the module docstring): under ddp each owner orthogonalises its own
+# and one all-gather (in the Newton–Schulz dtype) hands every rank every update; under fsdp two
+# all-to-alls take each owner the rows of its matrices and return each rank its rows of the
+# updates. Newton–Schulz starts by rounding to its dtype, so exchanging the directions in it
+# changes nothing.
+
+NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class MuonRule(GroupRule):
+    """Muon (module docstring). `momentum`, `nesterov`, `ns_steps`: a new group's options (the
+    group's own are what a step reads); `ns_dtype`: the Newton–Schulz iterate's dtype (bf16,
+    fp32, or auto: as the device, made concrete by `on`)."""
+
+    kind: ClassVar[str] = "muon"
+    sharding: ClassVar[str] = MATRICES
+    state_keys: ClassVar[tuple[str, ...]] = ("momentum_buffer",)
+    scales_lr_by_width: ClassVar[bool] = False  # its lr scales with the matrix's shape instead
+
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_dtype: str = "bf16"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        # still `auto` (not built on a device: the planner's): bf16, as on the plan's GPUs
+        return NS_DTYPES["fp32" if self.ns_dtype == "fp32" else "bf16"]
+
+    def group_options(self, fused: bool) -> dict[str, Any]:
+        return {"momentum": self.momentum, "nesterov": self.nesterov, "ns_steps": self.ns_steps}
+
+    def on(self, device_type: str) -> MuonRule:
+        return replace(self, ns_dtype=auto_precision(self.ns_dtype, device_type))
+
+    def prepare(self, opt: Any, groups: list[dict]) -> None:
+        for p in (p for g in groups for p in g["params"]):
+            if p.ndim != 2:
+                raise ValueError(f"Muon takes 2-D matrices only, got shape {tuple(p.shape)}")
+
+    def step_groups(self, opt: Any, groups: list[dict]) -> None:
+        for group in groups:
+            for bucket in same_shape_buckets(group["params"]):
+                live = [p for p in bucket if p.grad is not None]
+                if not live:
+                    continue
+                if opt.shard_muon:  # fsdp too
+                    opt.stepped.update(id(p) for p in live)
+                if opt.fsdp:  # FSDP2's parameters are DTensors
+                    self._fsdp(opt, group, cast(list[DTensor], live))
+                elif opt.shard_muon:
+                    self._owned(opt, group, live)
+                else:
+                    self._whole(opt, group, live)
+
+    def _whole(self, opt: Any, group: dict, params: list[torch.Tensor]) -> None:
         """One process: orthogonalise every matrix of the bucket (a function of its own, so
         that its temporaries are freed before the next bucket's)."""
-        directions = self._directions(group, params, _grads(params))
-        updates = orthogonalize(torch.stack(directions), group["ns_steps"], dtype=self.ns_dtype)
-        self._apply(group, params, list(updates.unbind(0)), params[0].shape)
+        directions = self._directions(opt, group, params, _grads(params))
+        updates = orthogonalize(torch.stack(directions), group["ns_steps"], dtype=self.dtype)
+        self._apply(opt, group, params, list(updates.unbind(0)), params[0].shape)
 
     def _directions(
-        self, group: dict, params: Sequence[torch.Tensor], grads: list[torch.Tensor]
+        self, opt: Any, group: dict, params: Sequence[torch.Tensor], grads: list[torch.Tensor]
     ) -> list[torch.Tensor] | tuple[torch.Tensor, ...]:
         """Update the momentum buffers (kept per parameter) and return the directions to
         orthogonalise: the Nesterov look-ahead g + mom·(buf - g), or the buffers themselves."""
         bufs = []
         for p, g in zip(params, grads):
-            state = self.state[p]
+            state = opt.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(g)
             bufs.append(state["momentum_buffer"])
@@ -249,13 +387,13 @@ class MuonAdamW(torch.optim.Optimizer):
         return bufs
 
     def _apply(
-        self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor], shape
+        self, opt: Any, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor], shape
     ) -> None:
         """params <- params·(1 - lr·wd) - lr·scale(shape)·update, `shape` being the whole
         matrix's (with stochastic rounding: computed in fp32, rounded stochastically)."""
         lr = group["lr"] * shape_scale(shape)
         decay = 1 - group["lr"] * group["weight_decay"]
-        if self.stochastic_rounding:
+        if opt.stochastic_rounding:
             for p, u in zip(params, updates):
                 stochastic_round_(p, p.float().mul_(decay).add_(u.float(), alpha=-lr))
             return
@@ -263,157 +401,85 @@ class MuonAdamW(torch.optim.Optimizer):
             torch._foreach_mul_(params, decay)
         torch._foreach_add_(params, [u.to(params[0].dtype) for u in updates], alpha=-lr)
 
-    def _muon_owned(self, group: dict, params: list[torch.Tensor]) -> None:
+    def _owned(self, opt: Any, group: dict, params: list[torch.Tensor]) -> None:
         """ddp: orthogonalise the matrices this rank owns, all-gather every update."""
         n, shape = len(params), params[0].shape
-        k = -(-n // self.world)
-        lo, hi = chunk_bounds(n, self.rank, self.world)
-        local = params[0].new_zeros((k, *shape), dtype=self.ns_dtype)
+        k = -(-n // opt.world)
+        lo, hi = chunk_bounds(n, opt.rank, opt.world)
+        local = params[0].new_zeros((k, *shape), dtype=self.dtype)
         if hi > lo:
             mine = params[lo:hi]
-            dirs = self._directions(group, mine, _grads(mine))
-            local[: hi - lo] = orthogonalize(
-                torch.stack(dirs), group["ns_steps"], dtype=self.ns_dtype
-            )
-        gathered = local.new_empty((self.world * k, *shape))
+            dirs = self._directions(opt, group, mine, _grads(mine))
+            local[: hi - lo] = orthogonalize(torch.stack(dirs), group["ns_steps"], dtype=self.dtype)
+        gathered = local.new_empty((opt.world * k, *shape))
         all_gather(gathered, local)
-        self._apply(group, params, list(gathered[:n].unbind(0)), shape)
+        self._apply(opt, group, params, list(gathered[:n].unbind(0)), shape)
 
-    def _muon_fsdp(self, group: dict, params: list[DTensor]) -> None:
+    def _fsdp(self, opt: Any, group: dict, params: list[DTensor]) -> None:
         """fsdp: momentum on this rank's rows; whole matrices to their owners and back."""
-        n, w = len(params), self.world
+        n, w = len(params), opt.world
         (m, cols), k = params[0].shape, -(-n // w)
         c = -(-m // w)  # rows per rank (FSDP2 pads the last ranks' slices)
         local = [p.to_local() for p in params]
-        a, b = chunk_bounds(m, self.rank, w)
+        a, b = chunk_bounds(m, opt.rank, w)
         assert all(t.shape == (b - a, cols) for t in local), "FSDP2 split rows unexpectedly"
-        dirs = self._directions(group, params, [_local(g) for g in _grads(params)])
-        send = local[0].new_zeros((w * k, c, cols), dtype=self.ns_dtype)
+        dirs = self._directions(opt, group, params, [_local(g) for g in _grads(params)])
+        send = local[0].new_zeros((w * k, c, cols), dtype=self.dtype)
         for i, d in enumerate(dirs):
             send[i, : d.size(0)] = d
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send)  # recv[j]: rank j's rows of my k matrices
         whole = recv.view(w, k, c, cols).transpose(0, 1).reshape(k, w * c, cols)
-        lo, hi = chunk_bounds(n, self.rank, self.world)
+        lo, hi = chunk_bounds(n, opt.rank, w)
         upd = torch.zeros_like(whole)
         if hi > lo:
             upd[: hi - lo, :m] = orthogonalize(
-                whole[: hi - lo, :m], group["ns_steps"], dtype=self.ns_dtype
+                whole[: hi - lo, :m], group["ns_steps"], dtype=self.dtype
             )
         back = upd.view(k, w, c, cols).transpose(0, 1).contiguous()  # (w, k, c, cols)
         mine = torch.empty_like(back)
         dist.all_to_all_single(mine, back)  # mine[j]: my rows of owner j's k matrices
         rows = mine.view(w * k, c, cols)
         updates = [rows[i, : t.size(0)] for i, t in enumerate(local)]
-        self._apply(group, local, updates, params[0].shape)
+        self._apply(opt, group, local, updates, params[0].shape)
 
-    def _stepped_buckets(self) -> Iterator[list[torch.Tensor]]:
-        for group in self.param_groups:
-            if group["kind"] == "muon":
-                for bucket in same_shape_buckets(group["params"]):
-                    live = [p for p in bucket if id(p) in self._stepped]
-                    if live:
-                        yield live
+    # -- what the planner reads -----------------------------------------------------------------
 
-    def _gather_momentum(self, bucket: list[torch.Tensor]) -> list[torch.Tensor]:
-        if self.fsdp:
-            return [_full(self.state[p]["momentum_buffer"], p) for p in bucket]
-        n, k = len(bucket), -(-len(bucket) // self.world)
-        lo, hi = chunk_bounds(n, self.rank, self.world)
-        local = bucket[0].new_zeros((k, *bucket[0].shape))
-        for j, p in enumerate(bucket[lo:hi]):
-            local[j] = self.state[p]["momentum_buffer"]
-        out = local.new_empty((self.world * k, *bucket[0].shape))
-        all_gather(out, local)
-        return list(out[:n].unbind(0))
+    @property
+    def ns_bytes(self) -> int:
+        """Bytes per element of the Newton–Schulz iterate."""
+        return self.dtype.itemsize
 
-    # ------------------------------------------------------------------------------------------
-    # Checkpoints: torch's layout, whole tensors
+    def state_bytes(self, numel: int, param_bytes: int) -> tuple[int, ...]:
+        return (param_bytes * numel,)  # the momentum buffer
 
-    def state_dict(self) -> dict:
-        sd = super().state_dict()
-        if not self.sharded:
-            return sd
-        index = {id(p): i for i, p in param_index(self.param_groups)}
-        state = {index[id(p)]: sd["state"].get(index[id(p)], {}) for p in self._params("muon")}
-        state = {i: s for i, s in state.items() if s}
-        if self.shard_muon:  # every rank's momenta, whole
-            state = {}
-            for bucket in self._stepped_buckets():
-                for p, whole in zip(bucket, self._gather_momentum(bucket)):
-                    state[index[id(p)]] = {"momentum_buffer": whole.cpu()}
-        adamw = self._params("adamw")
-        saved = {index[id(p)]: sd["state"].get(index[id(p)], {}) for p in adamw}
-        if self.shard_adamw:
-            saved = {i: dict(s) for i, s in saved.items()}
-            for key in sorted({k for s in saved.values() for k in s if k != "step"}):
-                parts = [saved[index[id(p)]].get(key) for p in adamw]
-                for p, flat in zip(adamw, self._gather_flat(adamw, parts)):
-                    if flat is not None:  # a compact copy: `flat` may be a strided view
-                        saved[index[id(p)]][key] = (
-                            flat.reshape(p.shape).cpu().clone(memory_format=torch.contiguous_format)
-                        )
-        elif self.fsdp:
-            saved = {i: {k: _whole(v) for k, v in s.items()} for i, s in saved.items()}
-        state.update({i: s for i, s in saved.items() if s})
-        return {**sd, "state": dict(sorted(state.items()))}
+    def traffic(self, param_bytes: int) -> float:
+        # per parameter: the momentum update, the iterate in and out
+        return param_bytes * 3 + self.ns_bytes * 6
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        if "optimizers" in state_dict:  # written before this class: one part per optimizer
-            state_dict = from_parts(state_dict, self.param_groups)
-        if self.sharded:
-            state_dict = {**state_dict, "state": self._this_ranks(state_dict["state"])}
-        super().load_state_dict(state_dict)
+    def bucket_scratch(
+        self, shape: tuple[int, ...], owned: int, count: int, param_bytes: int, world: int
+    ) -> int:
+        """Temporaries of stepping one bucket of `count` matrices, `owned` of them here: the
+        Nesterov direction and its stack (in the gradients' dtype), then Newton–Schulz: x, a·x,
+        poly·x, their sum and two Grams; under sharded Muon the owned updates and their
+        all-gather."""
+        rows, cols = shape[-2:]
+        k, s = owned * rows * cols, min(rows, cols)
+        need = (2 if self.nesterov else 1) * param_bytes * k
+        need += 4 * self.ns_bytes * k + 2 * self.ns_bytes * owned * s * s
+        if owned < count:
+            need += self.ns_bytes * (world + 1) * k
+        return need
 
-    def _this_ranks(self, saved: dict) -> dict:
-        """This rank's part of whole-tensor state (see state_dict)."""
-        params = dict(param_index(self.param_groups))
-        index = {id(p): i for i, p in params.items()}
-        keep = {}
-        muon = {index[id(p)] for p in self._params("muon")}
-        if self.shard_muon:
-            self._stepped = {id(params[i]) for i in saved if i in muon}
-            for bucket in self._stepped_buckets():
-                lo, hi = chunk_bounds(len(bucket), self.rank, self.world)
-                for j, p in enumerate(bucket):
-                    i = index[id(p)]
-                    buf = saved[i]["momentum_buffer"]
-                    if self.fsdp:
-                        keep[i] = {"momentum_buffer": _to_local(buf, p)}
-                    elif lo <= j < hi:
-                        keep[i] = {"momentum_buffer": buf}
-        else:
-            keep.update({i: s for i, s in saved.items() if i in muon})
-        for i, s in saved.items():
-            if i in muon:
-                continue
-            p = params[i]
-            if self.shard_adamw:
-                cut = slice(*self._bounds[id(p)])
-                keep[i] = {
-                    k: v if k == "step" else v.reshape(-1)[cut].clone() for k, v in s.items()
-                }
-            elif self.fsdp and isinstance(p, DTensor):
-                keep[i] = {k: v if k == "step" else _to_dtensor(v, p) for k, v in s.items()}
-            else:
-                keep[i] = s
-        return keep
+    def bucket_flops(self, shape: tuple[int, ...], owned: int) -> float:
+        a, b = sorted(shape[-2:])
+        # ns_steps Newton-Schulz iterations: X X^T (2a^2b), A A (2a^3), B X (2a^2b)
+        return self.ns_steps * (4 * a * a * b + 2 * a**3) * owned
 
-
-def chunk_bounds(n: int, rank: int, world: int) -> tuple[int, int]:
-    """[start, end) of rank's slice when n items are cut into chunks of ceil(n / world)."""
-    c = -(-n // world)
-    start = min(rank * c, n)
-    return start, min(start + c, n)
-
-
-def param_index(groups: list[dict]) -> Iterator[tuple[int, torch.Tensor]]:
-    """(index, param) in torch's state_dict numbering: groups in order, params in order."""
-    i = 0
-    for g in groups:
-        for p in g["params"]:
-            yield i, p
-            i += 1
+    def bucket_work(self, matrices: torch.Tensor) -> torch.Tensor:
+        """The arithmetic bench times for a bucket (plan/speed.py): its orthogonalisation."""
+        return orthogonalize(matrices, self.ns_steps, dtype=self.dtype)
 
 
 def _grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -426,40 +492,6 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     assert isinstance(t, DTensor), "FSDP2's gradients are DTensors"
     return t.to_local()
 
-
-def _whole(v):
-    return v.full_tensor().cpu() if isinstance(v, DTensor) else v
-
-
-def _to_dtensor(full: torch.Tensor, p: DTensor) -> DTensor:
-    return distribute_tensor(full.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
-
-
-def _to_local(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """This rank's part of `full` laid out like the DTensor parameter `p` (no communication)."""
-    assert isinstance(p, DTensor), "called under FSDP2, whose parameters are DTensors"
-    return _to_dtensor(full, p).to_local().clone()
-
-
-def _full(local: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """The whole tensor from every rank's part laid out like `p` (an all-gather)."""
-    assert isinstance(p, DTensor), "called under FSDP2, whose parameters are DTensors"
-    d = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
-    return d.full_tensor()
-
-
-def _adamw_8bit(groups: list[dict]) -> torch.optim.Optimizer:
-    """bitsandbytes' AdamW8bit over `groups` (their betas and eps; it adds its own options)."""
-    import bitsandbytes as bnb  # optim/groups.py checked that it is installed
-
-    return bnb.optim.AdamW8bit(groups, betas=groups[0]["betas"], eps=groups[0]["eps"])
-
-
-# ----------------------------------------------------------------------------------------------
-# Muon's arithmetic: momentum SGD whose update for each 2-D matrix is replaced by its nearest
-# orthogonal matrix (computed with a Newton–Schulz iteration), so every direction of the update
-# moves at the same rate. Used for the hidden matrices of the transformer; embeddings, lm_head
-# and scalars go to AdamW (optim/groups.py).
 
 # Quintic Newton–Schulz coefficients chosen to push singular values towards 1 quickly from
 # anywhere in (0, 1]; five iterations land them in roughly [0.7, 1.2], which is all an update

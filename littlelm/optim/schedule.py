@@ -285,6 +285,6 @@ class GroupSchedule:
         m = self.momentum(step) if self.momentum is not None else None
         for g in optimizer.param_groups:
             g["lr"] = g["base_lr"] * mult * by_origin.get(g["origin"], 1.0)
-            if m is not None and g["kind"] == "muon":
+            if m is not None and "momentum" in g:  # the groups whose rule has a momentum
                 g["momentum"] = m
         return mult

@@ -374,12 +374,9 @@ def config_changes(d: Dims) -> list[tuple[str, str, Dims]]:
     if d.model.loss == "plain":
         chunked = replace(d, model=d.model.model_copy(update={"loss": "chunked"}))
         out.append(("model.loss=chunked", "the full logits never exist", chunked))
-    if not d.adamw_8bit and not d.stochastic_rounding:
-        why = "AdamW's two moments in 1 byte each, not 4 (CUDA, bitsandbytes)"
-        out.append(("optimizer.adamw_8bit=true", why, replace(d, adamw_8bit=True)))
-    if d.optimizer == "adamw":
-        muon = replace(d, optimizer="muon", nesterov=True)
-        out.append(("optimizer.name=muon", "one buffer per matrix, not AdamW's two", muon))
+    for override, why, lighter in d.optimizer.lighter:  # what the optimizer offers
+        if not d.stochastic_rounding or lighter.stochastic_rounding:
+            out.append((override, why, replace(d, optimizer=lighter)))
     if d.bf16 and not d.master_bf16:
         why = (
             "parameters, gradients and state in bf16, no casts (add train.stochastic_rounding=true)"

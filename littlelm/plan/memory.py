@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,7 @@ from littlelm.errors import ConfigError
 from littlelm.model import blocks
 from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import group_rows
+from littlelm.optim.base import ELEMENTS, MATRICES, GroupRule, OptimizerTraits
 from littlelm.plan.trace import (
     ACT,
     BWD,
@@ -160,13 +161,10 @@ class Dims:
     seq_len: int
     grad_accum: int
     bf16: bool
-    optimizer: str  # "adamw" or "muon"
-    nesterov: bool
+    optimizer: OptimizerTraits  # its group kinds, each a rule with its state and its sharding
     params: tuple[Param, ...]
     buffers: tuple[int, ...] = ()  # elements of each floating buffer (stored in the param dtype)
     master_bf16: bool = False  # train.master_weights: bf16 (parameters, grads, state in bf16)
-    ns_bf16: bool = True  # Muon's Newton–Schulz in bf16 (optimizer.ns_dtype), else fp32
-    adamw_8bit: bool = False  # optimizer.adamw_8bit (bitsandbytes, CUDA only)
     checkpointing: bool = False  # train.activation_checkpointing
     fp8: bool = False  # model.fp8
     stochastic_rounding: bool = False  # train.stochastic_rounding
@@ -201,15 +199,12 @@ class Dims:
             seq_len=t.seq_len,
             grad_accum=accum,
             bf16=t.precision in ("bf16", "auto"),  # auto: the plan's GPUs all compute bf16
-            ns_bf16=traits.ns_dtype in ("bf16", "auto"),
-            optimizer=traits.kind,
-            nesterov=traits.nesterov,
+            optimizer=traits,
             params=lora.apply(params) if lora else params,
             buffers=buffers,
             lora=lora,
             fine_tunes=cfg.sft is not None or lora is not None,
             master_bf16=t.master_weights == "bf16",
-            adamw_8bit=traits.adamw_8bit,
             checkpointing=t.activation_checkpointing,
             fp8=cfg.model.fp8,
             stochastic_rounding=t.stochastic_rounding,
@@ -232,11 +227,6 @@ class Dims:
     def act_bytes(self) -> int:
         """Bytes per element the matmuls compute in: bf16 under autocast, else fp32."""
         return 2 if self.bf16 else 4
-
-    @property
-    def ns_bytes(self) -> int:
-        """Bytes per element of Muon's Newton–Schulz iterate."""
-        return 2 if self.ns_bf16 else 4
 
     @property
     def tokens(self) -> int:
@@ -265,8 +255,13 @@ class Dims:
     def numel(self, role: str) -> int:
         return sum(p.numel for p in self.params if p.role == role)
 
-    def muon_param(self, p: Param) -> bool:
-        return self.optimizer == "muon" and p.role == "matrix" and p.trainable
+    def rule(self, p: Param) -> GroupRule:
+        """The rule that steps `p` (a trained parameter)."""
+        return self.optimizer.rule(p.role)
+
+    def matrix_param(self, p: Param) -> bool:
+        """Is `p` stepped by a rule that shards whole matrices (Muon)?"""
+        return p.trainable and self.rule(p).sharding == MATRICES
 
     @property
     def ddp_ranks(self) -> int:
@@ -291,17 +286,19 @@ class Dims:
         head = "embedding" if self.model.tie_embeddings else "lm_head"
         return any(p.trainable for p in self.params if p.role == head)
 
-    def muon_owned(self, count: int) -> int:
-        """Matrices of a Muon bucket of `count` that rank 0 (which owns the most) steps."""
+    def matrix_owned(self, count: int) -> int:
+        """Matrices of a bucket of `count` (a MATRICES rule's: Muon's) that rank 0 (which owns
+        the most) steps."""
         if self.ddp_ranks > 1 and self.shard_muon:
             return -(-count // self.ddp_ranks)
         return count
 
-    def muon_buckets(self) -> list[tuple[tuple[int, ...], int]]:
-        """(shape, count) of each Muon bucket: same-shaped matrices of one optimizer group (a
-        fresh run has one per role, and Muon steps the matrices'; growth's origins split groups
-        further, but a planned run starts fresh)."""
-        return list(Counter(p.shape for p in self.trainable if self.muon_param(p)).items())
+    def matrix_buckets(self) -> list[tuple[Any, tuple[int, ...], int]]:
+        """(rule, shape, count) of each bucket of a MATRICES rule (Muon's): same-shaped matrices
+        of one optimizer group (a fresh run has one per role, and Muon steps the matrices';
+        growth's origins split groups further, but a planned run starts fresh)."""
+        counts = Counter((self.rule(p), p.shape) for p in self.trainable if self.matrix_param(p))
+        return [(rule, shape, n) for (rule, shape), n in counts.items()]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,31 +336,23 @@ def parameter_bytes(d: Dims) -> int:
     return own + sum(block_bytes(d.param_bytes * n) for n in d.buffers)
 
 
-BNB_MIN_8BIT = 4096  # bitsandbytes keeps tensors smaller than this in 32-bit state
-BNB_BLOCK = 256  # elements per quantization block (one fp32 absmax each)
-
-
-def adamw_state_bytes(d: Dims, numel: int) -> int:
-    """exp_avg + exp_avg_sq in the parameters' dtype and a step counter (torch's fused AdamW);
-    8-bit AdamW (bitsandbytes): one byte each plus an fp32 absmax per block of 256."""
-    if d.adamw_8bit and numel >= BNB_MIN_8BIT:
-        return 2 * block_bytes(numel) + 2 * block_bytes(4 * -(-numel // BNB_BLOCK))
-    if d.adamw_8bit:
-        return 2 * block_bytes(4 * numel)
-    return 2 * block_bytes(d.param_bytes * numel) + block_bytes(4)
-
-
 def optimizer_state_bytes(d: Dims) -> int:
-    """AdamW for its parameters; Muon one momentum buffer per matrix. Under ddp, rank 0's
-    share: the Muon matrices it owns (sharded Muon), 1/world of each AdamW tensor (ZeRO-1)."""
+    """Each trained tensor's state as its rule keeps it (`GroupRule.state_bytes`). Under ddp,
+    rank 0's share: of a MATRICES rule (sharded Muon) the matrices it owns, of an ELEMENTS rule
+    under ZeRO-1 1/world of each tensor."""
     w = d.ddp_ranks
     total = sum(
-        block_bytes(d.param_bytes * math.prod(shape)) * d.muon_owned(count)
-        for shape, count in d.muon_buckets()
+        sum(block_bytes(b) for b in rule.state_bytes(math.prod(shape), d.param_bytes))
+        * d.matrix_owned(count)
+        for rule, shape, count in d.matrix_buckets()
     )
     for p in d.trainable:
-        if not d.muon_param(p):
-            total += adamw_state_bytes(d, -(-p.numel // w) if d.shard_adamw else p.numel)
+        if d.matrix_param(p):
+            continue
+        rule = d.rule(p)
+        zero = d.shard_adamw and rule.sharding == ELEMENTS
+        numel = -(-p.numel // w) if zero else p.numel
+        total += sum(block_bytes(b) for b in rule.state_bytes(numel, d.param_bytes))
     return total
 
 
@@ -592,29 +581,25 @@ def block_backward_stages(d: Dims) -> dict[str, float]:
 
 def optimizer_scratch_bytes(d: Dims) -> int:
     """The largest temporaries of clipping (one fp32 norm per tensor, their stack and total) and
-    of `optimizer.step()`: fused AdamW none, the stochastic-rounding AdamW (optim/lowp.py) three
-    fp32 tensors of the largest size; Muon's per bucket, plus under sharded Muon the owned
-    updates and their all-gather; ZeRO-1's slices and their fp32 all-gather."""
+    of `optimizer.step()`: each rule's for its largest tensor (`GroupRule.scratch_bytes`; fused
+    AdamW none, the stochastic-rounding AdamW three fp32 tensors of its size), a MATRICES rule's
+    per bucket (`bucket_scratch`: Muon's, with its owned updates and their all-gather); ZeRO-1's
+    slices and their fp32 all-gather, per rule."""
     peak = (len(d.trainable) + 2) * block_bytes(4)
     w = d.ddp_ranks
-    adam = [p.numel for p in d.trainable if not d.muon_param(p)]
-    if adam and d.stochastic_rounding:
-        largest = max(adam)
-        peak = max(peak, 3 * block_bytes(4 * (-(-largest // w) if d.shard_adamw else largest)))
-    for shape, count in d.muon_buckets():
-        owned = d.muon_owned(count)
-        rows, cols = shape
-        k, s = owned * rows * cols, min(rows, cols)
-        # Muon on the bucket's matrices this rank owns: the Nesterov direction and its stack
-        # (in the gradients' dtype), then Newton–Schulz: x, a·x, poly·x, their sum and two Grams
-        need = (2 if d.nesterov else 1) * d.param_bytes * k
-        need += 4 * d.ns_bytes * k + 2 * d.ns_bytes * owned * s * s
-        if owned < count:
-            need += d.ns_bytes * (w + 1) * k
-        peak = max(peak, need)
-    if d.shard_adamw and w > 1:
-        slices = sum(-(-p.numel // w) for p in d.trainable if not d.muon_param(p))
-        peak = max(peak, 4 * (w + 1) * slices)
+    by_rule: dict[GroupRule, list[int]] = {}
+    for p in d.trainable:
+        if not d.matrix_param(p):
+            by_rule.setdefault(d.rule(p), []).append(p.numel)
+    for rule, sizes in by_rule.items():
+        sliced = d.shard_adamw and rule.sharding == ELEMENTS  # ZeRO-1 steps a 1/w slice
+        largest = -(-max(sizes) // w) if sliced else max(sizes)
+        scratch = rule.scratch_bytes(largest, d.param_bytes, d.stochastic_rounding)
+        peak = max(peak, sum(block_bytes(b) for b in scratch))
+        if sliced and w > 1:
+            peak = max(peak, 4 * (w + 1) * sum(-(-n // w) for n in sizes))
+    for rule, shape, count in d.matrix_buckets():
+        peak = max(peak, rule.bucket_scratch(shape, d.matrix_owned(count), count, d.param_bytes, w))
     return peak
 
 

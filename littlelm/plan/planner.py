@@ -145,11 +145,13 @@ def step_memory(cfg: RunConfig, trace: bool = True) -> tuple[Dims, Memory, Memor
     trace; the analytic model of what the trace ran, unscaled)."""
     d = Dims.of(cfg.with_precision(True))
     traced = trace_step(cfg) if trace else None
-    # what trace_step runs: one process, torch's AdamW for 8-bit AdamW (OptimizerConfig.traceable)
-    analytic = mem.estimate(replace(d, adamw_8bit=False, world=1))
+    # what trace_step runs: one process, and the optimizer's stand-in where it has one (torch's
+    # AdamW for 8-bit AdamW: OptimizerConfig.traceable)
+    traced_optimizer = d.optimizer.stand_in or d.optimizer
+    analytic = mem.estimate(replace(d, optimizer=traced_optimizer, world=1))
     if traced is not None:
         d = replace(d, trace_scale=traced.peak / analytic.peak)
-    stand_in = d.adamw_8bit or d.world > 1
+    stand_in = d.optimizer.stand_in is not None or d.world > 1
     memory = traced if traced is not None and not stand_in else mem.estimate(d)
     return d, memory, traced, analytic
 
@@ -351,12 +353,7 @@ def notes_for(cfg) -> list[str]:
             "model.fp8: planned as bf16 linears (an upper bound); FP8 keeps 1-byte copies of "
             "each linear's input and weight instead, and its backward temporaries are not modelled"
         )
-    if cfg.optimizer.traits().adamw_8bit:
-        notes.append(
-            "optimizer.adamw_8bit: bitsandbytes runs on CUDA only, so its optimizer state is "
-            "analytic (2 bytes per parameter of tensors of 4096+ elements); the trace runs fp32 "
-            "AdamW"
-        )
+    notes += cfg.optimizer.traits().notes
     dc = cfg.distributed
     if dc.strategy == "fsdp" and (dc.world_size or 1) > 1:
         notes.append(

@@ -220,7 +220,7 @@ def summary_line(plan: Plan) -> str:
         f"{human(plan.flops_per_token)} FLOPs/token; micro-batch {d.micro_batch} × seq "
         f"{d.seq_len} × accum {d.grad_accum}"
         + (f" × {plan.devices} GPUs" if plan.devices > 1 else "")
-        + f" = {tokens_step:,} tokens/step; {cfg.train.precision}, {d.optimizer}; "
+        + f" = {tokens_step:,} tokens/step; {cfg.train.precision}, {d.optimizer.name}; "
         + budget_text(plan)
     )
 
@@ -349,7 +349,7 @@ def plan_json(plan: Plan) -> dict:
         "grad_accum": d.grad_accum,
         "devices": plan.devices,
         "precision": plan.cfg.train.precision,
-        "optimizer": d.optimizer,
+        "optimizer": d.optimizer.name,
         "tokens": plan.tokens,
         "memory_bytes": {
             "plan": _memory_json(plan.memory),

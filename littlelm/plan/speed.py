@@ -33,7 +33,6 @@ from littlelm.data.cache import cache_root, digest
 from littlelm.model import blocks
 from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import causal_attention
-from littlelm.optim.optimizer import orthogonalize
 from littlelm.plan.memory import Dims, model_tensors
 from littlelm.schema import load_run
 from littlelm.train.device import tune_cpu_allocator
@@ -190,20 +189,13 @@ def optimizer_work(d: Dims) -> tuple[float, float]:
     n = d.n_trainable  # a LoRA run steps its adapters only
     shard = d.world if d.strategy == "fsdp" else 1
     pb = d.param_bytes
-    # foreach AdamW: parameter, gradient and two moments read, three written, in about three
-    # passes of torch's multi-tensor kernels; clipping reads every gradient and scales it
-    adam_bytes = 3 * (pb * 4 + pb * 3) if not d.adamw_8bit else 3 * (pb * 4 + 2 * 2)
-    clip = 3 * pb
-    if d.optimizer != "muon":
-        return n * (adam_bytes + clip) / shard, 0.0
-    matrix = sum(p.numel for p in d.trainable if d.muon_param(p))
-    flops = 0.0
-    for shape, count in d.muon_buckets():
-        a, b = sorted(shape[-2:])
-        # 5 Newton-Schulz iterations: X X^T (2a^2b), A A (2a^3), B X (2a^2b)
-        flops += 5 * (4 * a * a * b + 2 * a**3) * d.muon_owned(count)
-    muon_bytes = pb * 3 + d.ns_bytes * 6  # per parameter: momentum update, iterate in and out
-    return ((n - matrix) * adam_bytes + matrix * muon_bytes + n * clip) / shard, flops
+    # each rule's bytes per element (GroupRule.traffic); clipping reads every gradient and
+    # scales it; a MATRICES rule's arithmetic per bucket (Muon's Newton-Schulz)
+    moved = sum(p.numel * d.rule(p).traffic(pb) for p in d.trainable)
+    flops = sum(
+        rule.bucket_flops(shape, d.matrix_owned(count)) for rule, shape, count in d.matrix_buckets()
+    )
+    return (moved + n * 3 * pb) / shard, flops
 
 
 def communication_bytes(d: Dims, devices: int) -> tuple[float, float]:
@@ -478,14 +470,13 @@ def measure_rates(ds: list[Dims]) -> list[Rates]:
         if layers not in calls:
             calls[layers] = _model_call(pd)
         ns = []  # (measurement, matrices it times, matrices a step orthogonalises)
-        ns_dtype = torch.bfloat16 if d.ns_bf16 else torch.float32
-        for shape, count in d.muon_buckets() if d.optimizer == "muon" else []:
+        for rule, shape, count in d.matrix_buckets():  # a MATRICES rule's (Muon's) arithmetic
             n = max(1, min(count, NS_ELEMENTS // (shape[-1] * shape[-2])))
-            key = ("newton-schulz", shape, n, ns_dtype)
+            key = ("newton-schulz", shape, n, rule)
             if key not in calls:
                 mats = torch.randn(n, *shape[-2:])
-                calls[key] = lambda mats=mats, t=ns_dtype: orthogonalize(mats, 5, dtype=t)
-            ns.append((key, n, d.muon_owned(count)))
+                calls[key] = lambda mats=mats, rule=rule: rule.bucket_work(mats)
+            ns.append((key, n, d.matrix_owned(count)))
         plans.append((pd, keys, attention, layers, ns))
     calls[("bandwidth",)] = _bandwidth_call()
     calls[("launch",)] = _launch_call()

@@ -24,7 +24,9 @@ kept in the run directory for resume to stay exact; on the fly nothing but the b
 needed, and a resumed run recomputes exactly what it would have (the base is fixed).
 
 Metrics (metrics.jsonl at each log step, means over the steps since the last record, this rank's
-pairs): `reward_margin` β·Δ, `reward_accuracy` the share of pairs with Δ > 0, and the policy's
+pairs): `reward_margin` β·Δ, `reward_accuracy` the share of pairs with Δ > 0 (a tie, |Δ| within
+1e-4 of the four log-probs' summed magnitude, counts half: at step 1 the policy is the reference
+and every pair is one, so it reads 0.5), and the policy's
 `logps_chosen` / `logps_rejected`. Evaluation over the held-out pairs gives `val_loss` (DPO's),
 `val_reward_margin`, `val_reward_accuracy`, `val_logp_margin` (policy chosen - rejected
 log-prob), `val_win_rate` (the share of pairs whose chosen reply the policy rates above the
@@ -111,9 +113,14 @@ def dpo_terms(
         1 - 2 * eps
     )
     d = delta.detach()
+    # a Δ within the rounding of its four sums is a tie (the policy is still the reference at
+    # step 1, where its sign is noise): half a correct pair, as accuracy counts a coin flip
+    tie = d.abs() <= TIE_RTOL * (
+        chosen.abs() + rejected.abs() + ref_chosen.abs() + ref_rejected.abs()
+    )
     figures = {
         "reward_margin": beta * d,
-        "reward_accuracy": (d > 0).float(),
+        "reward_accuracy": torch.where(tie, 0.5, (d > 0).float()),
         "logp_margin": (chosen - rejected).detach(),
         "win_rate": (chosen > rejected).detach().float(),
         "logps_chosen": chosen.detach(),
@@ -121,6 +128,9 @@ def dpo_terms(
     }
     return per_pair.mean(), figures
 
+
+TIE_RTOL = 1e-4  # of the log-probs' magnitudes: float32 sums and bf16 autocast's kernels differ
+# below it between two forwards of the same weights
 
 TRAIN_FIGURES = ("reward_margin", "reward_accuracy", "logps_chosen", "logps_rejected")
 

@@ -40,12 +40,16 @@ from littlelm.optim.groups import group_table
 from littlelm.optim.schedule import OriginLR, OriginRamp, multiplier
 from littlelm.train.build import build_model, optimizer_for
 from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.checkpoint.save_restore import plain_tensors
 from littlelm.train.start_from import GrowConfig
 
 if TYPE_CHECKING:  # the schema composes train/'s sections, so train/ names it for types only
     from littlelm.schema import RunConfig
 
 VERIFY_RTOL = 1e-4  # of the largest logit; fp32 growth lands near 1e-6
+# weights in bf16 (train.master_weights=bf16): the parent is rounded the same way and computes
+# the same operations, so only the order of sums may differ (bf16's 8 bits: 4e-3 per rounding)
+VERIFY_RTOL_LOW = 2e-2
 
 
 def lineage_start(checkpoint: str | Path, depth: int = 16) -> dict | None:
@@ -201,7 +205,7 @@ def grow_at_start(
     assert isinstance(model, GPT), "complete_growth refuses a model whose config is not growable"
     if has_lora(model):  # a LoRA run resumed at step 0: its base is in already (its load)
         return None
-    return grow_from_parent(model, g, data.tokenizer.fingerprint, cfg)
+    return grow_from_parent(model, g, data.tokenizer.fingerprint, cfg, _key(cfg))
 
 
 def check_lora_start(cfg: RunConfig, grown: GrownFrom | None) -> None:
@@ -240,17 +244,29 @@ def base_copy(cfg: RunConfig, device: torch.device, fingerprint: str) -> torch.n
     with torch.random.fork_rng(devices=[]):  # building must not move the run's RNG
         model = build_model(cfg, device)
     assert isinstance(model, GPT), "complete_growth refuses a model whose config is not growable"
-    grow_from_parent(model, g.model_copy(update={"continue_data": False}), fingerprint)
+    grow_from_parent(
+        model, g.model_copy(update={"continue_data": False}), fingerprint, key=_key(cfg)
+    )
     model.requires_grad_(False)
     return model.eval()
 
 
+def _key(cfg: RunConfig) -> str:
+    """The section the run's start is configured in: sft (sft.base) or grow (grow.parent)."""
+    return "sft" if cfg.sft is not None else "grow"
+
+
 def grow_from_parent(
-    model: GPT, g: GrowConfig, fingerprint: str | None, run: RunConfig | None = None
+    model: GPT,
+    g: GrowConfig,
+    fingerprint: str | None,
+    run: RunConfig | None = None,
+    key: str = "grow",
 ) -> GrownFrom:
     """Copy the parent checkpoint into `model` (freshly initialised, any device). The parent's
     tokenizer must have `fingerprint` (None: not checked); with grow.continue_data, `run` (this
-    run's config) must have the parent's data section and seed."""
+    run's config) must have the parent's data section and seed; `key`, the section `g` came
+    from (named in messages)."""
     path = find_parent(g.parent)
     loaded = ckpt.load_checkpoint(path, with_optimizer=False)
     parent = parent_model_config(loaded.state, path)
@@ -266,8 +282,9 @@ def grow_from_parent(
     problems = check_growable(parent, model.cfg, layers)
     if problems:
         raise ConfigError(problems)
-    origin = grow_into(model, loaded.model, parent, layers, g.widened)
-    gap = _verify(model, parent, loaded.model, path, g.verify_tokens) if g.verify_tokens else None
+    tensors = plain_tensors(loaded)  # a LoRA run's checkpoint: its base with the adapters merged
+    origin = grow_into(model, tensors, parent, layers, g.widened)
+    gap = _verify(model, parent, tensors, path, g.verify_tokens, key) if g.verify_tokens else None
     loader = None
     if g.continue_data and run is not None:
         _check_same_data(loaded.state.get("config", {}), run, path)
@@ -281,13 +298,21 @@ def grow_from_parent(
 
 
 def _verify(
-    model: GPT, parent_cfg: GPTConfig, tensors: Mapping, path: Path, n_tokens: int
+    model: GPT, parent_cfg: GPTConfig, tensors: Mapping, path: Path, n_tokens: int, key: str
 ) -> float:
-    """Rebuild the parent next to the grown model and compare their logits on a probe."""
+    """Rebuild the parent next to the grown model and compare their logits on a probe. The
+    parent's tensors take the grown model's dtypes (train.master_weights=bf16 keeps bf16
+    weights): the copy is compared with the parent as rounded to them, so a correct copy
+    matches at any precision."""
     device = model.wte.weight.device
     with torch.random.fork_rng(devices=[]):  # building the parent must not move the run's RNG
         parent = GPT(parent_cfg)
     ckpt.load_model_tensors(parent, tensors, path)
+    dtypes = {n: t.dtype for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    low = model.wte.weight.dtype  # a tensor the grown model does not have: the weights' dtype
+    with torch.no_grad():
+        for name, t in [*parent.named_parameters(), *parent.named_buffers()]:
+            t.data = t.data.to(dtypes.get(name, low if t.is_floating_point() else t.dtype))
     parent.to(device)
     T = min(n_tokens, parent_cfg.max_seq_len, model.cfg.max_seq_len)
     gen = torch.Generator().manual_seed(0)
@@ -296,11 +321,12 @@ def _verify(
     tokens = torch.randint(0, vocab, (1, T), generator=gen)
     gap, scale = logit_gap(parent, model, tokens)
     del parent
-    if gap > VERIFY_RTOL * max(1.0, scale):
+    rtol = VERIFY_RTOL if low == torch.float32 else VERIFY_RTOL_LOW
+    if gap > rtol * max(1.0, scale):
         raise TrainingError(
             f"the grown model does not reproduce {path}: max |Δlogit| {gap:.3g} on a probe of "
-            f"{T} tokens (largest logit {scale:.3g}). This is a littlelm bug; please report it "
-            "(grow.verify_tokens: 0 skips the check)"
+            f"{T} tokens (largest logit {scale:.3g}), in {str(low).removeprefix('torch.')}. "
+            f"This is a littlelm bug; please report it ({key}.verify_tokens: 0 skips the check)"
         )
     return gap
 

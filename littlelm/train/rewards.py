@@ -9,15 +9,31 @@ prompt's reference answer (text) and returns a number; 1 means correct (what `rl
               "46" agree), else 0; a reply whose answer is not a number scores 0
 
 The model's text is only parsed (strings, numbers), never executed; a `module:function` is
-imported by name (importlib), never eval'd.
+imported by name (importlib), never eval'd. It must be one's own: a module of Python's standard
+library (`os:system`, `subprocess:run`) is refused when the config is read, and a function that
+cannot be called as function(reply, answer) when the run starts. It returns a real number (int,
+float, bool, or a numpy scalar of those).
+
+Each call has `rl.reward_timeout` seconds (a SIGALRM timer: the main thread, as training is):
+past it the run stops with the function and the reply named. SIGTERM or SIGINT during a call
+interrupts it (a hung function would otherwise never let the step end): the step is left out
+and the run saves its checkpoint and exits as on any stop (train/signals.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import inspect
 import math
+import numbers
 import re
-from collections.abc import Callable
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
 
 from littlelm.data.chat import extract
 from littlelm.errors import ConfigError, TrainingError
@@ -46,9 +62,18 @@ BUILT_IN: dict[str, Reward] = {"exact": exact, "numeric": numeric}
 
 
 def check_spec(spec: str) -> str:
-    """`spec` if it names a built-in reward or has the form module:function, else ValueError
-    (the config's validator turns it into a message)."""
-    if spec in BUILT_IN or SPEC.fullmatch(spec):
+    """`spec` if it names a built-in reward or has the form module:function of a module outside
+    the standard library, else ValueError (the config's validator turns it into a message)."""
+    if spec in BUILT_IN:
+        return spec
+    if SPEC.fullmatch(spec):
+        top = spec.split(":")[0].split(".")[0]
+        if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+            raise ValueError(
+                f"{spec!r} is a function of Python's standard library ({top}), not a reward "
+                "function: write one in your own module, my_rewards.py: def score(reply, "
+                "answer) -> float, and give rl.reward: my_rewards:score"
+            )
         return spec
     raise ValueError(
         f"{spec!r} is neither a built-in reward ({', '.join(BUILT_IN)}) nor a Python function "
@@ -76,17 +101,86 @@ def reward_function(spec: str) -> Reward:
         raise ConfigError(
             [f"rl.reward: module {module_name!r} has no function {attr!r} (reply, answer) -> float"]
         )
+    try:
+        inspect.signature(fn).bind("reply", "answer")
+    except TypeError as e:  # it would fail at its first call, mid-step
+        raise ConfigError(
+            [
+                f"rl.reward: {spec} cannot be called as {attr}(reply, answer) ({e}); a reward "
+                "function takes the reply's text and the reference answer and returns a number"
+            ]
+        ) from None
+    except ValueError:  # a C function without a signature: its first call tells
+        pass
     return fn
 
 
-def score(fn: Reward, spec: str, reply: str, answer: str) -> float:
-    """fn(reply, answer) checked to be a finite number (a bool counts as 0 or 1)."""
-    value = fn(reply, answer)
-    if isinstance(value, bool):
+class RewardTimeout(Exception):
+    pass
+
+
+class RewardStopped(Exception):
+    """SIGTERM or SIGINT arrived during a reward call: the call was interrupted."""
+
+
+def score(fn: Reward, spec: str, reply: str, answer: str, timeout: float | None = None) -> float:
+    """fn(reply, answer), within `timeout` seconds (None: no limit), checked to be a finite
+    real number (a bool counts as 0 or 1). Raises TrainingError, or RewardStopped."""
+    try:
+        with _deadline(timeout):
+            value = fn(reply, answer)
+    except RewardTimeout:
+        raise TrainingError(
+            f"rl.reward {spec!r} did not return within rl.reward_timeout = {timeout:g} s for the "
+            f"reply {reply[:80]!r}; fix the function (an endless loop, a call that waits), or "
+            "raise rl.reward_timeout"
+        ) from None
+    return checked(value, spec, reply)
+
+
+def checked(value, spec: str, reply: str) -> float:
+    """A reward function's `value` as a float: a finite real number (a bool counts as 0 or 1;
+    numpy's scalars are numbers too), else TrainingError."""
+    if isinstance(value, (bool, np.bool_)):
         return float(value)
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise TrainingError(
             f"rl.reward {spec!r} returned {value!r} for the reply {reply[:80]!r}; a reward "
             "function returns a finite number (1 = correct)"
         )
     return float(value)
+
+
+@contextlib.contextmanager
+def _deadline(timeout: float | None) -> Iterator[None]:
+    """RewardTimeout after `timeout` seconds; RewardStopped on SIGTERM/SIGINT, after the
+    handler in place (the trainer's StopSignals) has recorded the stop. Outside the main thread
+    (where signals cannot be handled) the call runs unguarded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_alarm(signum, frame):
+        raise RewardTimeout
+
+    def on_stop(signum, frame):
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)  # records the stop (a second Ctrl-C raises here)
+        raise RewardStopped(f"{signal.Signals(signum).name} received during a reward call")
+
+    old_alarm = signal.signal(signal.SIGALRM, on_alarm)
+    for sig, handler in previous.items():
+        if callable(handler):  # else the default action (end the process) already stops it
+            signal.signal(sig, on_stop)
+    if timeout is not None:
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_alarm)
+        for sig, handler in previous.items():
+            if callable(handler):
+                signal.signal(sig, handler)

@@ -55,6 +55,7 @@ from littlelm.errors import CheckpointError, DataError
 from littlelm.model.generate import sample_group
 from littlelm.model.gpt import GPT
 from littlelm.train.checkpoint import files as ckpt
+from littlelm.train.checkpoint.save_restore import plain_tensors
 from littlelm.train.rewards import reward_function, score
 
 if TYPE_CHECKING:  # for types only: train/ is below the schema's layer
@@ -109,6 +110,12 @@ def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return torch.where(std > 0, (rewards - mean) / (std + 1e-6), torch.zeros_like(rewards))
 
 
+def mean(values: torch.Tensor) -> float:
+    """The mean of `values`, finite for any finite values (1e308s sum past float64's range)."""
+    top = float(values.abs().max().clamp(min=1))
+    return float((values / top).mean()) * top
+
+
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token estimate of KL(π || π_ref) from tokens sampled from π: exp(r) - r - 1."""
     r = ref_logp - logp
@@ -145,7 +152,7 @@ class RL:
             ) from None
         with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG
             ref = GPT(self.cfg.model)
-        ckpt.load_model_tensors(ref, loaded.model, path)
+        ckpt.load_model_tensors(ref, plain_tensors(loaded), path)  # a LoRA run's: merged
         ref.requires_grad_(False)
         return ref.to(self.device).eval()
 
@@ -179,8 +186,9 @@ class RL:
             for row, n in zip(tokens.tolist(), lengths.tolist()):
                 reply = [t for t in row[:n] if t != self.fmt.end]
                 text = self.tok.decode(reply)
-                rewards.append(score(self.reward, r.reward, text, p.answer))
-            groups.append((p, tokens, lengths, torch.tensor(rewards)))
+                rewards.append(score(self.reward, r.reward, text, p.answer, r.reward_timeout))
+            # float64: a reward near float32's limit (1e38 and up) stays finite
+            groups.append((p, tokens, lengths, torch.tensor(rewards, dtype=torch.float64)))
         return groups
 
     def _logp(self, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -197,8 +205,12 @@ class RL:
         t0 = time.perf_counter()
         groups = self.sample(step)
         t1 = time.perf_counter()
-        rewards = torch.stack([g[3] for g in groups])  # (P, G)
-        adv = group_advantages(rewards).to(self.device)
+        rewards = torch.stack([g[3] for g in groups])  # (P, G), float64
+        # advantages are the same for rewards divided by a positive number: each group by its
+        # largest magnitude when above 1, so a huge reward cannot overflow its sums (rewards in
+        # [-1, 1] divide by 1 exactly); in float32 as they always were
+        scale = rewards.abs().amax(1, keepdim=True).clamp(min=1)
+        adv = group_advantages((rewards / scale).float()).to(self.device)
         total_tokens = int(sum(int(g[2].sum()) for g in groups))
         loss_sum = torch.zeros((), device=self.device)
         kl_sum = 0.0
@@ -231,7 +243,7 @@ class RL:
         t2 = time.perf_counter()
         flat_groups = float((rewards.std(1, unbiased=False) == 0).float().mean())
         figures = {
-            "reward": float(rewards.mean()),
+            "reward": mean(rewards),
             "pass1": float((rewards >= 1).float().mean()),
             "reply_tokens": total_tokens / rewards.numel(),
             "kl": kl_sum / total_tokens,

@@ -51,6 +51,13 @@ class RLConfig(Cfg):
         "function(reply, answer) -> float).",
     )
 
+    reward_timeout: float = Field(
+        10.0,
+        description="Seconds one reward call may take; past them the run stops naming the "
+        "function and the reply (SIGTERM interrupts a call at any time).",
+        gt=0,
+    )
+
     @field_validator("reward")
     @classmethod
     def _known_reward(cls, v: str) -> str:
@@ -59,7 +66,8 @@ class RLConfig(Cfg):
 
 def problems(rl: RLConfig | None, sft: bool, world_size: int | None) -> list[str]:
     """What makes an `rl:` section unusable in this run (the schema's resolve lists them): `sft`,
-    whether the run has an sft: section; `world_size`, distributed.world_size."""
+    whether the run has an sft: section; `world_size`, the processes running (torchrun's
+    WORLD_SIZE, or --nproc)."""
     if rl is None:
         return []
     out = []

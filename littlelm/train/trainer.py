@@ -46,6 +46,7 @@ from littlelm.train.distributed import Parallel
 from littlelm.train.dpo import DPOObjective
 from littlelm.train.growth import base_copy, check_lora_start, complete_growth, grow_at_start
 from littlelm.train.guard import Collapse, LossGuard, Verdict
+from littlelm.train.rewards import RewardStopped
 from littlelm.train.rl import RL
 from littlelm.train.signals import StopSignals
 from littlelm.train.step import grad_norm, micro_step, seed_everything, synchronize, update
@@ -293,6 +294,8 @@ class Trainer:
             self.log(
                 f"{e}: stopped while waiting for the next batch; step {s.step + 1} is left out"
             )
+        except RewardStopped as e:  # RL's step was sampling: no gradient yet, nothing changed
+            self.log(f"{e}: stopped while scoring replies; step {s.step + 1} is left out")
         finally:
             batches.close()
         return self._finish()

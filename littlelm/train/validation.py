@@ -37,6 +37,7 @@ def validation_metrics(
             token_bytes,
             device,
             autocast,
+            bos=data.tokenizer.bos_id,  # an end-of-turn token's loss counts in val_bpb
         )
         for label in data.sources
     }

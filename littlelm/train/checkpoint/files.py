@@ -402,9 +402,8 @@ def load_checkpoint(path: Path, with_optimizer: bool = True) -> Loaded:
 def fingerprint(path: Path) -> str:
     """What identifies checkpoint `path` cheaply: a hash of its state.json (step, tokens, data
     position, config) and of its weights' layout (the safetensors header: names, dtypes, shapes,
-    offsets) and size. A LoRA run records its base's, and refuses a base that changed; reading
-    every weight of a 3B base at each save and resume is what it avoids, so a base whose weights
-    were rewritten in place with the same layout and state.json would pass."""
+    offsets) and size. It reads no weight, so an in-place edit of the weights passes it: a LoRA
+    run records its base's weights_identity too (weights_changed checks it)."""
     h = hashlib.sha256()
     try:
         h.update((path / "state.json").read_bytes())
@@ -417,6 +416,54 @@ def fingerprint(path: Path) -> str:
     except OSError as e:
         raise CheckpointError(f"cannot read the checkpoint {path} ({e.strerror or e})") from None
     return h.hexdigest()[:16]
+
+
+# a base's weights up to this size are hashed in full at every load (well under a second);
+# larger ones when their size, mtime or inode moved since the hash was recorded
+FULL_HASH_ALWAYS = 512 * 2**20
+
+
+def weights_identity(path: Path) -> dict:
+    """What a LoRA run keeps of its base checkpoint `path`'s weights besides `fingerprint`: the
+    sha256 of model.safetensors (every byte) and the file's size, mtime and inode then."""
+    weights = path / "model.safetensors"
+    try:
+        h = hashlib.sha256()
+        with open(weights, "rb") as f:
+            while chunk := f.read(1 << 24):  # 16 MiB at a time: hashlib releases the GIL
+                h.update(chunk)
+        return {"sha256": h.hexdigest(), "stat": _stat(weights)}
+    except OSError as e:
+        raise CheckpointError(f"cannot read the checkpoint {path} ({e.strerror or e})") from None
+
+
+def weights_changed(path: Path, record: dict) -> bool | None:
+    """Whether checkpoint `path`'s weights differ from `record` (weights_identity's): hashed in
+    full when at most FULL_HASH_ALWAYS bytes or when size, mtime or inode moved; None when
+    nothing was checked (a large file whose stat is as recorded, or a record without a hash)."""
+    if "sha256" not in record:
+        return None
+    weights = path / "model.safetensors"
+    try:
+        stat = _stat(weights)
+    except OSError as e:
+        raise CheckpointError(f"cannot read the checkpoint {path} ({e.strerror or e})") from None
+    if stat[0] > FULL_HASH_ALWAYS and stat == record.get("stat"):
+        return None
+    return weights_identity(path)["sha256"] != record["sha256"]
+
+
+def weights_stat(path: Path) -> list[int]:
+    """[size, mtime_ns, inode] of checkpoint `path`'s model.safetensors."""
+    try:
+        return _stat(path / "model.safetensors")
+    except OSError as e:
+        raise CheckpointError(f"cannot read the checkpoint {path} ({e.strerror or e})") from None
+
+
+def _stat(weights: Path) -> list[int]:
+    st = weights.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
 # state.json fields resume reads, and their JSON types

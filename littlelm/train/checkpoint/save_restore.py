@@ -25,13 +25,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from littlelm.config import dump_yaml, to_tree
+import torch
+
+from littlelm.config import dump_yaml, to_tree, validate
 from littlelm.data.reshard import MakeLoader, loader_state_for
 from littlelm.errors import CheckpointError, ConfigError, RunDirError, TrainingError
-from littlelm.model.lora import LoRAConfig, add_lora, check_lora, load_trained, trained_tensors
+from littlelm.model.gpt import GPT
+from littlelm.model.grow import parent_model_config
+from littlelm.model.lora import (
+    LoRAConfig,
+    add_lora,
+    check_lora,
+    load_trained,
+    merge_lora,
+    trained_tensors,
+)
 from littlelm.optim.groups import origin_tags
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.checkpoint import resume as resuming
@@ -160,13 +172,19 @@ class Checkpointer:
         return saved
 
     def _lora_base(self) -> dict:
-        """{path, fingerprint} of a LoRA run's base: the checkpoint the run started from (a
-        resumed run's: the one its checkpoint names), fingerprinted at the first save."""
+        """{path, fingerprint, sha256, stat} of a LoRA run's base: the checkpoint the run started
+        from (a resumed run's: the one its checkpoint names), identified at the first save."""
         if self.lora_base is None:
             g = self.cfg.starts_from()
             assert g is not None, "a LoRA run starts from a checkpoint (growth.check_lora_start)"
-            path = Path(g.parent)  # complete_growth made it the exact checkpoint
-            self.lora_base = {"path": str(path), "fingerprint": ckpt.fingerprint(path)}
+            # complete_growth made it the exact checkpoint; absolute, so that every verb finds
+            # it from any directory
+            path = Path(g.parent).resolve()
+            self.lora_base = {
+                "path": str(path),
+                "fingerprint": ckpt.fingerprint(path),
+                **ckpt.weights_identity(path),
+            }
         return self.lora_base
 
     # ------------------------------------------------------------------------------------------
@@ -289,7 +307,7 @@ def load_lora(model, loaded: ckpt.Loaded, lora: LoRAConfig | None) -> dict:
     adapters of `lora` put on, then the checkpoint's trained tensors. Returns the base's record.
     Raises CheckpointError when the base is gone or changed."""
     record = loaded.state["lora_base"]
-    path, want = Path(record.get("path", "")), record.get("fingerprint")
+    path, want = base_path(loaded), record.get("fingerprint")
     if lora is None:
         raise ConfigError(
             [f"{loaded.path} is a LoRA run's checkpoint; its config's lora section is missing"]
@@ -297,26 +315,73 @@ def load_lora(model, loaded: ckpt.Loaded, lora: LoRAConfig | None) -> dict:
     try:
         found = ckpt.fingerprint(path)
     except CheckpointError:
+        relative = (
+            ""
+            if Path(record.get("path", "")).is_absolute()
+            else (
+                f" (its state.json records it relative to the directory that run started in: run "
+                f"from there, or write the absolute path into lora_base.path of "
+                f"{loaded.path / 'state.json'})"
+            )
+        )
         raise CheckpointError(
-            f"{loaded.path} holds LoRA adapters of the base {path}, which cannot be read: put "
-            "that checkpoint back where it was (a LoRA run's checkpoints keep the adapters "
+            f"{loaded.path} holds LoRA adapters of the base {path}, which cannot be read{relative}: "
+            "put that checkpoint back where it was (a LoRA run's checkpoints keep the adapters "
             "alone, the base's weights stay in the base's checkpoint)"
         ) from None
-    if found != want:
+    changed = f"fingerprint was {want}, is {found}" if found != want else None
+    if changed is None and ckpt.weights_changed(path, record):
+        changed = "its model.safetensors hashes differently, same size and header"
+    if changed:
         raise CheckpointError(
             f"{loaded.path} holds LoRA adapters of the base {path}, which changed since (its "
-            f"fingerprint was {want}, is {found}): the adapters only fit the weights they were "
-            "trained on; restore that checkpoint as it was"
+            f"{changed}): the adapters only fit the weights they were trained on; restore that "
+            "checkpoint as it was"
         )
     base = ckpt.load_checkpoint(path, with_optimizer=False)
-    ckpt.load_model_tensors(model, base.model, path)
+    ckpt.load_model_tensors(model, plain_tensors(base), path)  # a LoRA base: merged in turn
     base.model.release()
     problems = check_lora(model, lora)
     if problems:
         raise ConfigError(problems)
     add_lora(model, lora)
     load_trained(model, loaded.model, loaded.path)
-    return {"path": str(path), "fingerprint": found}
+    kept = {k: record[k] for k in ("sha256", "stat") if k in record}
+    if "sha256" in kept:  # checked above: equal; its stat now (a copy has a new mtime)
+        kept["stat"] = ckpt.weights_stat(path)
+    return {"path": str(path.resolve()), "fingerprint": found, **kept}
+
+
+def base_path(loaded: ckpt.Loaded) -> Path:
+    """The base checkpoint LoRA checkpoint `loaded` names. Runs record it absolute; an older
+    run's relative path is relative to the directory that run started in, which is known when
+    run.out_dir was relative: the checkpoint is START/out_dir/name/checkpoints/step_N."""
+    path = Path(loaded.state["lora_base"].get("path", ""))
+    if path.is_absolute() or path.exists():
+        return path
+    out_dir = Path(loaded.state.get("config", {}).get("run", {}).get("out_dir", ""))
+    parents = loaded.path.resolve().parents
+    depth = 2 + len(out_dir.parts)  # checkpoints/, the run's directory, out_dir's parts: START
+    usable = out_dir.parts and not out_dir.is_absolute() and ".." not in out_dir.parts
+    if usable and depth < len(parents) and (parents[depth] / path).exists():
+        return parents[depth] / path
+    return path
+
+
+def plain_tensors(loaded: ckpt.Loaded) -> Mapping:
+    """The plain model's tensors of a checkpoint: its own, or for a LoRA run's checkpoint
+    (adapters alone) its base's with the adapters merged in, as `load_model` reads it; so a run
+    may start from a LoRA run (sft.base, grow.parent, RL's and DPO's reference)."""
+    if "lora_base" not in loaded.state:
+        return loaded.model
+    config = loaded.state.get("config", {})
+    model = parent_model_config(loaded.state, loaded.path)
+    lora = validate(LoRAConfig, config.get("lora") or {}, source=str(loaded.path / "state.json"))
+    # the adapters go on the base's own weights (a QLoRA run's too: nf4 needs CUDA), as load_model
+    with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG
+        plain = GPT(model)
+    load_lora(plain, loaded, lora.model_copy(update={"quantize": "none"}))
+    return merge_lora(plain).state_dict()
 
 
 class Frozen:
