@@ -161,7 +161,8 @@ class TrainConfig(Cfg):
         "auto",
         description="bf16 autocast, plain fp32, or auto: bf16 where the device multiplies bf16 in "
         "hardware (CUDA from Ampere on, CPUs with AVX-512 BF16 or AMX), fp32 elsewhere (software "
-        "bf16 is ~30x slower than fp32 there; littlelm/hardware.py).",
+        "bf16 is ~30x slower than fp32 there; littlelm/hardware.py). LITTLELM_NATIVE_BF16=1 "
+        "or 0 in the environment overrides that detection.",
         # may change on resume (a run moved to other hardware): the weights, gradients and
         # optimizer state are in train.master_weights' dtype either way
         json_schema_extra=RESUMABLE,

@@ -445,6 +445,7 @@ def sft_run(tmp_path_factory):
     return root / "runs" / "sft"
 
 
+@pytest.mark.precision
 def test_non_interactive_replies_equal_greedy_generate(sft_run, capsys, monkeypatch):
     import io
 
@@ -606,6 +607,30 @@ def test_chat_refuses_a_temperature_that_cannot_sample(sft_run, capsys, value):
     args = ["chat", str(sft_run), "--prompt", "Reverse: a b", "--temperature", value]
     assert main(args) == 2
     assert "--temperature must be a finite number" in capsys.readouterr().err
+
+
+@pytest.mark.precision
+@pytest.mark.parametrize("verb", ["chat", "serve"])
+def test_chat_and_serve_answer_in_fp32_unless_asked(sft_run, monkeypatch, verb):
+    """fp32 by default, whatever the hardware: the replies the transformers and GGUF exports
+    give (bf16 changes a greedy reply now and then; benchmarks/chat_precision.py)."""
+    import inspect
+
+    import littlelm.eval.chat
+    import littlelm.eval.serve
+
+    module, name = (littlelm.eval.chat, "run") if verb == "chat" else (littlelm.eval.serve, "serve")
+    real, asked = inspect.signature(getattr(module, name)), []
+
+    def record(*args, **kwargs):  # the precision the verb hands on; nothing loads or listens
+        asked.append(real.bind(*args, **kwargs).arguments["precision"])
+        return 0
+
+    monkeypatch.setattr(module, name, record)
+    monkeypatch.setenv("LITTLELM_NATIVE_BF16", "1")  # a CPU with bf16 units: auto would be bf16
+    assert main([verb, str(sft_run)]) == 0
+    assert main([verb, str(sft_run), "--precision", "bf16"]) == 0
+    assert asked == ["fp32", "bf16"]
 
 
 def test_chat_precision_fp32_and_bf16_both_answer(sft_run, capsys):

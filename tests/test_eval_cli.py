@@ -73,8 +73,10 @@ def test_eval_subset_and_drop_shots(trained_run, task_dir, capsys):
         (None, ["--bundle", "/nonexistent/dir"], "eval directory not found"),
         ("mc.jsonl", [], "mc.jsonl:2: not valid JSON"),
         ("empty", [], "no items (the file is empty)"),
+        (None, ["--include", "my_tasks"], "--include applies only with --harness TASKS"),
+        (None, ["--num-fewshot", "0"], "for your own tasks.yaml and JSONL files use --bundle DIR"),
     ],
-    ids=["unknown-task", "missing-bundle", "malformed-line", "empty-file"],
+    ids=["unknown-task", "missing-bundle", "malformed-line", "empty-file", "include", "fewshot"],
 )
 def test_eval_user_errors(trained_run, task_dir, capsys, edit, args, expected):
     if edit == "mc.jsonl":

@@ -13,17 +13,21 @@ from littlelm.optim.optimizer import orthogonalize
 from littlelm.schema import RunConfig
 from littlelm.train.device import autocast, with_precision
 
+pytestmark = pytest.mark.precision  # .ci/run: again with bf16 forced and with fp32
+
 
 @pytest.fixture
 def cpu_flags(monkeypatch):
-    """Pretend the CPU reports `flags` (torch.cpu.get_capabilities) for one test."""
+    """Pretend the CPU reports `flags` (torch.cpu.get_capabilities) for one test, whatever
+    LITTLELM_NATIVE_BF16 the suite runs under."""
+    monkeypatch.delenv(hardware.OVERRIDE, raising=False)
 
     def set_flags(**flags):
-        hardware.native_bf16.cache_clear()
+        hardware.detected_bf16.cache_clear()
         monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: flags)
 
     yield set_flags
-    hardware.native_bf16.cache_clear()
+    hardware.detected_bf16.cache_clear()
 
 
 def test_x86_without_avx512_bf16_or_amx_is_not_native(cpu_flags):
@@ -138,3 +142,36 @@ def test_a_run_says_when_auto_chose_fp32_and_records_it(cpu_flags, tiny_config, 
     cfg = load_run(tiny_config)
     (state,) = (cfg.run_dir() / "checkpoints").glob("step_*/state.json")
     assert json.loads(state.read_text())["config"]["train"]["precision"] == "fp32"  # not auto
+
+
+@pytest.mark.parametrize(("value", "native"), [("1", True), ("0", False)])
+def test_the_environment_overrides_the_detection(cpu_flags, monkeypatch, value, native):
+    cpu_flags(architecture="x86_64", avx512_bf16=not native)  # the detection says the opposite
+    monkeypatch.setenv(hardware.OVERRIDE, value)
+    assert hardware.native_bf16("cpu") is native
+    assert hardware.native_bf16("cuda") is native  # every device: a CI run forces either path
+    assert hardware.auto_precision("auto", "cpu") == ("bf16" if native else "fp32")
+    assert with_precision(cfg(), torch.device("cpu")).train.precision == (
+        "bf16" if native else "fp32"
+    )
+    monkeypatch.setenv(hardware.OVERRIDE, "")  # empty: unset, the detection decides again
+    assert hardware.native_bf16("cpu") is not native
+
+
+def test_a_bad_override_names_the_values(cpu_flags, monkeypatch):
+    from littlelm.errors import LittleLMError
+
+    monkeypatch.setenv(hardware.OVERRIDE, "yes")
+    with pytest.raises(LittleLMError, match="LITTLELM_NATIVE_BF16='yes': set it to 1 .* or 0"):
+        hardware.native_bf16("cpu")
+
+
+def test_ci_lints_and_runs_the_precision_tests_both_ways():
+    """.ci/run checks ruff's lint and format, and reruns the `precision` tests with `auto`
+    forced to bf16 and to fp32, whatever the CI machine's CPU has."""
+    from pathlib import Path
+
+    ci = (Path(__file__).parents[1] / ".ci" / "run").read_text()
+    assert ".venv/bin/ruff check ." in ci and ".venv/bin/ruff format --check ." in ci
+    assert "for native in 1 0; do" in ci
+    assert "LITTLELM_NATIVE_BF16=$native" in ci and "-m precision" in ci

@@ -20,6 +20,8 @@ import pytest
 
 FIXTURE = Path(__file__).parent / "fixtures" / "old_runs"
 
+pytestmark = pytest.mark.precision  # .ci/run: again with bf16 forced and with fp32
+
 
 @pytest.fixture
 def old_runs(tmp_path) -> Path:
@@ -27,9 +29,14 @@ def old_runs(tmp_path) -> Path:
     return tmp_path / "old_runs"
 
 
+# the precision the fixture was written in (its checkpoints record it): `auto` would pick bf16
+# on a CPU with bf16 units, and bf16 steps differ from the fp32 ones expected.json keeps
+PINNED = ("train.precision=fp32", "optimizer.ns_dtype=fp32")
+
+
 def train(where: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "littlelm", "train", *args],
+        [sys.executable, "-m", "littlelm", "train", *args, *PINNED],
         cwd=where,
         capture_output=True,
         text=True,

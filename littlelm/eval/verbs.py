@@ -70,7 +70,7 @@ def chat(
     top_p: float | None = None,
     seed: int = 0,
     device: Device = "auto",
-    precision: Precision = "auto",
+    precision: Precision = "fp32",
 ) -> int:
     """Talk to a fine-tuned model (docs/post-training.md).
 
@@ -87,7 +87,7 @@ def chat(
         top_k: 0 = no top-k filter
         top_p: nucleus sampling: keep this share of the mass
         seed: sampling seed
-        precision: as above; fp32 gives the replies an fp32 transformers run of the export gives
+        precision: fp32 gives the replies the transformers and GGUF exports give; bf16 (or auto: the run's precision where the device computes it natively) is faster on bf16 hardware and changes a greedy reply now and then
     """
     from littlelm.eval import chat
 
@@ -113,7 +113,7 @@ def serve(
     port: int = 8000,
     api_key: Annotated[str | None, Parameter(env_var="LITTLELM_API_KEY")] = None,
     device: Device = "auto",
-    precision: Precision = "auto",
+    precision: Precision = "fp32",
     max_tokens: int = 512,
     name: str | None = None,
 ) -> int:
@@ -127,6 +127,7 @@ def serve(
         host: address to listen on (0.0.0.0: all)
         port: port to listen on
         api_key: require 'Authorization: Bearer KEY' on /v1 requests
+        precision: as chat's: fp32 answers as the exports do, bf16 or auto for speed
         max_tokens: reply length when a request gives no max_tokens
         name: the model's name in the API (default: the run's name)
     """
@@ -180,6 +181,20 @@ def eval_(
     from littlelm.eval.core import EvalOptions
     from littlelm.eval.run import parse_labels, run_eval
 
+    harness_only = {
+        "--include": include is not None,
+        "--apply-chat-template": apply_chat_template,
+        "--num-fewshot": num_fewshot is not None,
+    }
+    stray = [flag for flag, given in harness_only.items() if given]
+    if harness is None and stray:  # silently ignored, they would score other tasks than asked
+        from littlelm.errors import EvalError
+
+        raise EvalError(
+            f"{' and '.join(stray)} {'applies' if len(stray) == 1 else 'apply'} only with "
+            "--harness TASKS (lm-evaluation-harness); "
+            "for your own tasks.yaml and JSONL files use --bundle DIR"
+        )
     if chat is not None:
         from littlelm.eval.chat_eval import run_chat_eval
 

@@ -228,7 +228,9 @@ def fill_hf_dir(tmp: Path, tok, hf_tensors: dict, config: dict, arch: str, shard
     # plain generate() stops at a reply's end (chat models) or at a document's end (BOS)
     stops = stop_ids(tok)
     eos = stops if len(stops) > 1 else stops[0]
-    gen = {"bos_token_id": tok.bos_id, "eos_token_id": eos, "pad_token_id": tok.bos_id}
+    # pad: a stop id (the document's end), never a BOS that is not one: given no attention
+    # mask, generate() masks every pad id in the prompt unless pad is an eos, hiding its BOS
+    gen = {"bos_token_id": tok.bos_id, "eos_token_id": eos, "pad_token_id": stops[-1]}
     gen["do_sample"] = False
     (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
     if arch == "littlelm":
