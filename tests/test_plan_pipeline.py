@@ -43,7 +43,10 @@ def test_a_stage_whose_base_is_not_trained_is_planned_from_the_earlier_stage(sta
     assert sft_cfg.sft is not None  # still planned as a fine-tuning run
 
 
-def test_each_stage_is_priced_per_gpu_kind_and_count_and_the_totals_add_up(stages):
+def test_each_stage_is_priced_per_gpu_kind_and_count_and_the_totals_add_up(
+    stages, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))  # no other test's benches
     base, sft = stages
     cat = load_catalog()
     loaded = load_stages([str(base), str(sft)])

@@ -15,6 +15,7 @@ end; it refuses a `<run.name>-bench` it did not make, so the user's run is never
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import shutil
 import statistics
@@ -68,6 +69,9 @@ def bench_config(cfg, steps: int):
     c.train.log_every = max(c.train.log_every, 2 * steps)
     c.eval.every, c.eval.at_end = 0, False
     c.checkpoint.every, c.checkpoint.at_end = 0, False
+    # the save blocks, as the trace's step accounts: a background save's staged copy is host
+    # memory, which `plan` reports on its checkpoints line, not device memory
+    c.checkpoint.async_save = False
     c.callbacks = []
     return c
 
@@ -133,6 +137,7 @@ def _bench_in(c, steps: int, quiet: bool) -> dict:
         first.callbacks.append(timers[0])
         first.fit(stop_after=steps)  # stops early, so it saves a checkpoint
         del first
+        gc.collect()  # the objective's setting refers back to the trainer: free it before resuming
         second = Trainer(c, resume="auto", progress=progress)
         probe.adopt(second)
         second.callbacks.append(timers[1])

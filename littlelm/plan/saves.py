@@ -78,22 +78,20 @@ def checkpoint_costs(plan, write_gbs: float | None = None) -> CheckpointCosts:
 
 
 def checkpoint_line(c: CheckpointCosts) -> str:
-    """The plan's checkpoint line (rich markup)."""
+    """The plan's checkpoint line (rich markup); the bandwidths' sources are in --json and
+    docs/planning.md, so the default output stays one screen."""
     when = f"every {c.every:,} steps" if c.every else "at the end only"
     head = (
-        f"checkpoints: {c.size_bytes / 1e9:.1f} GB each, {when} ({c.saves:,} saves); at "
-        f"{c.write_gbs:g} GB/s ({c.write_source}) one takes {_dur(c.write_s)}. "
+        f"checkpoints: {c.size_bytes / 1e9:.1f} GB {when}, {_dur(c.write_s)} at "
+        f"{c.write_gbs:g} GB/s"
     )
     if c.gpu is None:
-        return head + "No GPU of the plan runs it, so no share of the run is given."
-    dollars = lambda d: "" if d is None else f", ${d:,.0f}" if d >= 100 else f", ${d:.2f}"  # noqa: E731
+        return head + ". No GPU of the plan runs it, so no share of the run is given."
+    dollars = lambda d: "" if d is None else f" ${d:,.0f}" if d >= 100 else f" ${d:.2f}"  # noqa: E731
     assert c.sync_share is not None and c.async_share is not None
     text = (
-        f"On {c.gpu}, written while training waits: {_hours(c.sync_hours)} "
-        f"({c.sync_share:.1%} of the run{dollars(c.sync_dollars)}); in the background "
-        f"(checkpoint.async_save): {_dur(c.stage_s)} per save, {_hours(c.async_hours)} "
-        f"({c.async_share:.2%}{dollars(c.async_dollars)}; {STAGE_SOURCE}), and "
-        f"{c.host_bytes / GIB:.1f} GiB of host RAM on rank 0's node for the staged copy"
+        f"; {c.gpu}: blocking {c.sync_share:.1%}{dollars(c.sync_dollars)}, background "
+        f"{c.async_share:.2%}{dollars(c.async_dollars)}, {c.host_bytes / GIB:.1f} GiB host RAM"
     )
     if c.skipped and c.step_s:
         text += (
