@@ -98,7 +98,8 @@ def test_fsdp_plan_shows_per_gpu_memory(tiny_config):
     assert "memory per GPU (fsdp, 8 GPUs)" in out.getvalue()
 
 
-def test_default_plan_output_fits_one_screen(capsys):
+def test_default_plan_output_fits_one_screen(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("LITTLELM_CACHE", str(tmp_path / "cache"))  # no other test's benches
     assert main(["plan", "configs/plans/3b_grow.yaml", "--no-trace"]) == 0
     out = capsys.readouterr().out
     assert len(out.splitlines()) <= 40
