@@ -228,7 +228,7 @@ class AdamWRule(GroupRule):
             helper.param_groups, helper.state = groups, opt.state
             helper.step()
         else:
-            opt.step_elementwise(groups, self.update)
+            super().step_groups(opt, groups)
 
     def update(
         self,
