@@ -53,9 +53,7 @@ def release(flag):
 
     def go(trainer):
         flag.unlink()
-        deadline = time.monotonic() + 60
-        while trainer.saves.writer.busy is not None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        written(trainer)
 
     return go
 
@@ -133,10 +131,17 @@ def failing_once(monkeypatch):
     monkeypatch.setattr(ckpt, "save_file", save_file)
 
 
+def written(trainer):
+    """Wait for the save in flight (the next save is then taken, not skipped)."""
+    deadline = time.monotonic() + 60
+    while trainer.saves.writer.busy is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_a_failed_background_write_goes_on_under_continue(tmp_path, corpus, monkeypatch):
     _, cfg = run_cfg(tmp_path, corpus, "cont", 6, 2, async_save=True, on_save_error="continue")
     failing_once(monkeypatch)
-    final = Trainer(cfg, resume="never").fit()
+    final = Trainer(cfg, resume="never", callbacks=(At(3, written),)).fit()
     assert final["finished"] and final["save_failures"] == 1
     found = [d.name for d in ckpt.list_checkpoints(cfg.run_dir() / "checkpoints")]
     assert found == ["step_000004", "step_000006"]

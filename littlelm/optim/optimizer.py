@@ -227,8 +227,8 @@ class AdamWRule(GroupRule):
             helper = opt.helpers[self.kind]
             helper.param_groups, helper.state = groups, opt.state
             helper.step()
-        else:
-            super().step_groups(opt, groups)
+        else:  # GroupRule's default, called here: one step crosses the files docs/architecture.md lists
+            opt.step_elementwise(groups, self.update)
 
     def update(
         self,
