@@ -43,6 +43,7 @@ from pydantic import Field
 
 from littlelm.config import RESUMABLE
 from littlelm.data.chat import chat_format
+from littlelm.data.loader import IGNORE
 from littlelm.data.preference import pair_rows, pairs_of
 from littlelm.train.objective import ObjectiveConfig, Setting
 from littlelm.train.step import LanguageModelLoss
@@ -64,6 +65,19 @@ class DPOConfig(ObjectiveConfig):
         "loss_type robust); 0 = plain DPO. Below 0.5.",
         ge=0,
         lt=0.5,
+    )
+    loss: Literal["sigmoid", "ipo"] = Field(
+        "sigmoid",
+        description="The preference loss: sigmoid = DPO's -log σ(βΔ) (robust DPO with "
+        "label_smoothing); ipo = IPO's (Δ/token - 1/(2β))², Δ per reply token as TRL's "
+        "loss_type ipo (β is IPO's τ).",
+    )
+    rpo_alpha: float = Field(
+        0.0,
+        description="α: the weight of an SFT term on the chosen replies added to the loss (their "
+        "mean negative log-likelihood per token, TRL's rpo_alpha); keeps the chosen reply likely "
+        "while the margin grows. 0 = none.",
+        ge=0,
     )
     reference: Literal["live"] = Field(
         "live",
@@ -91,6 +105,11 @@ def dpo_problems(dpo: DPOConfig | None, sft: bool, sources: dict[str, str]) -> l
             "dpo: needs sft: {base: RUN}, the SFT'd model to tune, which is also the reference; "
             "set sft.base"
         )
+    if dpo.loss == "ipo" and dpo.label_smoothing:
+        problems.append(
+            "dpo.label_smoothing is robust DPO's, a form of the sigmoid loss; the ipo loss has "
+            "none (nor has TRL's): set dpo.label_smoothing=0, or dpo.loss=sigmoid"
+        )
     if len(prefs) != 1 or len(sources) != 1:
         problems.append(
             f"dpo: needs exactly one data source, a preference source (name: preference); this "
@@ -105,18 +124,37 @@ def sequence_logps(forward, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return -forward(x, y, "none").sum(-1)
 
 
+def reply_tokens(y: torch.Tensor) -> torch.Tensor:
+    """(rows,) how many targets of each row the loss counts (its reply's tokens)."""
+    return (y != IGNORE).sum(-1)
+
+
 def dpo_terms(
-    logps: torch.Tensor, ref_logps: torch.Tensor, beta: float, label_smoothing: float
+    logps: torch.Tensor, ref_logps: torch.Tensor, tokens: torch.Tensor, cfg: DPOConfig
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The mean DPO loss over pairs and per-pair figures, from (2·B,) log-probs of the policy and
-    the reference laid out as B chosen rows then their B rejected rows."""
+    """The micro-batch's loss and per-pair figures, from (2·B,) log-probs of the policy and the
+    reference and the reply tokens of each row, laid out as B chosen rows then their B rejected
+    rows: the mean over pairs of the preference loss (`cfg.loss`), plus `cfg.rpo_alpha` times
+    the chosen replies' negative log-likelihood per token."""
     chosen, rejected = logps.float().chunk(2)
     ref_chosen, ref_rejected = ref_logps.float().chunk(2)
+    n_chosen, n_rejected = tokens.float().clamp(min=1).chunk(2)
     delta = (chosen - ref_chosen) - (rejected - ref_rejected)
-    eps = label_smoothing
-    per_pair = (-(1 - eps) * F.logsigmoid(beta * delta) + eps * F.logsigmoid(-beta * delta)) / (
-        1 - 2 * eps
-    )
+    beta, eps = cfg.beta, cfg.label_smoothing
+    if cfg.loss == "ipo":
+        # IPO's squared loss on the log-ratio per reply token (TRL's normalisation, so β means the
+        # same whatever the replies' lengths)
+        per_token = (chosen - ref_chosen) / n_chosen - (rejected - ref_rejected) / n_rejected
+        per_pair = (per_token - 1 / (2 * beta)) ** 2
+    else:
+        per_pair = (
+            -(1 - eps) * F.logsigmoid(beta * delta) + eps * F.logsigmoid(-beta * delta)
+        ) / (1 - 2 * eps)
+    loss = per_pair.mean()
+    if cfg.rpo_alpha:
+        # the NLL of every chosen token of the micro-batch, one mean over all of them (TRL's
+        # token mean, not a mean of per-pair means)
+        loss = loss + cfg.rpo_alpha * (-chosen.sum() / n_chosen.sum())
     d = delta.detach()
     # a Δ within the rounding of its four sums is a tie (the policy is still the reference at
     # step 1, where its sign is noise): half a correct pair, as accuracy counts a coin flip
@@ -130,14 +168,23 @@ def dpo_terms(
         "win_rate": (chosen > rejected).detach().float(),
         "logps_chosen": chosen.detach(),
         "logps_rejected": rejected.detach(),
+        "logratio_chosen": (chosen - ref_chosen).detach(),
+        "tokens_chosen": n_chosen,
     }
-    return per_pair.mean(), figures
+    return loss, figures
 
 
 TIE_RTOL = 1e-4  # of the log-probs' magnitudes: float32 sums and bf16 autocast's kernels differ
 # below it between two forwards of the same weights
 
-TRAIN_FIGURES = ("reward_margin", "reward_accuracy", "logps_chosen", "logps_rejected")
+TRAIN_FIGURES = (
+    "reward_margin",
+    "reward_accuracy",
+    "logps_chosen",
+    "logps_rejected",
+    "logratio_chosen",
+    "tokens_chosen",
+)
 
 
 class DPOObjective(LanguageModelLoss):
@@ -160,7 +207,7 @@ class DPOObjective(LanguageModelLoss):
         logps = sequence_logps(forward, x, y)
         with torch.no_grad():
             ref = sequence_logps(self.reference, x, y)
-        loss, figures = dpo_terms(logps, ref, self.cfg.beta, self.cfg.label_smoothing)
+        loss, figures = dpo_terms(logps, ref, reply_tokens(y), self.cfg)
         for k in TRAIN_FIGURES:  # summed on the device: no host sync in the step
             s = figures[k].sum()
             self._sums[k] = self._sums[k] + s if k in self._sums else s
@@ -195,7 +242,7 @@ class DPOObjective(LanguageModelLoss):
                 with st.autocast:
                     logps = sequence_logps(model, x, y)
                     ref = sequence_logps(self.reference, x, y)
-                loss, figures = dpo_terms(logps, ref, self.cfg.beta, self.cfg.label_smoothing)
+                loss, figures = dpo_terms(logps, ref, reply_tokens(y), self.cfg)
                 losses += float(loss) * (len(x) // 2)
                 for k, v in figures.items():
                     sums[k] = sums.get(k, 0.0) + float(v.sum())
