@@ -12,8 +12,12 @@ label_smoothing, the loss of a pair is
 
 which is DPO's -log σ(βΔ) at ε = 0 and, above, the robust DPO of Chowdhury et al. (2024), the
 form TRL's DPOTrainer gives label smoothing (its `loss_type: robust`; its `sigmoid` ignores
-label_smoothing). The loss of a micro-batch is the mean over its pairs, as in TRL; a test runs
-TRL's own loss code on our exported model and compares loss and gradients (tests/test_dpo.py).
+label_smoothing). `loss: ipo` is IPO's (h - 1/(2β))² instead, h being Δ with each reply's
+log-ratio divided by its reply tokens (TRL's normalisation). The loss of a micro-batch is the mean
+over its pairs, as in TRL, plus `rpo_alpha` times the chosen replies' negative log-likelihood per
+token (one mean over the micro-batch's chosen tokens: TRL 1.x's loss_type "sft" at weight α); a
+test runs TRL's own loss code on our exported model and compares loss and gradients
+(tests/test_dpo.py).
 
 The reference is the base model itself (its checkpoint, read again at start and on resume, in the
 run's precision) and its log-probs are computed on the fly, in the same step, without gradients:
@@ -26,11 +30,19 @@ needed, and a resumed run recomputes exactly what it would have (the base is fix
 Metrics (metrics.jsonl at each log step, means over the steps since the last record, this rank's
 pairs): `reward_margin` β·Δ, `reward_accuracy` the share of pairs with Δ > 0 (a tie, |Δ| within
 1e-4 of the four log-probs' summed magnitude, counts half: at step 1 the policy is the reference
-and every pair is one, so it reads 0.5), and the policy's
-`logps_chosen` / `logps_rejected`. Evaluation over the held-out pairs gives `val_loss` (DPO's),
+and every pair is one, so it reads 0.5), the policy's `logps_chosen` / `logps_rejected`,
+`logratio_chosen` (policy - reference log-prob of the chosen reply) and `tokens_chosen` (its
+reply tokens). Evaluation over the held-out pairs gives `val_loss` (DPO's),
 `val_reward_margin`, `val_reward_accuracy`, `val_logp_margin` (policy chosen - rejected
 log-prob), `val_win_rate` (the share of pairs whose chosen reply the policy rates above the
-rejected one), `val_logps_chosen`, `val_logps_rejected` and `val_pairs`.
+rejected one), `val_logps_chosen`, `val_logps_rejected`, `val_logratio_chosen`,
+`val_tokens_chosen` and `val_pairs`.
+
+The warning (`over_optimising`, on the console and in `littlelm report`): a record whose chosen
+replies fell more than CHOSEN_DROP nats per reply token below the reference while the reward
+margin is positive. DPO can raise the margin by making both replies unlikely; then the chosen
+reply stops being what greedy decoding produces and replies break, which the margin and the win
+rate do not show.
 """
 
 from __future__ import annotations
@@ -45,7 +57,7 @@ from littlelm.config import RESUMABLE
 from littlelm.data.chat import chat_format
 from littlelm.data.loader import IGNORE
 from littlelm.data.preference import pair_rows, pairs_of
-from littlelm.train.objective import ObjectiveConfig, Setting
+from littlelm.train.objective import ObjectiveConfig, ObjectiveWarning, Setting
 from littlelm.train.step import LanguageModelLoss
 
 
@@ -147,9 +159,9 @@ def dpo_terms(
         per_token = (chosen - ref_chosen) / n_chosen - (rejected - ref_rejected) / n_rejected
         per_pair = (per_token - 1 / (2 * beta)) ** 2
     else:
-        per_pair = (
-            -(1 - eps) * F.logsigmoid(beta * delta) + eps * F.logsigmoid(-beta * delta)
-        ) / (1 - 2 * eps)
+        per_pair = (-(1 - eps) * F.logsigmoid(beta * delta) + eps * F.logsigmoid(-beta * delta)) / (
+            1 - 2 * eps
+        )
     loss = per_pair.mean()
     if cfg.rpo_alpha:
         # the NLL of every chosen token of the micro-batch, one mean over all of them (TRL's
@@ -259,6 +271,42 @@ class DPOObjective(LanguageModelLoss):
 
     def validation_line(self, m: dict) -> str:
         return validation_line(m)
+
+    def warning(self, m: dict) -> ObjectiveWarning | None:
+        return over_optimising(m, "val_" if "val_pairs" in m else "")
+
+
+# nats per reply token: the chosen reply's tokens at 0.78× their reference probability. Measured
+# (docs/post-training.md): healthy runs stayed within 0.08, runs that lost exact match reached 0.5+
+CHOSEN_DROP = 0.25
+
+
+def chosen_drop(m: dict, prefix: str = "") -> float | None:
+    """How far the chosen replies fell below the reference in record `m`: minus their mean
+    log-ratio to the reference per reply token (nats/token; None when `m` has no DPO figures)."""
+    ratio, tokens = m.get(prefix + "logratio_chosen"), m.get(prefix + "tokens_chosen")
+    if not isinstance(ratio, float | int) or not isinstance(tokens, float | int) or tokens <= 0:
+        return None
+    return -ratio / tokens
+
+
+def over_optimising(m: dict, prefix: str = "") -> ObjectiveWarning | None:
+    """The warning for record `m` (`prefix` "val_" for an evaluation's) when the chosen replies
+    fell more than CHOSEN_DROP nats per token below the reference while the reward margin rose:
+    the preference is learnt by making both replies unlikely, the failure in which greedy
+    replies turn to junk (docs/post-training.md). None otherwise."""
+    drop, margin = chosen_drop(m, prefix), m.get(prefix + "reward_margin")
+    if drop is None or not isinstance(margin, float | int):
+        return None
+    if not (margin > 0 and drop > CHOSEN_DROP):
+        return None
+    return ObjectiveWarning(
+        f"chosen replies {drop:.2f} nats/token below the reference while the margin rises",
+        f"the chosen reply's log-prob is {m[prefix + 'logratio_chosen']:+.2f} against the "
+        f"reference's (more than {CHOSEN_DROP} nats/token down) with a reward margin of "
+        f"{margin:.3f}: DPO is making both replies unlikely, and greedy replies may break. "
+        "Lower optimizer.lr or set dpo.rpo_alpha (docs/post-training.md, Preference tuning)",
+    )
 
 
 def validation_line(m: dict) -> str:

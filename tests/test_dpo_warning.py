@@ -1,0 +1,93 @@
+"""DPO's over-optimisation warning (train/dpo.py: the chosen replies falling below the reference
+while the reward margin rises): the rule on records, and a run made to fail that way (a high lr)
+warning on the console's progress line and in `littlelm report`, where a healthy run does not."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from conftest import write_config
+from littlelm.console import Console
+from littlelm.progress import Progress
+from littlelm.report import write_report
+from littlelm.schema import load_run
+from littlelm.train.dpo import CHOSEN_DROP, chosen_drop, over_optimising
+from littlelm.train.trainer import Trainer
+from test_dpo import dpo_tree, records, reversal_pairs, write_jsonl
+
+
+def test_the_rule_is_chosen_down_per_token_while_the_margin_rises():
+    # 4 reply tokens: 0.25 nats/token is a log-ratio of -1
+    fell = {"logratio_chosen": -1.2, "tokens_chosen": 4.0, "reward_margin": 0.3}
+    assert chosen_drop(fell) == pytest.approx(0.3)
+    w = over_optimising(fell)
+    assert w is not None and "0.30 nats/token" in w.what and "-1.20" in w.advice
+    assert "optimizer.lr" in w.advice and "dpo.rpo_alpha" in w.advice
+    assert over_optimising({**fell, "logratio_chosen": -0.8}) is None  # 0.2 nats/token
+    assert over_optimising({**fell, "reward_margin": -0.1}) is None  # the margin did not rise
+    assert over_optimising({**fell, "tokens_chosen": 20.0}) is None  # a long reply: 0.06/token
+    assert over_optimising({"loss": 1.0}) is None  # not a DPO record
+    held_out = {f"val_{k}": v for k, v in fell.items()}
+    assert over_optimising(held_out) is None and over_optimising(held_out, "val_") is not None
+    assert CHOSEN_DROP == 0.25
+
+
+SFT_STEPS = 60
+
+
+@pytest.fixture(scope="module")
+def dpo_runs(tmp_path_factory):
+    """Two DPO runs from the same SFT model on the same pairs: one at lr 1e-5 (healthy) and one
+    at a lr 3,000 times higher (made to fail: the chosen replies collapse with the rejected
+    ones). The SFT model has learnt the task the pairs' chosen replies answer (reversal), so
+    they are likely already and DPO can only raise the margin by pushing replies down."""
+    from test_chat import sft_trees
+
+    tmp = tmp_path_factory.mktemp("dpo_warning")
+    _, sft = sft_trees(tmp)
+    sft["train"].update(max_steps=SFT_STEPS, log_every=10)
+    sft["eval"] = {"every": 0, "at_end": False}
+    sft["checkpoint"] = {"every": 0}
+    Trainer(load_run(write_config(tmp / "sft.yaml", sft)), resume="never").fit()
+    base = tmp / "runs" / "sft"
+    pairs = write_jsonl(tmp / "pairs.jsonl", reversal_pairs(80))
+    out = {}
+    for name, lr in (("healthy", 1e-5), ("broken", 3e-2)):
+        tree = dpo_tree(tmp, base, sft["model"], pairs)
+        tree["run"]["name"] = name
+        tree["optimizer"]["lr"] = lr
+        tree["schedule"] = {"name": "constant", "warmup_steps": 0}
+        tree["train"].update(max_steps=8, log_every=2)
+        tree["eval"] = {"every": 4}
+        cfg = load_run(write_config(tmp / f"{name}.yaml", tree))
+        text = io.StringIO()
+        Trainer(cfg, resume="never", progress=Progress(text), callbacks=(Console(),)).fit()
+        out[name] = (cfg.run_dir(), text.getvalue())
+    return out
+
+
+def test_a_run_made_to_fail_warns_on_the_console_and_in_the_report(dpo_runs, tmp_path):
+    run_dir, text = dpo_runs["broken"]
+    logged = [r for r in records(run_dir) if "loss" in r]
+    fired = [r["step"] for r in logged if over_optimising(r)]
+    assert fired
+    said = f"warning at step {fired[0]}: chosen replies "
+    assert said in text and "while the margin rises: the chosen reply's log-prob is" in text
+    assert text.count("warning at step") == 1  # said in full once ...
+    progress = [line for line in text.splitlines() if line.startswith("step ")]
+    tagged = [line for line in progress if "| warning: chosen replies" in line]
+    assert len(tagged) == len(fired)  # ... and on each progress line while it holds
+    report = write_report([run_dir], tmp_path / "rep").read_text()
+    assert f"WARNING (training pairs, {len(fired)} record(s), at step {fired[0]}" in report
+    assert "dpo.rpo_alpha" in report
+
+
+def test_a_healthy_run_does_not_warn(dpo_runs, tmp_path):
+    run_dir, text = dpo_runs["healthy"]
+    logged = [r for r in records(run_dir) if "loss" in r]
+    assert logged and all(chosen_drop(r) < CHOSEN_DROP for r in logged)
+    assert "warning at step" not in text and "| warning:" not in text
+    assert "warning on the held-out data" not in text
+    assert "WARNING" not in write_report([run_dir], tmp_path / "rep").read_text()
