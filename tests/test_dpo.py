@@ -177,12 +177,12 @@ LLAMA = dict(
 @pytest.mark.parametrize(
     ("seed", "dpo", "shape"),
     [
-        (1, {"beta": 0.1}, "llama"),
-        (2, {"beta": 0.5}, "llama"),
-        (1, {"beta": 0.3, "label_smoothing": 0.2}, "llama"),
-        (3, {"beta": 0.1}, "default"),
-        (4, {"beta": 0.1, "loss": "ipo"}, "llama"),
-        (5, {"beta": 0.5, "loss": "ipo"}, "default"),
+        (1, {"beta": 0.1, "rpo_alpha": 0}, "llama"),
+        (2, {"beta": 0.5, "rpo_alpha": 0}, "llama"),
+        (1, {"beta": 0.3, "label_smoothing": 0.2, "rpo_alpha": 0}, "llama"),
+        (3, {"beta": 0.1, "rpo_alpha": 0}, "default"),
+        (4, {"beta": 0.1, "loss": "ipo", "rpo_alpha": 0}, "llama"),
+        (5, {"beta": 0.5, "loss": "ipo", "rpo_alpha": 0}, "default"),
         (6, {"beta": 0.1, "rpo_alpha": 1.0}, "llama"),
         (7, {"beta": 0.2, "rpo_alpha": 0.5}, "default"),
         (8, {"beta": 0.3, "label_smoothing": 0.1, "rpo_alpha": 2.0}, "llama"),
@@ -301,6 +301,12 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
+def first_loss(record: dict, alpha: float) -> float:
+    """The loss of a first step (one micro-batch), where the policy is the reference: log 2 and
+    α times the chosen replies' NLL per token (summed log-probs over summed tokens)."""
+    return np.log(2) - alpha * record["logps_chosen"] / record["tokens_chosen"]
+
+
 def test_dpo_run_trains_reports_and_resumes_bitwise(tmp_path):
     from test_chat import sft_trees
 
@@ -311,7 +317,9 @@ def test_dpo_run_trains_reports_and_resumes_bitwise(tmp_path):
     trainer = Trainer(straight, resume="never")
     t = trainer  # the held-out figures before the first step (no record written)
     before = t.objective.validate()  # the base model: the reference itself, so no margin yet
-    assert before["val_reward_margin"] == 0 and before["val_loss"] == pytest.approx(np.log(2))
+    alpha = straight.dpo.rpo_alpha  # the default's SFT term on the chosen replies
+    assert alpha > 0  # the default adds it: its NLL comes on top of log 2
+    assert before["val_reward_margin"] == 0 and before["val_loss"] > np.log(2)
     result = trainer.fit()
     assert result["finished"]
     steps = [r for r in records(straight.run_dir()) if "loss" in r]
@@ -319,7 +327,8 @@ def test_dpo_run_trains_reports_and_resumes_bitwise(tmp_path):
     for r in steps:
         assert {"reward_margin", "reward_accuracy", "logps_chosen", "logps_rejected"} <= set(r)
         assert r["logps_chosen"] < 0 and r["logps_rejected"] < 0
-    assert steps[0]["loss"] == pytest.approx(np.log(2), abs=1e-6)  # policy = reference at first
+    # policy = reference at first: DPO's log 2, plus α times the chosen replies' NLL per token
+    assert steps[0]["loss"] == pytest.approx(first_loss(steps[0], alpha), abs=1e-5)
     assert steps[0]["reward_accuracy"] == 0.5  # so every pair is a tie, counted half
     evals = [r for r in records(straight.run_dir()) if "val_pairs" in r]
     assert evals and evals[-1]["val_reward_margin"] > 0  # the held-out pairs moved apart
@@ -357,7 +366,8 @@ def test_dpo_on_an_imported_chatml_model(tmp_path):
     assert all(row[row != IGNORE].tolist()[-1] == end for row in y)
     assert trainer.fit()["finished"]
     steps = [r for r in records(run.run_dir()) if "loss" in r]
-    assert steps[0]["loss"] == pytest.approx(np.log(2), abs=1e-6)  # the reference is the base
+    # the reference is the base
+    assert steps[0]["loss"] == pytest.approx(first_loss(steps[0], run.dpo.rpo_alpha), abs=1e-5)
     assert len(steps) == 6 and all(np.isfinite(r["loss"]) for r in steps)
     assert steps[-1]["reward_margin"] != 0  # the policy moved away from the reference
 

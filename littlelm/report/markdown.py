@@ -274,20 +274,21 @@ def cell(value) -> str:
 def warning_notes(run: RunData) -> list[str]:
     """The warnings the run's console gave, from its records: DPO's chosen replies falling while
     the margin rises (train/dpo.py), at which steps, and the first in full."""
-    from littlelm.train.dpo import over_optimising
+    from littlelm.train.dpo import CHOSEN_DROP, over_optimising
 
+    cfg = run.run_config
+    limit = cfg.dpo.warn_chosen_drop if cfg is not None and cfg.dpo is not None else CHOSEN_DROP
     notes = []
     for kind, prefix, where in (("train", "", "training"), ("eval", "val_", "held-out")):
         hits = [
             (r.get("step"), w)
             for r in run.records.get(kind, [])
-            if (w := over_optimising(r, prefix)) is not None
+            if (w := over_optimising(r, prefix, limit)) is not None
         ]
         if hits:
             steps = ", ".join(str(s) for s, _ in hits[:8]) + (" ..." if len(hits) > 8 else "")
             notes.append(
-                f"WARNING ({where} pairs, {len(hits)} record(s), at step {steps}): "
-                f"{hits[0][1]}"
+                f"WARNING ({where} pairs, {len(hits)} record(s), at step {steps}): {hits[0][1]}"
             )
     return notes
 
