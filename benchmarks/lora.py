@@ -197,7 +197,9 @@ def print_table(rows: list, steps: int) -> None:
         loss, acc = (statistics.fmean(v) for v in zip(*vals, strict=True))
         full = statistics.fmean(a for _, a in groups[task, "full SFT"])
         ratio = acc / full if full else float("nan")
-        print(f"{task:<14}{'mean':>6}  {name:<36}{'':>12}{loss:>10.4f}{acc:>13.3f}{share(ratio):>9}")
+        print(
+            f"{task:<14}{'mean':>6}  {name:<36}{'':>12}{loss:>10.4f}{acc:>13.3f}{share(ratio):>9}"
+        )
 
 
 def share(ratio: float) -> str:
