@@ -12,13 +12,14 @@ train sft_demo` runs it, at `--steps` and each `--seeds` seed; a `--task` direct
 post_tasks.py writes) swaps in its sft.jsonl as the data and its tasks/ as the held-out set.
 Each task and seed trains full SFT (the config's Muon) and one LoRA run per `--lora`: a
 comma-separated list of `lora:` keys over littlelm's defaults (the empty string: the defaults
-alone, the default). A run is trained unless its directory (runs/bench-lora-TASK-sSEED-VARIANT,
-VARIANT naming the resolved rank, alpha, lr and targets, so a changed default trains anew) holds
-a finished run, and resumes when one was stopped (SIGTERM saves: run the benchmark in pieces);
+alone, the default). A run is trained unless its directory holds a finished run
+(runs/bench-lora-TASK-N-sSEED-VARIANT-STEPS: N the task's conversations, VARIANT `full` or the
+resolved rank, alpha, lr, targets and any other key off its default, so a changed default
+trains anew), and resumes when one was stopped (SIGTERM saves: run the benchmark in pieces);
 its held-out score, `littlelm eval RUN --chat TASK/tasks` (greedy), is kept in the run
 directory once measured. Val loss is the masked loss on the held-out 2% of the conversations
 at the end. Run from the repository root. Prints one table, with each variant's mean over the
-seeds.
+seeds (its share of full SFT: the ratio of the mean exact matches).
 """
 
 from __future__ import annotations
