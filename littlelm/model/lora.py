@@ -73,7 +73,7 @@ class LoRAConfig(Cfg):
         "(QLoRA: 4-bit NormalFloat).",
     )
     lr: float = Field(
-        1e-3,
+        3e-3,  # 1e-3 left held-out tasks undertrained, 1e-2 diverged (docs/post-training.md)
         description="AdamW learning rate of the adapters, in either optimizer (the "
         "optimizer section's betas and eps; no width scaling, no weight decay); the schedule "
         "moves it like every lr.",
