@@ -34,9 +34,10 @@ reference), and again at its end. Figures over the held-out pairs:
 `--task DIR`, a task benchmarks/post_tasks.py wrote (DIR/sft.jsonl, prefs.jsonl, tasks/): does
 DPO raise the preference without breaking the model, at each lr, with and without rpo_alpha?
 1. SFT from the trained base `--base` (its shape and tokenizer; sft_demo's optimizer, rows of
-   64 tokens), `--sft-steps` steps on DIR/sft.jsonl: OUT/TASK/sft-TASK.
+   64 tokens), `--sft-steps` steps on DIR/sft.jsonl: OUT/TASK/sft-TASK-Nsteps.
 2. For each lr of `--lrs`, rpo_alpha of `--rpo` and seed of `--seeds` (run.seed: the pairs'
-   order), DPO from it on DIR/prefs.jsonl, `--dpo-steps` steps (AdamW, β `--beta`, `--loss`).
+   order), DPO from it on DIR/prefs.jsonl, `--dpo-steps` steps (AdamW, β `--beta`, `--loss`),
+   OUT/TASK/dpo-after... named by every value it trains with.
 3. Each model, the SFT one included, scored on the held-out questions (DIR/tasks, in no
    training file): exact match (`littlelm eval RUN --chat DIR/tasks`, greedy), win rate (the
    right answer against a near miss made as post_tasks.py makes them, by summed log-prob) and
@@ -200,7 +201,7 @@ def main() -> None:
 def post_task_sft_tree(base: Path, task: Path, out: Path, steps: int) -> dict:
     """SFT of the base on the task's conversations (sft_demo's settings, shorter rows)."""
     return {
-        "run": {"name": f"sft-{task.name}", "out_dir": str(out), "seed": 1, "device": "cpu"},
+        "run": {"name": sft_name(task, steps), "out_dir": str(out), "seed": 1, "device": "cpu"},
         "model": base_model(base),
         "data": {
             "tokenizer": {"name": "saved", "path": str(base)},
@@ -240,6 +241,19 @@ def post_task_dpo_tree(sft: Path, task: Path, out: Path, name: str, v: dict, arg
         "eval": {"every": 0, "at_end": True},
         "checkpoint": {"every": 0},
     }
+
+
+def sft_name(task: Path, steps: int) -> str:
+    return f"sft-{task.name}-{steps}steps"
+
+
+def dpo_name(args, v: dict) -> str:
+    """A DPO run's directory, named by every value it trains with (a changed setting trains a
+    new run rather than reusing one measured with another)."""
+    return (
+        f"dpo-after{args.sft_steps}-{args.loss}-beta{args.beta:g}-lr{v['lr']:g}-rpo{v['rpo']:g}"
+        f"-{args.dpo_steps}steps-s{v['seed']}"
+    )
 
 
 def base_model(run_dir: Path) -> dict:
@@ -325,15 +339,16 @@ def post_task(args) -> int:
     the held-out questions; at most `--limit` new runs per call, the table of those done."""
     task, base = Path(args.task).resolve(), Path(args.base).resolve()
     out = Path(args.out).resolve() / task.name
+    problems = []
     if not (task / "prefs.jsonl").is_file() or not (task / "tasks").is_dir():
-        print(
-            f"{task} is not a task benchmarks/post_tasks.py wrote (prefs.jsonl, tasks/); "
-            "run python benchmarks/post_tasks.py first",
-            file=sys.stderr,
+        problems.append(
+            f"{task} is not a task benchmarks/post_tasks.py wrote (no prefs.jsonl or tasks/): "
+            f"run python benchmarks/post_tasks.py --out {task.parent}"
         )
-        return 2
     if not (base / "config.yaml").is_file():
-        print(f"no base run at {base}: give --base RUN (littlelm train demo)", file=sys.stderr)
+        problems.append(f"no base run at {base}: train one (littlelm train demo) or give --base")
+    if problems:
+        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
     left = args.limit
@@ -353,7 +368,7 @@ def post_task(args) -> int:
     ]
     pending = 0
     for v in variants:
-        name = f"dpo-{args.loss}-lr{v['lr']:g}-rpo{v['rpo']:g}-s{v['seed']}"
+        name = dpo_name(args, v)
         run_dir = out / name
         if not (finished(run_dir) and (run_dir / "bench_heldout.json").is_file()):
             if left <= 0:
