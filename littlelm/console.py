@@ -39,6 +39,7 @@ class Console(Callback):
         assert isinstance(trainer, Trainer), "the console is the CLI's, for a Trainer"
         self.progress: Progress = trainer.progress
         self.first = FirstSteps(trainer.step, trainer.cfg.train.log_every)
+        self.warned = False  # the objective's warning said in full once, then tagged on the line
         self.summary(trainer)
         opening = trainer.budget.opening()
         if opening:
@@ -61,13 +62,20 @@ class Console(Callback):
             assert trainer.last_loss is not None
             self.first.show(self.progress, step, trainer.max_steps, trainer.last_loss.item())
         if "loss" in m:  # a log step
-            line = {**m, "budget": budget.describe()}
+            warning = trainer.objective.warning(m)
+            if warning and not self.warned:
+                self.say(f"warning at step {step}: {warning}")
+                self.warned = True
+            line = {**m, "budget": budget.describe(), "warning": warning}
             self.progress.update(progress_line(line, budget.total(step)))
 
     def on_eval(self, trainer: TrainerView, m: dict) -> None:
         assert isinstance(trainer, Trainer), "the console is the CLI's, for a Trainer"
         line = trainer.objective.validation_line(m)  # each objective's figures
         self.say(f"eval step {m['step']}: {line} | train time {m['train_time']:.1f}s")
+        warning = trainer.objective.warning(m)
+        if warning:
+            self.say(f"warning on the held-out data at step {m['step']}: {warning}")
 
     def say(self, text: str) -> None:
         self.progress.message(text)
@@ -188,6 +196,8 @@ def progress_line(m: dict, max_steps: int | str) -> str:
     parts.append(f"ETA {duration(m['eta_s'])}")
     if m.get("budget"):  # a time or money budget: spent so far (train/budget.py)
         parts.append(m["budget"])
+    if m.get("warning"):  # the objective's, said in full the first time (Console.on_step_end)
+        parts.append(f"warning: {m['warning'].what}")
     return " | ".join(parts)
 
 

@@ -47,7 +47,7 @@ def render_markdown(runs: list[RunData], figs: list[FigureFile], price: float | 
         parts.append("## Last sample")
         for run, text in samples:
             parts.append((f"### {run.name}\n\n" if len(runs) > 1 else "") + fence(text))
-    notes = [(r, [*r.notes, *missing_notes(r)]) for r in runs]
+    notes = [(r, [*warning_notes(r), *r.notes, *missing_notes(r)]) for r in runs]
     if any(n for _, n in notes):
         lines = [f"- {r.name}: {' '.join(n.split())}" for r, ns in notes for n in ns]
         parts.append("## Notes\n\n" + "\n".join(lines))
@@ -269,6 +269,28 @@ def cell(value) -> str:
     if isinstance(value, float):
         return f"{value:.4f}"
     return str(value)
+
+
+def warning_notes(run: RunData) -> list[str]:
+    """The warnings the run's console gave, from its records: DPO's chosen replies falling while
+    the margin rises (train/dpo.py), at which steps, and the first in full."""
+    from littlelm.train.dpo import CHOSEN_DROP, over_optimising
+
+    cfg = run.run_config
+    limit = cfg.dpo.warn_chosen_drop if cfg is not None and cfg.dpo is not None else CHOSEN_DROP
+    notes = []
+    for kind, prefix, where in (("train", "", "training"), ("eval", "val_", "held-out")):
+        hits = [
+            (r.get("step"), w)
+            for r in run.records.get(kind, [])
+            if (w := over_optimising(r, prefix, limit)) is not None
+        ]
+        if hits:
+            steps = ", ".join(str(s) for s, _ in hits[:8]) + (" ..." if len(hits) > 8 else "")
+            notes.append(
+                f"WARNING ({where} pairs, {len(hits)} record(s), at step {steps}): {hits[0][1]}"
+            )
+    return notes
 
 
 def missing_notes(run: RunData) -> list[str]:

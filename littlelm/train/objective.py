@@ -5,6 +5,7 @@ the schedule (docs/post-training.md).
     loss, trained, loader = objective.forward_backward(step, batches, forward)
     objective.metrics()      # its figures since the last record (metrics.jsonl)
     objective.validate()     # its held-out figures (val_*), and validation_line(m) prints them
+    objective.warning(m)     # what a record's figures say is going wrong (DPO's collapse), or None
 
 An objective owns one optimizer step's forward and backward (over `grad_accum` micro-batches of
 the loader's rows, or over what it makes itself: RL samples its replies), the figures it keeps
@@ -98,6 +99,22 @@ class Objective(ABC):
     def validation_line(self, m: dict) -> str:
         """What the console prints for `validate()`'s record."""
         return validation_line(m)
+
+    def warning(self, m: dict) -> ObjectiveWarning | None:
+        """What is going wrong by the figures of record `m` (a log step's, or `validate()`'s),
+        said to the user as it trains; None when nothing is."""
+        return None
+
+
+class ObjectiveWarning(NamedTuple):
+    """An objective's warning: `what` the figures show (short: the progress line carries it) and
+    the `advice` (what it means, what to change), said in full once."""
+
+    what: str
+    advice: str
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.advice}"
 
 
 class ObjectiveConfig(Cfg):
