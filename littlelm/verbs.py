@@ -50,6 +50,7 @@ def train(
     with distributed.session(cfg.distributed, pick_device(cfg.run.device), env) as parallel:
         console = Console()  # what the run prints (littlelm/console.py)
         trainer = Trainer(cfg, resume=resume, parallel=parallel, callbacks=(console,))
+        trainer.stop.persist = True  # this process ends with the run: a stop ignores signals after
         result = trainer.fit()
         console.report(trainer, result)
     return 0 if result["finished"] or result.get("stopped_by") else 1

@@ -125,7 +125,7 @@ def test_repeated_signal_during_teardown_is_ignored(tmp_path):
     script = (
         "import os, signal\n"
         "from littlelm.train.signals import StopSignals\n"
-        "with StopSignals() as stop:\n"
+        "with StopSignals(persist=True) as stop:\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "assert stop.requested == 'SIGTERM'\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -145,13 +145,49 @@ def test_signal_during_teardown_of_a_rank_stopped_by_another_is_ignored():
     script = (
         "import os, signal\n"
         "from littlelm.train.signals import StopSignals\n"
-        "with StopSignals() as stop:\n"
+        "with StopSignals(persist=True) as stop:\n"
         "    stop.agreed = 'SIGTERM'\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "print('survived')\n"
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "survived" in r.stdout, (r.returncode, r.stderr)
+
+
+def test_a_stop_in_a_library_call_gives_the_handlers_back():
+    """A Trainer used in-process (a notebook, a test, a sweep's bench) stopped by a signal: the
+    handlers in place before come back, so Ctrl-C works there again (they were left ignoring
+    SIGTERM and SIGINT for the rest of the process)."""
+    import os
+    import signal
+
+    from littlelm.train.signals import StopSignals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.requested == "SIGTERM"
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_process_started_after_a_stop_can_still_be_stopped_by_sigterm():
+    """After a stopped command line's StopSignals, the signals are ignored by a Python handler,
+    not SIG_IGN: SIG_IGN is inherited across exec, so every process started afterwards (a test
+    suite's later subprocesses, a sweep's variants) ignored SIGTERM and could hang at start-up."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal, subprocess, sys\n"
+        "from littlelm.train.signals import StopSignals\n"
+        "with StopSignals(persist=True) as stop:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "child.send_signal(signal.SIGTERM)\n"
+        "print('child', child.wait(timeout=30))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "child -15" in r.stdout, (r.returncode, r.stdout, r.stderr)
 
 
 def test_disk_full_at_start_is_a_clear_error(tmp_path, monkeypatch):

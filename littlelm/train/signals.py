@@ -9,9 +9,14 @@ The first SIGTERM (what schedulers and spot-instance reclaimers send) or SIGINT 
 sets `requested`: the trainer finishes the step in progress, saves a checkpoint and exits 0. A
 second SIGINT raises KeyboardInterrupt at once, wherever the main thread is: a save in progress
 is abandoned (its temporary directory is removed) and the previous checkpoint stays the newest.
-A repeated SIGTERM changes nothing, nor does any signal after the stop's save, during
-teardown (the handlers are then set to ignore them, not restored); a scheduler that wants the process gone sends SIGKILL after
-its grace period, which the atomic checkpoints survive.
+A repeated SIGTERM changes nothing. In the command line (`persist`, set by `littlelm train`),
+neither does any signal after the stop's save, during teardown: the process is on its way out,
+so the handlers then ignore the signals until it exits, and the documented exit 0 cannot become
+143; a scheduler that wants the process gone sends SIGKILL after its grace period, which the
+atomic checkpoints survive. They ignore them in Python, never with SIG_IGN, which a child
+process would inherit across exec (a process started afterwards could not be stopped by
+SIGTERM). A Trainer used as a library (a notebook, a test, several trainers in one process)
+gets the handlers in place before back when the stop ends, so Ctrl-C works there again.
 
 The handler writes its notice with os.write on file descriptor 2: a signal handler that used a
 buffered Python stream could interrupt the main thread in the middle of a write to that stream.
@@ -31,7 +36,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopSignals:
-    def __init__(self) -> None:
+    def __init__(self, persist: bool = False) -> None:
+        # after a stop, keep ignoring the signals until the process exits (the command line)
+        self.persist = persist
         self.requested: str | None = None  # the name of the first signal received
         # a stop decided elsewhere: under torchrun, another rank's signal (`share`)
         self.agreed: str | None = None
@@ -45,11 +52,12 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc) -> None:
+        stopped = self.requested or self.agreed
         for sig, handler in self._previous.items():
-            # after a stop the process is on its way out (teardown, interpreter exit): a repeated
-            # signal there is ignored, so the exit stays 0 as promised instead of 143 or -2; on a
-            # rank stopped by another rank's signal too (torchrun would then exit 1)
-            signal.signal(sig, signal.SIG_IGN if self.requested or self.agreed else handler)
+            # a command line stopped by a signal is on its way out (teardown, interpreter exit):
+            # a repeated signal there is ignored, so the exit stays 0 as promised instead of 143
+            # or -2; on a rank stopped by another rank's signal too (torchrun would exit 1)
+            signal.signal(sig, _ignore if stopped and self.persist else handler)
         self._previous.clear()
 
     def share(self, parallel, loss, norm) -> tuple[float, float]:
@@ -72,6 +80,11 @@ class StopSignals:
             raise KeyboardInterrupt(f"second {name}")
         else:
             _notice(f"{name} received again: already stopping after the current step and save")
+
+
+def _ignore(signum: int, frame) -> None:
+    """A signal during a stopped command line's teardown: nothing to do (a Python handler, so a
+    child process started meanwhile gets the default disposition, not SIG_IGN)."""
 
 
 def _notice(text: str) -> None:
