@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 import littlelm
+from conftest import tiny_tree, write_config
 from littlelm.schema import RunConfig, load_run
 from littlelm.train.objective import ObjectiveConfig, Setting
 from littlelm.train.step import LanguageModelLoss
@@ -104,3 +105,34 @@ def test_a_new_objective_is_its_config_and_class_and_the_trainer_runs_it(tmp_pat
     assert train[0]["loss"] == 2.0 * first_plain["loss"]
     evals = [r for r in got if "val_toy" in r]
     assert evals and evals[-1]["val_toy"] == 2.0 and "val_loss" in evals[-1]
+
+
+def test_a_finished_trainer_is_freed_by_del_alone(tmp_path, corpus):
+    """No reference cycle through the objective: the setting's reference closure once held the
+    trainer (trainer -> objective -> setting -> closure -> trainer), so a process running
+    several trainers (a sweep, a bench) kept each until gc ran. The first trainer of a process
+    is built and collected first: torch's lazy import of torch._dynamo in the first optimizer
+    keeps a traceback cycle holding its caller's frames, which is torch's, not ours."""
+    import gc
+    import shutil
+    import weakref
+
+    cfg = load_run(
+        write_config(
+            tmp_path / "c.yaml", tiny_tree(corpus, tmp_path / "runs", train={"max_steps": 2})
+        )
+    )
+    warm = Trainer(cfg, resume="never")
+    warm.fit()
+    del warm
+    gc.collect()
+    shutil.rmtree(tmp_path / "runs")
+    gc.disable()
+    try:
+        trainer = Trainer(cfg, resume="never")
+        trainer.fit()
+        alive = weakref.ref(trainer)
+        del trainer
+        assert alive() is None, "a reference cycle holds the trainer"
+    finally:
+        gc.enable()

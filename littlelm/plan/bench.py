@@ -137,7 +137,10 @@ def _bench_in(c, steps: int, quiet: bool) -> dict:
         first.callbacks.append(timers[0])
         first.fit(stop_after=steps)  # stops early, so it saves a checkpoint
         del first
-        gc.collect()  # the objective's setting refers back to the trainer: free it before resuming
+        # the first trainer of a process is not freed by `del` alone: torch imports torch._dynamo
+        # lazily in the first optimizer's __init__, and an exception caught there keeps a
+        # traceback cycle holding the frames that called it (this trainer's __init__ among them)
+        gc.collect()
         second = Trainer(c, resume="auto", progress=progress)
         probe.adopt(second)
         second.callbacks.append(timers[1])

@@ -184,7 +184,9 @@ class Trainer:
         # 14. objective (train/objective.py): what a step minimises, chosen by the config (the
         #     language-model loss, DPO, RL, ...), with what it keeps resident (a frozen
         #     reference: the run's base, read last so that nothing above draws after it)
-        fingerprint = self.data.tokenizer.fingerprint
+        # locals, not `self`: a closure over the trainer would make a cycle (trainer ->
+        # objective -> setting -> closure), freed only when gc runs, not at `del trainer`
+        fingerprint, device = self.data.tokenizer.fingerprint, self.device
         self.objective = build_objective(
             cfg,
             Setting(
@@ -194,7 +196,7 @@ class Trainer:
                 self.autocast,
                 self.data,
                 self.parallel,
-                reference=lambda: base_copy(cfg, self.device, fingerprint),
+                reference=lambda: base_copy(cfg, device, fingerprint),
             ),
         )
 
