@@ -54,8 +54,17 @@ CELLS = OUT / "race"
 PINNED = "92d63d4e8bb4df75c3b71618f31ddde2378b2bcd"
 SEQ, BATCH, WINDOWS = 128, 16, 512  # evaluator: 512 windows of 128 bytes = 64 KiB held out
 
+# One factor at a time, each toward what nanochat does (the ablation table in RESULTS.md).
 VARIANTS: dict[str, list[str]] = {
     "shipped": [],
+    # windows across paragraphs: the training text as one document, cut into 128-token rows
+    "windows": ["data.sources.shakespeare.split=file", "data.sources.shakespeare.max_chars=null"],
+    "group_lrs": ["optimizer.embedding_lr=0.3", "optimizer.lm_head_lr=0.008"],  # nanochat's
+    "muon_lr": ["optimizer.lr=0.02"],  # nanochat's matrix lr (the config's is 0.06)
+    # base_train's schedule: warmup 40, warmdown 0.65 of the run, final lr 0.05
+    "schedule": ["schedule.warmup_steps=40", "schedule.cooldown_frac=0.65", "schedule.floor=0.05"],
+    "momentum": ["optimizer.momentum=0.97", "optimizer.momentum_warmup_steps=400"],
+    "rope_base": ["model.rope_base=100000"],
 }
 
 
