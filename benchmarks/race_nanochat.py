@@ -139,7 +139,9 @@ def run_littlelm(corpus: str, steps: int, seed: int, variant: str) -> dict:
     shutil.rmtree(runs / "runs" / name, ignore_errors=True)  # an interrupted cell starts over
     done = subprocess.run(cmd, cwd=runs, capture_output=True, text=True)
     if done.returncode != 0:
-        sys.exit(f"littlelm failed (rc {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        sys.exit(
+            f"littlelm failed (rc {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
     from littlelm.load import load_model
 
     run = runs / "runs" / name
@@ -156,19 +158,20 @@ def nanochat_schedules(checkout: Path, steps: int):
     wanted = {"get_lr_multiplier", "get_muon_momentum", "get_weight_decay"}
     fns = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name in wanted]
     if len(fns) != 3:
-        sys.exit(f"{checkout}/scripts/base_train.py lacks {sorted(wanted)}: use --nanochat at {PINNED}")
+        sys.exit(
+            f"{checkout}/scripts/base_train.py lacks {sorted(wanted)}: use --nanochat at {PINNED}"
+        )
     args = argparse.Namespace(warmup_steps=40, warmdown_ratio=0.65, final_lr_frac=0.05)
     ns: dict = {"math": math, "args": args, "num_iterations": steps, "weight_decay_scaled": 0.0}
-    exec(compile(ast.Module(body=fns, type_ignores=[]), "base_train.py", "exec"), ns)  # noqa: S102
+    exec(compile(ast.Module(body=fns, type_ignores=[]), "base_train.py", "exec"), ns)
     return ns["get_lr_multiplier"], ns["get_muon_momentum"], ns["get_weight_decay"]
 
 
 def run_nanochat(checkout: Path, corpus: str, steps: int, seed: int) -> dict:
     os.environ["NANOCHAT_DTYPE"] = "bfloat16"
     sys.path.insert(0, str(checkout))
-    import torch
-
     import nanochat.optim as nopt
+    import torch
     from nanochat.gpt import GPT, GPTConfig
 
     for fn in ("adamw_step_fused", "muon_step_fused"):  # uncompiled: the same function
@@ -207,8 +210,15 @@ def run_nanochat(checkout: Path, corpus: str, steps: int, seed: int) -> dict:
     return {"loss": loss, "time": spent}
 
 
+def cell_name(tool: str, variant: str, corpus: str, steps: int, seed: int) -> str:
+    """A cell's file name: nanochat's cells have no variant (the ablations are littlelm's)."""
+    if tool == "littlelm":
+        return f"{tool}-{variant}-{corpus}-{steps}-{seed}"
+    return f"{tool}-{corpus}-{steps}-{seed}"
+
+
 def cell(tool: str, corpus: str, steps: int, seed: int, variant: str, checkout: Path | None):
-    key = f"{tool}-{variant}-{corpus}-{steps}-{seed}" if tool == "littlelm" else f"{tool}-{corpus}-{steps}-{seed}"
+    key = cell_name(tool, variant, corpus, steps, seed)
     path = CELLS / f"{key}.json"
     if path.exists():
         return json.loads(path.read_text())
@@ -232,7 +242,7 @@ def cell(tool: str, corpus: str, steps: int, seed: int, variant: str, checkout: 
 def time_to(points: list[tuple[float, float]], target: float) -> float | None:
     """littlelm's time to reach `target` loss: (time, loss) points interpolated in log time."""
     pts = sorted(points)
-    for (t0, l0), (t1, l1) in zip([(pts[0][0] * 0.5, math.inf)] + pts[:-1], pts):
+    for (t0, l0), (t1, l1) in zip([(pts[0][0] * 0.5, math.inf), *pts[:-1]], pts):
         if l1 <= target:
             if math.isinf(l0) or l0 == l1:
                 return t1
@@ -270,7 +280,7 @@ def main() -> None:
                     if a.only and tool != a.only:
                         continue
                     key = (tool, variant, corpus, steps, seed)
-                    f = CELLS / (f"{tool}-{variant}-{corpus}-{steps}-{seed}.json" if tool == "littlelm" else f"{tool}-{corpus}-{steps}-{seed}.json")
+                    f = CELLS / f"{cell_name(tool, variant, corpus, steps, seed)}.json"
                     if a.table_only:
                         if f.exists():
                             res[key] = json.loads(f.read_text())
@@ -283,7 +293,9 @@ def print_table(res: dict, a) -> None:
     for corpus in a.corpus:
         for variant in a.variant:
             print(f"\n{corpus}, nats/byte on held-out text (littlelm: {variant})\n")
-            print("| seed | steps | nanochat | littlelm | littlelm time to nanochat's loss / nanochat's time |")
+            print(
+                "| seed | steps | nanochat | littlelm | time to nanochat's loss / nanochat's time |"
+            )
             print("| --- | --- | --- | --- | --- |")
             for seed in a.seeds:
                 pts = [(r["time"], r["loss"]) for (t, v, c, s, sd), r in res.items()
@@ -295,7 +307,11 @@ def print_table(res: dict, a) -> None:
                     ratio = "-"
                     if n and pts:
                         t = time_to(pts, n["loss"])
-                        ratio = f"{t / n['time']:.2f}" if t else f"> {max(p[0] for p in pts) / n['time']:.2f}"
+                        ratio = (
+                            f"{t / n['time']:.2f}"
+                            if t
+                            else f"> {max(p[0] for p in pts) / n['time']:.2f}"
+                        )
                     print(f"| {seed} | {steps} | {fmt(n)} | {fmt(l_)} | {ratio} |")
 
 
