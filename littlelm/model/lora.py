@@ -38,8 +38,21 @@ from littlelm.errors import CheckpointError
 from littlelm.model.blocks import Norm
 from littlelm.model.nf4 import dequantized, is_nf4, nf4_base
 
-TargetRole = Literal["attention", "mlp"]
 ATTENTION = ("c_q", "c_k", "c_v", "c_proj")
+# A block's linears by the names its exports give them (what peft's target_modules say):
+# transformers' Llama/Qwen names, and littlelm's own (the littlelm-architecture export's,
+# qualified: c_proj is in both the attention and the MLP)
+TRANSFORMERS_NAMES = {
+    "q_proj": "attn.c_q",
+    "k_proj": "attn.c_k",
+    "v_proj": "attn.c_v",
+    "o_proj": "attn.c_proj",
+    "gate_proj": "mlp.c_gate",
+    "up_proj": "mlp.c_fc",
+    "down_proj": "mlp.c_proj",
+}
+OWN_NAMES = (*(f"attn.{n}" for n in ATTENTION), "mlp.c_fc", "mlp.c_gate", "mlp.c_proj")
+GROUPS = ("attention", "mlp")
 
 
 class LoRAConfig(Cfg):
@@ -52,11 +65,19 @@ class LoRAConfig(Cfg):
     dropout: float = Field(
         0.0, description="Dropout on the adapters' input (training only).", ge=0, lt=1
     )
-    targets: Literal["attention", "mlp", "all_linear"] | list[TargetRole] = Field(
+    targets: Literal["attention", "mlp", "all_linear"] | list[str] = Field(
         "all_linear",
-        description="Linears that get adapters: attention (c_q, c_k, c_v, c_proj of each "
-        "block), mlp (the MLP's linears), all_linear (both; lm_head is not a target, as in "
-        "PEFT's all-linear), or a list of attention and mlp.",
+        description="Linears that get adapters in every block: attention (c_q, c_k, c_v, "
+        "c_proj), mlp (the MLP's linears), all_linear (both; lm_head is not a target, as in "
+        "PEFT's all-linear), or a list of groups and module names as the exports name them "
+        "(peft's target_modules): q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+        "down_proj, or littlelm's attn.c_q ... mlp.c_proj.",
+    )
+    use_rslora: bool = Field(
+        False,
+        description="Rank-stabilised LoRA (peft's use_rslora): scale the adapters by alpha / "
+        "sqrt(rank) instead of alpha / rank. At rank 16 that is 4x the update: lower lora.lr "
+        "or alpha with it.",
     )
     train_embeddings: bool = Field(
         False,
@@ -85,9 +106,16 @@ class LoRAConfig(Cfg):
     def _targets(cls, targets):
         if isinstance(targets, list):
             if not targets:
-                raise ValueError("lists no linears: give attention, mlp or both")
+                raise ValueError("lists no linears: give attention, mlp or module names")
             if len(set(targets)) != len(targets):
-                raise ValueError(f"{targets} lists a role twice")
+                raise ValueError(f"{targets} lists a target twice")
+            known = (*GROUPS, *TRANSFORMERS_NAMES, *OWN_NAMES)
+            unknown = [t for t in targets if t not in known]
+            if unknown:
+                raise ValueError(
+                    f"{unknown} is not a group or a block linear's name; choose from "
+                    f"{', '.join(known)}"
+                )
         return targets
 
     @field_validator("quantize")
@@ -95,17 +123,33 @@ class LoRAConfig(Cfg):
     def _quantize(cls, quantize: str) -> str:
         return quantize  # nf4 is checked where it is built (model/nf4.py: CUDA, bitsandbytes)
 
-    def roles(self) -> tuple[str, ...]:
-        """The targeted roles: ('attention', 'mlp') for all_linear."""
+    def modules(self, mlp_inputs: tuple[str, ...]) -> tuple[str, ...]:
+        """The targeted linears of a block ("attn.c_q", ..., "mlp.c_proj"), in the block's
+        order whatever the list's (the order adapters are made and their A drawn in), for an
+        MLP whose input linears are `mlp_inputs` (model/blocks.py MLPSpec.inputs). A named
+        linear the MLP does not have is left out: `check_lora` refuses it."""
         if self.targets == "all_linear":
-            return ("attention", "mlp")
+            wanted = set(GROUPS)
+        else:
+            wanted = {self.targets} if isinstance(self.targets, str) else set(self.targets)
+        named = {TRANSFORMERS_NAMES.get(t, t) for t in wanted}
+        block = (*(f"attn.{n}" for n in ATTENTION), *(f"mlp.{n}" for n in mlp_inputs), "mlp.c_proj")
+        return tuple(m for m in block if m in named or m.split(".")[0] in _group_of(wanted))
+
+    def describe(self) -> str:
+        """The targets in words, for the start-up line."""
         if isinstance(self.targets, str):
-            return (self.targets,)
-        return tuple(self.targets)
+            return " and ".join(GROUPS) if self.targets == "all_linear" else self.targets
+        return ", ".join(self.targets)
 
     @property
     def scale(self) -> float:
-        return self.alpha / self.rank
+        return self.alpha / (math.sqrt(self.rank) if self.use_rslora else self.rank)
+
+
+def _group_of(wanted: set[str]) -> set[str]:
+    """The block modules ("attn", "mlp") whose every linear `wanted` targets by group."""
+    return {"attn" for g in wanted if g == "attention"} | {"mlp" for g in wanted if g == "mlp"}
 
 
 def frozen_base(linear: nn.Linear, quantize: str = "none") -> nn.Linear:
@@ -164,15 +208,23 @@ class LoRALinear(nn.Module):
         return self.base
 
 
-def _targets(model: nn.Module, roles: tuple[str, ...]) -> list[tuple[nn.Module, str]]:
-    """(parent module, attribute) of every linear `roles` target, block by block."""
+def _targets(model: nn.Module, cfg: LoRAConfig) -> list[tuple[nn.Module, str]]:
+    """(parent module, attribute) of every linear `cfg` targets, block by block."""
     out: list[tuple[nn.Module, str]] = []
     for block in getattr(model, "blocks", []):
-        if "attention" in roles:
-            out += [(block.attn, name) for name in ATTENTION]
-        if "mlp" in roles:
-            out += [(block.mlp, name) for name in (*block.mlp.spec.inputs, "c_proj")]
+        for module in cfg.modules(block.mlp.spec.inputs):
+            parent, name = module.split(".")
+            out.append((getattr(block, parent), name))
     return out
+
+
+def _missing(model: nn.Module, cfg: LoRAConfig) -> list[str]:
+    """Named targets `model`'s blocks do not have (gate_proj on an MLP without a gate)."""
+    blocks = getattr(model, "blocks", [])
+    if isinstance(cfg.targets, str) or not blocks:
+        return []
+    have = cfg.modules(blocks[0].mlp.spec.inputs)
+    return [t for t in cfg.targets if t not in GROUPS and TRANSFORMERS_NAMES.get(t, t) not in have]
 
 
 def add_lora(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
@@ -181,7 +233,7 @@ def add_lora(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
     linear's dtype and device, and A is drawn from the current RNG state."""
     for p in model.parameters():
         p.requires_grad_(False)
-    for parent, name in _targets(model, cfg.roles()):
+    for parent, name in _targets(model, cfg):
         linear = getattr(parent, name)
         if isinstance(linear, LoRALinear):
             raise ValueError("add_lora: this model has adapters already")
@@ -204,7 +256,7 @@ def _norm_gains(model: nn.Module) -> list[nn.Parameter]:
 
 def check_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     """Problems of LoRA on `model`'s config: a requested full-trained tensor it does not have."""
-    problems = []
+    problems = target_problems(model, cfg)
     if cfg.train_norms and not _norm_gains(model):
         problems.append(
             "lora.train_norms: this model's norms have no gains to train (model.norm_affine "
@@ -213,13 +265,27 @@ def check_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     return problems
 
 
+def target_problems(model: nn.Module, cfg: LoRAConfig) -> list[str]:
+    """Named targets `model`'s blocks do not have (gate_proj on an MLP without a gate); `model`
+    may be on the meta device."""
+    missing = _missing(model, cfg)
+    if not missing:
+        return []
+    mlp = model.blocks[0].mlp  # type: ignore[index,union-attr]
+    have = ", ".join(f"mlp.{n}" for n in (*mlp.spec.inputs, "c_proj"))
+    return [
+        f"lora.targets: {missing}: this model's MLP has no such linear (its linears: {have}; "
+        "gate_proj is a gated MLP's, e.g. model.mlp: swiglu); remove it from the list"
+    ]
+
+
 def rank_problems(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     """lora.rank above what a targeted linear can hold: B A of an out × in linear has rank at
     most min(in, out), so a larger rank only adds parameters (`model` may be on the meta
     device: only shapes are read)."""
     limits = {
         min(linear.in_features, linear.out_features): name
-        for parent, name in _targets(model, cfg.roles())
+        for parent, name in _targets(model, cfg)
         for linear in [getattr(parent, name)]
     }
     if not limits or cfg.rank <= min(limits):
