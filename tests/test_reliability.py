@@ -171,16 +171,16 @@ def test_a_stop_in_a_library_call_gives_the_handlers_back():
 
 
 def test_a_process_started_after_a_stop_can_still_be_stopped_by_sigterm():
-    """After a stopped command line's StopSignals, the signals are ignored by a Python handler,
-    not SIG_IGN: SIG_IGN is inherited across exec, so every process started afterwards (a test
-    suite's later subprocesses, a sweep's variants) ignored SIGTERM and could hang at start-up."""
+    """After an in-process stop the signals are not left as SIG_IGN, which is inherited across
+    exec: every process started afterwards (a test suite's later subprocesses, a notebook's)
+    ignored SIGTERM and could hang at start-up."""
     import subprocess
     import sys
 
     script = (
         "import os, signal, subprocess, sys\n"
         "from littlelm.train.signals import StopSignals\n"
-        "with StopSignals(persist=True) as stop:\n"
+        "with StopSignals() as stop:\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
         "child.send_signal(signal.SIGTERM)\n"

@@ -11,12 +11,13 @@ second SIGINT raises KeyboardInterrupt at once, wherever the main thread is: a s
 is abandoned (its temporary directory is removed) and the previous checkpoint stays the newest.
 A repeated SIGTERM changes nothing. In the command line (`persist`, set by `littlelm train`),
 neither does any signal after the stop's save, during teardown: the process is on its way out,
-so the handlers then ignore the signals until it exits, and the documented exit 0 cannot become
-143; a scheduler that wants the process gone sends SIGKILL after its grace period, which the
-atomic checkpoints survive. They ignore them in Python, never with SIG_IGN, which a child
-process would inherit across exec (a process started afterwards could not be stopped by
-SIGTERM). A Trainer used as a library (a notebook, a test, several trainers in one process)
-gets the handlers in place before back when the stop ends, so Ctrl-C works there again.
+so the signals are then ignored (SIG_IGN: a Python handler would not do, as the interpreter
+puts the default back while it finalizes) and the documented exit 0 cannot become 143; a
+scheduler that wants the process gone sends SIGKILL after its grace period, which the atomic
+checkpoints survive. A Trainer used as a library (a notebook, a test, several trainers in one
+process) gets the handlers in place before back when the stop ends: Ctrl-C works there again,
+and the processes it starts later do not inherit SIG_IGN across exec (they could not be
+stopped by SIGTERM).
 
 The handler writes its notice with os.write on file descriptor 2: a signal handler that used a
 buffered Python stream could interrupt the main thread in the middle of a write to that stream.
@@ -57,7 +58,7 @@ class StopSignals:
             # a command line stopped by a signal is on its way out (teardown, interpreter exit):
             # a repeated signal there is ignored, so the exit stays 0 as promised instead of 143
             # or -2; on a rank stopped by another rank's signal too (torchrun would exit 1)
-            signal.signal(sig, _ignore if stopped and self.persist else handler)
+            signal.signal(sig, signal.SIG_IGN if stopped and self.persist else handler)
         self._previous.clear()
 
     def share(self, parallel, loss, norm) -> tuple[float, float]:
@@ -80,11 +81,6 @@ class StopSignals:
             raise KeyboardInterrupt(f"second {name}")
         else:
             _notice(f"{name} received again: already stopping after the current step and save")
-
-
-def _ignore(signum: int, frame) -> None:
-    """A signal during a stopped command line's teardown: nothing to do (a Python handler, so a
-    child process started meanwhile gets the default disposition, not SIG_IGN)."""
 
 
 def _notice(text: str) -> None:
