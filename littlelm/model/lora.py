@@ -24,7 +24,8 @@ it a 4-bit one there (model/nf4.py: bitsandbytes on CUDA, refused elsewhere with
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -40,6 +41,20 @@ from littlelm.model.nf4 import dequantized, is_nf4, nf4_base
 
 TargetRole = Literal["attention", "mlp"]
 ATTENTION = ("c_q", "c_k", "c_v", "c_proj")
+# the module names PEFT users give (as transformers' Llama-shaped export names the linears):
+# (role, littlelm's linear in that role's module); a non-gated MLP's one input is its up_proj
+MODULE_NAMES = {
+    "q_proj": ("attention", "c_q"),
+    "k_proj": ("attention", "c_k"),
+    "v_proj": ("attention", "c_v"),
+    "o_proj": ("attention", "c_proj"),
+    "gate_proj": ("mlp", "c_gate"),
+    "up_proj": ("mlp", "c_fc"),
+    "down_proj": ("mlp", "c_proj"),
+}
+Target = Literal[
+    "attention", "mlp", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+]
 
 
 class LoRAConfig(Cfg):
@@ -52,11 +67,25 @@ class LoRAConfig(Cfg):
     dropout: float = Field(
         0.0, description="Dropout on the adapters' input (training only).", ge=0, lt=1
     )
-    targets: Literal["attention", "mlp", "all_linear"] | list[TargetRole] = Field(
+    targets: Literal["attention", "mlp", "all_linear"] | list[Target] = Field(
         "all_linear",
         description="Linears that get adapters: attention (c_q, c_k, c_v, c_proj of each "
         "block), mlp (the MLP's linears), all_linear (both; lm_head is not a target, as in "
-        "PEFT's all-linear), or a list of attention and mlp.",
+        "PEFT's all-linear), or a list of attention, mlp and module names as the export names "
+        "them (PEFT's target_modules): q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+        "down_proj.",
+    )
+    use_rslora: bool = Field(
+        False,
+        description="Scale the adapters by alpha / sqrt(rank) (rank-stabilised LoRA, PEFT's "
+        "use_rslora) instead of alpha / rank.",
+    )
+    base_precision: Literal["auto", "fp32"] = Field(
+        "auto",
+        description="Storage of the frozen base linears: auto = the training precision "
+        "(train.precision as resolved: bf16 holds them in bf16, the copy bf16 autocast would "
+        "make of them anyway, so training computes the same), fp32 = train.master_weights' "
+        "dtype.",
     )
     train_embeddings: bool = Field(
         False,
@@ -96,7 +125,7 @@ class LoRAConfig(Cfg):
         return quantize  # nf4 is checked where it is built (model/nf4.py: CUDA, bitsandbytes)
 
     def roles(self) -> tuple[str, ...]:
-        """The targeted roles: ('attention', 'mlp') for all_linear."""
+        """The targeted roles and module names: ('attention', 'mlp') for all_linear."""
         if self.targets == "all_linear":
             return ("attention", "mlp")
         if isinstance(self.targets, str):
@@ -105,28 +134,44 @@ class LoRAConfig(Cfg):
 
     @property
     def scale(self) -> float:
-        return self.alpha / self.rank
+        # rsLoRA keeps the update's scale steady as the rank grows (Kalajdzievski 2023, as PEFT)
+        return self.alpha / (math.sqrt(self.rank) if self.use_rslora else self.rank)
 
 
-def frozen_base(linear: nn.Linear, quantize: str = "none") -> nn.Linear:
+def frozen_base(
+    linear: nn.Linear, quantize: str = "none", dtype: torch.dtype | None = None
+) -> nn.Linear:
     """The frozen base of an adapted linear: `linear` itself, its weight (and bias) no longer
-    trained. The seam of quantized bases (QLoRA's nf4 makes a 4-bit one here)."""
+    trained, held in `dtype` (None: as it is). The seam of quantized bases (QLoRA's nf4 makes a
+    4-bit one here)."""
     if quantize == "nf4":  # QLoRA: bitsandbytes' 4-bit linear (its stand-in when traced)
         return nf4_base(linear)
     for p in linear.parameters():
         p.requires_grad_(False)
+        if dtype is not None:
+            # in place of the fp32 weight: bf16 autocast rounds it to this same copy at every
+            # matmul (round to nearest), so the run computes bitwise what it did in fp32
+            p.data = p.data.to(dtype)
     return linear
 
 
 class LoRALinear(nn.Module):
     """A frozen linear plus a trained low-rank update: base(x) + scale · B A dropout(x)."""
 
-    def __init__(self, base: nn.Linear, rank: int, scale: float, dropout: float):
+    def __init__(
+        self,
+        base: nn.Linear,
+        rank: int,
+        scale: float,
+        dropout: float,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
         w = base.weight
-        dtype = getattr(base, "adapter_dtype", w.dtype)  # a 4-bit base: its weights' old dtype
+        # a 4-bit base: its weights' old dtype; a bf16-held base: the master weights' dtype
+        dtype = getattr(base, "adapter_dtype", dtype or w.dtype)
         self.lora_A = nn.Parameter(
             torch.empty(rank, self.in_features, dtype=dtype, device=w.device)
         )
@@ -140,10 +185,21 @@ class LoRALinear(nn.Module):
             self.lora_A.uniform_(-bound, bound)
         self.scale = scale
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.enabled = True  # off: the base alone (adapters_off: the frozen reference)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return self._base(x)
         update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)
-        return self.base(x) + update * self.scale
+        return self._base(x) + update * self.scale
+
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.base.weight
+        if x.dtype != w.dtype and w.is_floating_point() and not torch.is_autocast_enabled():
+            # a bf16-held base called outside the run's autocast (a user's own forward): the
+            # matmul in the base's dtype, as the run computes it, the output in the caller's
+            return self.base(x.to(w.dtype)).to(x.dtype)
+        return self.base(x)
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
@@ -165,28 +221,46 @@ class LoRALinear(nn.Module):
 
 
 def _targets(model: nn.Module, roles: tuple[str, ...]) -> list[tuple[nn.Module, str]]:
-    """(parent module, attribute) of every linear `roles` target, block by block."""
+    """(parent module, attribute) of every linear `roles` (roles and module names) target,
+    block by block, in the model's own order; a module name the model lacks is left out
+    (check_lora says so)."""
     out: list[tuple[nn.Module, str]] = []
     for block in getattr(model, "blocks", []):
-        if "attention" in roles:
-            out += [(block.attn, name) for name in ATTENTION]
-        if "mlp" in roles:
-            out += [(block.mlp, name) for name in (*block.mlp.spec.inputs, "c_proj")]
+        wanted = {
+            (role, name)
+            for role, names in (
+                ("attention", ATTENTION),
+                ("mlp", (*block.mlp.spec.inputs, "c_proj")),
+            )
+            if role in roles
+            for name in names
+        } | {MODULE_NAMES[r] for r in roles if r in MODULE_NAMES}
+        out += [(block.attn, name) for name in ATTENTION if ("attention", name) in wanted]
+        mlp = (*block.mlp.spec.inputs, "c_proj")
+        out += [(block.mlp, name) for name in mlp if ("mlp", name) in wanted]
     return out
 
 
-def add_lora(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
+def base_dtype(cfg: LoRAConfig, precision: str) -> torch.dtype | None:
+    """The dtype the frozen base linears are held in for a run computing in `precision` (as
+    resolved: bf16 or fp32); None: as built (train.master_weights')."""
+    return torch.bfloat16 if cfg.base_precision == "auto" and precision == "bf16" else None
+
+
+def add_lora(model: nn.Module, cfg: LoRAConfig, base: torch.dtype | None = None) -> nn.Module:
     """Wrap `model`'s targeted linears (in place; returns it) and freeze everything but the
     adapters and what cfg trains in full (train_embeddings, train_norms). Adapters take the
-    linear's dtype and device, and A is drawn from the current RNG state."""
+    linear's dtype and device (the frozen linears are then held in `base`, None: as they are),
+    and A is drawn from the current RNG state."""
     for p in model.parameters():
         p.requires_grad_(False)
     for parent, name in _targets(model, cfg.roles()):
         linear = getattr(parent, name)
         if isinstance(linear, LoRALinear):
             raise ValueError("add_lora: this model has adapters already")
-        base = frozen_base(linear, cfg.quantize)
-        setattr(parent, name, LoRALinear(base, cfg.rank, cfg.scale, cfg.dropout))
+        own = linear.weight.dtype
+        frozen = frozen_base(linear, cfg.quantize, base)
+        setattr(parent, name, LoRALinear(frozen, cfg.rank, cfg.scale, cfg.dropout, own))
     for name, p in model.named_parameters():
         if cfg.train_embeddings and name.split(".")[0] in ("wte", "lm_head"):
             p.requires_grad_(True)  # lm_head is wte itself when tied: trained once
@@ -205,6 +279,13 @@ def _norm_gains(model: nn.Module) -> list[nn.Parameter]:
 def check_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     """Problems of LoRA on `model`'s config: a requested full-trained tensor it does not have."""
     problems = []
+    for target in cfg.roles():
+        if target in MODULE_NAMES and not _targets(model, (target,)):
+            mlp = getattr(getattr(model, "cfg", None), "mlp", "?")
+            problems.append(
+                f"lora.targets: this model has no {target} (model.mlp {mlp} is not gated); "
+                "leave it out of the list, or use mlp for the MLP's linears"
+            )
     if cfg.train_norms and not _norm_gains(model):
         problems.append(
             "lora.train_norms: this model's norms have no gains to train (model.norm_affine "
@@ -230,6 +311,20 @@ def rank_problems(model: nn.Module, cfg: LoRAConfig) -> list[str]:
         f"({limits[limit]}: an update B A of it has rank at most {limit}); set lora.rank to "
         f"{limit} or less"
     ]
+
+
+@contextmanager
+def adapters_off(model: nn.Module) -> Iterator[None]:
+    """`model` computes its frozen base alone inside (PEFT's disable_adapter): every adapter's
+    update is skipped, not multiplied by zero, so the output is the base's bitwise."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    for m in layers:
+        m.enabled = False
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.enabled = True
 
 
 def has_lora(model: nn.Module) -> bool:

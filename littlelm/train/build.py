@@ -24,7 +24,7 @@ import torch
 
 from littlelm.data import build as data_build
 from littlelm.errors import ConfigError
-from littlelm.model.lora import add_lora, check_lora
+from littlelm.model.lora import add_lora, base_dtype, check_lora
 from littlelm.model.protocol import LanguageModel
 from littlelm.train.objective import Objective, Setting, chosen_objective
 from littlelm.train.step import LanguageModelLoss
@@ -69,7 +69,7 @@ def with_lora(cfg: RunConfig, model: LanguageModel) -> LanguageModel:
     problems = check_lora(model, cfg.lora)
     if problems:
         raise ConfigError(problems)
-    add_lora(model, cfg.lora)
+    add_lora(model, cfg.lora, base_dtype(cfg.lora, cfg.train.precision))
     return model
 
 
@@ -86,7 +86,8 @@ def optimizer_for(
 def build_transform(cfg: RunConfig) -> Transform:
     """The run's model transform (train/transform.py): LoRA's adapters on its base, or none."""
     g = cfg.starts_from()
-    return transform_for(cfg.lora, g.parent if g is not None else None)
+    # train.precision as resolved for the device (the trainer's cfg): the frozen base's dtype
+    return transform_for(cfg.lora, g.parent if g is not None else None, cfg.train.precision)
 
 
 def build_objective(cfg: RunConfig, setting: Setting) -> Objective:
