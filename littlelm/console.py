@@ -104,7 +104,8 @@ class Console(Callback):
             n, lo = trainable_count(tr.model), c.lora
             self.say(
                 f"lora: {n:,} trainable parameters ({n / counts['total']:.2%} of the model), "
-                f"rank {lo.rank} on {' and '.join(lo.roles())} linears, alpha {lo.alpha:g}; "
+                f"rank {lo.rank} on {lo.describe()} linears, alpha {lo.alpha:g}"
+                f"{' (rsLoRA: alpha / sqrt(rank))' if lo.use_rslora else ''}; "
                 "the base is frozen"
             )
         if tr.auto_fp32:

@@ -66,7 +66,7 @@ from littlelm.data.build import DataConfig
 from littlelm.data.tokenizers import vocab_size_of
 from littlelm.errors import ConfigError
 from littlelm.model.gpt import GPTConfig
-from littlelm.model.lora import LoRAConfig, rank_problems
+from littlelm.model.lora import LoRAConfig, rank_problems, target_problems
 from littlelm.optim.base import WHOLE, OptimizerConfig
 from littlelm.optim.groups import ORIGINS, MuonConfig, OptimizerChoice
 from littlelm.optim.schedule import ScheduleChoice, TrapezoidalConfig, resolve_lr_multipliers
@@ -544,7 +544,8 @@ def _lora_problems(cfg: RunConfig, world_size: int) -> list[str]:
             "checkpoints are not built); use distributed.strategy=ddp: the base is frozen, so "
             "each rank holds its weights but no gradients or optimizer state for them"
         )
-    problems += rank_problems(_shapes_only(cfg.model), cfg.lora)
+    shapes = _shapes_only(cfg.model)
+    problems += target_problems(shapes, cfg.lora) + rank_problems(shapes, cfg.lora)
     if cfg.model.fp8:
         problems.append(
             "lora with model.fp8: FP8 base linears under adapters are not supported; turn "

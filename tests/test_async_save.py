@@ -177,7 +177,7 @@ def test_a_stalled_save_ends_the_run_within_the_wait_naming_it(tmp_path, corpus,
 def test_sigterm_with_a_stalled_filesystem_exits_within_the_wait(tmp_path, corpus):
     from test_signals import Proc
 
-    path, cfg = run_cfg(tmp_path, corpus, "term", 100_000, 5, save_wait_seconds=1)
+    path, cfg = run_cfg(tmp_path, corpus, "term", 100_000, 5, async_save=True, save_wait_seconds=1)
     flag = tmp_path / "stall"
     proc = Proc(path, env={ckpt.FAULT_STALL_ENV: str(flag)})
     root = cfg.run_dir() / "checkpoints"

@@ -79,6 +79,59 @@ def test_targets_by_role_and_full_trained_tensors():
     assert not any(n.startswith("value_embeds") or "lambdas" in n for n in trained)
 
 
+def wrapped_names(model) -> set[str]:
+    return {n.split(".", 2)[2] for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def test_targets_by_the_module_names_exports_give_them():
+    """peft users name linears as transformers does (q_proj, ...) or as littlelm's export does
+    (attn.c_proj: c_proj alone would be both the attention's and the MLP's)."""
+    names = add_lora(tiny_gpt(mlp="swiglu"), LoRAConfig(rank=2, targets=["v_proj", "q_proj"]))
+    assert wrapped_names(names) == {"attn.c_q", "attn.c_v"}
+    mixed = LoRAConfig(rank=2, targets=["gate_proj", "down_proj", "attn.c_proj"])
+    assert wrapped_names(add_lora(tiny_gpt(mlp="swiglu"), mixed)) == {
+        "mlp.c_gate",
+        "mlp.c_proj",
+        "attn.c_proj",
+    }
+    # a group and names together; each block's linears in the block's order, whatever the
+    # list's: the same A drawn for the same targets
+    torch.manual_seed(0)
+    listed = add_lora(
+        tiny_gpt(), LoRAConfig(rank=2, targets=["mlp", "k_proj", "o_proj", "q_proj", "v_proj"])
+    )
+    torch.manual_seed(0)
+    grouped = add_lora(tiny_gpt(), LoRAConfig(rank=2, targets="all_linear"))
+    assert [n for n, _ in listed.named_parameters()] == [n for n, _ in grouped.named_parameters()]
+    for (n, a), (_, b) in zip(listed.named_parameters(), grouped.named_parameters()):
+        assert torch.equal(a, b), n
+
+
+def test_named_targets_the_model_lacks_or_no_model_has_are_refused():
+    from littlelm.config import validate
+    from littlelm.model.lora import check_lora
+    from littlelm.schema import RunConfig, resolve
+
+    with pytest.raises(ConfigError, match=r"\['qproj'\] is not a group or a block linear's name"):
+        validate(RunConfig, {"lora": {"targets": ["q_proj", "qproj"]}})
+    with pytest.raises(ConfigError, match="lists a target twice"):
+        validate(RunConfig, {"lora": {"targets": ["q_proj", "q_proj"]}})
+    problems = check_lora(tiny_gpt(), LoRAConfig(targets=["gate_proj", "q_proj"]))  # relu2: no gate
+    assert problems and "['gate_proj']: this model's MLP has no such linear" in problems[0]
+    assert "mlp.c_fc, mlp.c_proj" in problems[0]
+    tiny = {"d_model": 32, "n_head": 2, "n_layer": 2, "max_seq_len": 32, "vocab_size": 50}
+    tree = {"model": tiny, "lora": {"rank": 4, "targets": ["gate_proj"]}}
+    with pytest.raises(ConfigError, match="gate_proj"):  # at config time, before any data
+        resolve(validate(RunConfig, tree))
+
+
+def test_rslora_scales_by_alpha_over_the_root_of_the_rank():
+    assert LoRAConfig(rank=16, alpha=32).scale == 2.0
+    assert LoRAConfig(rank=16, alpha=32, use_rslora=True).scale == 8.0
+    model = add_lora(tiny_gpt(), LoRAConfig(rank=4, alpha=8, use_rslora=True))
+    assert model.blocks[0].attn.c_q.scale == 4.0
+
+
 def test_fresh_adapters_compute_the_base_exactly_and_merging_keeps_the_function():
     base = tiny_gpt().eval()
     want = base(TOKENS)
@@ -229,12 +282,16 @@ LLAMA = dict(mlp="swiglu", qk_norm=False, softcap=None, residual_scalars=False, 
 
 
 @pytest.mark.parametrize(
-    "features,targets",
-    [({}, "all_linear"), (LLAMA, ["attention"])],
-    ids=["littlelm-remote-code", "llama-attention"],
+    "features,targets,rslora",
+    [
+        ({}, "all_linear", False),
+        (LLAMA, ["attention"], False),
+        (LLAMA, ["q_proj", "v_proj", "down_proj"], True),
+    ],
+    ids=["littlelm-remote-code", "llama-attention", "llama-names-rslora"],
 )
 def test_peft_on_the_exported_base_computes_the_lora_run_and_so_does_the_merged_export(
-    tmp_path, features, targets
+    tmp_path, features, targets, rslora
 ):
     """peft, the judge: PeftModel.from_pretrained(base export, DIR/adapter) and
     AutoPeftModelForCausalLM.from_pretrained(DIR/adapter) (the base it names) give littlelm's
@@ -244,7 +301,8 @@ def test_peft_on_the_exported_base_computes_the_lora_run_and_so_does_the_merged_
     from littlelm.interop.hf import export
     from littlelm.load import load_model
 
-    base_dir, tree = base_and_lora(tmp_path, features, targets=targets, lr=0.05, alpha=4)
+    lora = {"targets": targets, "lr": 0.05, "alpha": 4, "use_rslora": rslora}
+    base_dir, tree = base_and_lora(tmp_path, features, **lora)
     tree["train"].update(max_steps=3, precision="fp32")  # judged in fp32: the base held in it
     cfg = load_run(write_config(tmp_path / "lora.yaml", tree))
     Trainer(cfg, resume="never").fit()
@@ -262,6 +320,7 @@ def test_peft_on_the_exported_base_computes_the_lora_run_and_so_does_the_merged_
         base_hf = auto.from_pretrained(tmp_path / "hf_base", trust_remote_code=True)
         model = peft.PeftModel.from_pretrained(base_hf.float(), tmp_path / "hf_lora" / "adapter")
         n_adapted = sum(1 for m in model.modules() if isinstance(m, peft.tuners.lora.LoraLayer))
+        assert model.peft_config["default"].use_rslora is rslora
         want = sum(isinstance(m, LoRALinear) for m in wrapped.modules())
         assert n_adapted == want  # each of ours, no more (c_proj is in attention and the MLP)
         theirs = model.eval()(ids).logits

@@ -36,6 +36,10 @@ CASES = {
         0.86,  # trace / analytic: the frozen MLP's backward peaks lower than a trained one's
     ),
     "mlp only": ({"lora": {"targets": "mlp"}}, None),
+    "by name: q_proj, v_proj, down_proj": (
+        {"lora": {"targets": ["q_proj", "v_proj", "down_proj"]}},
+        None,
+    ),
     "embeddings and norm gains trained": (
         {"lora": {"train_embeddings": True, "train_norms": True}, "model": {"norm_affine": True}},
         1.14,  # trace / analytic: the trained lm_head's gradient beside the top block's
@@ -72,7 +76,8 @@ def test_lora_analytic_agrees_with_trace(tmp_path, corpus, sections, bwd):
 def test_planner_trains_what_the_model_trains(tmp_path, corpus):
     """The planner's parameter list (analytic) against add_lora's wrapped model: the same
     trained count and total, for each target choice."""
-    for lora in ({}, {"targets": "attention", "train_norms": True}, {"targets": ["mlp"]}):
+    named = {"targets": ["q_proj", "attn.c_proj", "up_proj"]}
+    for lora in ({}, {"targets": "attention", "train_norms": True}, {"targets": ["mlp"]}, named):
         cfg = config(tmp_path, corpus, {"lora": lora, "model": {"norm_affine": True}})
         torch.manual_seed(0)
         model, _ = build(cfg, torch.device("cpu"))

@@ -86,7 +86,8 @@ def inspect_tokens(
     split at <|endoftext|> (50256), others not at all; a Megatron or parquet file whose
     documents all end with one token (--append-eod) is read with that token as the BOS."""
     from littlelm.data.cache import cache_root
-    from littlelm.data.foreign import TokenFiles, TokensConfig, detect_format
+    from littlelm.data.foreign import TokenFiles, TokensConfig
+    from littlelm.data.token_formats import detect_format
 
     fmt = fmt or detect_format(path)
     cfg = TokensConfig(

@@ -9,8 +9,8 @@ DIR/adapter/, whose base_model_name_or_path names DIR/base (absolute), so that
 
 or `peft.PeftModel.from_pretrained(base, "DIR/adapter")`, where `base` is DIR/base or any
 export of the run's base checkpoint (the same architecture, so the module names are those
-interop/arch.py maps littlelm's to). PEFT scales B A by lora_alpha / r,
-as littlelm does (alpha / rank).
+interop/arch.py maps littlelm's to). PEFT scales B A by lora_alpha / r (lora_alpha / sqrt(r)
+with use_rslora), as littlelm does.
 
 Tensors LoRA trains in full (lora.train_embeddings, train_norms) have no place there that
 loads onto the base's export unchanged (their exported form is transformed: a normalised,
@@ -94,7 +94,7 @@ def write_adapter(
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
-        "use_rslora": False,
+        "use_rslora": lora.use_rslora,
         "modules_to_save": None,
     }
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))

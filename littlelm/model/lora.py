@@ -39,22 +39,21 @@ from littlelm.errors import CheckpointError
 from littlelm.model.blocks import Norm
 from littlelm.model.nf4 import dequantized, is_nf4, nf4_base
 
-TargetRole = Literal["attention", "mlp"]
 ATTENTION = ("c_q", "c_k", "c_v", "c_proj")
-# the module names PEFT users give (as transformers' Llama-shaped export names the linears):
-# (role, littlelm's linear in that role's module); a non-gated MLP's one input is its up_proj
-MODULE_NAMES = {
-    "q_proj": ("attention", "c_q"),
-    "k_proj": ("attention", "c_k"),
-    "v_proj": ("attention", "c_v"),
-    "o_proj": ("attention", "c_proj"),
-    "gate_proj": ("mlp", "c_gate"),
-    "up_proj": ("mlp", "c_fc"),
-    "down_proj": ("mlp", "c_proj"),
+# A block's linears by the names its exports give them (what peft's target_modules say):
+# transformers' Llama/Qwen names, and littlelm's own (the littlelm-architecture export's,
+# qualified: c_proj is in both the attention and the MLP)
+TRANSFORMERS_NAMES = {
+    "q_proj": "attn.c_q",
+    "k_proj": "attn.c_k",
+    "v_proj": "attn.c_v",
+    "o_proj": "attn.c_proj",
+    "gate_proj": "mlp.c_gate",
+    "up_proj": "mlp.c_fc",
+    "down_proj": "mlp.c_proj",
 }
-Target = Literal[
-    "attention", "mlp", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
-]
+OWN_NAMES = (*(f"attn.{n}" for n in ATTENTION), "mlp.c_fc", "mlp.c_gate", "mlp.c_proj")
+GROUPS = ("attention", "mlp")
 
 
 class LoRAConfig(Cfg):
@@ -67,18 +66,19 @@ class LoRAConfig(Cfg):
     dropout: float = Field(
         0.0, description="Dropout on the adapters' input (training only).", ge=0, lt=1
     )
-    targets: Literal["attention", "mlp", "all_linear"] | list[Target] = Field(
+    targets: Literal["attention", "mlp", "all_linear"] | list[str] = Field(
         "all_linear",
-        description="Linears that get adapters: attention (c_q, c_k, c_v, c_proj of each "
-        "block), mlp (the MLP's linears), all_linear (both; lm_head is not a target, as in "
-        "PEFT's all-linear), or a list of attention, mlp and module names as the export names "
-        "them (PEFT's target_modules): q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-        "down_proj.",
+        description="Linears that get adapters in every block: attention (c_q, c_k, c_v, "
+        "c_proj), mlp (the MLP's linears), all_linear (both; lm_head is not a target, as in "
+        "PEFT's all-linear), or a list of groups and module names as the exports name them "
+        "(peft's target_modules): q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+        "down_proj, or littlelm's attn.c_q ... mlp.c_proj.",
     )
     use_rslora: bool = Field(
         False,
-        description="Scale the adapters by alpha / sqrt(rank) (rank-stabilised LoRA, PEFT's "
-        "use_rslora) instead of alpha / rank.",
+        description="Rank-stabilised LoRA (peft's use_rslora): scale the adapters by alpha / "
+        "sqrt(rank) instead of alpha / rank. At rank 16 that is 4x the update: lower lora.lr "
+        "or alpha with it.",
     )
     base_precision: Literal["auto", "fp32"] = Field(
         "auto",
@@ -114,9 +114,16 @@ class LoRAConfig(Cfg):
     def _targets(cls, targets):
         if isinstance(targets, list):
             if not targets:
-                raise ValueError("lists no linears: give attention, mlp or both")
+                raise ValueError("lists no linears: give attention, mlp or module names")
             if len(set(targets)) != len(targets):
-                raise ValueError(f"{targets} lists a role twice")
+                raise ValueError(f"{targets} lists a target twice")
+            known = (*GROUPS, *TRANSFORMERS_NAMES, *OWN_NAMES)
+            unknown = [t for t in targets if t not in known]
+            if unknown:
+                raise ValueError(
+                    f"{unknown} is not a group or a block linear's name; choose from "
+                    f"{', '.join(known)}"
+                )
         return targets
 
     @field_validator("quantize")
@@ -124,18 +131,33 @@ class LoRAConfig(Cfg):
     def _quantize(cls, quantize: str) -> str:
         return quantize  # nf4 is checked where it is built (model/nf4.py: CUDA, bitsandbytes)
 
-    def roles(self) -> tuple[str, ...]:
-        """The targeted roles and module names: ('attention', 'mlp') for all_linear."""
+    def modules(self, mlp_inputs: tuple[str, ...]) -> tuple[str, ...]:
+        """The targeted linears of a block ("attn.c_q", ..., "mlp.c_proj"), in the block's
+        order whatever the list's (the order adapters are made and their A drawn in), for an
+        MLP whose input linears are `mlp_inputs` (model/blocks.py MLPSpec.inputs). A named
+        linear the MLP does not have is left out: `check_lora` refuses it."""
         if self.targets == "all_linear":
-            return ("attention", "mlp")
+            wanted = set(GROUPS)
+        else:
+            wanted = {self.targets} if isinstance(self.targets, str) else set(self.targets)
+        named = {TRANSFORMERS_NAMES.get(t, t) for t in wanted}
+        block = (*(f"attn.{n}" for n in ATTENTION), *(f"mlp.{n}" for n in mlp_inputs), "mlp.c_proj")
+        return tuple(m for m in block if m in named or m.split(".")[0] in _group_of(wanted))
+
+    def describe(self) -> str:
+        """The targets in words, for the start-up line."""
         if isinstance(self.targets, str):
-            return (self.targets,)
-        return tuple(self.targets)
+            return " and ".join(GROUPS) if self.targets == "all_linear" else self.targets
+        return ", ".join(self.targets)
 
     @property
     def scale(self) -> float:
-        # rsLoRA keeps the update's scale steady as the rank grows (Kalajdzievski 2023, as PEFT)
         return self.alpha / (math.sqrt(self.rank) if self.use_rslora else self.rank)
+
+
+def _group_of(wanted: set[str]) -> set[str]:
+    """The block modules ("attn", "mlp") whose every linear `wanted` targets by group."""
+    return {"attn" for g in wanted if g == "attention"} | {"mlp" for g in wanted if g == "mlp"}
 
 
 def frozen_base(
@@ -220,25 +242,23 @@ class LoRALinear(nn.Module):
         return self.base
 
 
-def _targets(model: nn.Module, roles: tuple[str, ...]) -> list[tuple[nn.Module, str]]:
-    """(parent module, attribute) of every linear `roles` (roles and module names) target,
-    block by block, in the model's own order; a module name the model lacks is left out
-    (check_lora says so)."""
+def _targets(model: nn.Module, cfg: LoRAConfig) -> list[tuple[nn.Module, str]]:
+    """(parent module, attribute) of every linear `cfg` targets, block by block."""
     out: list[tuple[nn.Module, str]] = []
     for block in getattr(model, "blocks", []):
-        wanted = {
-            (role, name)
-            for role, names in (
-                ("attention", ATTENTION),
-                ("mlp", (*block.mlp.spec.inputs, "c_proj")),
-            )
-            if role in roles
-            for name in names
-        } | {MODULE_NAMES[r] for r in roles if r in MODULE_NAMES}
-        out += [(block.attn, name) for name in ATTENTION if ("attention", name) in wanted]
-        mlp = (*block.mlp.spec.inputs, "c_proj")
-        out += [(block.mlp, name) for name in mlp if ("mlp", name) in wanted]
+        for module in cfg.modules(block.mlp.spec.inputs):
+            parent, name = module.split(".")
+            out.append((getattr(block, parent), name))
     return out
+
+
+def _missing(model: nn.Module, cfg: LoRAConfig) -> list[str]:
+    """Named targets `model`'s blocks do not have (gate_proj on an MLP without a gate)."""
+    blocks = getattr(model, "blocks", [])
+    if isinstance(cfg.targets, str) or not blocks:
+        return []
+    have = cfg.modules(blocks[0].mlp.spec.inputs)
+    return [t for t in cfg.targets if t not in GROUPS and TRANSFORMERS_NAMES.get(t, t) not in have]
 
 
 def base_dtype(cfg: LoRAConfig, precision: str) -> torch.dtype | None:
@@ -254,7 +274,7 @@ def add_lora(model: nn.Module, cfg: LoRAConfig, base: torch.dtype | None = None)
     and A is drawn from the current RNG state."""
     for p in model.parameters():
         p.requires_grad_(False)
-    for parent, name in _targets(model, cfg.roles()):
+    for parent, name in _targets(model, cfg):
         linear = getattr(parent, name)
         if isinstance(linear, LoRALinear):
             raise ValueError("add_lora: this model has adapters already")
@@ -278,14 +298,7 @@ def _norm_gains(model: nn.Module) -> list[nn.Parameter]:
 
 def check_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     """Problems of LoRA on `model`'s config: a requested full-trained tensor it does not have."""
-    problems = []
-    for target in cfg.roles():
-        if target in MODULE_NAMES and not _targets(model, (target,)):
-            mlp = getattr(getattr(model, "cfg", None), "mlp", "?")
-            problems.append(
-                f"lora.targets: this model has no {target} (model.mlp {mlp} is not gated); "
-                "leave it out of the list, or use mlp for the MLP's linears"
-            )
+    problems = target_problems(model, cfg)
     if cfg.train_norms and not _norm_gains(model):
         problems.append(
             "lora.train_norms: this model's norms have no gains to train (model.norm_affine "
@@ -294,13 +307,27 @@ def check_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     return problems
 
 
+def target_problems(model: nn.Module, cfg: LoRAConfig) -> list[str]:
+    """Named targets `model`'s blocks do not have (gate_proj on an MLP without a gate); `model`
+    may be on the meta device."""
+    missing = _missing(model, cfg)
+    if not missing:
+        return []
+    mlp = model.blocks[0].mlp  # type: ignore[index,union-attr]
+    have = ", ".join(f"mlp.{n}" for n in (*mlp.spec.inputs, "c_proj"))
+    return [
+        f"lora.targets: {missing}: this model's MLP has no such linear (its linears: {have}; "
+        "gate_proj is a gated MLP's, e.g. model.mlp: swiglu); remove it from the list"
+    ]
+
+
 def rank_problems(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     """lora.rank above what a targeted linear can hold: B A of an out × in linear has rank at
     most min(in, out), so a larger rank only adds parameters (`model` may be on the meta
     device: only shapes are read)."""
     limits = {
         min(linear.in_features, linear.out_features): name
-        for parent, name in _targets(model, cfg.roles())
+        for parent, name in _targets(model, cfg)
         for linear in [getattr(parent, name)]
     }
     if not limits or cfg.rank <= min(limits):

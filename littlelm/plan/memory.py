@@ -80,17 +80,9 @@ class Adapters:
         """From a LoRAConfig (None: a full run)."""
         if lora is None:
             return None
-        groups = [lora.targets] if isinstance(lora.targets, str) else list(lora.targets)
-        attention = ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj")
-        mlp = (*(f"mlp.{n}" for n in MLPS[model.mlp].inputs), "mlp.c_proj")
-        targets: tuple[str, ...] = ()
-        if {"attention", "all_linear"} & set(groups):
-            targets += attention
-        if {"mlp", "all_linear"} & set(groups):
-            targets += mlp
         return cls(
             rank=lora.rank,
-            targets=targets,
+            targets=lora.modules(MLPS[model.mlp].inputs),
             dropout=lora.dropout > 0,
             nf4=lora.quantize == "nf4",
             train_embeddings=lora.train_embeddings,
