@@ -217,7 +217,8 @@ class LoRALinear(nn.Module):
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         w = self.base.weight
-        if x.dtype != w.dtype and w.is_floating_point() and not torch.is_autocast_enabled():
+        autocast = torch.is_autocast_enabled(x.device.type)
+        if x.dtype != w.dtype and w.is_floating_point() and not autocast:
             # a bf16-held base called outside the run's autocast (a user's own forward): the
             # matmul in the base's dtype, as the run computes it, the output in the caller's
             return self.base(x.to(w.dtype)).to(x.dtype)
