@@ -1,0 +1,49 @@
+"""benchmarks/race_nanochat.py's own arithmetic: nanochat's schedules are read out of its
+base_train.py (a script that cannot be imported) and run with its defaults, and littlelm's time to
+reach nanochat's loss is interpolated between the budgets run, never guessed beyond them."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def race():
+    spec = importlib.util.spec_from_file_location("race", ROOT / "benchmarks/race_nanochat.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_schedules_come_from_the_checkouts_script_with_its_defaults(race, tmp_path):
+    # a stand-in base_train.py: top-level code that must not run, the three functions that must
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "base_train.py").write_text(
+        "raise SystemExit('the script ran')\n"
+        "def get_lr_multiplier(it):\n    return (args.warmup_steps, args.final_lr_frac, it)\n"
+        "def get_muon_momentum(it):\n    return num_iterations\n"
+        "def get_weight_decay(it):\n    return weight_decay_scaled * math.cos(0)\n"
+    )
+    lr, momentum, wd = race.nanochat_schedules(tmp_path, 480)
+    assert lr(3) == (40, 0.05, 3)
+    assert momentum(0) == 480
+    assert wd(0) == 0.0
+
+
+def test_a_checkout_without_the_schedules_is_refused_naming_the_commit(race, tmp_path):
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "base_train.py").write_text("def get_lr_multiplier(it):\n    pass\n")
+    with pytest.raises(SystemExit, match=race.PINNED):
+        race.nanochat_schedules(tmp_path, 10)
+
+
+def test_time_to_a_loss_interpolates_in_log_time_and_never_extrapolates(race):
+    pts = [(10.0, 2.0), (40.0, 1.5)]
+    assert race.time_to(pts, 1.75) == pytest.approx(math.sqrt(10 * 40))
+    assert race.time_to(pts, 2.5) == 10.0  # reached by the first budget: its time, an upper bound
+    assert race.time_to(pts, 1.4) is None  # no budget reached it: '>' in the table
