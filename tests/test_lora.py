@@ -208,6 +208,7 @@ def losses(run_dir: Path) -> list[tuple]:
 
 def test_lora_run_keeps_adapters_alone_resumes_bitwise_and_loads_merged(tmp_path):
     base_dir, tree = base_and_lora(tmp_path, dropout=0.1, train_embeddings=True)
+    tree["train"]["precision"] = "fp32"  # the merge checked at 1e-5 (bf16: test_lora_base.py)
     straight = load_run(write_config(tmp_path / "straight.yaml", tree))
     trainer = Trainer(straight, resume="never")
     assert trainable_count(trainer.model) < trainer.model.param_counts()["total"] // 2
@@ -302,7 +303,7 @@ def test_peft_on_the_exported_base_computes_the_lora_run_and_so_does_the_merged_
 
     lora = {"targets": targets, "lr": 0.05, "alpha": 4, "use_rslora": rslora}
     base_dir, tree = base_and_lora(tmp_path, features, **lora)
-    tree["train"]["max_steps"] = 3
+    tree["train"].update(max_steps=3, precision="fp32")  # judged in fp32: the base held in it
     cfg = load_run(write_config(tmp_path / "lora.yaml", tree))
     Trainer(cfg, resume="never").fit()
     assert export(base_dir, tmp_path / "hf_base")["adapter"] is None  # not a LoRA run

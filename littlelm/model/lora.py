@@ -24,7 +24,8 @@ it a 4-bit one there (model/nf4.py: bitsandbytes on CUDA, refused elsewhere with
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -78,6 +79,13 @@ class LoRAConfig(Cfg):
         description="Rank-stabilised LoRA (peft's use_rslora): scale the adapters by alpha / "
         "sqrt(rank) instead of alpha / rank. At rank 16 that is 4x the update: lower lora.lr "
         "or alpha with it.",
+    )
+    base_precision: Literal["auto", "fp32"] = Field(
+        "auto",
+        description="Storage of the frozen base linears: auto = the training precision "
+        "(train.precision as resolved: bf16 holds them in bf16, the copy bf16 autocast would "
+        "make of them anyway, so training computes the same), fp32 = train.master_weights' "
+        "dtype.",
     )
     train_embeddings: bool = Field(
         False,
@@ -152,25 +160,40 @@ def _group_of(wanted: set[str]) -> set[str]:
     return {"attn" for g in wanted if g == "attention"} | {"mlp" for g in wanted if g == "mlp"}
 
 
-def frozen_base(linear: nn.Linear, quantize: str = "none") -> nn.Linear:
+def frozen_base(
+    linear: nn.Linear, quantize: str = "none", dtype: torch.dtype | None = None
+) -> nn.Linear:
     """The frozen base of an adapted linear: `linear` itself, its weight (and bias) no longer
-    trained. The seam of quantized bases (QLoRA's nf4 makes a 4-bit one here)."""
+    trained, held in `dtype` (None: as it is). The seam of quantized bases (QLoRA's nf4 makes a
+    4-bit one here)."""
     if quantize == "nf4":  # QLoRA: bitsandbytes' 4-bit linear (its stand-in when traced)
         return nf4_base(linear)
     for p in linear.parameters():
         p.requires_grad_(False)
+        if dtype is not None:
+            # in place of the fp32 weight: bf16 autocast rounds it to this same copy at every
+            # matmul (round to nearest), so the run computes bitwise what it did in fp32
+            p.data = p.data.to(dtype)
     return linear
 
 
 class LoRALinear(nn.Module):
     """A frozen linear plus a trained low-rank update: base(x) + scale · B A dropout(x)."""
 
-    def __init__(self, base: nn.Linear, rank: int, scale: float, dropout: float):
+    def __init__(
+        self,
+        base: nn.Linear,
+        rank: int,
+        scale: float,
+        dropout: float,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
         w = base.weight
-        dtype = getattr(base, "adapter_dtype", w.dtype)  # a 4-bit base: its weights' old dtype
+        # a 4-bit base: its weights' old dtype; a bf16-held base: the master weights' dtype
+        dtype = getattr(base, "adapter_dtype", dtype or w.dtype)
         self.lora_A = nn.Parameter(
             torch.empty(rank, self.in_features, dtype=dtype, device=w.device)
         )
@@ -184,10 +207,22 @@ class LoRALinear(nn.Module):
             self.lora_A.uniform_(-bound, bound)
         self.scale = scale
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.enabled = True  # off: the base alone (adapters_off: the frozen reference)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return self._base(x)
         update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)
-        return self.base(x) + update * self.scale
+        return self._base(x) + update * self.scale
+
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.base.weight
+        autocast = torch.is_autocast_enabled(x.device.type)
+        if x.dtype != w.dtype and w.is_floating_point() and not autocast:
+            # a bf16-held base called outside the run's autocast (a user's own forward): the
+            # matmul in the base's dtype, as the run computes it, the output in the caller's
+            return self.base(x.to(w.dtype)).to(x.dtype)
+        return self.base(x)
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
@@ -227,18 +262,26 @@ def _missing(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     return [t for t in cfg.targets if t not in GROUPS and TRANSFORMERS_NAMES.get(t, t) not in have]
 
 
-def add_lora(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
+def base_dtype(cfg: LoRAConfig, precision: str) -> torch.dtype | None:
+    """The dtype the frozen base linears are held in for a run computing in `precision` (as
+    resolved: bf16 or fp32); None: as built (train.master_weights')."""
+    return torch.bfloat16 if cfg.base_precision == "auto" and precision == "bf16" else None
+
+
+def add_lora(model: nn.Module, cfg: LoRAConfig, base: torch.dtype | None = None) -> nn.Module:
     """Wrap `model`'s targeted linears (in place; returns it) and freeze everything but the
     adapters and what cfg trains in full (train_embeddings, train_norms). Adapters take the
-    linear's dtype and device, and A is drawn from the current RNG state."""
+    linear's dtype and device (the frozen linears are then held in `base`, None: as they are),
+    and A is drawn from the current RNG state."""
     for p in model.parameters():
         p.requires_grad_(False)
     for parent, name in _targets(model, cfg):
         linear = getattr(parent, name)
         if isinstance(linear, LoRALinear):
             raise ValueError("add_lora: this model has adapters already")
-        base = frozen_base(linear, cfg.quantize)
-        setattr(parent, name, LoRALinear(base, cfg.rank, cfg.scale, cfg.dropout))
+        own = linear.weight.dtype
+        frozen = frozen_base(linear, cfg.quantize, base)
+        setattr(parent, name, LoRALinear(frozen, cfg.rank, cfg.scale, cfg.dropout, own))
     for name, p in model.named_parameters():
         if cfg.train_embeddings and name.split(".")[0] in ("wte", "lm_head"):
             p.requires_grad_(True)  # lm_head is wte itself when tied: trained once
@@ -296,6 +339,20 @@ def rank_problems(model: nn.Module, cfg: LoRAConfig) -> list[str]:
         f"({limits[limit]}: an update B A of it has rank at most {limit}); set lora.rank to "
         f"{limit} or less"
     ]
+
+
+@contextmanager
+def adapters_off(model: nn.Module) -> Iterator[None]:
+    """`model` computes its frozen base alone inside (PEFT's disable_adapter): every adapter's
+    update is skipped, not multiplied by zero, so the output is the base's bitwise."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    for m in layers:
+        m.enabled = False
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.enabled = True
 
 
 def has_lora(model: nn.Module) -> bool:

@@ -69,6 +69,8 @@ def with_lora(cfg: RunConfig, model: LanguageModel) -> LanguageModel:
     problems = check_lora(model, cfg.lora)
     if problems:
         raise ConfigError(problems)
+    # the frozen base as built (train.master_weights'): the planner's analytic model counts
+    # it so; the trainer's transform holds it in the training precision (train/transform.py)
     add_lora(model, cfg.lora)
     return model
 
@@ -86,7 +88,8 @@ def optimizer_for(
 def build_transform(cfg: RunConfig) -> Transform:
     """The run's model transform (train/transform.py): LoRA's adapters on its base, or none."""
     g = cfg.starts_from()
-    return transform_for(cfg.lora, g.parent if g is not None else None)
+    # train.precision as resolved for the device (the trainer's cfg): the frozen base's dtype
+    return transform_for(cfg.lora, g.parent if g is not None else None, cfg.train.precision)
 
 
 def build_objective(cfg: RunConfig, setting: Setting) -> Objective:

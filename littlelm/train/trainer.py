@@ -186,7 +186,8 @@ class Trainer:
         #     reference: the run's base, read last so that nothing above draws after it)
         # locals, not `self`: a closure over the trainer would make a cycle (trainer ->
         # objective -> setting -> closure), freed only when gc runs, not at `del trainer`
-        fingerprint, device = self.data.tokenizer.fingerprint, self.device
+        fingerprint, device, model = self.data.tokenizer.fingerprint, self.device, self.model
+        transform = self.transform  # the reference: LoRA's adapters off, else a base copy
         self.objective = build_objective(
             cfg,
             Setting(
@@ -196,7 +197,9 @@ class Trainer:
                 self.autocast,
                 self.data,
                 self.parallel,
-                reference=lambda: base_copy(cfg, device, fingerprint),
+                reference=lambda: transform.reference(
+                    model, lambda: base_copy(cfg, device, fingerprint)
+                ),
             ),
         )
 

@@ -9,6 +9,7 @@ knowing what it is.
     t.load(model, loaded)                 # a checkpoint's weights into a freshly built model
     t.load_trained(model, loaded, load_whole)   # a rollback's, into the running model
     t.merge(model)                        # the plain model (sample, chat, eval, export)
+    t.reference(model, copy)              # the frozen reference: LoRA's adapters off, or copy()
 
 `Transform` is the identity (a run that trains every weight). `LoRA` puts adapters on the
 frozen base (model/lora.py holds the adapters, their tensors and the merge): its checkpoints keep
@@ -33,7 +34,9 @@ from littlelm.model.gpt import GPT
 from littlelm.model.grow import parent_model_config
 from littlelm.model.lora import (
     LoRAConfig,
+    adapters_off,
     add_lora,
+    base_dtype,
     check_lora,
     has_lora,
     load_trained,
@@ -83,6 +86,13 @@ class Transform:
         """The plain model computing what the transformed one computes."""
         return model
 
+    def reference(
+        self, model: torch.nn.Module, copy: Callable[[], torch.nn.Module]
+    ) -> torch.nn.Module:
+        """The frozen reference of an objective (DPO, RL's KL): the run's base as it was.
+        `copy()` reads a second model from the base checkpoint (train/growth.py's base_copy)."""
+        return copy()
+
 
 class LoRA(Transform):
     """Adapters on a frozen base (model/lora.py); `base` is the checkpoint the run starts from
@@ -90,15 +100,18 @@ class LoRA(Transform):
 
     keeps_every_weight = False  # the trained tensors alone: the base stays in its checkpoint
 
-    def __init__(self, cfg: LoRAConfig, base: str | None):
+    def __init__(self, cfg: LoRAConfig, base: str | None, precision: str | None = None):
         self.cfg, self.base = cfg, base
+        # the frozen linears' dtype in a run computing in `precision` (None: as loaded, what
+        # sample, eval and export read: the merge is then computed from the base's own weights)
+        self.base_dtype = base_dtype(cfg, precision) if precision else None
         self.base_record: dict | None = None  # {path, fingerprint, sha256, stat}: read once
 
     def _apply(self, model: torch.nn.Module) -> None:
         problems = check_lora(model, self.cfg)
         if problems:
             raise ConfigError(problems)
-        add_lora(model, self.cfg)
+        add_lora(model, self.cfg, self.base_dtype)
 
     def start(self, model: torch.nn.Module, grown: Any) -> None:
         """A fresh LoRA run starts from trained weights of its own shape: LoRA learns a small
@@ -201,10 +214,37 @@ class LoRA(Transform):
     def merge(self, model: torch.nn.Module) -> torch.nn.Module:
         return merge_lora(model)
 
+    def reference(
+        self, model: torch.nn.Module, copy: Callable[[], torch.nn.Module]
+    ) -> torch.nn.Module:
+        """The model itself with its adapters off (PEFT's disable_adapter): the frozen base is
+        the run's base, so one set of base weights serves policy and reference. A run that
+        trains tensors in full (train_embeddings, train_norms) changed its base: a copy then."""
+        if self.cfg.train_embeddings or self.cfg.train_norms:
+            return copy()
+        return AdaptersOff(model)
 
-def transform_for(lora: LoRAConfig | None, base: str | None) -> Transform:
-    """The transform of a run whose lora section is `lora`, started from the checkpoint `base`."""
-    return Transform() if lora is None else LoRA(lora, base)
+
+class AdaptersOff(torch.nn.Module):
+    """A LoRA model called with its adapters off: its frozen base, computing what a copy of the
+    base computes (the same tensors, the same ops). Holds no weights of its own; the model is
+    kept out of its parameters (a plain attribute) so that nothing counts or moves them twice."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.__dict__["model"] = model  # not a submodule: the trainer owns it
+
+    def forward(self, *args, **kwargs):
+        with adapters_off(self.__dict__["model"]):
+            return self.__dict__["model"](*args, **kwargs)
+
+
+def transform_for(
+    lora: LoRAConfig | None, base: str | None, precision: str | None = None
+) -> Transform:
+    """The transform of a run whose lora section is `lora`, started from the checkpoint `base`,
+    computing in `precision` (as resolved: the frozen base's dtype; None: as loaded)."""
+    return Transform() if lora is None else LoRA(lora, base, precision)
 
 
 def base_path(loaded: ckpt.Loaded) -> Path:
