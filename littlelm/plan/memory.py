@@ -23,6 +23,7 @@ from littlelm.errors import ConfigError
 from littlelm.model import blocks
 from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import group_rows
+from littlelm.model.lora import base_dtype
 from littlelm.optim.base import ELEMENTS, MATRICES, GroupRule, OptimizerTraits
 from littlelm.plan.trace import (
     ACT,
@@ -50,6 +51,7 @@ class Param:
     role: str  # the model's role for it (model/protocol.py ROLES), "adapter" for LoRA's A and B
     trainable: bool = True  # False: a LoRA run's frozen base (no gradient, no optimizer state)
     nf4: bool = False  # stored in 4-bit NF4 with its quantization constants (QLoRA's base)
+    bf16: bool = False  # a frozen base weight held in bf16 (lora.base_precision: auto, bf16 run)
 
     @property
     def numel(self) -> int:
@@ -72,12 +74,15 @@ class Adapters:
     targets: tuple[str, ...]  # modules within a block: "attn.c_q", ..., "mlp.c_proj"
     dropout: bool = False  # lora.dropout > 0: each adapter keeps its dropped input and mask
     nf4: bool = False  # lora.quantize: nf4 (QLoRA): the target weights in 4-bit NF4
+    # the target weights held in bf16 (lora.base_precision: auto in a bf16 run; model/lora.py's
+    # base_dtype): no fp32 copy, and no autocast copy either (they are bf16 already)
+    bf16_base: bool = False
     train_embeddings: bool = False
     train_norms: bool = False
 
     @classmethod
-    def of(cls, lora, model: GPTConfig) -> Adapters | None:
-        """From a LoRAConfig (None: a full run)."""
+    def of(cls, lora, model: GPTConfig, bf16: bool = False) -> Adapters | None:
+        """From a LoRAConfig (None: a full run), in a run computing in bf16 or not."""
         if lora is None:
             return None
         return cls(
@@ -85,6 +90,7 @@ class Adapters:
             targets=lora.modules(MLPS[model.mlp].inputs),
             dropout=lora.dropout > 0,
             nf4=lora.quantize == "nf4",
+            bf16_base=base_dtype(lora, "bf16" if bf16 else "fp32") == torch.bfloat16,
             train_embeddings=lora.train_embeddings,
             train_norms=lora.train_norms,
         )
@@ -120,7 +126,9 @@ class Adapters:
                 continue
             rows, cols = p.shape
             module = p.name.removesuffix(".weight")
-            out.append(replace(p, trainable=False, nf4=self.nf4))
+            out.append(
+                replace(p, trainable=False, nf4=self.nf4, bf16=self.bf16_base and not self.nf4)
+            )
             out.append(Param(f"{module}.lora_A", (self.rank, cols), "adapter"))
             out.append(Param(f"{module}.lora_B", (rows, self.rank), "adapter"))
         return tuple(out)
@@ -185,13 +193,14 @@ class Dims:
         accum = max(1, seqs // mb)
         traits = oc.traits()
         params, buffers = model_tensors(cfg.model)
-        lora = Adapters.of(getattr(cfg, "lora", None), cfg.model)
+        bf16 = t.precision in ("bf16", "auto")  # auto: the plan's GPUs all compute bf16
+        lora = Adapters.of(getattr(cfg, "lora", None), cfg.model, bf16)
         return cls(
             model=cfg.model,
             micro_batch=mb,
             seq_len=t.seq_len,
             grad_accum=accum,
-            bf16=t.precision in ("bf16", "auto"),  # auto: the plan's GPUs all compute bf16
+            bf16=bf16,
             optimizer=traits,
             params=lora.apply(params) if lora else params,
             buffers=buffers,
@@ -323,9 +332,10 @@ def nf4_bytes(numel: int) -> int:
 
 def parameter_bytes(d: Dims) -> int:
     """Parameters and the RoPE tables, in train.master_weights' dtype (fp32 or bf16); QLoRA's
-    frozen target weights in NF4 (`nf4_bytes`)."""
+    frozen target weights in NF4 (`nf4_bytes`), LoRA's in bf16 when held so."""
     own = sum(
-        nf4_bytes(p.numel) if p.nf4 else block_bytes(d.param_bytes * p.numel) for p in d.params
+        nf4_bytes(p.numel) if p.nf4 else block_bytes((2 if p.bf16 else d.param_bytes) * p.numel)
+        for p in d.params
     )
     return own + sum(block_bytes(d.param_bytes * n) for n in d.buffers)
 
@@ -367,8 +377,8 @@ def weight_copy_bytes(d: Dims) -> int:
         return total
     attn_in = ("attn.c_q", "attn.c_k", "attn.c_v")
     for p in d.params:
-        if p.nf4 or p.role not in ("matrix", "adapter"):
-            continue  # NF4 weights are dequantized, used and freed (model/nf4.py)
+        if p.nf4 or p.bf16 or p.role not in ("matrix", "adapter"):
+            continue  # NF4 weights are dequantized, used and freed (model/nf4.py); bf16 ones read
         if stacked and p.module in attn_in:
             continue  # in the stack
         # a frozen weight of the first block; an adapter's copy is kept all the same (autocast

@@ -108,8 +108,9 @@ def no_fit_text(p: GpuPlan) -> str:
         else "no single change makes it fit"
     )
     # a fine-tuning run: LoRA is named too, the change that most often makes one fit
+    # (not when the first remedy is LoRA already: then the next is QLoRA, a further step)
     lora = [r for r in fixes[1:] if r.name.startswith("lora=")]
-    if lora:
+    if lora and not fixes[0].name.startswith("lora="):
         best += f", or LoRA: {lora[0].name} ({gib(lora[0].needed_gib)} GiB)"
     return f"fits at no micro-batch ({needs_text(p)} at micro-batch {p.micro_batch}); {best}"
 

@@ -24,7 +24,7 @@ import torch
 
 from littlelm.data import build as data_build
 from littlelm.errors import ConfigError
-from littlelm.model.lora import add_lora, check_lora
+from littlelm.model.lora import add_lora, base_dtype, check_lora
 from littlelm.model.protocol import LanguageModel
 from littlelm.train.objective import Objective, Setting, chosen_objective
 from littlelm.train.step import LanguageModelLoss
@@ -69,9 +69,9 @@ def with_lora(cfg: RunConfig, model: LanguageModel) -> LanguageModel:
     problems = check_lora(model, cfg.lora)
     if problems:
         raise ConfigError(problems)
-    # the frozen base as built (train.master_weights'): the planner's analytic model counts
-    # it so; the trainer's transform holds it in the training precision (train/transform.py)
-    add_lora(model, cfg.lora)
+    # the frozen base in the training precision as resolved, as the trainer's transform holds
+    # it (train/transform.py; a config whose precision is still `auto` keeps it as built)
+    add_lora(model, cfg.lora, base_dtype(cfg.lora, cfg.train.precision))
     return model
 
 
