@@ -175,3 +175,58 @@ def test_peft_trainable_tokens_load_the_exported_rows(tmp_path, features):
         model = peft.AutoPeftModelForCausalLM.from_pretrained(adapter, trust_remote_code=True)
         theirs = model.float().eval()(ids).logits
     assert (theirs - ours).abs().max().item() < 1e-4
+
+
+# a Llama-shaped export normalises an embed_norm model's table once (interop/hf.py), so a row
+# peft moved has no counterpart in such a model (refused: below); without embed_norm it is exact
+@pytest.mark.parametrize(
+    "features",
+    [{}, {**LLAMA, "embed_norm": False}, LLAMA],
+    ids=["littlelm-remote-code", "llama", "llama-embed-norm-refused"],
+)
+def test_a_run_continues_from_a_peft_adapter_directory(tmp_path, features):
+    """lora.init_from: an adapter peft saved itself (its adapters and trainable tokens moved
+    away from ours first) is where the run starts: at step 0 its logits are peft's on the
+    exported base (1e-4, fp32); then it trains; an adapter of another rank is refused."""
+    peft = judge("peft")
+    from littlelm.interop.hf import export
+
+    _, tree = base_and_lora(tmp_path, features)
+    tree["train"]["max_steps"] = 2
+    first = load_run(write_config(tmp_path / "first.yaml", tree))
+    Trainer(first, resume="never").fit()
+    export(first.run_dir(), tmp_path / "hf")
+    model = peft.AutoPeftModelForCausalLM.from_pretrained(
+        tmp_path / "hf" / "adapter", trust_remote_code=True, is_trainable=True
+    ).float()
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name or "trainable_tokens_delta" in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    model.save_pretrained(tmp_path / "theirs")  # peft's own files
+    chat = json.loads(
+        (ckpt.latest_checkpoint(first.run_dir() / "checkpoints") / "state.json").read_text()
+    )["lora_tokens"]
+    ids = torch.randint(5, 280, (2, 12), generator=g)
+    ids[:, 2], ids[:, 7] = chat[1], chat[-1]  # trained rows read in the input
+    with torch.no_grad():
+        theirs = model.eval()(ids).logits
+
+    tree["run"]["name"] = "continued"
+    tree["lora"]["init_from"] = str(tmp_path / "theirs")
+    cfg = load_run(write_config(tmp_path / "continued.yaml", tree))
+    if features.get("embed_norm", True) and features:  # a Llama export of an embed_norm model
+        with pytest.raises(ConfigError, match="model.embed_norm"):
+            Trainer(cfg, resume="never")
+        return
+    trainer = Trainer(cfg, resume="never")
+    with torch.no_grad():
+        ours = trainer.model.eval()(ids)
+    assert (ours - theirs).abs().max().item() < 1e-4
+    assert trainer.fit()["finished"]
+
+    tree["run"]["name"] = "other-rank"
+    tree["lora"]["rank"] = 8
+    with pytest.raises(ConfigError, match="lora.rank: 4"):
+        Trainer(load_run(write_config(tmp_path / "bad.yaml", tree)), resume="never")

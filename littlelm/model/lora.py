@@ -103,6 +103,14 @@ class LoRAConfig(Cfg):
         "base pretrained on plain text never saw (without them LoRA learns a chat task far "
         "less than full SFT), none, or a list of token ids. Ignored with train_embeddings.",
     )
+    init_from: str | None = Field(
+        None,
+        description="A PEFT adapter directory (adapter_config.json, adapter_model.safetensors, "
+        "as peft's save_pretrained or `littlelm export` writes them, on an export of this run's "
+        "base) whose adapters and trainable token rows this run starts from instead of fresh "
+        "ones (peft's PeftModel.from_pretrained(..., is_trainable=True)); its r, lora_alpha, "
+        "use_rslora and adapted linears must be this section's.",
+    )
     train_norms: bool = Field(
         False,
         description="Also train the norms' gains in full (needs model.norm_affine or "

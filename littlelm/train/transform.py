@@ -44,6 +44,7 @@ from littlelm.model.lora import (
     merge_lora,
     trained_tensors,
 )
+from littlelm.model.peft_adapter import load_peft_adapter
 from littlelm.train.checkpoint import files as ckpt
 
 
@@ -147,6 +148,10 @@ class LoRA(Transform):
                 ]
             )
         self._apply(model)
+        if self.cfg.init_from is not None:  # a PEFT adapter's A, B and token rows, not fresh
+            problems = load_peft_adapter(model, self.cfg, self.cfg.init_from)
+            if problems:
+                raise ConfigError(problems)
 
     def applied(self, model: torch.nn.Module) -> bool:
         return has_lora(model)
