@@ -43,6 +43,20 @@ class RLConfig(ObjectiveConfig):
         "token); 0 = measured and logged (rl_kl) but not in the loss.",
         ge=0,
     )
+    iterations: int = Field(
+        1,
+        description="Optimizer steps per sampled batch (TRL's num_iterations): 1 = on-policy, "
+        "one update per sample; K > 1 = each batch serves K steps with PPO's clipped ratio "
+        "against the log-probs taken when it was sampled.",
+        ge=1,
+    )
+    clip_eps: float = Field(
+        0.2,
+        description="PPO's clip (TRL's epsilon): the ratio π/π_old counts within [1-clip_eps, "
+        "1+clip_eps]; read only when iterations > 1 (at 1 the ratio is 1).",
+        gt=0,
+        lt=1,
+    )
     reward: str = Field(
         "exact",
         description="Reward function: exact (the answer after ####, else the reply, equals the "
