@@ -46,7 +46,7 @@ def nan_reward(reply: str, answer: str) -> float:
 
 
 def test_a_reward_function_path_is_imported_and_its_errors_named():
-    assert reward_function("test_rl:parity_reward") is parity_reward
+    assert reward_function("test_rl:parity_reward") == (parity_reward, "pair")
     with pytest.raises(ConfigError, match="cannot import module 'no_such_rewards'.*PYTHONPATH"):
         reward_function("no_such_rewards:score")
     with pytest.raises(ConfigError, match="has no function 'missing'"):

@@ -96,6 +96,7 @@ class Objective(ABC):
 
     def load_state_dict(self, state: dict) -> None:
         """Back to a checkpoint's `state_dict()` (on resume and rollback)."""
+        assert not state, f"{type(self).__name__} keeps no state, yet a checkpoint holds one"
 
     def validate(self) -> dict:
         """The held-out figures (val_*): by default the language-model loss on every source's

@@ -66,7 +66,7 @@ from littlelm.errors import DataError
 from littlelm.model.generate import sample_group, tempered
 from littlelm.model.gpt import GPT
 from littlelm.train.objective import Objective, Pass, Setting
-from littlelm.train.rewards import reward_function, score
+from littlelm.train.rewards import reward_function, score, score_batch
 
 FIGURES = ("reward", "pass1", "reply_tokens", "kl", "flat_frac", "sample_s", "learn_s")
 
@@ -76,6 +76,8 @@ class Prompt:
     ids: list[int]  # BOS, the conversation, the assistant's header
     answer: str
     where: str  # FILE:LINE
+    messages: list[dict]  # the conversation (a batched reward's `prompts`)
+    columns: dict  # the row's other keys, answer included (a batched reward's keywords)
 
 
 def read_prompts(path: Path, fmt, room: int) -> list[Prompt]:
@@ -92,7 +94,8 @@ def read_prompts(path: Path, fmt, room: int) -> list[Prompt]:
         ids = fmt.encode(messages, add_generation_prompt=True)
         if len(ids) > room:
             too_long.append(f"{where} ({len(ids)} tokens)")
-        rows.append(Prompt(ids, str(row["answer"]), where))
+        columns = {k: v for k, v in row.items() if k not in ("question", "messages")}
+        rows.append(Prompt(ids, str(row["answer"]), where, messages, columns))
     if too_long:
         raise DataError(
             f"rl.prompts: {len(too_long)} prompt(s) leave no room for rl.max_new_tokens in the "
@@ -160,6 +163,9 @@ class Batch:
     old: list[torch.Tensor]  # per group, (G, T) log-probs when it was sampled
 
 
+TENSORS = ("tokens", "lengths", "rewards")  # a saved batch's per-group tensors besides "old"
+
+
 def tensor_state(t: torch.Tensor) -> dict:
     """`t` as JSON's numbers (Python floats hold every float32, bf16 and float64 exactly)."""
     return {"dtype": str(t.dtype).removeprefix("torch."), "values": t.tolist()}
@@ -188,7 +194,10 @@ class RL(Objective):
         self.fmt = chat_format(tokenizer)
         room = cfg.model.max_seq_len - self.r.max_new_tokens
         self.prompts = read_prompts(Path(self.r.prompts).expanduser(), self.fmt, room)
-        self.reward = reward_function(self.r.reward)
+        # a batched reward is given every column of the rows as a keyword: it must take them all
+        names = tuple(dict.fromkeys(k for p in self.prompts for k in p.columns))
+        self.reward, self.reward_form = reward_function(self.r.reward, self.r.reward_form, names)
+        self.columns = names
         self.reference = setting.reference()  # the SFT model, frozen: the KL reference
         # iterations > 1 also count the clipped tokens
         self.figures = FIGURES + (("clip_frac",) if self.r.iterations > 1 else ())
@@ -222,14 +231,33 @@ class RL(Objective):
                     gen,
                     self.fmt.end,
                 )
-            rewards = []
-            for row, n in zip(tokens.tolist(), lengths.tolist()):
-                reply = [t for t in row[:n] if t != self.fmt.end]
-                text = self.tok.decode(reply)
-                rewards.append(score(self.reward, r.reward, text, p.answer, r.reward_timeout))
-            # float64: a reward near float32's limit (1e38 and up) stays finite
-            groups.append((p, tokens, lengths, torch.tensor(rewards, dtype=torch.float64)))
-        return groups
+            texts = [
+                self.tok.decode([t for t in row[:n] if t != self.fmt.end])
+                for row, n in zip(tokens.tolist(), lengths.tolist())
+            ]
+            groups.append((p, tokens, lengths, texts))
+        # float64: a reward near float32's limit (1e38 and up) stays finite
+        return [
+            (p, tokens, lengths, torch.tensor(values, dtype=torch.float64))
+            for (p, tokens, lengths, _), values in zip(groups, self._score(groups))
+        ]
+
+    def _score(self, groups) -> list[list[float]]:
+        """The rewards of each group's reply texts: one call per reply (pair form), or one call
+        for the step's replies (batched form, TRL's)."""
+        r = self.r
+        if self.reward_form == "pair":
+            return [
+                [score(self.reward, r.reward, text, p.answer, r.reward_timeout) for text in texts]
+                for p, _, _, texts in groups
+            ]
+        rows = [(p, text) for p, _, _, texts in groups for text in texts]
+        columns = {k: [p.columns.get(k) for p, _ in rows] for k in self.columns}
+        prompts = [p.messages for p, _ in rows]
+        replies = [text for _, text in rows]
+        values = score_batch(self.reward, r.reward, prompts, replies, columns, r.reward_timeout)
+        size = r.group_size
+        return [values[i * size : (i + 1) * size] for i in range(len(groups))]
 
     @contextlib.contextmanager
     def _inference(self):
@@ -307,8 +335,8 @@ class RL(Objective):
             return
         index, groups, old = state["index"], [], []
         for i, g in zip(self.prompts_for(index), state["groups"], strict=True):
-            parts = (tensor_from(g[k], self.device) for k in ("tokens", "lengths", "rewards"))
-            groups.append((self.prompts[i], *parts))
+            tokens, lengths, rewards = (tensor_from(g[k], self.device) for k in TENSORS)
+            groups.append((self.prompts[i], tokens, lengths, rewards))
             old.append(tensor_from(g["old"], self.device))
         self.batch = Batch(index, groups, old)
 

@@ -6,6 +6,8 @@ composes this section into the run config, and a config section stays light to i
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from littlelm.train.objective import Objective, ObjectiveConfig, Setting
@@ -64,10 +66,17 @@ class RLConfig(ObjectiveConfig):
         "function(reply, answer) -> float).",
     )
 
+    reward_form: Literal["auto", "pair", "batched"] = Field(
+        "auto",
+        description="How a module:function reward is called: pair = f(reply, answer) -> float "
+        "per reply; batched = TRL's f(prompts, completions, **columns) -> list[float] once per "
+        "step; auto = batched when the function has a parameter named completions.",
+    )
     reward_timeout: float = Field(
         10.0,
-        description="Seconds one reward call may take; past them the run stops naming the "
-        "function and the reply (SIGTERM interrupts a call at any time).",
+        description="Seconds one reward call (batched: the step's one call) may take; past "
+        "them the run stops naming the function and the fix (SIGTERM interrupts a call at any "
+        "time).",
         gt=0,
     )
 
