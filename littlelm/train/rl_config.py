@@ -63,7 +63,7 @@ class RLConfig(ObjectiveConfig):
         "exact",
         description="Reward function: exact (the answer after ####, else the reply, equals the "
         "reference), numeric (the same, as numbers), or module:function (imported, called as "
-        "function(reply, answer) -> float).",
+        "function(reply, answer) -> float, or in TRL's batched form: rl.reward_form).",
     )
 
     reward_form: Literal["auto", "pair", "batched"] = Field(
