@@ -201,3 +201,19 @@ def make_task_dir(path: Path, items: int = 24, seed: int = 0) -> Path:
 @pytest.fixture
 def task_dir(tmp_path) -> Path:
     return make_task_dir(tmp_path / "tasks")
+
+
+def load_benchmark(script: str):
+    """A script of benchmarks/ imported as a module (benchmarks/ is not a package), registered
+    in sys.modules under its file name: dataclasses look their module up there."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / script
+    name = f"bench_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

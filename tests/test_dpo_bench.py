@@ -3,22 +3,20 @@ value it trains with (a changed setting trains anew instead of reusing a run mea
 another), and a missing task or base is refused with the commands that make them."""
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_dpo", ROOT / "benchmarks/dpo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("dpo.py")
     return module
 
 

@@ -2,13 +2,13 @@
 trains with (so a changed default trains anew instead of reusing a stale run), and a missing
 base or task directory is refused with the commands that make them."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import load_benchmark
 from littlelm.components import register_all
 from littlelm.model.lora import LoRAConfig
 
@@ -18,11 +18,7 @@ BASE = ["model.vocab_size=4096"]  # no tokenizer to read: the config is only res
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_lora", ROOT / "benchmarks/lora.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_lora"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
+    module = load_benchmark("lora.py")
     register_all()
     return module
 

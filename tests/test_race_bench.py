@@ -2,21 +2,19 @@
 base_train.py (a script that cannot be imported) and run with its defaults, and littlelm's time to
 reach nanochat's loss is interpolated between the budgets run, never guessed beyond them."""
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
+
+from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def race():
-    spec = importlib.util.spec_from_file_location("race", ROOT / "benchmarks/race_nanochat.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("race_nanochat.py")
     return module
 
 
