@@ -15,9 +15,12 @@
 3. The loader on one core: a four-source mixture (weights 0.6/0.15/0.15/0.1) with BOS-aligned
    best-fit packing, seq 2048, batch 32, on synthetic shards with realistic (log-normal) document
    lengths, the same with long documents cut into pieces of at most 2048 tokens (what
-   `max_chars` does at prepare time), and short ones, each packed with long_docs=crop and
+   `max_chars` does at prepare time), short ones, and one document per source (a whole book:
+   under split every row is a piece of it), each packed with long_docs=crop and
    long_docs=split: tokens/s and tokens per CPU-second of the loader thread (target >= 5M),
-   crop rate, split rate. --loader-only skips 1-2.
+   crop rate, split rate, and the size of the loader state a checkpoint keeps and the time to
+   make it (target: one long document's no larger than the short documents'). --loader-only
+   skips 1-2.
 4. Other tools' token files (data/foreign.py): --shards (528) small nanoGPT / llm.c `.bin` files
    generated here as llm.c's fineweb script fills them (one stream of documents cut every
    --shard-tokens tokens, so documents continue from one file into the next), and the same
@@ -142,6 +145,8 @@ LENGTHS = {  # (median tokens, sigma of log) per source; max document length (No
     "realistic": (REALISTIC, None),
     "realistic, cut at 2048 (max_chars)": (REALISTIC, 2048),
     "short": ({k: (40, 0.7) for k in REALISTIC}, None),
+    # each source one document (a whole book, a code dump): every row a piece of it under split
+    "one document per source": ({k: (0, 0.0) for k in REALISTIC}, None),
 }
 WEIGHTS = {"web": 0.6, "math": 0.15, "pubmed": 0.15, "code": 0.1}
 
@@ -156,8 +161,11 @@ def synthetic_shards(directory: Path, kind: str, tokens_per_source: int) -> dict
     dists, cut = LENGTHS[kind]
     for i, (label, (median, sigma)) in enumerate(dists.items()):
         path = directory / f"{''.join(c if c.isalnum() else '_' for c in kind)}-{i}-{label}.bin"
-        lengths = np.maximum(2, rng.lognormal(np.log(median), sigma, tokens_per_source // median))
-        lengths = lengths.astype(np.int64)
+        if median == 0:  # one document of every token
+            lengths = np.array([tokens_per_source], dtype=np.int64)
+        else:
+            draws = rng.lognormal(np.log(median), sigma, tokens_per_source // median)
+            lengths = np.maximum(2, draws).astype(np.int64)
         if cut:  # each long document as pieces of at most `cut` tokens, each with its BOS
             pieces = [[cut] * (n // cut) + ([n % cut] if n % cut > 1 else []) for n in lengths]
             lengths = np.array([p for ps in pieces for p in ps], dtype=np.int64)
@@ -172,10 +180,10 @@ def synthetic_shards(directory: Path, kind: str, tokens_per_source: int) -> dict
 
 def loader_throughput(
     shards: dict, seconds: float, long_docs: str
-) -> tuple[float, float, float, float, float]:
+) -> tuple[float, float, float, float, float, float, int]:
     """(tokens/s, tokens per CPU-second of this thread, crop rate, split rate, mean document
-    length) of the mixture loader on this thread. CPU time is what a busy shared machine does
-    not take away."""
+    length, seconds to make the state a checkpoint keeps, its JSON bytes) of the mixture loader
+    on this thread. CPU time is what a busy shared machine does not take away."""
     from littlelm.data.loader import BestFitPacker, DocStream, MixtureLoader
 
     packers = {
@@ -195,7 +203,18 @@ def loader_throughput(
         len(s) for s in shards.values()
     )
     tokens = n * 32 * 2048
-    return tokens / secs, tokens / cpu, mix.crop_rate(), mix.split_rate(), mean_len
+    t0 = time.perf_counter()
+    state = mix.snapshot().state_dict()  # what each checkpoint writes (state.json's loader)
+    state_s, state_bytes = time.perf_counter() - t0, len(json.dumps(state))
+    return (
+        tokens / secs,
+        tokens / cpu,
+        mix.crop_rate(),
+        mix.split_rate(),
+        mean_len,
+        state_s,
+        state_bytes,
+    )
 
 
 def rss_mb() -> float:
@@ -400,18 +419,19 @@ def main() -> None:
         )
         print(
             "| documents | long_docs | mean length (tokens) | tokens/s | tokens/CPU-s | crop rate "
-            "| split rate |"
+            "| split rate | loader state | state made in |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for kind in LENGTHS:
             shards = synthetic_shards(work, kind, args.loader_tokens)
             for long_docs in ("crop", "split"):
-                tok_s, tok_cpu, crop, split, mean_len = loader_throughput(
+                tok_s, tok_cpu, crop, split, mean_len, state_s, state_bytes = loader_throughput(
                     shards, args.seconds, long_docs
                 )
                 print(
                     f"| {kind} | {long_docs} | {mean_len:.0f} | {tok_s / 1e6:.1f}M | "
-                    f"{tok_cpu / 1e6:.1f}M | {100 * crop:.2f}% | {100 * split:.2f}% |",
+                    f"{tok_cpu / 1e6:.1f}M | {100 * crop:.2f}% | {100 * split:.2f}% | "
+                    f"{state_bytes / 1e3:.1f} kB | {1e3 * state_s:.1f} ms |",
                     flush=True,
                 )
         foreign_table(work, args.shards, args.shard_tokens, args.seconds)

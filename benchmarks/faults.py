@@ -214,6 +214,7 @@ def rl_section(work: Path) -> dict:
         "prompts_per_step": 4,
         "max_new_tokens": 16,
         "kl_coef": 0.05,
+        "iterations": 2,  # kills land between a batch's two optimizer steps too (batch in state)
         "reward": "exact",
     }
 

@@ -5,6 +5,15 @@ for each seed, score both on the held-out additions, print the table.
     python benchmarks/rl.py                        # seeds 1 and 2, under benchmarks/out/rl
     python benchmarks/rl.py --seeds 1 --out /tmp/rl --rl-steps 50
     python benchmarks/rl.py --report               # the table from what is on disk
+    python benchmarks/post_tasks.py --tasks mul --sft 3000 --out benchmarks/out/tasks
+    python benchmarks/rl.py --task benchmarks/out/tasks/mul --out benchmarks/out/rl-mul \
+        --sft-set train.max_steps=1500 --rl-set rl.iterations=2 --tag -it2
+
+--task DIR takes an unshipped task of benchmarks/post_tasks.py (DIR/sft.jsonl, DIR/prompts.jsonl:
+RL's prompts, none in the SFT data, DIR/tasks: held-out questions in neither) in place of the
+additions. Every piece is kept under --out and reused: a finished SFT or RL run is resumed at its
+end (nothing to do), a held-out score is read from its file (OUT/scores/RUN.json), so a
+measurement can be made in several short runs (one seed, one variant at a time).
 
 Columns, per seed (run.seed of both the SFT run and the RL run):
 - SFT pass@1, RL pass@1: held-out accuracy, greedy replies (`littlelm eval --chat`, 200 sums
@@ -43,11 +52,28 @@ def last_val(run: Path) -> float | None:
     return vals[-1] if vals else None
 
 
-def held_out(run: Path, tasks: Path) -> float:
+def held_out(run: Path, tasks: Path) -> tuple[float, float]:
+    """(exact match, the share of replies that are a bare number: the format) of `run`'s greedy
+    replies to the held-out questions, computed once and kept beside the runs."""
     from littlelm.eval.chat_eval import run_chat_eval
 
-    (result,) = run_chat_eval(run, tasks, device="cpu")
-    return result.accuracy
+    kept = run.parent.parent / "scores" / f"{run.name}.json"
+    if kept.is_file() and json.loads(kept.read_text())["checkpoint"] == newest(run):
+        saved = json.loads(kept.read_text())
+        return saved["accuracy"], saved["format"]
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    detail = kept.with_suffix(".eval.json")  # every reply, for the format share below
+    (result,) = run_chat_eval(run, tasks, device="cpu", out=detail)
+    (replies,) = json.loads(detail.read_text())["decisions"].values()
+    bare = sum(d["reply"].strip().isdigit() for d in replies) / len(replies)
+    kept.write_text(
+        json.dumps({"checkpoint": newest(run), "accuracy": result.accuracy, "format": bare})
+    )
+    return result.accuracy, bare
+
+
+def newest(run: Path) -> str:
+    return sorted(p.name for p in (run / "checkpoints").glob("step_*"))[-1]
 
 
 def train(config: str, overrides: list[str], resume: str = "never") -> None:
@@ -59,12 +85,12 @@ def train(config: str, overrides: list[str], resume: str = "never") -> None:
 
 def run_seed(seed: int, args) -> dict:
     out = Path(args.out)
-    sft, rl = f"rl-sft-s{seed}", f"rl-demo-s{seed}{args.tag}"
+    sft, rl = f"rl-sft-s{seed}{args.sft_tag}", f"rl-demo-s{seed}{args.tag}"
     common = [f"run.seed={seed}", f"run.out_dir={out / 'runs'}"]
-    data = out / "data" / "rl_example"
+    data = Path(args.task) if args.task else out / "data" / "rl_example"
     paths = [f"data.sources.add.dataset={data / 'sft.jsonl'}"]
     if not args.report:
-        # an SFT run already finished under --out is kept (resumed at its end: nothing to do)
+        # a run already finished under --out is kept (resumed at its end: nothing to do)
         train("rl_sft.yaml", [*common, *paths, f"run.name={sft}", *args.sft_set], "auto")
         base = str(out / "runs" / sft)
         train(
@@ -79,13 +105,18 @@ def run_seed(seed: int, args) -> dict:
                 *([f"train.max_steps={args.rl_steps}"] if args.rl_steps else []),
                 *args.rl_set,
             ],
+            "auto",
         )
     tasks = data / "tasks"
     rows = records(out / "runs" / rl)
+    sft_pass1, sft_format = held_out(out / "runs" / sft, tasks)
+    rl_pass1, rl_format = held_out(out / "runs" / rl, tasks)
     return {
         "seed": seed,
-        "sft_pass1": held_out(out / "runs" / sft, tasks),
-        "rl_pass1": held_out(out / "runs" / rl, tasks),
+        "sft_pass1": sft_pass1,
+        "rl_pass1": rl_pass1,
+        "sft_format": sft_format,
+        "rl_format": rl_format,
         "reward_first": rows[0]["rl_reward"],
         "reward_last": rows[-1]["rl_reward"],
         "kl_last": rows[-1]["rl_kl"],
@@ -102,12 +133,14 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,2", help="comma-separated run.seed values")
     ap.add_argument("--rl-steps", type=int, default=None, help="RL steps (default: the config's)")
     ap.add_argument("--tag", default="", help="suffix of the RL runs' names (variants)")
+    ap.add_argument("--sft-tag", default="", help="suffix of the SFT runs' names (variants)")
+    ap.add_argument("--task", default=None, help="a post_tasks.py task directory (default: sums)")
     ap.add_argument("--report", action="store_true", help="only the table, from the runs on disk")
     ap.add_argument("--sft-set", nargs="*", default=[], help="extra overrides of the SFT run")
     ap.add_argument("--rl-set", nargs="*", default=[], help="extra overrides of the RL run")
     args = ap.parse_args()
     out = Path(args.out)
-    if not args.report:
+    if not args.report and not args.task:
         subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "make_rl_example.py"), "--out",
              str(out / "data" / "rl_example")],
@@ -116,7 +149,8 @@ def main() -> None:
     os.environ.setdefault("LITTLELM_CACHE", str(out / "cache"))  # tokenized data, per --out
     rows = [run_seed(int(s), args) for s in args.seeds.split(",")]
     head = (
-        f"{'seed':>4} {'SFT pass@1':>10} {'RL pass@1':>9} {'reward first':>12} {'reward last':>11} "
+        f"{'seed':>4} {'SFT pass@1':>10} {'RL pass@1':>9} {'SFT fmt':>7} {'RL fmt':>6} "
+        f"{'reward first':>12} {'reward last':>11} "
         f"{'KL last':>8} {'sample s/step':>13} {'learn s/step':>12} {'val SFT':>8} {'val RL':>7}"
     )
     print(head)
@@ -124,10 +158,11 @@ def main() -> None:
     for r in rows:
         print(
             f"{r['seed']:>4} {r['sft_pass1']:>10.3f} {r['rl_pass1']:>9.3f} "
+            f"{r['sft_format']:>7.3f} {r['rl_format']:>6.3f} "
             f"{r['reward_first']:>12.3f} {r['reward_last']:>11.3f} {r['kl_last']:>8.4f} "
             f"{r['sample_s']:>13.3f} {r['learn_s']:>12.3f} {r['val_sft']:>8.4f} {r['val_rl']:>7.4f}"
         )
-    (out / "table.json").write_text(json.dumps(rows, indent=2))
+    (out / f"table{args.tag}.json").write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

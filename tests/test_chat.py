@@ -24,6 +24,7 @@ from littlelm.cli import main
 from littlelm.config import validate
 from littlelm.data.build import DataConfig, build_data, prepare_data
 from littlelm.data.chat import CHAT_TOKENS, assistant_mask, chat_format, conversation_problem
+from littlelm.data.loader import IGNORE
 from littlelm.data.shards import Shard
 from littlelm.errors import ConfigError, DataError
 from littlelm.model.kernels import linear_cross_entropy
@@ -908,3 +909,40 @@ def test_chat_eval_choice_answer_letters_in_either_case(tmp_path):
     rows = [{"question": "Pick", "choices": ["p", "q", "r"], "answer": a} for a in ("b", " C", 0)]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [r["gold"] for r in read_rows(f, "choice")] == [1, 2, 0]
+
+
+def test_train_on_inputs_trains_every_token_but_the_bos(tmp_path):
+    """axolotl's train_on_inputs: the loss counts the prompts too (system, user, the chat
+    tokens), never a BOS (a conversation's start, or the padding after the last one); the
+    default is unchanged (test above); a preference source refuses it, naming why."""
+    src = write_conversations(tmp_path / "c.jsonl", 300)
+    data = build_data(
+        data_cfg(tmp_path, {"dataset": str(src), "train_on_inputs": True}), log=lambda *_: None
+    )
+    tok = data.tokenizer
+    loader = data.loader(validate(DataConfig, {"buffer_docs": 32}), 4, 40, 0)
+    for _ in range(5):
+        x, y = loader.next_batch()
+        full = torch.cat([x, y[:, -1:]], 1)  # y's last target may be ignored: a BOS
+        for row, tgt in zip(full.tolist(), y.tolist()):
+            targets = row[1:]
+            want = [t if t != tok.bos_id else IGNORE for t in targets]
+            assert tgt[:-1] == want[:-1]
+        text = tok.decode([t for t in y.flatten().tolist() if t >= 0])
+        assert "Reverse" in text  # the user's words are trained on now
+    val = list(data.val_batches(3, 40))  # held out: the same mask
+    assert val
+    for x, y in val:
+        ignored = y[:, :-1] < 0
+        assert bool((x[:, 1:][ignored] == tok.bos_id).all())
+        assert bool((x[:, 1:][~ignored] == y[:, :-1][~ignored]).all())
+    with pytest.raises(Exception, match="train_on_inputs is a chat source's option"):
+        validate(
+            DataConfig,
+            {
+                "tokenizer": {"name": "byte"},
+                "sources": {
+                    "p": {"name": "preference", "dataset": "x.jsonl", "train_on_inputs": True}
+                },
+            },
+        )

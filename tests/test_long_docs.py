@@ -229,3 +229,51 @@ def test_a_run_checkpointed_with_crop_resumes_cropping(tiny_config, saved_config
         trainer = Trainer(cfg)
     assert trainer.step == 3 and not trainer.loader.packers["text"].split
     assert trainer.fit()["step"] == 6
+
+
+def test_a_long_document_waits_as_one_entry_not_one_per_row(tmp_path):
+    """A document of 100,000 tokens in rows of 33: its whole-row pieces wait as one entry (the
+    state, its snapshot and each checkpoint stay the buffer's size), and come out as before:
+    each row starts on the last token of the one before."""
+    s = numbered_shard(tmp_path, [100_000])
+    packer = BestFitPacker(DocStream([s], seed=0), 33, 1, "split")
+    rows = []
+    for _ in range(5):
+        row = np.empty(33, dtype=np.int64)
+        packer.fill(row)
+        rows.append(row)
+    assert rows[0][0] == BOS and list(rows[0][1:]) == list(range(1, 33))
+    for k in range(1, 5):
+        assert list(rows[k]) == list(range(32 * k, 32 * k + 33))
+    state = packer.state_dict()
+    left = (100_000 - 2) // 32 - 5  # whole-row pieces not placed yet
+    assert state["pieces"] == [[0, 0, 0, 5 * 32, left]]
+    assert len(json.dumps(state)) < 500
+
+
+def test_a_state_with_one_entry_per_piece_resumes_the_same(tmp_path):
+    """A checkpoint written before pieces were counted ([arrival, shard, doc, offset] per
+    piece) resumes with the same rows as one written now."""
+    s = numbered_shard(tmp_path, [3000, 40, 2500, 7, 900, 12], "a.bin")
+
+    def packer() -> BestFitPacker:
+        return BestFitPacker(DocStream([s], seed=4), 33, 3, "split")
+
+    first = packer()
+    for _ in range(30):
+        first.fill(np.empty(33, dtype=np.int64))
+    state = json.loads(json.dumps(first.state_dict()))
+    assert any(p[4] > 1 for p in state["pieces"])
+    old = dict(state)
+    old["pieces"] = [
+        [q, sh, d, off + i * 32] for q, sh, d, off, count in state["pieces"] for i in range(count)
+    ]
+    resumed, before = packer(), packer()
+    resumed.load_state_dict(old)
+    before.load_state_dict(state)
+    for _ in range(200):
+        want, got, also = (np.empty(33, dtype=np.int64) for _ in range(3))
+        first.fill(want)
+        resumed.fill(got)
+        before.fill(also)
+        assert np.array_equal(want, got) and np.array_equal(want, also)

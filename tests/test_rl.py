@@ -22,7 +22,7 @@ from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.schema import load_run
 from littlelm.train.checkpoint import files as ckpt
 from littlelm.train.rewards import RewardStopped, exact, numeric, reward_function, score
-from littlelm.train.rl import group_advantages, k3
+from littlelm.train.rl import clipped, group_advantages, k3
 from littlelm.train.rl import mean as rl_mean
 from littlelm.train.signals import StopSignals
 from littlelm.train.trainer import Trainer
@@ -46,7 +46,7 @@ def nan_reward(reply: str, answer: str) -> float:
 
 
 def test_a_reward_function_path_is_imported_and_its_errors_named():
-    assert reward_function("test_rl:parity_reward") is parity_reward
+    assert reward_function("test_rl:parity_reward") == (parity_reward, "pair")
     with pytest.raises(ConfigError, match="cannot import module 'no_such_rewards'.*PYTHONPATH"):
         reward_function("no_such_rewards:score")
     with pytest.raises(ConfigError, match="has no function 'missing'"):
@@ -205,6 +205,48 @@ def test_an_rl_run_learns_logs_its_figures_and_resumes_bitwise(tmp_path):
     assert Trainer(split, resume="never").fit(stop_after=2)["step"] == 2
     assert Trainer(split).fit()["finished"]
     assert rl_records(split.run_dir()) == a
+    wa, wb = weights(straight.run_dir()), weights(split.run_dir())
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_the_clipped_ratio_stops_the_gradient_past_the_clip_on_the_advantage_side():
+    old = torch.zeros(2, 3)
+    # ratios 0.5, 1.0, 1.5 on both rows; row 0 with advantage +1, row 1 with -1
+    logp = torch.log(torch.tensor([[0.5, 1.0, 1.5], [0.5, 1.0, 1.5]])).requires_grad_()
+    loss, held = clipped(logp, old, torch.tensor([1.0, -1.0]), 0.2)
+    # A > 0: a ratio above 1.2 is held at 1.2; A < 0: a ratio below 0.8 is held at 0.8
+    assert torch.allclose(loss, torch.tensor([[-0.5, -1.0, -1.2], [0.8, 1.0, 1.5]]))
+    assert held.tolist() == [[False, False, True], [True, False, False]]
+    loss.sum().backward()
+    g = logp.grad
+    assert g[0, 2] == 0 and g[1, 0] == 0  # clipped: no gradient
+    assert torch.allclose(g[0, :2], torch.tensor([-0.5, -1.0]))  # -A·ρ where it counts
+    assert torch.allclose(g[1, 1:], torch.tensor([1.0, 1.5]))
+
+
+@pytest.mark.slow
+def test_iterations_reuse_a_batch_and_resume_bitwise_in_the_middle_of_one(tmp_path):
+    tree = rl_trees(tmp_path, iterations=2, clip_eps=0.2)
+    tree["train"]["max_steps"] = 6
+    tree["checkpoint"] = {"every": 1}
+    straight = load_run(write_config(tmp_path / "rl.yaml", tree))
+    assert Trainer(straight, resume="never").fit()["finished"]
+    lines = (straight.run_dir() / "metrics.jsonl").read_text().splitlines()
+    a = [r for r in map(json.loads, lines) if "rl_reward" in r]
+    # steps 2k+1 and 2k+2 learn from one batch: the same rewards and reply lengths
+    for k in (0, 2, 4):
+        assert a[k]["rl_reward"] == a[k + 1]["rl_reward"]
+        assert a[k]["rl_reply_tokens"] == a[k + 1]["rl_reply_tokens"]
+    assert all(0 <= r["rl_clip_frac"] <= 1 for r in a)
+    # stopped after step 3, inside batch 1's two steps, and resumed from step 3's checkpoint
+    # (the model that sampled batch 1 is gone: the checkpoint holds the batch)
+    tree["run"]["name"] = "split"
+    split = load_run(write_config(tmp_path / "split.yaml", tree))
+    assert Trainer(split, resume="never").fit(stop_after=3)["step"] == 3
+    saved = json.loads((split.run_dir() / "checkpoints" / "step_000003" / "state.json").read_text())
+    assert saved["objective"]["index"] == 1
+    assert Trainer(split).fit()["finished"]
+    assert rl_records(split.run_dir()) == rl_records(straight.run_dir())
     wa, wb = weights(straight.run_dir()), weights(split.run_dir())
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 

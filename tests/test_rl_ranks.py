@@ -42,8 +42,9 @@ def logged_parity(reply: str, answer: str) -> float:
 
 
 @pytest.mark.slow
-def test_rl_at_two_processes_samples_per_rank_and_resumes_bitwise(tmp_path):
-    tree = rl_trees(tmp_path, reward="test_rl_ranks:logged_parity")
+@pytest.mark.parametrize("iterations", [1, 4])  # 4: step 2's checkpoint is inside a batch
+def test_rl_at_two_processes_samples_per_rank_and_resumes_bitwise(tmp_path, iterations):
+    tree = rl_trees(tmp_path, reward="test_rl_ranks:logged_parity", iterations=iterations)
     tree["train"].update(precision="fp32")
     tree["distributed"] = {"timeout_s": 60}
     config = write_config(tmp_path / "rl.yaml", tree)

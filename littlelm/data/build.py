@@ -490,7 +490,10 @@ def build_data(cfg: DataConfig, log=print, progress=None) -> RunData:
         opened[label].from_raw = not src.prepared
         opened[label].explicit = "long_docs" in src.cfg.model_fields_set
         if src.conversations or manifest.get("conversations"):
-            opened[label].mask = chat_format(tok).mask  # the loss counts the assistant's tokens
+            fmt = chat_format(tok)
+            # the loss counts the assistant's tokens, or with train_on_inputs all but the BOS
+            inputs = getattr(src.cfg, "train_on_inputs", False)
+            opened[label].mask = fmt.every_token if inputs else fmt.mask
             opened[label].long_docs = "pad"  # prepared shards of conversations too
             # too long for a row: the chat source's on_error; prepared shards: left out
             opened[label].on_error = src.cfg.on_error if src.conversations else "skip"

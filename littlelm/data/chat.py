@@ -152,6 +152,11 @@ class ChatFormat:
         """(n,) bool: which of `tokens` (from a document's BOS on) belong to an assistant reply."""
         return assistant_mask(tokens, self.header, self.end, self.tokenizer.bos_id)
 
+    def every_token(self, tokens: np.ndarray) -> np.ndarray:
+        """(n,) bool: every token of the conversations in `tokens` but their BOS (a chat
+        source's train_on_inputs); a row's padding is BOS too (data/build.py packs with it)."""
+        return np.asarray(tokens) != self.tokenizer.bos_id
+
     def identity(self) -> dict:
         """What the rendering depends on besides the tokenizer's fingerprint (cache keys)."""
         return {"template": self.template, "special": self.special}

@@ -35,7 +35,7 @@ from littlelm.data.hub import HFConfig, HubDataset
 
 class ChatConfig(HFConfig):
     """Conversations (messages or Alpaca rows) for supervised fine-tuning; the loss counts the
-    assistant's tokens only."""
+    assistant's tokens only (unless train_on_inputs)."""
 
     name: Literal["chat"] = named("chat")  # type: ignore[assignment]  # a subclass narrows the discriminator
     dataset: str = Field(
@@ -51,6 +51,12 @@ class ChatConfig(HFConfig):
     field: str = Field("messages", description="Column holding each row's messages.")
     system: str | None = Field(
         None, description="A system message put first in every conversation that has none."
+    )
+    train_on_inputs: bool = Field(
+        False,
+        description="Also train on the prompts (axolotl's train_on_inputs): the loss counts every "
+        "token of each conversation (system and user turns, the chat tokens) but its BOS, "
+        "instead of the assistant's replies alone.",
     )
     # conversations are padded where documents are split or cropped: a choice of their own
     long_docs: Literal["pad"] = Field(  # type: ignore[assignment]  # pad: conversations' own choice

@@ -177,8 +177,10 @@ class BestFitPacker:
     `bisect` finds the largest document that fits (the latest arrival among equal lengths) and
     index 0 is the shortest (the earliest among equals); `where[seq]` = (shard, doc, start).
     Split mode adds `offs[seq]`, the offset of `start` in its document when it is not 0, and
-    `pieces`, the whole-row pieces of long documents, (seq, shard, doc, start, offset) each,
-    taken first at the start of a row."""
+    `pieces`, the whole-row pieces of long documents, taken first at the start of a row: one
+    entry per document, (seq, shard, doc, start, offset, count) for its `count` pieces that
+    start at `offset`, `offset + row_len - 1`, ... (a 50 MB document is one entry, not a
+    million: the state, its snapshot and each checkpoint stay the size of the buffer)."""
 
     def __init__(
         self,
@@ -199,7 +201,7 @@ class BestFitPacker:
         self.keys: list[int] = []
         self.where: dict[int, tuple[int, int, int]] = {}
         self.offs: dict[int, int] = {}
-        self.pieces: deque[tuple[int, int, int, int, int]] = deque()
+        self.pieces: deque[tuple[int, int, int, int, int, int]] = deque()
         self.seq = 0
         self.stats = PackStats()
 
@@ -241,13 +243,13 @@ class BestFitPacker:
 
     def _cut(self, seq: int, s: int, d: int, start: int, n: int) -> tuple[int, int]:
         """Queue the whole-row pieces of a long document (each starting on the last token of
-        the one before); return the start and length of the rest, at most a row."""
-        off, row_len = 0, self.row_len
-        while n > row_len:
-            self.pieces.append((seq, s, d, start + off, off))
-            off, n = off + row_len - 1, n - row_len + 1
+        the one before) as one entry; return the start and length of the rest, at most a row."""
+        step = self.row_len - 1
+        count = (n - 2) // step  # pieces while more than a row is left: n - k·step > row_len
+        self.pieces.append((seq, s, d, start, 0, count))
+        off = count * step
         self.offs[seq] = off
-        return start + off, n
+        return start + off, n - off
 
     def fill(self, row: np.ndarray) -> None:
         """Fill `row` (row_len,) in place: a whole-row piece if one waits (split), else best
@@ -259,7 +261,10 @@ class BestFitPacker:
         if split and len(keys) < self.buffer_docs:
             self._refill()
         if self.pieces:  # a whole-row piece of a long document (split)
-            _, s, _, start, off = self.pieces.popleft()
+            seq, s, d, start, off, count = self.pieces.popleft()
+            if count > 1:  # the document's next piece starts on this one's last token
+                step = row_len - 1
+                self.pieces.appendleft((seq, s, d, start + step, off + step, count - 1))
             if off:
                 row[:] = tokens[s][start : start + row_len]
             else:  # the document's first piece: BOS, as below
@@ -316,7 +321,8 @@ class BestFitPacker:
     @staticmethod
     def state_from_snapshot(snap: tuple) -> dict:
         """Buffer entries are [length, arrival, shard, doc], plus the offset in the document
-        when it is not 0; split mode adds `pieces`, [arrival, shard, doc, offset] each."""
+        when it is not 0; split mode adds `pieces`, [arrival, shard, doc, offset, count] each
+        (`count` whole-row pieces from `offset` on)."""
         stream, keys, where, seq, stats, split, mode = snap
         offs, pieces = split or ({}, None)
         buffer = []
@@ -327,7 +333,7 @@ class BestFitPacker:
         state = {"stream": stream, "buffer": buffer, "seq": seq, "stats": list(stats)}
         state["long_docs"] = mode
         if pieces is not None:
-            state["pieces"] = [[q, s, d, off] for q, s, d, _, off in pieces]
+            state["pieces"] = [[q, s, d, off, count] for q, s, d, _, off, count in pieces]
         return state
 
     def state_dict(self) -> dict:
@@ -360,8 +366,12 @@ class BestFitPacker:
             if off:
                 self.offs[seq] = off[0]
         self.keys.sort()
+        # a state written before pieces were counted holds one entry per piece: a count of 1
         self.pieces = deque(
-            (q, s, d, start_of(s, d) + off, off) for q, s, d, off in state.get("pieces", [])
+            (q, s, d, start_of(s, d) + off, off, count)
+            for q, s, d, off, count in (
+                p if len(p) == 5 else [*p, 1] for p in state.get("pieces", [])
+            )
         )
         self.seq = state["seq"]
         self.stats = PackStats(*state["stats"])

@@ -40,7 +40,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from littlelm.config import named
 from littlelm.data.chat import ChatFormat, conversation_problem
@@ -61,6 +61,16 @@ class PreferenceConfig(ChatConfig):
         description="Row layout: prompt / chosen / rejected columns (plain strings or lists of "
         "{role, content} messages); the only one for pairs.",
     )
+
+    @field_validator("train_on_inputs")
+    @classmethod
+    def _no_inputs(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "DPO scores the chosen reply against the rejected one, never the prompt; "
+                "train_on_inputs is a chat source's option: remove it here"
+            )
+        return value
 
     def build(self, label: str) -> PreferenceSource:
         return PreferenceSource(self, label)

@@ -60,7 +60,8 @@ def reshard(states: list[dict], world: int, make_loader: MakeLoader) -> list[dic
 def _reshard_source(streams: list[DocStream], packers: list[dict], world: int) -> list[dict]:
     """One source's packer states for the new ranks, from the old ranks' streams and packer
     states (buffer entries are [length, arrival, shard, doc(, offset)], split mode's whole-row
-    pieces [arrival, shard, doc, offset]; the pieces of one document share its arrival)."""
+    pieces [arrival, shard, doc, offset, count] (one entry per document; an older state's
+    [arrival, shard, doc, offset], one per piece, share their arrival))."""
     fronts = [front(s) for s in streams]
     start = min(fronts)
     kept: dict[tuple[int, int], tuple[list, list]] = {}  # (arrival, old rank) -> entries

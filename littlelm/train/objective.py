@@ -4,6 +4,7 @@ the schedule (docs/post-training.md).
     objective = build_objective(cfg, setting)        # train/build.py: the one config picks it
     loss, trained, loader = objective.forward_backward(step, batches, forward)
     objective.metrics()      # its figures since the last record (metrics.jsonl)
+    objective.state_dict()   # what it carries between steps, in each checkpoint (usually {})
     objective.validate()     # its held-out figures (val_*), and validation_line(m) prints them
     objective.warning(m)     # what a record's figures say is going wrong (DPO's collapse), or None
 
@@ -87,6 +88,15 @@ class Objective(ABC):
     def metrics(self) -> dict[str, float]:
         """The objective's figures since the last call, for the metrics record (none: {})."""
         return {}
+
+    def state_dict(self) -> dict:
+        """What the objective carries from one step to the next (JSON's types), saved in each
+        checkpoint's state.json: {} (most keep nothing; RL with iterations > 1 its batch)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Back to a checkpoint's `state_dict()` (on resume and rollback)."""
+        assert not state, f"{type(self).__name__} keeps no state, yet a checkpoint holds one"
 
     def validate(self) -> dict:
         """The held-out figures (val_*): by default the language-model loss on every source's

@@ -18,6 +18,19 @@ Each call has `rl.reward_timeout` seconds (a SIGALRM timer: the main thread, as 
 past it the run stops with the function and the reply named. SIGTERM or SIGINT during a call
 interrupts it (a hung function would otherwise never let the step end): the step is left out
 and the run saves its checkpoint and exits as on any stop (train/signals.py).
+
+Two forms of `module:function` (`rl.reward_form`, default auto):
+
+    pair      function(reply, answer) -> float: one call per reply (the built-ins' form)
+    batched   function(prompts, completions, **kwargs) -> list[float]: TRL's reward_funcs form,
+              one call per step with every reply of the step, called by keyword: `prompts[i]`
+              the i-th reply's prompt as messages, `completions[i]` its reply as
+              [{"role": "assistant", "content": text}] (TRL's conversational form), and one
+              keyword per other column of the prompt rows (`answer`, and any other key of the
+              JSONL row but question and messages), a list holding each reply's row value
+
+`auto` picks batched when the function has a parameter named `completions`, else pair; the
+timeout then covers the one call of the step.
 """
 
 from __future__ import annotations
@@ -39,7 +52,8 @@ from littlelm.data.chat import extract
 from littlelm.errors import ConfigError, TrainingError
 from littlelm.train.objective import StepInterrupted
 
-Reward = Callable[[str, str], float]
+Reward = Callable[..., float]  # pair: (reply, answer); batched: a list (train/rl.py calls)
+FORMS = ("auto", "pair", "batched")
 NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")  # what float() reads, no inf/nan
 SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")  # module.path:function
 
@@ -82,10 +96,16 @@ def check_spec(spec: str) -> str:
     )
 
 
-def reward_function(spec: str) -> Reward:
-    """The reward `spec` names: a built-in, or `module:function` imported from the Python path."""
+def reward_function(spec: str, form: str = "auto", columns: tuple[str, ...] = ()):
+    """(the reward `spec` names, its form: pair or batched): a built-in (pair), or
+    `module:function` imported from the Python path, checked to take the calls its form makes
+    (`columns`: the keywords a batched function is given besides prompts and completions)."""
     if spec in BUILT_IN:
-        return BUILT_IN[spec]
+        if form == "batched":
+            raise ConfigError(
+                [f"rl.reward: {spec} is a built-in reward of the pair form; drop rl.reward_form"]
+            )
+        return BUILT_IN[spec], "pair"
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -103,17 +123,33 @@ def reward_function(spec: str) -> Reward:
             [f"rl.reward: module {module_name!r} has no function {attr!r} (reply, answer) -> float"]
         )
     try:
-        inspect.signature(fn).bind("reply", "answer")
-    except TypeError as e:  # it would fail at its first call, mid-step
-        raise ConfigError(
-            [
-                f"rl.reward: {spec} cannot be called as {attr}(reply, answer) ({e}); a reward "
-                "function takes the reply's text and the reference answer and returns a number"
-            ]
-        ) from None
+        signature = inspect.signature(fn)
     except ValueError:  # a C function without a signature: its first call tells
-        pass
-    return fn
+        return fn, "batched" if form == "batched" else "pair"
+    if form == "auto":
+        form = "batched" if "completions" in signature.parameters else "pair"
+    try:  # else it would fail at its first call, mid-step
+        if form == "batched":
+            signature.bind(prompts=[], completions=[], **{c: [] for c in columns})
+        else:
+            signature.bind("reply", "answer")
+    except TypeError as e:
+        if form == "batched":
+            keywords = ", ".join(("prompts", "completions", *columns))
+            want = (
+                f"called as {attr}({keywords}) by keyword ({e}); a batched reward function "
+                "(TRL's form) takes def f(prompts, completions, **kwargs) -> list[float]"
+            )
+        else:
+            want = (
+                f"called as {attr}(reply, answer) ({e}); a reward function takes the reply's "
+                "text and the reference answer and returns a number, or (TRL's batched form) "
+                "def f(prompts, completions, **kwargs) -> list[float]"
+            )
+        raise ConfigError(
+            [f"rl.reward: {spec} ({form} form, rl.reward_form) cannot be {want}"]
+        ) from None
+    return fn, form
 
 
 class RewardTimeout(Exception):
@@ -137,6 +173,32 @@ def score(fn: Reward, spec: str, reply: str, answer: str, timeout: float | None 
             "raise rl.reward_timeout"
         ) from None
     return checked(value, spec, reply)
+
+
+def score_batch(
+    fn, spec: str, prompts: list, replies: list[str], columns: dict, timeout: float | None = None
+) -> list[float]:
+    """A batched reward function's scores of `replies` (TRL's call: prompts, completions as
+    assistant messages, `columns` by keyword), one call within `timeout` seconds; each a finite
+    real number. Raises TrainingError, or RewardStopped."""
+    completions = [[{"role": "assistant", "content": r}] for r in replies]
+    try:
+        with _deadline(timeout):
+            values = fn(prompts=prompts, completions=completions, **columns)
+    except RewardTimeout:
+        raise TrainingError(
+            f"rl.reward {spec!r} did not return within rl.reward_timeout = {timeout:g} s for "
+            f"the step's {len(replies)} replies (one batched call); fix the function (an endless "
+            "loop, a call that waits), or raise rl.reward_timeout"
+        ) from None
+    got = f"{len(values)} values" if isinstance(values, (list, tuple)) else repr(values)[:80]
+    if not isinstance(values, (list, tuple)) or len(values) != len(replies):
+        raise TrainingError(
+            f"rl.reward {spec!r} (batched form) returned {got} for {len(replies)} completions; a "
+            "batched reward function returns a list with one number per completion (or declare "
+            "rl.reward_form: pair for f(reply, answer) -> float)"
+        )
+    return [checked(v, spec, r) for v, r in zip(values, replies)]
 
 
 def checked(value, spec: str, reply: str) -> float:

@@ -24,8 +24,17 @@ Each optimizer step (the trainer's `train_step` asks `RL.forward_backward` for i
 5. loss, on the sampled reply tokens only (the end token included: stopping is the model's
    choice; the prompt and the filler after a reply are not counted), averaged over every reply
    token of the step:  -A · log π(token) + kl_coef · KL, where log π is at the sampling
-   temperature. The step is on-policy (one update per sample, so the PPO ratio is 1 and a
-   clipped ratio would change nothing: there are no inner epochs to clip).
+   temperature. With `rl.iterations` = 1 (the default) the step is on-policy: one update per
+   sample, so the PPO ratio is 1 and its clip would change nothing.
+   With `rl.iterations` = K > 1 one sampled batch serves K optimizer steps (TRL's
+   num_iterations): steps bK .. bK+K-1 reuse batch b (its prompts and seed are batch b's, so the
+   prompt file is read at one batch per K steps), and the policy term is PPO's clipped one,
+   -min(ρ·A, clip(ρ, 1-ε, 1+ε)·A) with ρ = π(token) / π_old(token), π_old the log-probs taken
+   when the batch was sampled (the sampler's own distribution: eval mode, no gradient) and
+   ε = `rl.clip_eps`. The batch (replies, lengths, rewards, π_old) is held by the objective
+   and saved in each checkpoint's state.json (`objective`), so a resume in the middle of a
+   batch's iterations continues with the very batch the uninterrupted run used: the model that
+   sampled it is gone by then, and cannot re-derive it.
    KL is the k3 estimator of KL(π || π_ref) per sampled token, exp(r) - r - 1 with
    r = log π_ref - log π (Schulman, "Approximating KL divergence"): non-negative, unbiased,
    measured against the SFT model (`sft.base`, kept frozen beside the policy) at every step,
@@ -34,7 +43,9 @@ Each optimizer step (the trainer's `train_step` asks `RL.forward_backward` for i
 Metrics per logged record, averaged over the steps since the last one: rl_reward (mean reward),
 rl_pass1 (fraction of sampled replies scoring 1 or more: pass@1 of a sample), rl_reply_tokens
 (mean reply length), rl_kl (mean KL per reply token), rl_flat_frac (groups with no signal),
-rl_sample_s and rl_learn_s (seconds per step sampling, and computing the loss and gradients).
+rl_sample_s and rl_learn_s (seconds per step sampling, and computing the loss and gradients);
+with iterations > 1 also rl_clip_frac (the reply tokens whose clipped term was the smaller:
+their gradient is zero).
 Held-out pass@1 is `littlelm eval RUN --chat DIR` (greedy), as for SFT.
 """
 
@@ -55,7 +66,7 @@ from littlelm.errors import DataError
 from littlelm.model.generate import sample_group, tempered
 from littlelm.model.gpt import GPT
 from littlelm.train.objective import Objective, Pass, Setting
-from littlelm.train.rewards import reward_function, score
+from littlelm.train.rewards import reward_function, score, score_batch
 
 FIGURES = ("reward", "pass1", "reply_tokens", "kl", "flat_frac", "sample_s", "learn_s")
 
@@ -65,6 +76,8 @@ class Prompt:
     ids: list[int]  # BOS, the conversation, the assistant's header
     answer: str
     where: str  # FILE:LINE
+    messages: list[dict]  # the conversation (a batched reward's `prompts`)
+    columns: dict  # the row's other keys, answer included (a batched reward's keywords)
 
 
 def read_prompts(path: Path, fmt, room: int) -> list[Prompt]:
@@ -81,7 +94,8 @@ def read_prompts(path: Path, fmt, room: int) -> list[Prompt]:
         ids = fmt.encode(messages, add_generation_prompt=True)
         if len(ids) > room:
             too_long.append(f"{where} ({len(ids)} tokens)")
-        rows.append(Prompt(ids, str(row["answer"]), where))
+        columns = {k: v for k, v in row.items() if k not in ("question", "messages")}
+        rows.append(Prompt(ids, str(row["answer"]), where, messages, columns))
     if too_long:
         raise DataError(
             f"rl.prompts: {len(too_long)} prompt(s) leave no room for rl.max_new_tokens in the "
@@ -124,10 +138,41 @@ def mean(values: torch.Tensor) -> float:
     return float((values / top).mean()) * top
 
 
+def clipped(logp: torch.Tensor, old: torch.Tensor, a: torch.Tensor, eps: float):
+    """PPO's clipped policy loss per token, -min(ρ·A, clip(ρ, 1-ε, 1+ε)·A) with
+    ρ = exp(logp - old), and where the clipped term is the smaller (no gradient flows there).
+    `a`: advantages per row (G,), `logp` and `old`: (G, T)."""
+    ratio = torch.exp(logp - old)
+    a = a[:, None]
+    plain, held = ratio * a, ratio.clamp(1 - eps, 1 + eps) * a
+    return -torch.min(plain, held), held < plain
+
+
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token estimate of KL(π || π_ref) from tokens sampled from π: exp(r) - r - 1."""
     r = ref_logp - logp
     return torch.exp(r) - r - 1
+
+
+@dataclass
+class Batch:
+    """One sampled batch, kept for the `rl.iterations` steps that learn from it."""
+
+    index: int  # step // iterations: its prompts and sampling seed are this index's
+    groups: list[tuple[Prompt, torch.Tensor, torch.Tensor, torch.Tensor]]
+    old: list[torch.Tensor]  # per group, (G, T) log-probs when it was sampled
+
+
+TENSORS = ("tokens", "lengths", "rewards")  # a saved batch's per-group tensors besides "old"
+
+
+def tensor_state(t: torch.Tensor) -> dict:
+    """`t` as JSON's numbers (Python floats hold every float32, bf16 and float64 exactly)."""
+    return {"dtype": str(t.dtype).removeprefix("torch."), "values": t.tolist()}
+
+
+def tensor_from(state: dict, device: torch.device) -> torch.Tensor:
+    return torch.tensor(state["values"], dtype=getattr(torch, state["dtype"]), device=device)
 
 
 class RL(Objective):
@@ -149,10 +194,16 @@ class RL(Objective):
         self.fmt = chat_format(tokenizer)
         room = cfg.model.max_seq_len - self.r.max_new_tokens
         self.prompts = read_prompts(Path(self.r.prompts).expanduser(), self.fmt, room)
-        self.reward = reward_function(self.r.reward)
+        # a batched reward is given every column of the rows as a keyword: it must take them all
+        names = tuple(dict.fromkeys(k for p in self.prompts for k in p.columns))
+        self.reward, self.reward_form = reward_function(self.r.reward, self.r.reward_form, names)
+        self.columns = names
         self.reference = setting.reference()  # the SFT model, frozen: the KL reference
-        self.sums: dict[str, float] = dict.fromkeys(FIGURES, 0.0)
+        # iterations > 1 also count the clipped tokens
+        self.figures = FIGURES + (("clip_frac",) if self.r.iterations > 1 else ())
+        self.sums: dict[str, float] = dict.fromkeys(self.figures, 0.0)
         self.steps = 0
+        self.batch: Batch | None = None  # iterations > 1: the batch the current steps reuse
 
     def prompts_for(self, step: int) -> list[int]:
         """Indices of this rank's prompts of `step` (0-based)."""
@@ -180,14 +231,33 @@ class RL(Objective):
                     gen,
                     self.fmt.end,
                 )
-            rewards = []
-            for row, n in zip(tokens.tolist(), lengths.tolist()):
-                reply = [t for t in row[:n] if t != self.fmt.end]
-                text = self.tok.decode(reply)
-                rewards.append(score(self.reward, r.reward, text, p.answer, r.reward_timeout))
-            # float64: a reward near float32's limit (1e38 and up) stays finite
-            groups.append((p, tokens, lengths, torch.tensor(rewards, dtype=torch.float64)))
-        return groups
+            texts = [
+                self.tok.decode([t for t in row[:n] if t != self.fmt.end])
+                for row, n in zip(tokens.tolist(), lengths.tolist())
+            ]
+            groups.append((p, tokens, lengths, texts))
+        # float64: a reward near float32's limit (1e38 and up) stays finite
+        return [
+            (p, tokens, lengths, torch.tensor(values, dtype=torch.float64))
+            for (p, tokens, lengths, _), values in zip(groups, self._score(groups))
+        ]
+
+    def _score(self, groups) -> list[list[float]]:
+        """The rewards of each group's reply texts: one call per reply (pair form), or one call
+        for the step's replies (batched form, TRL's)."""
+        r = self.r
+        if self.reward_form == "pair":
+            return [
+                [score(self.reward, r.reward, text, p.answer, r.reward_timeout) for text in texts]
+                for p, _, _, texts in groups
+            ]
+        rows = [(p, text) for p, _, _, texts in groups for text in texts]
+        columns = {k: [p.columns.get(k) for p, _ in rows] for k in self.columns}
+        prompts = [p.messages for p, _ in rows]
+        replies = [text for _, text in rows]
+        values = score_batch(self.reward, r.reward, prompts, replies, columns, r.reward_timeout)
+        size = r.group_size
+        return [values[i * size : (i + 1) * size] for i in range(len(groups))]
 
     @contextlib.contextmanager
     def _inference(self):
@@ -215,12 +285,76 @@ class RL(Objective):
         logp = F.log_softmax(tempered(logits, self.r.temperature), dim=-1)  # finite at any T > 0
         return logp.gather(-1, y[..., None]).squeeze(-1)
 
+    def _rows(self, p: Prompt, tokens: torch.Tensor, lengths: torch.Tensor):
+        """Inputs x, targets y (G, T) of a group's prompt + replies, and the mask of the reply
+        tokens among the targets (the end token included, the filler after it not)."""
+        width = int(lengths.max())
+        seq = torch.cat(
+            [torch.tensor(p.ids, device=self.device).expand(len(tokens), -1), tokens[:, :width]],
+            dim=1,
+        )
+        x, y = seq[:, :-1], seq[:, 1:]
+        start = len(p.ids) - 1  # the target index of the first reply token
+        cols = torch.arange(y.size(1), device=self.device)[None, :]
+        return x, y, (cols >= start) & (cols < start + lengths[:, None])
+
+    def _batch(self, index: int) -> Batch:
+        """Batch `index` sampled by the model as it is now, with the log-probs of its replies
+        under it (π_old of the clipped loss): the sampler's own distribution, so in eval mode."""
+        groups = self.sample(index)
+        old = []
+        for p, tokens, lengths, _ in groups:
+            x, y, _ = self._rows(p, tokens, lengths)
+            with torch.no_grad(), self._inference():
+                old.append(self._logp(self.model, x, y))
+        return Batch(index, groups, old)
+
+    def state_dict(self) -> dict:
+        """The batch that iterations > 1 reuse (replies, lengths, rewards, π_old), for the
+        checkpoint: {} when there is none (iterations = 1 keeps nothing between steps)."""
+        b = self.batch
+        if b is None:
+            return {}
+        return {
+            "index": b.index,
+            "groups": [
+                {
+                    "tokens": tensor_state(tokens),
+                    "lengths": tensor_state(lengths),
+                    "rewards": tensor_state(rewards),
+                    "old": tensor_state(old),
+                }
+                for (_, tokens, lengths, rewards), old in zip(b.groups, b.old)
+            ],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """The batch of a checkpoint's `state_dict()` ({}: none; the next step samples)."""
+        if not state:
+            self.batch = None
+            return
+        index, groups, old = state["index"], [], []
+        for i, g in zip(self.prompts_for(index), state["groups"], strict=True):
+            tokens, lengths, rewards = (tensor_from(g[k], self.device) for k in TENSORS)
+            groups.append((self.prompts[i], tokens, lengths, rewards))
+            old.append(tensor_from(g["old"], self.device))
+        self.batch = Batch(index, groups, old)
+
     def forward_backward(self, step: int, batches, forward) -> Pass:
-        """Sample and score step `step`'s groups, then the loss's gradients into `.grad`
-        (`forward`: the trainer's wrapped model; the loader's `batches` are not read). Returns
-        the loss (detached) and the reply tokens it counted."""
+        """Sample and score step `step`'s groups (or, with iterations > 1, reuse its batch),
+        then the loss's gradients into `.grad` (`forward`: the trainer's wrapped model; the
+        loader's `batches` are not read). Returns the loss (detached) and the reply tokens it
+        counted."""
         t0 = time.perf_counter()
-        groups = self.sample(step)
+        olds: list[torch.Tensor | None]
+        if self.r.iterations == 1:  # on-policy: the plain policy gradient, no π_old
+            groups = self.sample(step)
+            olds = [None] * len(groups)
+        else:
+            index = step // self.r.iterations
+            if self.batch is None or self.batch.index != index:
+                self.batch = self._batch(index)
+            groups, olds = self.batch.groups, list(self.batch.old)
         t1 = time.perf_counter()
         rewards = torch.stack([g[3] for g in groups])  # (P, G), float64
         # advantages are the same for rewards divided by a positive number: each group by its
@@ -235,24 +369,13 @@ class RL(Objective):
         # so each rank divides its sum by the tokens of all ranks over the number of ranks
         per_rank = total_tokens if world == 1 else parallel.total(total_tokens, self.device) / world
         loss_sum = torch.zeros((), device=self.device)
-        kl_sum = 0.0
+        kl_sum = clip_sum = 0.0
         # the loss's draws (LoRA's dropout) from a generator of (seed, step, rank): a rank's
         # replies differ in length from the other ranks', so the global RNG would drift apart
         # across ranks, and a checkpoint restores one RNG state for all of them
         with self._step_rng(step):
-            for i, ((p, tokens, lengths, _), a) in enumerate(zip(groups, adv)):
-                width = int(lengths.max())
-                seq = torch.cat(
-                    [
-                        torch.tensor(p.ids, device=self.device).expand(len(tokens), -1),
-                        tokens[:, :width],
-                    ],
-                    dim=1,
-                )
-                x, y = seq[:, :-1], seq[:, 1:]
-                start = len(p.ids) - 1  # the target index of the first reply token
-                cols = torch.arange(y.size(1), device=self.device)[None, :]
-                mask = (cols >= start) & (cols < start + lengths[:, None])
+            for i, ((p, tokens, lengths, _), a, old) in enumerate(zip(groups, adv, olds)):
+                x, y, mask = self._rows(p, tokens, lengths)
                 flat = bool((a == 0).all())
                 with torch.no_grad():
                     ref = self._logp(self.reference, x, y)
@@ -262,7 +385,12 @@ class RL(Objective):
                 with torch.set_grad_enabled(learn):
                     logp = self._logp(forward, x, y)
                     kl = k3(logp, ref)
-                    per_token = -a[:, None] * logp + self.r.kl_coef * kl
+                    if old is None:
+                        policy = -a[:, None] * logp
+                    else:
+                        policy, held = clipped(logp, old, a, self.r.clip_eps)
+                        clip_sum += float((held & mask).sum())
+                    per_token = policy + self.r.kl_coef * kl
                     loss = (per_token * mask).sum() / per_rank
                 if learn:
                     with parallel.no_sync(skip=i < len(groups) - 1):
@@ -280,6 +408,8 @@ class RL(Objective):
             "sample_s": t1 - t0,
             "learn_s": t2 - t1,
         }
+        if self.r.iterations > 1:
+            figures["clip_frac"] = clip_sum / total_tokens
         for k, v in figures.items():
             self.sums[k] += v
         self.steps += 1
@@ -291,7 +421,7 @@ class RL(Objective):
         if not self.steps:
             return {}
         out = {f"rl_{k}": v / self.steps for k, v in self.sums.items()}
-        self.sums, self.steps = dict.fromkeys(FIGURES, 0.0), 0
+        self.sums, self.steps = dict.fromkeys(self.figures, 0.0), 0
         parallel = self.setting.parallel
         if parallel.world > 1:  # float64: the figures as one process computes them
             means = parallel.mean(torch.tensor(list(out.values()), dtype=torch.float64))

@@ -6,6 +6,8 @@ composes this section into the run config, and a config section stays light to i
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from littlelm.train.objective import Objective, ObjectiveConfig, Setting
@@ -43,17 +45,38 @@ class RLConfig(ObjectiveConfig):
         "token); 0 = measured and logged (rl_kl) but not in the loss.",
         ge=0,
     )
+    iterations: int = Field(
+        1,
+        description="Optimizer steps per sampled batch (TRL's num_iterations): 1 = on-policy, "
+        "one update per sample; K > 1 = each batch serves K steps with PPO's clipped ratio "
+        "against the log-probs taken when it was sampled.",
+        ge=1,
+    )
+    clip_eps: float = Field(
+        0.2,
+        description="PPO's clip (TRL's epsilon): the ratio π/π_old counts within [1-clip_eps, "
+        "1+clip_eps]; read only when iterations > 1 (at 1 the ratio is 1).",
+        gt=0,
+        lt=1,
+    )
     reward: str = Field(
         "exact",
         description="Reward function: exact (the answer after ####, else the reply, equals the "
         "reference), numeric (the same, as numbers), or module:function (imported, called as "
-        "function(reply, answer) -> float).",
+        "function(reply, answer) -> float, or in TRL's batched form: rl.reward_form).",
     )
 
+    reward_form: Literal["auto", "pair", "batched"] = Field(
+        "auto",
+        description="How a module:function reward is called: pair = f(reply, answer) -> float "
+        "per reply; batched = TRL's f(prompts, completions, **columns) -> list[float] once per "
+        "step; auto = batched when the function has a parameter named completions.",
+    )
     reward_timeout: float = Field(
         10.0,
-        description="Seconds one reward call may take; past them the run stops naming the "
-        "function and the reply (SIGTERM interrupts a call at any time).",
+        description="Seconds one reward call (batched: the step's one call) may take; past "
+        "them the run stops naming the function and the fix (SIGTERM interrupts a call at any "
+        "time).",
         gt=0,
     )
 

@@ -202,6 +202,12 @@ class Trainer:
                 ),
             ),
         )
+        # 15. the objective's own state (RL's sampled batch), kept in each checkpoint from now
+        self.state.objective = self.objective
+        if resumed is not None:
+            note = self.checkpointer.restore_objective(self.state, resumed.loaded.state)
+            if note:
+                self.log(note)
 
     # ---- construction steps (in the order __init__ calls them) --------------------------------
 

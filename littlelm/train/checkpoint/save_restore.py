@@ -167,10 +167,36 @@ class Checkpointer:
         budget = state.budget.state_dict() if state.budget is not None else None
         if budget is not None:  # a time budget: the time spent counts after a resume
             saved["budget"] = budget
+        held = state.objective.state_dict() if state.objective is not None else {}
         if self.parallel.world > 1:  # a checkpoint resumes each rank exactly where it was
             saved["loader_world_size"] = self.parallel.world
             saved["loader_ranks"] = self.parallel.gather_objects(state.loader.state_dict())
+            ranks = self.parallel.gather_objects(held)  # a collective: every rank takes part
+            if any(ranks):
+                saved["objective_ranks"] = ranks
+        elif held:
+            saved["objective"] = held
         return saved
+
+    def restore_objective(self, state: TrainState, saved: dict) -> str | None:
+        """Set the objective back to this rank's state in `saved` (a checkpoint's state.json);
+        a state written by another number of processes is dropped (the objective starts its
+        state afresh: RL samples the batch again): returned, what to say."""
+        if state.objective is None:
+            return None
+        world, rank = self.parallel.world, self.parallel.rank
+        if saved.get("loader_world_size", 1) != world:
+            held = saved.get("objective") or any(saved.get("objective_ranks", ()))
+            state.objective.load_state_dict({})
+            return (
+                "the objective's state (RL's sampled batch) was written by another number of "
+                "processes: it starts afresh (the next step samples a new batch)"
+                if held
+                else None
+            )
+        mine = saved["objective_ranks"][rank] if "objective_ranks" in saved else None
+        state.objective.load_state_dict(mine or saved.get("objective", {}))
+        return None
 
     # ------------------------------------------------------------------------------------------
     # Resuming and rolling back
@@ -282,6 +308,7 @@ class Checkpointer:
         ckpt.set_rng_state(loaded.rng)
         state.restore_counters(loaded.state, keep_time=True)
         state.guard.rolled_back(loaded.state.get("guard", {}))
+        self.restore_objective(state, loaded.state)  # RL's batch of that step
         return {
             "step": state.step,
             "tokens": state.tokens,

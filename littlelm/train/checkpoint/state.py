@@ -9,6 +9,8 @@ and its optimizer's state, declared in one object that the Trainer owns and the 
     last_checkpoint, saved_step   the newest checkpoint of this run (what a rollback reloads)
                                   and its step (a final save is not repeated for it)
     save_failures                 periodic saves that failed under on_save_error=continue
+    objective                     the run's objective (train/objective.py), whose state_dict()
+                                  (RL's batch under rl.iterations > 1) each checkpoint keeps
 
 The RNG states (torch, numpy, Python, CUDA) belong to the state too, but they stay in the
 process's generators, where every operation draws from them: a copy here would go stale at the
@@ -21,7 +23,8 @@ files as [path, bytes, sampled hash, sha256]: what `loader` is a position in;
 data/fingerprint.py), `config` (the resolved
 config) and `guard`, plus `loader_world_size` and `loader_ranks` (every rank's data position) under torchrun,
 and a LoRA run's `lora_base` ({path, fingerprint}: the frozen base its adapters belong to, whose
-weights its checkpoints do not copy; save_restore.py).
+weights its checkpoints do not copy; save_restore.py), and `objective` (`objective_ranks` under
+torchrun) when the objective carries a state between steps.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch
 from littlelm.data.loader import LoaderSnapshot
 from littlelm.train.budget import Steps
 from littlelm.train.guard import LossGuard
+from littlelm.train.objective import Objective
 
 
 @dataclass
@@ -48,6 +52,7 @@ class TrainState:
     saved_step: int | None = None
     save_failures: int = 0
     budget: Steps | None = None  # how far the run is (train/budget.py); set at start-up
+    objective: Objective | None = None  # set when it is built, after the resume
 
     def counters(self, stopped_by: str | None = None) -> dict:
         """The counters of the end record: where the run is, what went wrong on the way, and
