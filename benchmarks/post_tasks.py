@@ -8,6 +8,7 @@ Two tasks, each a chat question with one right short answer:
 
     mul     a 2- or 3-digit number times a digit    user: 47*6        assistant: 282
     sort    3 to 6 digits, ascending                user: Sort: 5 1 9 1  assistant: 1 1 5 9
+    rev     3 to 7 letters, reversed                user: Reverse: k q b  assistant: b q k
 
 For each task, under OUT/TASK/:
 
@@ -42,7 +43,13 @@ def sort(rng: random.Random) -> tuple[str, str]:
     return f"Sort: {' '.join(digits)}", " ".join(sorted(digits))
 
 
-TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {"mul": mul, "sort": sort}
+def rev(rng: random.Random) -> tuple[str, str]:
+    letters = [rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 7))]
+    return f"Reverse: {' '.join(letters)}", " ".join(reversed(letters))
+
+
+# each task draws from its own generator (write_task): a task added changes no other's files
+TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {"mul": mul, "sort": sort, "rev": rev}
 
 
 def near_miss(rng: random.Random, answer: str) -> str:

@@ -51,7 +51,8 @@ def test_lora_dpo_trains_the_adapters_alone_and_resumes_bitwise(tmp_path):
         [r[k] for k in keys] for r in records(b) if "loss" in r
     ]
     wa, wb = trained(a), trained(b)
-    assert wa and all("lora_" in k for k in wa)  # the checkpoint keeps the adapters alone
+    # the checkpoint keeps the adapters and the chat tokens' rows (lora.trainable_tokens) alone
+    assert wa and all("lora_" in k or k.endswith(".delta") for k in wa)
     assert any(k.endswith("lora_B") and v.abs().sum() > 0 for k, v in wa.items())  # they moved
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
@@ -65,7 +66,7 @@ def test_lora_rl_trains_the_adapters_alone_and_resumes_bitwise(tmp_path):
     assert got[0][3] < 1e-6 < got[-1][3]  # KL: 0 while B = 0, then the adapters move off
     assert rl_records(b) == got
     wa, wb = trained(a), trained(b)
-    assert wa and all("lora_" in k for k in wa)
+    assert wa and all("lora_" in k or k.endswith(".delta") for k in wa)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 

@@ -45,6 +45,11 @@ CASES = {
         1.14,  # trace / analytic: the trained lm_head's gradient beside the top block's
     ),
     "fp32": ({"lora": {}, "train": {"precision": "fp32"}}, None),
+    # the chat tokens' rows trained (lora.trainable_tokens: chat): lm_head's weight a copy
+    "chat token rows (a BPE tokenizer with the chat tokens)": (
+        {"lora": {}, "data": {"tokenizer": {"name": "bpe", "vocab_size": 300}}},
+        1.14,  # trace / analytic: the copy's whole gradient beside the top block's, as above
+    ),
     "QLoRA: NF4 base (bitsandbytes' tensors, traced as its stand-in)": (
         {"lora": {"quantize": "nf4"}},
         None,

@@ -18,6 +18,8 @@ def answer(task: str, question: str) -> str:
     if task == "mul":
         a, b = question.split("*")
         return str(int(a) * int(b))
+    if task == "rev":
+        return " ".join(reversed(question.removeprefix("Reverse: ").split()))
     return " ".join(sorted(question.removeprefix("Sort: ").split()))
 
 
@@ -32,7 +34,7 @@ def test_tasks_are_disjoint_right_and_seeded(tmp_path):
 
     write(tmp_path / "a")
     write(tmp_path / "b")
-    for task in ("mul", "sort"):
+    for task in ("mul", "sort", "rev"):
         d = tmp_path / "a" / task
         sft = {
             r["messages"][0]["content"]: r["messages"][1]["content"] for r in rows(d / "sft.jsonl")

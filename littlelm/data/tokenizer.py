@@ -145,6 +145,16 @@ class Tokenizer(Generic[TokCfg]):
         return cls.vocab_size
 
     @classmethod
+    def chat_tokens_for(cls, cfg: TokCfg) -> int:
+        """How many of littlelm's chat control tokens (data/chat.py) the tokenizer `cfg` will
+        have, without training it (the planner's count of LoRA's trained token rows)."""
+        return 0
+
+    def chat_token_ids(self) -> list[int]:
+        """The ids of littlelm's chat control tokens this tokenizer has, ascending."""
+        return sorted(i for i in (self.special_id(t) for t in CHAT_TOKENS) if i is not None)
+
+    @classmethod
     def train_chars_for(cls, cfg: TokCfg) -> int | None:
         """Characters of training text `train` reads at most (None: all it is given)."""
         return None
@@ -433,6 +443,10 @@ class BPETokenizer(HFTokenizer[BPEConfig]):
         return cls(_read_tokenizer_json(directory / "tokenizer.json"), BOS)
 
     @classmethod
+    def chat_tokens_for(cls, cfg: BPEConfig) -> int:
+        return len(CHAT_TOKENS) if cfg.chat_tokens else 0
+
+    @classmethod
     def vocab_size_for(cls, cfg: BPEConfig) -> int:
         return cfg.vocab_size
 
@@ -567,6 +581,10 @@ class HuggingFaceJSON(HFTokenizer[HuggingFaceConfig]):
     @classmethod
     def vocab_size_for(cls, cfg: HuggingFaceConfig) -> int:
         return cls.from_config(cfg).vocab_size
+
+    @classmethod
+    def chat_tokens_for(cls, cfg: HuggingFaceConfig) -> int:
+        return len(cls.from_config(cfg).chat_token_ids())
 
 
 def read_meta(directory: Path) -> dict:

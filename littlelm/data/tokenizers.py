@@ -53,6 +53,10 @@ class SavedTokenizer(Tokenizer):
     def vocab_size_for(cls, cfg: SavedConfig) -> int:
         return int(read_meta(_saved_dir(cfg))["vocab_size"])
 
+    @classmethod
+    def chat_tokens_for(cls, cfg: SavedConfig) -> int:
+        return len(load_tokenizer(_saved_dir(cfg)).chat_token_ids())
+
 
 def _saved_dir(cfg: SavedConfig) -> Path:
     path = Path(cfg.path).expanduser()

@@ -39,7 +39,13 @@ from littlelm.interop.hf_tokenizer import (
     import_tokenizer,
     stop_ids,
 )
-from littlelm.interop.peft_export import ADAPTER_DIR, BASE_DIR, adapter_problem, write_adapter
+from littlelm.interop.peft_export import (
+    ADAPTER_DIR,
+    BASE_DIR,
+    adapter_problem,
+    token_rows,
+    write_adapter,
+)
 from littlelm.load import find_checkpoint, load_model
 from littlelm.model.gpt import GPT, GPTConfig
 from littlelm.model.kernels import rms_norm
@@ -167,7 +173,11 @@ def export(
                 def extra(tmp: Path) -> None:
                     # the base the adapter goes on, beside it, named by the path it will have
                     base = write_base(path, tmp, arch, max_shard_size)
-                    write_adapter(path, tmp, model.cfg, arch, lora, Path(out).resolve() / base)
+                    ids = json.loads((path / "state.json").read_text()).get("lora_tokens", [])
+                    tied = bool(config.get("tie_word_embeddings"))
+                    rows = token_rows(hf_tensors, ids, model.cfg, arch, tied)
+                    where = Path(out).resolve() / base
+                    write_adapter(path, tmp, model.cfg, arch, lora, where, rows, ids)
 
         write_hf_dir(Path(out), tok, hf_tensors, config, arch, max_shard_size, extra)
     return {

@@ -7,6 +7,12 @@ DIR/adapter/, whose base_model_name_or_path names DIR/base (absolute), so that
     adapter_config.json        peft_type LORA: r, lora_alpha, lora_dropout, target_modules
     adapter_model.safetensors  base_model.model.<module>.lora_A.weight (r × in) / lora_B.weight
 
+and, for a run that trained token rows (lora.trainable_tokens), `trainable_token_indices`
+{module: ids} with base_model.model.<module>.token_adapter.trainable_tokens_delta (ids × width):
+PEFT's trainable tokens hold the rows themselves (it writes them over the base's), so they are
+the merged export's rows, in the export's own form (cut, normalised), for the token embedding
+and, unless the export ties it to the embedding, lm_head.
+
 or `peft.PeftModel.from_pretrained(base, "DIR/adapter")`, where `base` is DIR/base or any
 export of the run's base checkpoint (the same architecture, so the module names are those
 interop/arch.py maps littlelm's to). PEFT scales B A by lora_alpha / r (lora_alpha / sqrt(r)
@@ -55,6 +61,8 @@ def peft_tensors(checkpoint: Path, m: GPTConfig, arch: str) -> tuple[dict, list[
     out: dict[str, torch.Tensor] = {}
     modules = []
     for name in loaded.model:
+        if name.endswith(".delta"):  # trained token rows: token_rows, from the merged export
+            continue
         module, _, which = name.rpartition(".")  # blocks.0.attn.c_q, lora_A
         own = f"{A.REMOTE_PREFIX}{module}.weight"  # modeling_littlelm.py's name (remote code)
         theirs = table.get(f"{module}.weight", own).removesuffix(".weight")
@@ -72,13 +80,36 @@ def target_pattern(modules: list[str]) -> str:
     return "|".join(re.escape(t).replace(r"\{i\}", r"\d+") for t in templates)
 
 
+def token_rows(
+    hf_tensors: dict[str, torch.Tensor], ids: list[int], m: GPTConfig, arch: str, tied: bool
+) -> dict[str, torch.Tensor]:
+    """{exported module: its rows `ids`} of the merged export's tensors `hf_tensors`: the token
+    embedding's and (when the export does not tie them) lm_head's; {} when no rows were
+    trained."""
+    if not ids:
+        return {}
+    wte = A.names(arch, m).get("wte.weight", f"{A.REMOTE_PREFIX}wte.weight")
+    kept = [wte] if tied else [wte, "lm_head.weight"]
+    return {n.removesuffix(".weight"): hf_tensors[n][ids].contiguous() for n in kept}
+
+
 def write_adapter(
-    checkpoint: Path, out: Path, m: GPTConfig, arch: str, lora: LoRAConfig, base: Path
+    checkpoint: Path,
+    out: Path,
+    m: GPTConfig,
+    arch: str,
+    lora: LoRAConfig,
+    base: Path,
+    rows: dict[str, torch.Tensor] | None = None,
+    ids: list[int] | None = None,
 ) -> Path:
     """DIR/adapter/ (adapter_config.json, adapter_model.safetensors) inside the export `out`
     (being written), on the exported base `base` (an absolute path: PEFT resolves it from the
-    working directory). Returns the folder."""
+    working directory), with the trained token rows `rows` (token_rows) of tokens `ids`.
+    Returns the folder."""
     tensors, modules = peft_tensors(checkpoint, m, arch)
+    for module, t in (rows or {}).items():
+        tensors[f"base_model.model.{module}.token_adapter.trainable_tokens_delta"] = t
     folder = out / ADAPTER_DIR
     folder.mkdir()
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
@@ -96,6 +127,10 @@ def write_adapter(
         "inference_mode": True,
         "use_rslora": lora.use_rslora,
         "modules_to_save": None,
+        # by the module's own name (PEFT matches the last part of the path)
+        "trainable_token_indices": (
+            {module.rpartition(".")[2]: ids for module in rows} if rows and ids else None
+        ),
     }
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return folder

@@ -11,6 +11,10 @@ giving the plain model (what sample, chat, eval, serve and export read).
     load_trained(model, tensors, source)   # ... and puts back into a wrapped model
     merge_lora(model)           # in place: back to plain linears, W + (alpha/rank)·B A
 
+`trainable_tokens` trains a few rows of the token embedding and lm_head besides the adapters
+(model/token_rows.py): by default the chat control tokens, which a base pretrained on plain text
+never saw.
+
 Which linears (`targets`): attention = each block's c_q, c_k, c_v and c_proj; mlp = the MLP's
 input linears and its c_proj; all_linear = both. lm_head is never a target (as in PEFT's
 `all-linear`): `train_embeddings` trains it in full instead, with the token embedding. The
@@ -38,6 +42,7 @@ from littlelm.config import Cfg
 from littlelm.errors import CheckpointError
 from littlelm.model.blocks import Norm
 from littlelm.model.nf4 import dequantized, is_nf4, nf4_base
+from littlelm.model.token_rows import add_token_rows, merge_token_rows, set_token_rows
 
 ATTENTION = ("c_q", "c_k", "c_v", "c_proj")
 # A block's linears by the names its exports give them (what peft's target_modules say):
@@ -90,6 +95,21 @@ class LoRAConfig(Cfg):
     train_embeddings: bool = Field(
         False,
         description="Also train the token embedding in full (and lm_head when untied).",
+    )
+    trainable_tokens: Literal["chat", "none"] | list[int] = Field(
+        "chat",
+        description="Token rows of the embedding (and lm_head) trained besides the adapters "
+        "(peft's trainable_token_indices): chat = the tokenizer's chat control tokens, which a "
+        "base pretrained on plain text never saw (without them LoRA learns a chat task far "
+        "less than full SFT), none, or a list of token ids. Ignored with train_embeddings.",
+    )
+    init_from: str | None = Field(
+        None,
+        description="A PEFT adapter directory (adapter_config.json, adapter_model.safetensors, "
+        "as peft's save_pretrained or `littlelm export` writes them, on an export of this run's "
+        "base) whose adapters and trainable token rows this run starts from instead of fresh "
+        "ones (peft's PeftModel.from_pretrained(..., is_trainable=True)); its r, lora_alpha, "
+        "use_rslora and adapted linears must be this section's.",
     )
     train_norms: bool = Field(
         False,
@@ -149,6 +169,15 @@ class LoRAConfig(Cfg):
         if isinstance(self.targets, str):
             return " and ".join(GROUPS) if self.targets == "all_linear" else self.targets
         return ", ".join(self.targets)
+
+    def rows_trained(self, chat_tokens: int) -> int:
+        """How many token rows `trainable_tokens` trains, with a tokenizer that has
+        `chat_tokens` of the chat control tokens."""
+        if self.train_embeddings or self.trainable_tokens == "none":
+            return 0
+        if self.trainable_tokens == "chat":
+            return chat_tokens
+        return len(set(self.trainable_tokens))
 
     @property
     def scale(self) -> float:
@@ -268,11 +297,17 @@ def base_dtype(cfg: LoRAConfig, precision: str) -> torch.dtype | None:
     return torch.bfloat16 if cfg.base_precision == "auto" and precision == "bf16" else None
 
 
-def add_lora(model: nn.Module, cfg: LoRAConfig, base: torch.dtype | None = None) -> nn.Module:
+def add_lora(
+    model: nn.Module,
+    cfg: LoRAConfig,
+    base: torch.dtype | None = None,
+    token_ids: list[int] | tuple[int, ...] = (),
+) -> nn.Module:
     """Wrap `model`'s targeted linears (in place; returns it) and freeze everything but the
-    adapters and what cfg trains in full (train_embeddings, train_norms). Adapters take the
-    linear's dtype and device (the frozen linears are then held in `base`, None: as they are),
-    and A is drawn from the current RNG state."""
+    adapters, the rows of `token_ids` (lora.trainable_tokens, resolved by the caller: the ids
+    depend on the tokenizer) and what cfg trains in full (train_embeddings, train_norms).
+    Adapters take the linear's dtype and device (the frozen linears are then held in `base`,
+    None: as they are), and A is drawn from the current RNG state."""
     for p in model.parameters():
         p.requires_grad_(False)
     for parent, name in _targets(model, cfg):
@@ -287,6 +322,8 @@ def add_lora(model: nn.Module, cfg: LoRAConfig, base: torch.dtype | None = None)
             p.requires_grad_(True)  # lm_head is wte itself when tied: trained once
     for gain in _norm_gains(model) if cfg.train_norms else []:
         gain.requires_grad_(True)
+    if token_ids and not cfg.train_embeddings:  # the whole matrices are trained then
+        add_token_rows(model, token_ids)
     model.adapter_lr = cfg.lr  # type: ignore[assignment]  # optim/groups.py reads it (optim/ may not import model/)
     return model
 
@@ -348,11 +385,13 @@ def adapters_off(model: nn.Module) -> Iterator[None]:
     layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
     for m in layers:
         m.enabled = False
+    set_token_rows(model, False)  # the trained token rows too: the base's matrices
     try:
         yield
     finally:
         for m in layers:
             m.enabled = True
+        set_token_rows(model, True)
 
 
 def has_lora(model: nn.Module) -> bool:
@@ -406,6 +445,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
         for name, child in list(module.named_children()):
             if isinstance(child, LoRALinear):
                 setattr(module, name, child.merged())
+    merge_token_rows(model)
     if hasattr(model, "adapter_lr"):
         del model.adapter_lr
     return model

@@ -39,6 +39,7 @@ from littlelm.plan.trace import (
     Memory,
     block_bytes,
 )
+from littlelm.train.build import planned_chat_tokens
 
 if TYPE_CHECKING:
     from littlelm.model.gpt import GPTConfig
@@ -79,10 +80,16 @@ class Adapters:
     bf16_base: bool = False
     train_embeddings: bool = False
     train_norms: bool = False
+    # rows of the token embedding (and of an untied lm_head) trained (lora.trainable_tokens;
+    # model/token_rows.py): lm_head's weight is then a copy with their change added, per step
+    token_rows: int = 0
 
     @classmethod
-    def of(cls, lora, model: GPTConfig, bf16: bool = False) -> Adapters | None:
-        """From a LoRAConfig (None: a full run), in a run computing in bf16 or not."""
+    def of(
+        cls, lora, model: GPTConfig, bf16: bool = False, chat_tokens: int = 0
+    ) -> Adapters | None:
+        """From a LoRAConfig (None: a full run), in a run computing in bf16 or not, whose
+        tokenizer has `chat_tokens` of the chat control tokens (the rows LoRA trains)."""
         if lora is None:
             return None
         return cls(
@@ -93,6 +100,7 @@ class Adapters:
             bf16_base=base_dtype(lora, "bf16" if bf16 else "fp32") == torch.bfloat16,
             train_embeddings=lora.train_embeddings,
             train_norms=lora.train_norms,
+            token_rows=lora.rows_trained(chat_tokens),
         )
 
     @property
@@ -121,6 +129,14 @@ class Adapters:
         two factors after it; the rest trainable as `trains` says."""
         out: list[Param] = []
         for p in params:
+            if p.role in ("embedding", "lm_head") and self.token_rows and not self.trains(p):
+                out.append(replace(p, trainable=False))  # its trained rows beside it
+                out.append(
+                    Param(
+                        p.name.replace(".weight", ".delta"), (self.token_rows, p.shape[1]), p.role
+                    )
+                )
+                continue
             if not self.targeted(p):
                 out.append(replace(p, trainable=self.trains(p)))
                 continue
@@ -175,6 +191,7 @@ class Dims:
     shard_adamw: bool = False  # distributed.shard_adamw (ddp): ZeRO-1, AdamW moments split
     lora: Adapters | None = None  # the run's `lora:` section (None: every parameter trains)
     fine_tunes: bool = False  # starts from trained weights (sft: or lora:): LoRA applies
+    chat_tokens: int = 0  # chat control tokens of the run's tokenizer (LoRA trains their rows)
     # the trace's peak over the analytic model's at the configured micro-batch: a plan scales
     # every analytic figure by it (plan/planner.py), so the trace stays the one reference
     trace_scale: float = 1.0
@@ -194,7 +211,8 @@ class Dims:
         traits = oc.traits()
         params, buffers = model_tensors(cfg.model)
         bf16 = t.precision in ("bf16", "auto")  # auto: the plan's GPUs all compute bf16
-        lora = Adapters.of(getattr(cfg, "lora", None), cfg.model, bf16)
+        chat = planned_chat_tokens(cfg.data.tokenizer)
+        lora = Adapters.of(getattr(cfg, "lora", None), cfg.model, bf16, chat)
         return cls(
             model=cfg.model,
             micro_batch=mb,
@@ -206,6 +224,7 @@ class Dims:
             buffers=buffers,
             lora=lora,
             fine_tunes=cfg.sft is not None or lora is not None,
+            chat_tokens=chat,
             master_bf16=t.master_weights == "bf16",
             checkpointing=t.activation_checkpointing,
             fp8=cfg.model.fp8,
@@ -274,20 +293,49 @@ class Dims:
     @property
     def frozen_input(self) -> bool:
         """Does the first block's input carry no gradient (a LoRA run whose embedding and first
-        norm's gain are frozen)? Then that block's ops before its first adapter record nothing
-        for the backward: autograd keeps what a gradient needs, and none flows there."""
+        norm's gain are frozen, no token rows trained)? Then that block's ops before its first
+        adapter record nothing for the backward: autograd keeps what a gradient needs, and none
+        flows there."""
         lo = self.lora
         return (
             lo is not None
             and not lo.train_embeddings
+            and not lo.token_rows
             and not (lo.train_norms and self.model.norm_affine)
         )
 
     @property
     def head_trains(self) -> bool:
-        """Does lm_head get a gradient (always, but in a LoRA run without train_embeddings)?"""
+        """Does lm_head get a gradient (always, but in a LoRA run without train_embeddings)?
+        Under LoRA's trained token rows its weight is a copy with the rows written in, whose
+        gradient is made whole (the loss's product) before the rows' is taken from it."""
         head = "embedding" if self.model.tie_embeddings else "lm_head"
         return any(p.trainable for p in self.params if p.role == head)
+
+    @property
+    def head_grad_kept(self) -> bool:
+        """Is lm_head's own weight trained (its whole gradient kept until the step), not only
+        rows of it (whose whole gradient is freed once the rows' is taken)?"""
+        head = "embedding" if self.model.tie_embeddings else "lm_head"
+        return any(
+            p.trainable and p.name.endswith(".weight") for p in self.params if p.role == head
+        )
+
+    @property
+    def head_copy(self) -> int:
+        """Bytes of lm_head's weight copy under LoRA's trained token rows (0 without): made at
+        the loss's start, kept by its product for the backward (model/token_rows.py)."""
+        if self.lora is None or not self.lora.token_rows or self.lora.train_embeddings:
+            return 0
+        m = self.model
+        cast = block_bytes(2 * m.vocab * m.d_model) if self.casts_head else 0  # made from it
+        return block_bytes(self.param_bytes * m.padded_vocab * m.d_model) + cast
+
+    @property
+    def casts_head(self) -> bool:
+        """Does the chunked loss read lm_head through a bf16 copy of its rows (bf16 autocast,
+        fp32 master weights)?"""
+        return self.model.loss != "plain" and self.bf16 and not self.master_bf16
 
     def matrix_owned(self, count: int) -> int:
         """Matrices of a bucket of `count` (a MATRICES rule's: Muon's) that rank 0 (which owns
@@ -551,7 +599,7 @@ def block_backward_stages(d: Dims) -> dict[str, float]:
     flash = a * q + 4 * q + 4 * m.n_head + a * q + 2 * a * kv + (2 * a * q if gqa else 0)
     fixed = 3 * BLOCK_SCALAR + (2 * BLOCK_SCALAR if m.residual_scalars else 0)
     if (
-        m.tie_embeddings and d.head_trains
+        m.tie_embeddings and d.head_grad_kept
     ):  # the lm_head half of the tied embedding's gradient waits for the rest
         fixed += block_bytes(d.param_bytes * m.padded_vocab * C)
     rope_norm = 3 * a * (q + kv) + a * kv  # d(q|k), RoPE's output, the swapped halves; d(v)
@@ -621,7 +669,8 @@ def estimate(d: Dims) -> Memory:
         STATE: optimizer_state_bytes(d),
         COPIES: weight_copy_bytes(d),
         ACT: activation_bytes(d),
-        LOSS: int(max(loss_stages(d).values())),
+        # LoRA's trained token rows: lm_head's weight copy is alive through the loss
+        LOSS: int(max(loss_stages(d).values())) + d.head_copy,
         BWD: int(max(block_backward_stages(d).values())),
         SCRATCH: optimizer_scratch_bytes(d),
     }
@@ -643,7 +692,7 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
     The optimizer step: parameters, state, gradients and scratch."""
     m, N, L, a = d.model, d.tokens, d.model.n_layer, d.act_bytes
     kept = {PARAMS: c[PARAMS], STATE: c[STATE]}
-    head_grad = block_bytes(d.param_bytes * m.padded_vocab * m.d_model) if d.head_trains else 0
+    head_grad = block_bytes(d.param_bytes * m.padded_vocab * m.d_model) if d.head_grad_kept else 0
     if d.checkpointing:
         layer = [int(m.d_model * d.param_bytes * N)] * L
     else:
@@ -665,7 +714,7 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
         loss[GRADS] = grads_top
     else:  # norm_f's output and lm_head cast for the chunks are alive beside the loss
         loss[ACT] += block_bytes(a * N * m.d_model)
-        if d.bf16 and not d.master_bf16:
+        if d.casts_head and not d.head_copy:  # else the copy's cast is the loss's (head_copy)
             loss[COPIES] += block_bytes(2 * m.vocab * m.d_model)
         loss[GRADS] = c[GRADS] if accumulating else 0
     # by the top block's attention backward its MLP's tensors and norm2's output are freed

@@ -4,7 +4,7 @@ planned is what is trained.
 
     model = build_model(cfg, device)          # parameters in train.master_weights' dtype
     with_lora(cfg, model)                     # lora: adapters on, once the base weights are in
-    transform = build_transform(cfg)          # the same, as the trainer's model transform
+    transform = build_transform(cfg, tok)     # the same, as the trainer's model transform
     optimizer = optimizer_for(cfg, model)     # once the model is loaded, grown and sharded
     model, optimizer = build(cfg, device)     # both at once (the planner's trace)
     objective = build_objective(cfg, setting) # what the run minimises (train/objective.py)
@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from littlelm.data import build as data_build
-from littlelm.errors import ConfigError
-from littlelm.model.lora import add_lora, base_dtype, check_lora
+from littlelm.data.chat import CHAT_TOKENS
+from littlelm.data.tokenizer import Tokenizer, TokenizerConfig
+from littlelm.errors import ConfigError, DataError
+from littlelm.model.lora import LoRAConfig, add_lora, base_dtype, check_lora
 from littlelm.model.protocol import LanguageModel
 from littlelm.train.objective import Objective, Setting, chosen_objective
 from littlelm.train.step import LanguageModelLoss
@@ -71,8 +73,29 @@ def with_lora(cfg: RunConfig, model: LanguageModel) -> LanguageModel:
         raise ConfigError(problems)
     # the frozen base in the training precision as resolved, as the trainer's transform holds
     # it (train/transform.py; a config whose precision is still `auto` keeps it as built)
-    add_lora(model, cfg.lora, base_dtype(cfg.lora, cfg.train.precision))
+    ids = stand_in_ids(cfg.lora, cfg.data.tokenizer)
+    add_lora(model, cfg.lora, base_dtype(cfg.lora, cfg.train.precision), ids)
     return model
+
+
+def stand_in_ids(lora: LoRAConfig, tokenizer: TokenizerConfig) -> list[int]:
+    """The trained token rows of lora.trainable_tokens without building the tokenizer (the
+    planner's trace): the ids given, or as many rows as the chat tokens `tokenizer` will have,
+    the first ids standing in for theirs (which rows a run trains changes no tensor's size);
+    the trainer picks the real ones (train/transform.py's trained_token_ids)."""
+    if isinstance(lora.trainable_tokens, list) and lora.rows_trained(0):
+        return sorted(set(lora.trainable_tokens))
+    return list(range(lora.rows_trained(planned_chat_tokens(tokenizer))))
+
+
+def planned_chat_tokens(tokenizer: TokenizerConfig) -> int:
+    """How many chat control tokens the tokenizer `tokenizer` will have, read without training
+    it; a saved one not written yet (a later stage of a planned pipeline) is counted with
+    all of them, as a littlelm tokenizer has by default (a plan then counts their rows)."""
+    try:
+        return tokenizer.tokenizer_class().chat_tokens_for(tokenizer)
+    except DataError:
+        return len(CHAT_TOKENS)
 
 
 def optimizer_for(
@@ -85,11 +108,13 @@ def optimizer_for(
     return oc.build(model, cfg.train.stochastic_rounding, origin)
 
 
-def build_transform(cfg: RunConfig) -> Transform:
-    """The run's model transform (train/transform.py): LoRA's adapters on its base, or none."""
+def build_transform(cfg: RunConfig, tokenizer: Tokenizer) -> Transform:
+    """The run's model transform (train/transform.py): LoRA's adapters on its base (and the
+    token rows it trains, ids of `tokenizer`), or none."""
     g = cfg.starts_from()
     # train.precision as resolved for the device (the trainer's cfg): the frozen base's dtype
-    return transform_for(cfg.lora, g.parent if g is not None else None, cfg.train.precision)
+    parent = g.parent if g is not None else None
+    return transform_for(cfg.lora, parent, cfg.train.precision, tokenizer)
 
 
 def build_objective(cfg: RunConfig, setting: Setting) -> Objective:

@@ -109,7 +109,7 @@ class Trainer:
         self.data = self.parallel.in_turns(lambda: build_data(cfg, self.log, progress))
         # what the run does to its model besides training it (train/transform.py: LoRA's
         # adapters on a frozen base), which checkpoints keep and load through
-        self.transform = build_transform(cfg)
+        self.transform = build_transform(cfg, self.data.tokenizer)
         self.checkpointer = Checkpointer(
             cfg,
             self.parallel,

@@ -2,10 +2,10 @@
 trainer, the checkpoints and the loader of trained models (littlelm/load.py) call without
 knowing what it is.
 
-    t = build_transform(cfg)              # train/build.py: LoRA's for a `lora:` run, else none
+    t = build_transform(cfg, tokenizer)   # train/build.py: LoRA's for a `lora:` run, else none
     t.start(model, grown)                 # a fresh run, once the base weights are in
     t.trained_state(weights, model)       # what a checkpoint keeps of the weights
-    t.record()                            # what it adds to state.json
+    t.record()                            # what it adds to state.json (lora_base, lora_tokens)
     t.load(model, loaded)                 # a checkpoint's weights into a freshly built model
     t.load_trained(model, loaded, load_whole)   # a rollback's, into the running model
     t.merge(model)                        # the plain model (sample, chat, eval, export)
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from littlelm.config import validate
+from littlelm.data.tokenizer import Tokenizer
 from littlelm.errors import CheckpointError, ConfigError
 from littlelm.model.gpt import GPT
 from littlelm.model.grow import parent_model_config
@@ -43,6 +44,7 @@ from littlelm.model.lora import (
     merge_lora,
     trained_tensors,
 )
+from littlelm.model.peft_adapter import load_peft_adapter
 from littlelm.train.checkpoint import files as ckpt
 
 
@@ -100,8 +102,17 @@ class LoRA(Transform):
 
     keeps_every_weight = False  # the trained tensors alone: the base stays in its checkpoint
 
-    def __init__(self, cfg: LoRAConfig, base: str | None, precision: str | None = None):
+    def __init__(
+        self,
+        cfg: LoRAConfig,
+        base: str | None,
+        precision: str | None = None,
+        token_ids: list[int] | None = None,
+    ):
         self.cfg, self.base = cfg, base
+        # the token rows trained (lora.trainable_tokens resolved by the run's tokenizer); None
+        # when loading: the checkpoint's state.json says which
+        self.token_ids = token_ids
         # the frozen linears' dtype in a run computing in `precision` (None: as loaded, what
         # sample, eval and export read: the merge is then computed from the base's own weights)
         self.base_dtype = base_dtype(cfg, precision) if precision else None
@@ -111,7 +122,7 @@ class LoRA(Transform):
         problems = check_lora(model, self.cfg)
         if problems:
             raise ConfigError(problems)
-        add_lora(model, self.cfg, self.base_dtype)
+        add_lora(model, self.cfg, self.base_dtype, self.token_ids or ())
 
     def start(self, model: torch.nn.Module, grown: Any) -> None:
         """A fresh LoRA run starts from trained weights of its own shape: LoRA learns a small
@@ -137,6 +148,10 @@ class LoRA(Transform):
                 ]
             )
         self._apply(model)
+        if self.cfg.init_from is not None:  # a PEFT adapter's A, B and token rows, not fresh
+            problems = load_peft_adapter(model, self.cfg, self.cfg.init_from)
+            if problems:
+                raise ConfigError(problems)
 
     def applied(self, model: torch.nn.Module) -> bool:
         return has_lora(model)
@@ -155,7 +170,8 @@ class LoRA(Transform):
                 "fingerprint": ckpt.fingerprint(path),
                 **ckpt.weights_identity(path),
             }
-        return {"lora_base": self.base_record}
+        # which rows the checkpoint's wte.rows are (a loader cannot know the tokenizer's ids)
+        return {"lora_base": self.base_record, "lora_tokens": list(self.token_ids or ())}
 
     def load(self, model: torch.nn.Module, loaded: ckpt.Loaded) -> None:
         """A LoRA checkpoint into the plain `model`: the base's weights from the checkpoint its
@@ -199,6 +215,7 @@ class LoRA(Transform):
         base = ckpt.load_checkpoint(path, with_optimizer=False)
         ckpt.load_model_tensors(model, plain_tensors(base), path)  # a LoRA base: merged in turn
         base.model.release()
+        self.token_ids = loaded.state.get("lora_tokens", [])  # older checkpoints: none
         self._apply(model)
         load_trained(model, loaded.model, loaded.path)
         kept = {k: record[k] for k in ("sha256", "stat") if k in record}
@@ -240,11 +257,36 @@ class AdaptersOff(torch.nn.Module):
 
 
 def transform_for(
-    lora: LoRAConfig | None, base: str | None, precision: str | None = None
+    lora: LoRAConfig | None,
+    base: str | None,
+    precision: str | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> Transform:
     """The transform of a run whose lora section is `lora`, started from the checkpoint `base`,
-    computing in `precision` (as resolved: the frozen base's dtype; None: as loaded)."""
-    return Transform() if lora is None else LoRA(lora, base, precision)
+    computing in `precision` (as resolved: the frozen base's dtype; None: as loaded), its
+    trained token rows picked in `tokenizer` (None: as the checkpoint loaded says)."""
+    if lora is None:
+        return Transform()
+    ids = None if tokenizer is None else trained_token_ids(lora, tokenizer)
+    return LoRA(lora, base, precision, ids)
+
+
+def trained_token_ids(lora: LoRAConfig, tokenizer: Tokenizer) -> list[int]:
+    """lora.trainable_tokens as ids of `tokenizer`: its chat control tokens (those it has), none,
+    or the ids given, each checked to be in its vocabulary."""
+    if lora.train_embeddings or lora.trainable_tokens == "none":
+        return []
+    if lora.trainable_tokens == "chat":
+        return tokenizer.chat_token_ids()
+    bad = [i for i in lora.trainable_tokens if not 0 <= i < tokenizer.vocab_size]
+    if bad:
+        raise ConfigError(
+            [
+                f"lora.trainable_tokens: {bad} is not a token id of this run's tokenizer (0 to "
+                f"{tokenizer.vocab_size - 1}); give ids in that range, chat or none"
+            ]
+        )
+    return sorted(set(lora.trainable_tokens))
 
 
 def base_path(loaded: ckpt.Loaded) -> Path:
