@@ -256,7 +256,7 @@ def default_lora() -> LoRAConfig:
     return LoRAConfig()
 
 
-LORA_CHANGE = "lora={}"  # a `lora:` section of the defaults: rank 16 on every block linear
+LORA_CHANGE = "lora={}"  # a `lora:` section of the defaults: rank 32 on every block linear
 QLORA_CHANGE = "lora={quantize: nf4}"
 
 
