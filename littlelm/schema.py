@@ -141,7 +141,7 @@ class TrainConfig(Cfg):
     )
     max_steps: int | None = Field(
         None,
-        description="Optimizer steps to train; or set max_tokens.",
+        description="Optimizer steps to train; or set max_tokens, epochs or budget.",
         ge=1,
         json_schema_extra=RESUMABLE,
     )
@@ -641,7 +641,7 @@ def _resolve_train(
     elif t.epochs is not None:
         pass  # the steps follow from the data's size, known once it is prepared (Trainer)
     elif max_steps is None and max_tokens is None and not timed:
-        problems.append("set train.max_steps, train.max_tokens or train.budget")
+        problems.append("set train.max_steps, train.max_tokens, train.epochs or train.budget")
     elif max_steps is None and max_tokens is not None:
         max_steps = max(1, max_tokens // batch_tokens)
     if max_steps is not None:

@@ -3,12 +3,14 @@ length at a time, said at start and recorded as max_steps in the run's config.ya
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import yaml
 
 from conftest import tiny_tree, write_config
+from littlelm.cli import main
 from littlelm.errors import ConfigError
 from littlelm.schema import load_run
 from littlelm.train.build import steps_from_epochs
@@ -31,8 +33,8 @@ def test_epochs_and_another_length_are_refused_naming_both(tmp_path, corpus, oth
     assert "remove train.epochs" in str(e.value)
 
 
-def test_no_length_at_all_still_names_epochs_among_the_fixes_it_lacks(tmp_path, corpus):
-    with pytest.raises(ConfigError, match="set train.max_steps"):
+def test_no_length_at_all_names_epochs_among_the_fixes(tmp_path, corpus):
+    with pytest.raises(ConfigError, match="set train.max_steps, train.max_tokens, train.epochs or train.budget"):
         load_run(epochs_config(tmp_path, corpus))
 
 
@@ -72,3 +74,13 @@ def test_a_dpo_run_refuses_epochs_naming_max_steps(tmp_path, corpus):
     dpo = cfg.model_copy(update={"dpo": DPOConfig()})
     with pytest.raises(ConfigError, match="give train.max_steps instead"):
         steps_from_epochs(dpo, data=None, log=print)  # refused before the data is read
+
+
+def test_plan_counts_the_epochs_as_the_trainer_does(tmp_path, corpus, capsys):
+    path = epochs_config(tmp_path, corpus, epochs=0.5)
+    main(["plan", str(path), "--json", "--no-trace"])
+    out = capsys.readouterr()
+    tokens = sum(s.train_tokens for s in Trainer(load_run(path)).data.sources.values())
+    steps = math.ceil(0.5 * tokens / (4 * 32))
+    assert json.loads(out.out)["tokens"] == steps * 4 * 32  # one document on stdout
+    assert f"train.epochs 0.5: {steps} steps" in out.err
