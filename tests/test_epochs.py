@@ -34,7 +34,9 @@ def test_epochs_and_another_length_are_refused_naming_both(tmp_path, corpus, oth
 
 
 def test_no_length_at_all_names_epochs_among_the_fixes(tmp_path, corpus):
-    with pytest.raises(ConfigError, match="set train.max_steps, train.max_tokens, train.epochs or train.budget"):
+    with pytest.raises(
+        ConfigError, match="set train.max_steps, train.max_tokens, train.epochs or train.budget"
+    ):
         load_run(epochs_config(tmp_path, corpus))
 
 
