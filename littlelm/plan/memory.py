@@ -789,15 +789,17 @@ def checkpoint_bytes(e: Memory) -> int:
 
 def fsdp_per_gpu(d: Dims, shards: int) -> tuple[dict[str, int], int]:
     """Bytes per category on one GPU under FSDP over `shards` GPUs (the gathered units counted
-    as weight copies) and the peak: the sharded state, the two gathered units, and lm_head
-    gathered while the loss runs (in bf16, so autocast makes no copies of it)."""
+    as weight copies) and the peak: the sharded state, the two gathered units, lm_head
+    gathered while the loss runs (in bf16, so autocast makes no copies of it), and a DPO run's
+    reference, whole."""
     c = estimate(replace(d, strategy="fsdp", world=shards)).categories
     per = 2 + d.param_bytes  # bf16 weights gathered + gradients (the parameters' dtype)
     in_blocks = sum(p.numel for p in d.params if p.name.startswith("blocks."))
     gathered = 2 * max(1, in_blocks // d.model.n_layer) * per  # two units (blocks)
     per_gpu = {k: v // shards if k in (PARAMS, GRADS, STATE, SCRATCH) else v for k, v in c.items()}
     per_gpu[COPIES] += gathered
-    sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards
+    # DPO's frozen reference is whole on every rank (train/growth.py's base_copy builds it so)
+    sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards + c[REF]
     head = d.model.padded_vocab * d.model.d_model * per
     forward_backward = sharded + gathered + c[ACT] + max(c[LOSS] + head, c[BWD] + gathered)
     return per_gpu, max(forward_backward, sharded + c[SCRATCH] // shards)
