@@ -22,6 +22,7 @@ import time
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -30,15 +31,18 @@ from torch.utils._pytree import tree_flatten
 
 from littlelm.model import kernels
 from littlelm.optim import lowp
-from littlelm.train.build import build
+from littlelm.train.build import build, build_model, build_objective
 from littlelm.train.device import autocast
-from littlelm.train.step import apply_update, micro_step
+from littlelm.train.objective import Setting
+from littlelm.train.step import LanguageModelLoss, apply_update, micro_step
+from littlelm.train.transform import transform_for
 
 # The memory categories the trace, the analytic model, bench and the report share, in table order
 PARAMS, GRADS, STATE = "parameters", "gradients", "optimizer state"
+REF = "frozen reference"  # DPO's reference model beside the one trained (its own weights)
 COPIES, ACT, LOSS = "weight copies", "activations", "logits & loss"
 BWD, SCRATCH = "backward temporaries", "optimizer scratch"
-CATEGORIES = (PARAMS, GRADS, STATE, COPIES, ACT, LOSS, BWD, SCRATCH)
+CATEGORIES = (PARAMS, REF, GRADS, STATE, COPIES, ACT, LOSS, BWD, SCRATCH)
 FB, OPT = "forward/backward", "optimizer step"  # the phases of a step
 WEIGHT_OPS = (torch.ops.aten._to_copy.default, torch.ops.aten.cat.default)
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
@@ -169,13 +173,14 @@ class MemoryAccountant(TorchDispatchMode):
             for t in tensors
         )
 
-    def track_params(self, params, buffers=()) -> None:
-        """Count parameters and buffers; casts of parameters become weight copies."""
+    def track_params(self, params, buffers=(), category: str = PARAMS) -> None:
+        """Count parameters and buffers (under `category`); casts of parameters become weight
+        copies."""
         for t in params:
             self.param_storages.add(id(t.untyped_storage()))
-            self.track(t, PARAMS)
+            self.track(t, category)
         for t in buffers:
-            self.track(t, PARAMS)
+            self.track(t, category)
 
 
 class _FlashFootprint(torch.autograd.Function):
@@ -248,6 +253,7 @@ def trace_step(cfg, micro_batch: int | None = None, gpu: bool = True) -> Memory:
     mb, accum = micro_batch or cfg.train.micro_batch_size, cfg.train.grad_accum or 1
     with FakeTensorMode(), _traceable(gpu):
         model, optimizer = build(cfg, cpu, traced=True)
+        loss, rows, reference = objective_loss(cfg, model, cpu)
         trained = [p for p in model.parameters() if p.requires_grad]  # a LoRA run's adapters
         for p in trained:  # one step on zero gradients: the state exists
             p.grad = torch.zeros_like(p)
@@ -258,12 +264,14 @@ def trace_step(cfg, micro_batch: int | None = None, gpu: bool = True) -> Memory:
         try:
             with acct:
                 acct.track_params(model.parameters(), model.buffers())
+                if reference is not None:  # its own weights: not the model's (LoRA: adapters off)
+                    acct.track_params(reference.parameters(), reference.buffers(), REF)
                 for t in optimizer_tensors(optimizer):
                     acct.track(t, STATE)
                 for _ in range(min(accum, 2)):  # the second with the first's gradients alive
                     acct.phase, acct.region = FB, ACT
-                    x = torch.zeros(mb, cfg.train.seq_len, dtype=torch.long)  # (B, T) ids
-                    micro_step(model, x, x.clone(), accum, autocast(cpu, cfg.train.precision))
+                    x = torch.zeros(mb * rows, cfg.train.seq_len, dtype=torch.long)  # (B, T) ids
+                    micro_step(loss, x, x.clone(), accum, autocast(cpu, cfg.train.precision))
                     del x
                 acct.phase, acct.region = OPT, SCRATCH
                 apply_update(model, optimizer, cfg.train.grad_clip)
@@ -282,10 +290,44 @@ def trace_step(cfg, micro_batch: int | None = None, gpu: bool = True) -> Memory:
     )
 
 
+def objective_loss(cfg, model: torch.nn.Module, cpu: torch.device):
+    """(the micro-batch loss, rows per micro-batch item, the frozen reference or None) of the
+    objective the trainer builds for `cfg`: the language-model loss of micro_batch rows, or
+    DPO's of micro_batch pairs (two rows each) with its reference resident: the run's base as
+    a copy in train.master_weights' dtype (growth.base_copy's build, its weights not read), or
+    under LoRA the model itself with its adapters off (the transform's own reference)."""
+    if getattr(cfg, "dpo", None) is None:
+        return model, 1, None
+
+    def copy() -> torch.nn.Module:
+        frozen = build_model(cfg, cpu, traced=True)
+        assert isinstance(frozen, torch.nn.Module)  # every model is one (model/protocol.py)
+        frozen.requires_grad_(False)
+        return frozen.eval()
+
+    setting = Setting(
+        cfg,
+        model,
+        cpu,
+        autocast(cpu, cfg.train.precision),
+        SimpleNamespace(masked=True),  # pairs' rows: their replies' targets
+        None,
+        reference=lambda: transform_for(cfg.lora, None).reference(model, copy),
+    )
+    objective = build_objective(cfg, setting)
+    assert isinstance(objective, LanguageModelLoss), "DPO's loss is the LM step's, of pairs"
+    reference = getattr(objective, "reference", None)
+    own = reference is not None and any(True for _ in reference.parameters())
+    return objective.loss_of(model), 2, reference if own else None
+
+
 def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:
-    """Region switches at the model's seams, and gradients labelled as they land."""
+    """Region switches at the model's seams, and gradients labelled as they land. A forward
+    without gradients (DPO's reference as the model with its adapters off) switches nothing."""
 
     def end_of_forward(*_):
+        if not torch.is_grad_enabled():
+            return
         acct.at_forward_end = acct.snapshot().by_category
         acct.region = LOSS  # the loss's backward comes first
 
@@ -300,7 +342,9 @@ def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:
     assert isinstance(norm_f, torch.nn.Module) and isinstance(blocks, torch.nn.ModuleList)
     handles = [
         model.register_forward_hook(end_of_forward),
-        norm_f.register_forward_hook(lambda *_: setattr(acct, "region", LOSS)),
+        norm_f.register_forward_hook(
+            lambda *_: setattr(acct, "region", LOSS) if torch.is_grad_enabled() else None
+        ),
         blocks[-1].register_full_backward_pre_hook(blocks_backward),
     ]
     for p in model.parameters():
