@@ -141,7 +141,7 @@ class TrainConfig(Cfg):
     )
     max_steps: int | None = Field(
         None,
-        description="Optimizer steps to train; or set max_tokens.",
+        description="Optimizer steps to train; or set max_tokens, epochs or budget.",
         ge=1,
         json_schema_extra=RESUMABLE,
     )
@@ -149,6 +149,15 @@ class TrainConfig(Cfg):
         None,
         description="Token budget; sets max_steps when that is null.",
         ge=1,
+        json_schema_extra=RESUMABLE,
+    )
+    epochs: float | None = Field(
+        None,
+        description="Passes over the training data (HF's num_train_epochs): steps = epochs x "
+        "the sources' training tokens / batch_tokens, rounded up, counted once the data is "
+        "prepared (the start line says the steps; the run's config.yaml records max_steps). "
+        "Pretraining and SFT only; not with max_steps, max_tokens or budget.",
+        gt=0,
         json_schema_extra=RESUMABLE,
     )
     budget: BudgetConfig | None = Field(
@@ -623,8 +632,16 @@ def _resolve_train(
     problems += budget_problems
     max_steps = budget_steps or max_steps
     timed = t.budget is not None and t.budget.kind in ("hours", "dollars")
-    if max_steps is None and max_tokens is None and not timed:
-        problems.append("set train.max_steps, train.max_tokens or train.budget")
+    lengths = [f"train.{k}" for k in ("max_steps", "max_tokens", "budget") if getattr(t, k)]
+    if t.epochs is not None and lengths:  # two lengths would leave one silently unused
+        problems.append(
+            f"train.epochs and {' and '.join(lengths)} both set the run's length: give one "
+            f"(remove train.epochs, or {' and '.join(lengths)})"
+        )
+    elif t.epochs is not None:
+        pass  # the steps follow from the data's size, known once it is prepared (Trainer)
+    elif max_steps is None and max_tokens is None and not timed:
+        problems.append("set train.max_steps, train.max_tokens, train.epochs or train.budget")
     elif max_steps is None and max_tokens is not None:
         max_steps = max(1, max_tokens // batch_tokens)
     if max_steps is not None:

@@ -118,3 +118,9 @@ def test_one_stage_whose_base_has_only_its_config_on_disk_is_planned_from_it(sta
     assert "config.yaml (no checkpoint yet)" in stage.based_on
     assert cfg.model.vocab_size == load_run(base).model.vocab_size
     assert main(["plan", str(sft), "--no-trace", "--gpu", "H100-SXM"]) == 0
+
+
+def test_epochs_of_a_stage_whose_base_is_not_trained_are_refused_naming_max_steps(stages):
+    base, sft = stages
+    with pytest.raises(LittleLMError, match="plan it with train.max_steps=N"):
+        load_stages([str(base), str(sft)], ["train.max_steps=null", "train.epochs=1"])

@@ -187,7 +187,8 @@ def test_peft_trainable_tokens_load_the_exported_rows(tmp_path, features):
 def test_a_run_continues_from_a_peft_adapter_directory(tmp_path, features):
     """lora.init_from: an adapter peft saved itself (its adapters and trainable tokens moved
     away from ours first) is where the run starts: at step 0 its logits are peft's on the
-    exported base (1e-4, fp32); then it trains; an adapter of another rank is refused."""
+    exported base (1e-5, fp32); then it trains and resumes from its own checkpoint (not the
+    adapter again); an adapter of another rank is refused."""
     peft = judge("peft")
     from littlelm.interop.hf import export
 
@@ -223,8 +224,17 @@ def test_a_run_continues_from_a_peft_adapter_directory(tmp_path, features):
     trainer = Trainer(cfg, resume="never")
     with torch.no_grad():
         ours = trainer.model.eval()(ids)
-    assert (ours - theirs).abs().max().item() < 1e-4
+    assert (ours - theirs).abs().max().item() < 1e-5
     assert trainer.fit()["finished"]
+    with torch.no_grad():
+        trained = trainer.model.eval()(ids)
+    # a resume starts from the checkpoint, not from the adapter directory again
+    tree["train"]["max_steps"] = 4
+    more = Trainer(load_run(write_config(tmp_path / "more.yaml", tree)))
+    assert more.step == 2
+    with torch.no_grad():
+        torch.testing.assert_close(more.model.eval()(ids), trained, atol=0, rtol=0)
+    assert more.fit()["finished"] and more.step == 4
 
     tree["run"]["name"] = "other-rank"
     tree["lora"]["rank"] = 8

@@ -141,6 +141,15 @@ class ChatFormat:
     def encode(self, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
         """Token ids the model sees: BOS, then the rendered conversation."""
         tok = self.tokenizer
+        if self.template is None:
+            # the format's tokens from the format, a message's content as text: "<|end|>" typed
+            # in a message stays characters, so no message closes a turn it did not write
+            # (transformers' apply_chat_template(..., sanitize_control_tokens=True) gives these ids)
+            ids = [tok.bos_id]
+            for m in messages:
+                ids += tok.encode(f"<|{m['role']}|>", special=True)
+                ids += [*tok.encode(m["content"]), *tok.encode(END, special=True)]
+            return ids + (tok.encode(ASSISTANT, special=True) if add_generation_prompt else [])
         text = self.render(messages, add_generation_prompt)
         return [tok.bos_id, *tok.encode(text, special=True)]  # the format's tokens, from its text
 

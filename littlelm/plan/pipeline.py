@@ -23,6 +23,7 @@ from littlelm.plan.cost import Catalog, GpuPlan, plan_gpu
 from littlelm.plan.memory import Dims
 from littlelm.plan.planner import check_plannable, step_memory
 from littlelm.schema import RunConfig, load_run, read_run
+from littlelm.train.build import build_data, steps_from_epochs
 from littlelm.train.growth import complete_growth, find_parent
 
 COUNTS = (1, 2, 4, 8)  # GPUs per node: the counts a pipeline is planned on
@@ -144,8 +145,19 @@ def load_stages(
 def _complete(cfg: RunConfig, stage: Stage) -> RunConfig:
     """complete_growth where the base is on disk; with a stand-in, the config as it is: what
     growth derives from a checkpoint (the layer placement, the value-embedding layers of a
-    model of the same shape) moves no byte or FLOP."""
-    return cfg if stage.based_on else complete_growth(cfg)
+    model of the same shape) moves no byte or FLOP. train.epochs becomes steps as the trainer
+    counts them, from the data prepared (cached, as `littlelm train` would prepare it)."""
+    cfg = cfg if stage.based_on else complete_growth(cfg)
+    if cfg.train.epochs is None:
+        return cfg
+    if stage.based_on:  # its data is read with the tokenizer of a base not on disk yet
+        raise ConfigError(
+            [
+                f"{stage.path}: train.epochs counts the data's tokens, which needs the "
+                f"tokenizer of a base not trained yet; plan it with train.max_steps=N"
+            ]
+        )
+    return steps_from_epochs(cfg, build_data(cfg, print), print)
 
 
 def _on_disk(base: str) -> bool:

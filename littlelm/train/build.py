@@ -18,6 +18,7 @@ torch's AdamW).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -145,6 +146,37 @@ def build_data(cfg: RunConfig, log, progress=None):
     for note in data.duplicate_notes():  # repeats in the input that a run will not repeat
         log(f"note: {note}")
     return data
+
+
+def steps_from_epochs(cfg: RunConfig, data, log) -> RunConfig:
+    """`cfg` with train.epochs turned into train.max_steps (and max_tokens) from the prepared
+    data's size: epochs x every source's training tokens / batch_tokens, rounded up, so the
+    last epoch is finished. Said on the start line; the returned config has epochs null (it
+    is what config.yaml records: the steps this run takes). A chat source's rows are padded,
+    so an epoch counted in its tokens ends a little before the loader's pass over it."""
+    t = cfg.train
+    if t.epochs is None:
+        return cfg
+    chosen = chosen_objective(cfg)
+    if chosen is not None:  # DPO draws pairs, RL prompts: a step is not batch_tokens of data
+        raise ConfigError(
+            [
+                f"train.epochs counts a language-model run's tokens; this run's objective "
+                f"({type(chosen).__name__}) does not read its data in tokens per step: "
+                "give train.max_steps instead"
+            ]
+        )
+    assert t.batch_tokens, "a resolved config has train.batch_tokens (schema.resolve)"
+    tokens = sum(src.train_tokens for src in data.sources.values())
+    if not tokens:
+        raise DataError("train.epochs: the sources hold no training tokens; add data")
+    steps = max(1, math.ceil(t.epochs * tokens / t.batch_tokens))
+    log(
+        f"train.epochs {t.epochs:g}: {steps:,} steps ({tokens:,} training tokens x "
+        f"{t.epochs:g} / {t.batch_tokens:,} tokens per step, rounded up)"
+    )
+    update = {"epochs": None, "max_steps": steps, "max_tokens": steps * t.batch_tokens}
+    return cfg.model_copy(update={"train": t.model_copy(update=update)})
 
 
 def vocab_mismatch(cfg: RunConfig, tok) -> str:

@@ -43,6 +43,7 @@ from littlelm.train.build import (
     build_objective,
     build_transform,
     optimizer_for,
+    steps_from_epochs,
 )
 from littlelm.train.callbacks import Callback, JSONLLogger, complete_end_record
 from littlelm.train.checkpoint.rundir import check_run_dir
@@ -107,6 +108,8 @@ class Trainer:
         # 3. data: the tokenizer sets the model's vocabulary; checkpoints record its fingerprint
         progress = self.progress if self.is_main else Progress(io.StringIO())  # rank 0 shows it
         self.data = self.parallel.in_turns(lambda: build_data(cfg, self.log, progress))
+        # train.epochs becomes steps now that the data's size is known (train/build.py)
+        self.cfg = cfg = steps_from_epochs(cfg, self.data, self.log)
         # what the run does to its model besides training it (train/transform.py: LoRA's
         # adapters on a frozen base), which checkpoints keep and load through
         self.transform = build_transform(cfg, self.data.tokenizer)
