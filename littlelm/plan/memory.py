@@ -34,6 +34,7 @@ from littlelm.plan.trace import (
     LOSS,
     OPT,
     PARAMS,
+    REF,
     SCRATCH,
     STATE,
     Memory,
@@ -192,6 +193,9 @@ class Dims:
     lora: Adapters | None = None  # the run's `lora:` section (None: every parameter trains)
     fine_tunes: bool = False  # starts from trained weights (sft: or lora:): LoRA applies
     chat_tokens: int = 0  # chat control tokens of the run's tokenizer (LoRA trains their rows)
+    # an objective's frozen reference (DPO, RL's KL): a copy of the base's weights in
+    # train.master_weights' dtype; 0 under LoRA, whose reference is the model with adapters off
+    reference_bytes: int = 0
     # the trace's peak over the analytic model's at the configured micro-batch: a plan scales
     # every analytic figure by it (plan/planner.py), so the trace stays the one reference
     trace_scale: float = 1.0
@@ -213,8 +217,24 @@ class Dims:
         bf16 = t.precision in ("bf16", "auto")  # auto: the plan's GPUs all compute bf16
         chat = planned_chat_tokens(cfg.data.tokenizer)
         lora = Adapters.of(getattr(cfg, "lora", None), cfg.model, bf16, chat)
+        model = cfg.model
+        if getattr(cfg, "dpo", None) is not None:
+            # a pair is two rows (chosen, rejected); the policy's per-row log-probs take the
+            # plain loss (full logits: the chunked one makes no per-token gradient)
+            mb *= 2
+            accum = max(1, 2 * seqs // mb)
+            if model.loss != "liger":
+                model = model.model_copy(update={"loss": "plain"})
+        reference = 0
+        if getattr(cfg, "dpo", None) is not None or getattr(cfg, "rl", None) is not None:
+            lc = getattr(cfg, "lora", None)
+            if lc is None or lc.train_embeddings or lc.train_norms:  # else adapters off
+                width = 2 if t.master_weights == "bf16" else 4
+                reference = sum(block_bytes(width * p.numel) for p in params)
+                reference += sum(block_bytes(width * n) for n in buffers)
         return cls(
-            model=cfg.model,
+            model=model,
+            reference_bytes=reference,
             micro_batch=mb,
             seq_len=t.seq_len,
             grad_accum=accum,
@@ -673,6 +693,7 @@ def estimate(d: Dims) -> Memory:
         LOSS: int(max(loss_stages(d).values())) + d.head_copy,
         BWD: int(max(block_backward_stages(d).values())),
         SCRATCH: optimizer_scratch_bytes(d),
+        REF: d.reference_bytes,
     }
     f = d.trace_scale
 
@@ -691,7 +712,7 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
     bottom block's (grad_accum = 1: nearly every gradient made, nearly every activation freed).
     The optimizer step: parameters, state, gradients and scratch."""
     m, N, L, a = d.model, d.tokens, d.model.n_layer, d.act_bytes
-    kept = {PARAMS: c[PARAMS], STATE: c[STATE]}
+    kept = {PARAMS: c[PARAMS], STATE: c[STATE], REF: c[REF]}
     head_grad = block_bytes(d.param_bytes * m.padded_vocab * m.d_model) if d.head_grad_kept else 0
     if d.checkpointing:
         layer = [int(m.d_model * d.param_bytes * N)] * L
