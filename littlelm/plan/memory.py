@@ -171,7 +171,8 @@ def model_tensors(m) -> tuple[tuple[Param, ...], tuple[int, ...]]:
 @dataclass(frozen=True)
 class Dims:
     """What the memory and speed formulas read of a run: batch, precision, optimizer, layout, and
-    the model's own parameter list. `tokens` is one micro-batch (micro_batch × seq_len)."""
+    the model's own parameter list. `tokens` is one micro-batch's rows (micro_batch × rows_per_sample
+    × seq_len)."""
 
     model: GPTConfig
     micro_batch: int
@@ -196,6 +197,7 @@ class Dims:
     # an objective's frozen reference (DPO, RL's KL): a copy of the base's weights in
     # train.master_weights' dtype; 0 under LoRA, whose reference is the model with adapters off
     reference_bytes: int = 0
+    rows_per_sample: int = 1  # rows a micro-batch's sample computes on: a DPO pair's two
     # the trace's peak over the analytic model's at the configured micro-batch: a plan scales
     # every analytic figure by it (plan/planner.py), so the trace stays the one reference
     trace_scale: float = 1.0
@@ -218,11 +220,12 @@ class Dims:
         chat = planned_chat_tokens(cfg.data.tokenizer)
         lora = Adapters.of(getattr(cfg, "lora", None), cfg.model, bf16, chat)
         model = cfg.model
+        rows = 1
         if getattr(cfg, "dpo", None) is not None:
-            # a pair is two rows (chosen, rejected); the policy's per-row log-probs take the
-            # plain loss (full logits: the chunked one makes no per-token gradient)
-            mb *= 2
-            accum = max(1, 2 * seqs // mb)
+            # a pair (train.micro_batch_size counts pairs) is two rows, chosen and rejected; the
+            # policy's per-row log-probs take the plain loss (full logits: the chunked one makes
+            # no per-token gradient)
+            rows = 2
             if model.loss != "liger":
                 model = model.model_copy(update={"loss": "plain"})
         reference = 0
@@ -235,6 +238,7 @@ class Dims:
         return cls(
             model=model,
             reference_bytes=reference,
+            rows_per_sample=rows,
             micro_batch=mb,
             seq_len=t.seq_len,
             grad_accum=accum,
@@ -272,7 +276,7 @@ class Dims:
 
     @property
     def tokens(self) -> int:
-        return self.micro_batch * self.seq_len
+        return self.micro_batch * self.rows_per_sample * self.seq_len
 
     @property
     def n_params(self) -> int:
