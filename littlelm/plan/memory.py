@@ -194,9 +194,7 @@ class Dims:
     lora: Adapters | None = None  # the run's `lora:` section (None: every parameter trains)
     fine_tunes: bool = False  # starts from trained weights (sft: or lora:): LoRA applies
     chat_tokens: int = 0  # chat control tokens of the run's tokenizer (LoRA trains their rows)
-    # an objective's frozen reference (DPO, RL's KL): a copy of the base's weights in
-    # train.master_weights' dtype; 0 under LoRA, whose reference is the model with adapters off
-    reference_bytes: int = 0
+    reference: bool = False  # the objective holds a frozen reference (DPO, RL's KL)
     rows_per_sample: int = 1  # rows a micro-batch's sample computes on: a DPO pair's two
     # the trace's peak over the analytic model's at the configured micro-batch: a plan scales
     # every analytic figure by it (plan/planner.py), so the trace stays the one reference
@@ -228,16 +226,10 @@ class Dims:
             rows = 2
             if model.loss != "liger":
                 model = model.model_copy(update={"loss": "plain"})
-        reference = 0
-        if getattr(cfg, "dpo", None) is not None or getattr(cfg, "rl", None) is not None:
-            lc = getattr(cfg, "lora", None)
-            if lc is None or lc.train_embeddings or lc.train_norms:  # else adapters off
-                width = 2 if t.master_weights == "bf16" else 4
-                reference = sum(block_bytes(width * p.numel) for p in params)
-                reference += sum(block_bytes(width * n) for n in buffers)
+        reference = any(getattr(cfg, k, None) is not None for k in ("dpo", "rl"))
         return cls(
             model=model,
-            reference_bytes=reference,
+            reference=reference,
             rows_per_sample=rows,
             micro_batch=mb,
             seq_len=t.seq_len,
@@ -290,6 +282,18 @@ class Dims:
     @property
     def n_trainable(self) -> int:
         return sum(p.numel for p in self.trainable)
+
+    @property
+    def reference_bytes(self) -> int:
+        """The objective's frozen reference: a copy of the base's weights (and buffers) in
+        train.master_weights' dtype (train/growth.py's base_copy); none under LoRA, whose
+        reference is the model with its adapters off, unless it trains whole tensors (its base
+        changed: a copy then; train/transform.py)."""
+        lora = self.lora
+        if not self.reference or (lora and not (lora.train_embeddings or lora.train_norms)):
+            return 0
+        tensors = [p.numel for p in model_tensors(self.model)[0]] + list(self.buffers)
+        return sum(block_bytes(self.param_bytes * n) for n in tensors)
 
     def without_lora(self) -> Dims:
         """The same run trained in full (every parameter, as the model builds them)."""
