@@ -49,7 +49,11 @@ def rev(rng: random.Random) -> tuple[str, str]:
 
 
 # each task draws from its own generator (write_task): a task added changes no other's files
-TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {"mul": mul, "sort": sort, "rev": rev}
+TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
+    "mul": mul,
+    "sort": sort,
+    "rev": rev,
+}
 
 
 def near_miss(rng: random.Random, answer: str) -> str:

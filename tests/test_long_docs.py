@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from littlelm.data.loader import BestFitPacker, DataExhausted, DocStream, MixtureLoader
 from littlelm.data.shards import Shard, write_shard
@@ -277,3 +278,44 @@ def test_a_state_with_one_entry_per_piece_resumes_the_same(tmp_path):
         resumed.fill(got)
         before.fill(also)
         assert np.array_equal(want, got) and np.array_equal(want, also)
+
+
+def test_a_long_document_reshards_mid_way_as_one_entry(tmp_path):
+    """Changing the process count in the middle of long documents keeps each one's pieces as
+    one counted entry, and resumes with the same rows as a state written one entry per piece."""
+    from littlelm.data.reshard import reshard
+
+    a = numbered_shard(tmp_path, [5000, 7, 3000, 12, 4000, 9, 60, 2500] * 2, "a.bin")
+
+    def make(rank: int, world: int) -> MixtureLoader:
+        packer = BestFitPacker(
+            DocStream([a], seed=3, rank=rank, world=world, label="a"), 33, 3, "split"
+        )
+        return MixtureLoader({"a": packer}, {"a": 1.0}, batch=2, seq_len=32)
+
+    old = [make(r, 2) for r in range(2)]
+    for loader in old:
+        for _ in range(4):
+            loader.next_batch()
+    states = [json.loads(json.dumps(o.state_dict())) for o in old]
+    counted = {tuple(q[1:]) for s in states for q in s["packers"]["a"]["pieces"]}
+    assert any(q[3] > 10 for q in counted)  # documents stopped mid-way, many rows still to come
+    per_piece = json.loads(json.dumps(states))  # the same states as older code wrote them
+    for s in per_piece:
+        p = s["packers"]["a"]
+        p["pieces"] = [
+            [q, sh, d, off + i * 32] for q, sh, d, off, n in p["pieces"] for i in range(n)
+        ]
+    for world in (1, 3):
+        new = reshard(states, world, make)
+        kept = {tuple(q[1:]) for s in new for q in s["packers"]["a"]["pieces"]}
+        assert kept and kept <= counted  # whole entries, offsets and counts as they were
+        assert all(len(s["packers"]["a"]["pieces"]) <= 3 for s in new)  # one per document
+        older = reshard(per_piece, world, make)
+        for rank in range(world):
+            got, want = make(rank, world), make(rank, world)
+            got.load_state_dict(new[rank])
+            want.load_state_dict(older[rank])
+            for _ in range(40):
+                g, w = got.next_batch(), want.next_batch()
+                assert all(torch.equal(x, y) for x, y in zip(g, w))

@@ -171,8 +171,7 @@ def model_tensors(m) -> tuple[tuple[Param, ...], tuple[int, ...]]:
 @dataclass(frozen=True)
 class Dims:
     """What the memory and speed formulas read of a run: batch, precision, optimizer, layout, and
-    the model's own parameter list. `tokens` is one micro-batch's rows (micro_batch × rows_per_sample
-    × seq_len)."""
+    the model's own parameter list. `tokens` is one micro-batch (micro_batch × seq_len)."""
 
     model: GPTConfig
     micro_batch: int
@@ -194,8 +193,11 @@ class Dims:
     lora: Adapters | None = None  # the run's `lora:` section (None: every parameter trains)
     fine_tunes: bool = False  # starts from trained weights (sft: or lora:): LoRA applies
     chat_tokens: int = 0  # chat control tokens of the run's tokenizer (LoRA trains their rows)
-    reference: bool = False  # the objective holds a frozen reference (DPO, RL's KL)
-    rows_per_sample: int = 1  # rows a micro-batch's sample computes on: a DPO pair's two
+    # a DPO run: each micro-batch item a pair, two rows (chosen, rejected), and the frozen
+    # reference resident beside the model: its own copy, or under LoRA the model with its
+    # adapters off (no weights of its own)
+    rows_per_item: int = 1
+    reference_copy: bool = False
     # the trace's peak over the analytic model's at the configured micro-batch: a plan scales
     # every analytic figure by it (plan/planner.py), so the trace stays the one reference
     trace_scale: float = 1.0
@@ -216,21 +218,10 @@ class Dims:
         params, buffers = model_tensors(cfg.model)
         bf16 = t.precision in ("bf16", "auto")  # auto: the plan's GPUs all compute bf16
         chat = planned_chat_tokens(cfg.data.tokenizer)
+        dpo = getattr(cfg, "dpo", None)
         lora = Adapters.of(getattr(cfg, "lora", None), cfg.model, bf16, chat)
-        model = cfg.model
-        rows = 1
-        if getattr(cfg, "dpo", None) is not None:
-            # a pair (train.micro_batch_size counts pairs) is two rows, chosen and rejected; the
-            # policy's per-row log-probs take the plain loss (full logits: the chunked one makes
-            # no per-token gradient)
-            rows = 2
-            if model.loss != "liger":
-                model = model.model_copy(update={"loss": "plain"})
-        reference = any(getattr(cfg, k, None) is not None for k in ("dpo", "rl"))
         return cls(
-            model=model,
-            reference=reference,
-            rows_per_sample=rows,
+            model=cfg.model,
             micro_batch=mb,
             seq_len=t.seq_len,
             grad_accum=accum,
@@ -241,6 +232,10 @@ class Dims:
             lora=lora,
             fine_tunes=cfg.sft is not None or lora is not None,
             chat_tokens=chat,
+            rows_per_item=2 if dpo is not None else 1,
+            # the transform's reference: LoRA's adapters off, unless LoRA trains tensors in full
+            reference_copy=dpo is not None
+            and (lora is None or lora.train_embeddings or lora.train_norms),
             master_bf16=t.master_weights == "bf16",
             checkpointing=t.activation_checkpointing,
             fp8=cfg.model.fp8,
@@ -268,7 +263,7 @@ class Dims:
 
     @property
     def tokens(self) -> int:
-        return self.micro_batch * self.rows_per_sample * self.seq_len
+        return self.micro_batch * self.rows_per_item * self.seq_len
 
     @property
     def n_params(self) -> int:
@@ -282,18 +277,6 @@ class Dims:
     @property
     def n_trainable(self) -> int:
         return sum(p.numel for p in self.trainable)
-
-    @property
-    def reference_bytes(self) -> int:
-        """The objective's frozen reference: a copy of the base's weights (and buffers) in
-        train.master_weights' dtype (train/growth.py's base_copy); none under LoRA, whose
-        reference is the model with its adapters off, unless it trains whole tensors (its base
-        changed: a copy then; train/transform.py)."""
-        lora = self.lora
-        if not self.reference or (lora and not (lora.train_embeddings or lora.train_norms)):
-            return 0
-        tensors = [p.numel for p in model_tensors(self.model)[0]] + list(self.buffers)
-        return sum(block_bytes(self.param_bytes * n) for n in tensors)
 
     def without_lora(self) -> Dims:
         """The same run trained in full (every parameter, as the model builds them)."""
@@ -356,14 +339,21 @@ class Dims:
         if self.lora is None or not self.lora.token_rows or self.lora.train_embeddings:
             return 0
         m = self.model
-        cast = block_bytes(2 * m.vocab * m.d_model) if self.casts_head else 0  # made from it
+        # its bf16 cast for the loss's matmul, made from it (so in the loss, not a weight copy)
+        cast = block_bytes(2 * m.vocab * m.d_model) if self.bf16 and not self.master_bf16 else 0
         return block_bytes(self.param_bytes * m.padded_vocab * m.d_model) + cast
+
+    @property
+    def plain_loss(self) -> bool:
+        """Does the step's loss make every logit at once (model.loss: plain, or DPO's per-token
+        log-probs with gradients: model/kernels.py's linear_cross_entropy)?"""
+        return self.model.loss == "plain" or self.rows_per_item == 2
 
     @property
     def casts_head(self) -> bool:
         """Does the chunked loss read lm_head through a bf16 copy of its rows (bf16 autocast,
         fp32 master weights)?"""
-        return self.model.loss != "plain" and self.bf16 and not self.master_bf16
+        return not self.plain_loss and self.bf16 and not self.master_bf16
 
     def matrix_owned(self, count: int) -> int:
         """Matrices of a bucket of `count` (a MATRICES rule's: Muon's) that rank 0 (which owns
@@ -416,6 +406,15 @@ def parameter_bytes(d: Dims) -> int:
     return own + sum(block_bytes(d.param_bytes * n) for n in d.buffers)
 
 
+def reference_bytes(d: Dims) -> int:
+    """DPO's frozen reference when it is a copy: the whole model's parameters and buffers in
+    train.master_weights' dtype (train/growth.py's base_copy), none otherwise."""
+    if not d.reference_copy:
+        return 0
+    params, buffers = model_tensors(d.model)
+    return sum(block_bytes(d.param_bytes * n) for n in (*(p.numel for p in params), *buffers))
+
+
 def optimizer_state_bytes(d: Dims) -> int:
     """Each trained tensor's state as its rule keeps it (`GroupRule.state_bytes`). Under ddp,
     rank 0's share: of a MATRICES rule (sharded Muon) the matrices it owns, of an ELEMENTS rule
@@ -466,7 +465,8 @@ def weight_copy_bytes(d: Dims) -> int:
         if first and stacked and (p.module == "attn.c_proj" or mlp_in):
             continue  # a frozen first attention: no gradient until the MLP's adapters' outputs
         total += block_bytes(2 * p.numel)
-    return total + (block_bytes(2 * m.vocab * C) if m.loss == "plain" else 0)
+    # the plain loss's lm_head rows cast (under LoRA's token rows: of the copy, the loss's)
+    return total + (block_bytes(2 * m.vocab * C) if d.plain_loss and not d.head_copy else 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -543,7 +543,7 @@ def activation_bytes(d: Dims) -> int:
     else:
         per_token = sum(layer_activation_bytes(d, i) for i in range(m.n_layer))
     per_token += 2 * sb * m.d_model + 2 * blocks.NORM_KEEPS + 8 * 2  # lookup, x0, 2 norms, ids
-    if m.loss == "plain":
+    if d.plain_loss:
         per_token += d.act_bytes * m.d_model  # norm_f's output, kept by lm_head
     casts = d.bf16 and not d.master_bf16
     rope = 2 * block_bytes(2 * d.seq_len * m.head_dim) if casts else 0
@@ -690,9 +690,10 @@ def optimizer_scratch_bytes(d: Dims) -> int:
 def estimate(d: Dims) -> Memory:
     """The whole step, every figure times `d.trace_scale` (1 unless a plan anchored it)."""
     # the loss's own tensors at the most expensive of its moments (model/kernels.py)
-    loss_stages = plain_loss_stages if d.model.loss == "plain" else chunked_loss_stages
+    loss_stages = plain_loss_stages if d.plain_loss else chunked_loss_stages
     cats = {
         PARAMS: parameter_bytes(d),
+        REF: reference_bytes(d),
         GRADS: gradient_bytes(d),
         STATE: optimizer_state_bytes(d),
         COPIES: weight_copy_bytes(d),
@@ -701,7 +702,6 @@ def estimate(d: Dims) -> Memory:
         LOSS: int(max(loss_stages(d).values())) + d.head_copy,
         BWD: int(max(block_backward_stages(d).values())),
         SCRATCH: optimizer_scratch_bytes(d),
-        REF: d.reference_bytes,
     }
     f = d.trace_scale
 
@@ -720,7 +720,7 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
     bottom block's (grad_accum = 1: nearly every gradient made, nearly every activation freed).
     The optimizer step: parameters, state, gradients and scratch."""
     m, N, L, a = d.model, d.tokens, d.model.n_layer, d.act_bytes
-    kept = {PARAMS: c[PARAMS], STATE: c[STATE], REF: c[REF]}
+    kept = {PARAMS: c[PARAMS], REF: c[REF], STATE: c[STATE]}
     head_grad = block_bytes(d.param_bytes * m.padded_vocab * m.d_model) if d.head_grad_kept else 0
     if d.checkpointing:
         layer = [int(m.d_model * d.param_bytes * N)] * L
@@ -739,7 +739,7 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
         )
         grads_top, grads_bottom = head_grad, c[GRADS] - embeds
     loss = {**kept, COPIES: c[COPIES], ACT: c[ACT], LOSS: c[LOSS]}
-    if m.loss == "plain":
+    if d.plain_loss:
         loss[GRADS] = grads_top
     else:  # norm_f's output and lm_head cast for the chunks are alive beside the loss
         loss[ACT] += block_bytes(a * N * m.d_model)
@@ -789,15 +789,17 @@ def checkpoint_bytes(e: Memory) -> int:
 
 def fsdp_per_gpu(d: Dims, shards: int) -> tuple[dict[str, int], int]:
     """Bytes per category on one GPU under FSDP over `shards` GPUs (the gathered units counted
-    as weight copies) and the peak: the sharded state, the two gathered units, and lm_head
-    gathered while the loss runs (in bf16, so autocast makes no copies of it)."""
+    as weight copies) and the peak: the sharded state, the two gathered units, lm_head
+    gathered while the loss runs (in bf16, so autocast makes no copies of it), and a DPO run's
+    reference, whole."""
     c = estimate(replace(d, strategy="fsdp", world=shards)).categories
     per = 2 + d.param_bytes  # bf16 weights gathered + gradients (the parameters' dtype)
     in_blocks = sum(p.numel for p in d.params if p.name.startswith("blocks."))
     gathered = 2 * max(1, in_blocks // d.model.n_layer) * per  # two units (blocks)
     per_gpu = {k: v // shards if k in (PARAMS, GRADS, STATE, SCRATCH) else v for k, v in c.items()}
     per_gpu[COPIES] += gathered
-    sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards
+    # DPO's frozen reference is whole on every rank (train/growth.py's base_copy builds it so)
+    sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards + c[REF]
     head = d.model.padded_vocab * d.model.d_model * per
     forward_backward = sharded + gathered + c[ACT] + max(c[LOSS] + head, c[BWD] + gathered)
     return per_gpu, max(forward_backward, sharded + c[SCRATCH] // shards)

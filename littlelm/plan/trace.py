@@ -33,17 +33,16 @@ from littlelm.model import kernels
 from littlelm.optim import lowp
 from littlelm.train.build import build, build_model, build_objective
 from littlelm.train.device import autocast
-from littlelm.train.distributed import DistEnv, Parallel
 from littlelm.train.objective import Setting
-from littlelm.train.step import LanguageModelLoss, apply_update
+from littlelm.train.step import LanguageModelLoss, apply_update, micro_step
 from littlelm.train.transform import transform_for
 
 # The memory categories the trace, the analytic model, bench and the report share, in table order
 PARAMS, GRADS, STATE = "parameters", "gradients", "optimizer state"
+REF = "frozen reference"  # DPO's reference model beside the one trained (its own weights)
 COPIES, ACT, LOSS = "weight copies", "activations", "logits & loss"
 BWD, SCRATCH = "backward temporaries", "optimizer scratch"
-REF = "reference model"  # an objective's frozen reference held beside the model (DPO, RL's KL)
-CATEGORIES = (PARAMS, GRADS, STATE, COPIES, ACT, LOSS, BWD, SCRATCH, REF)
+CATEGORIES = (PARAMS, REF, GRADS, STATE, COPIES, ACT, LOSS, BWD, SCRATCH)
 FB, OPT = "forward/backward", "optimizer step"  # the phases of a step
 WEIGHT_OPS = (torch.ops.aten._to_copy.default, torch.ops.aten.cat.default)
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
@@ -174,13 +173,14 @@ class MemoryAccountant(TorchDispatchMode):
             for t in tensors
         )
 
-    def track_params(self, params, buffers=()) -> None:
-        """Count parameters and buffers; casts of parameters become weight copies."""
+    def track_params(self, params, buffers=(), category: str = PARAMS) -> None:
+        """Count parameters and buffers (under `category`); casts of parameters become weight
+        copies."""
         for t in params:
             self.param_storages.add(id(t.untyped_storage()))
-            self.track(t, PARAMS)
+            self.track(t, category)
         for t in buffers:
-            self.track(t, PARAMS)
+            self.track(t, category)
 
 
 class _FlashFootprint(torch.autograd.Function):
@@ -245,80 +245,34 @@ def optimizer_tensors(optimizer) -> list[torch.Tensor]:
     return [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
 
-def traced_objective(cfg) -> str | None:
-    """Why the trace cannot run `cfg`'s objective's own step (None: it can). RL samples with
-    host reads of what it drew (`.tolist()`, reward functions on decoded text), which a fake
-    tensor cannot answer: its memory is the analytic model's alone (plan/memory.py)."""
-    if getattr(cfg, "rl", None) is not None:
-        return "RL's step samples and scores on the host"
-    return None
-
-
-def _objective(cfg, model: torch.nn.Module, cpu: torch.device):
-    """The run's objective as the trainer builds it (build_objective), with the frozen reference
-    the trainer's transform gives (LoRA: the model with its adapters off; else a copy of the
-    base, here from random weights of the same shapes: train/growth.py's base_copy reads the
-    checkpoint into the same build_model)."""
-
-    def copy() -> torch.nn.Module:
-        ref = build_model(cfg, cpu, traced=True)
-        ref.requires_grad_(False)
-        return ref.eval()
-
-    transform = transform_for(cfg.lora, None, cfg.train.precision)
-    setting = Setting(
-        cfg,
-        model,
-        cpu,
-        autocast(cpu, cfg.train.precision),
-        SimpleNamespace(masked=cfg.sft is not None),  # all the language-model loss reads of it
-        Parallel(cfg.distributed, DistEnv(), cpu),  # one process: no_sync is a no-op
-        reference=lambda: transform.reference(model, copy),
-    )
-    if traced_objective(cfg) is not None:  # the nearest real step: the policy's own loss
-        return LanguageModelLoss(setting)
-    objective = build_objective(cfg, setting)
-    assert isinstance(objective, LanguageModelLoss), "a new objective: say it in traced_objective"
-    return objective
-
-
 def trace_step(cfg, micro_batch: int | None = None, gpu: bool = True) -> Memory:
-    """Trace one optimizer step of `cfg` (at `micro_batch` sequences per micro-batch; a DPO
-    pair is two rows), with a GPU's attention (`gpu`) or as it runs on this CPU. The step is the
-    run's objective's own forward_backward (DPO's frozen reference and pairs included)."""
+    """Trace one optimizer step of `cfg` (at `micro_batch` sequences per micro-batch), with a
+    GPU's attention (`gpu`) or as it runs on this CPU."""
     t0, cpu = time.perf_counter(), torch.device("cpu")
     cfg = cfg.with_precision(True)  # `auto` as on the GPU it stands in for (Dims.of does too)
     mb, accum = micro_batch or cfg.train.micro_batch_size, cfg.train.grad_accum or 1
-    # the objective runs min(grad_accum, 2) micro-batches: the second with the first's gradients
-    # alive is every later one's memory
-    train = cfg.train.model_copy(update={"micro_batch_size": mb, "grad_accum": min(accum, 2)})
-    cfg = cfg.model_copy(update={"train": train})
-    rows = 2 * mb if getattr(cfg, "dpo", None) is not None else mb  # chosen, then rejected
     with FakeTensorMode(), _traceable(gpu):
         model, optimizer = build(cfg, cpu, traced=True)
+        loss, rows, reference = objective_loss(cfg, model, cpu)
         trained = [p for p in model.parameters() if p.requires_grad]  # a LoRA run's adapters
         for p in trained:  # one step on zero gradients: the state exists
             p.grad = torch.zeros_like(p)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        objective = _objective(cfg, model, cpu)
-        reference = getattr(objective, "reference", None)
         acct = MemoryAccountant()
         handles = _install_hooks(model, acct)
         try:
             with acct:
                 acct.track_params(model.parameters(), model.buffers())
-                if isinstance(reference, torch.nn.Module):  # LoRA's adapters-off holds none
-                    for t in (*reference.parameters(), *reference.buffers()):
-                        acct.param_storages.add(id(t.untyped_storage()))
-                        acct.track(t, REF)
+                if reference is not None:  # its own weights: not the model's (LoRA: adapters off)
+                    acct.track_params(reference.parameters(), reference.buffers(), REF)
                 for t in optimizer_tensors(optimizer):
                     acct.track(t, STATE)
-                acct.phase, acct.region = FB, ACT
-                x = torch.zeros(rows, cfg.train.seq_len, dtype=torch.long)  # (B, T) ids
-                batch = SimpleNamespace(x=x, y=x.clone(), trained=None, state=None)
-                objective.forward_backward(0, iter([batch] * 2), model)
-                del x, batch
+                for _ in range(min(accum, 2)):  # the second with the first's gradients alive
+                    acct.phase, acct.region = FB, ACT
+                    x = torch.zeros(mb * rows, cfg.train.seq_len, dtype=torch.long)  # (B, T) ids
+                    micro_step(loss, x, x.clone(), accum, autocast(cpu, cfg.train.precision))
+                    del x
                 acct.phase, acct.region = OPT, SCRATCH
                 apply_update(model, optimizer, cfg.train.grad_clip)
                 acct.phase = acct.region = "after"
@@ -336,16 +290,45 @@ def trace_step(cfg, micro_batch: int | None = None, gpu: bool = True) -> Memory:
     )
 
 
-def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:
-    """Region switches at the model's seams, and gradients labelled as they land."""
+def objective_loss(cfg, model: torch.nn.Module, cpu: torch.device):
+    """(the micro-batch loss, rows per micro-batch item, the frozen reference or None) of the
+    objective the trainer builds for `cfg`: the language-model loss of micro_batch rows, or
+    DPO's of micro_batch pairs (two rows each) with its reference resident: the run's base as
+    a copy in train.master_weights' dtype (growth.base_copy's build, its weights not read), or
+    under LoRA the model itself with its adapters off (the transform's own reference)."""
+    if getattr(cfg, "dpo", None) is None:
+        return model, 1, None
 
-    def start_of_forward(*_):
-        if torch.is_grad_enabled():  # the policy's forward (a reference's runs without grad)
-            acct.region = ACT
+    def copy() -> torch.nn.Module:
+        frozen = build_model(cfg, cpu, traced=True)
+        assert isinstance(frozen, torch.nn.Module)  # every model is one (model/protocol.py)
+        frozen.requires_grad_(False)
+        return frozen.eval()
+
+    setting = Setting(
+        cfg,
+        model,
+        cpu,
+        autocast(cpu, cfg.train.precision),
+        SimpleNamespace(masked=True),  # pairs' rows: their replies' targets
+        None,
+        reference=lambda: transform_for(cfg.lora, None).reference(model, copy),
+    )
+    objective = build_objective(cfg, setting)
+    assert isinstance(objective, LanguageModelLoss), "DPO's loss is the LM step's, of pairs"
+    reference = getattr(objective, "reference", None)
+    own = reference is not None and any(True for _ in reference.parameters())
+    return objective.loss_of(model), 2, reference if own else None
+
+
+def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:
+    """Region switches at the model's seams, and gradients labelled as they land. A forward
+    without gradients (DPO's reference as the model with its adapters off) switches nothing."""
 
     def end_of_forward(*_):
-        if torch.is_grad_enabled():
-            acct.at_forward_end = acct.snapshot().by_category
+        if not torch.is_grad_enabled():
+            return
+        acct.at_forward_end = acct.snapshot().by_category
         acct.region = LOSS  # the loss's backward comes first
 
     def blocks_backward(*_args):
@@ -358,9 +341,10 @@ def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:
     norm_f, blocks = model.norm_f, model.blocks  # the seams every model has (LanguageModel)
     assert isinstance(norm_f, torch.nn.Module) and isinstance(blocks, torch.nn.ModuleList)
     handles = [
-        model.register_forward_pre_hook(start_of_forward),
         model.register_forward_hook(end_of_forward),
-        norm_f.register_forward_hook(lambda *_: setattr(acct, "region", LOSS)),
+        norm_f.register_forward_hook(
+            lambda *_: setattr(acct, "region", LOSS) if torch.is_grad_enabled() else None
+        ),
         blocks[-1].register_full_backward_pre_hook(blocks_backward),
     ]
     for p in model.parameters():
