@@ -71,6 +71,8 @@ def compare(config: str, over: list[str]) -> tuple[int, int, int]:
     traced = trace_step(cfg)
     d = Dims.of(cfg.with_precision(True))
     return d.n_trainable, mem.estimate(d).peak, traced.peak
+
+
 GIB = 2**30
 
 
