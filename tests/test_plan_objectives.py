@@ -89,3 +89,39 @@ def test_plan_of_a_dpo_run_is_not_the_sft_runs(runs, capsys):
     assert plan["dpo"][REF] == plan["dpo"][mem.PARAMS]
     peak = f"peak {FB}"
     assert plan["dpo"][peak] > 1.5 * plan["sft"][peak]
+
+
+def test_the_objectives_check_script_holds_its_bound(tmp_path):
+    """benchmarks/lora_plan_check.py --objectives cut down to one tiny shape: the analytic peak
+    within 10% of the trace's for SFT, LoRA-SFT, DPO and LoRA-DPO, each run as its script does
+    (a base and a preference source named, neither read)."""
+    from conftest import load_benchmark, make_corpus, tiny_tree
+
+    check = load_benchmark("lora_plan_check.py")
+    base = {
+        "model": {"n_layer": 2, "d_model": 64, "n_head": 2, "max_seq_len": 128},
+        "train": {"micro_batch_size": 2, "seq_len": 128, "max_steps": 2},
+    }
+    tree = tiny_tree(make_corpus(tmp_path / "corpus.txt"), tmp_path / "runs", **base)
+    path = str(write_config(tmp_path / "run.yaml", tree))
+    for name, over in check.OBJECTIVES.items():
+        _, analytic, traced = check.compare(path, over)
+        assert abs(analytic / traced - 1) <= TOLERANCE, f"{name}: {analytic:,} vs {traced:,}"
+
+
+def test_a_dpo_plans_lora_columns_hold_each_methods_reference(tmp_path):
+    """The plan's full / LoRA / QLoRA columns of a DPO run (Dims.with_lora, without_lora): full
+    holds a copy of the base as its reference, LoRA none (its adapters off), whichever method
+    the run itself was configured with."""
+    from conftest import load_benchmark, make_corpus, tiny_tree
+
+    tree = tiny_tree(make_corpus(tmp_path / "corpus.txt"), tmp_path / "runs")
+    path = str(write_config(tmp_path / "run.yaml", tree))
+    check = load_benchmark("lora_plan_check.py")
+    full = Dims.of(load_run(path, check.OBJECTIVES["DPO"]))
+    lora = Dims.of(load_run(path, check.OBJECTIVES["LoRA-DPO"]))
+    assert full.reference_copy and not lora.reference_copy
+    assert not full.with_lora(lora.lora).reference_copy  # the LoRA column of a full DPO plan
+    assert lora.without_lora().reference_copy  # the full column of a LoRA-DPO plan
+    copy = mem.estimate(full).categories[REF]
+    assert copy > 0 and mem.estimate(lora.without_lora()).categories[REF] == copy

@@ -168,6 +168,12 @@ def model_tensors(m) -> tuple[tuple[Param, ...], tuple[int, ...]]:
     return _TENSORS[key]
 
 
+def copies_reference(lora: Adapters | None) -> bool:
+    """Is an objective's frozen reference a copy of the base (train/transform.py)? Under LoRA it
+    is the model with its adapters off, unless LoRA trains whole tensors (the base changed)."""
+    return lora is None or lora.train_embeddings or lora.train_norms
+
+
 @dataclass(frozen=True)
 class Dims:
     """What the memory and speed formulas read of a run: batch, precision, optimizer, layout, and
@@ -198,6 +204,7 @@ class Dims:
     # adapters off (no weights of its own)
     rows_per_item: int = 1
     reference_copy: bool = False
+    reference: bool = False  # the objective holds a frozen reference (a copy or adapters off)
     # the trace's peak over the analytic model's at the configured micro-batch: a plan scales
     # every analytic figure by it (plan/planner.py), so the trace stays the one reference
     trace_scale: float = 1.0
@@ -234,8 +241,8 @@ class Dims:
             chat_tokens=chat,
             rows_per_item=2 if dpo is not None else 1,
             # the transform's reference: LoRA's adapters off, unless LoRA trains tensors in full
-            reference_copy=dpo is not None
-            and (lora is None or lora.train_embeddings or lora.train_norms),
+            reference_copy=dpo is not None and copies_reference(lora),
+            reference=dpo is not None,
             master_bf16=t.master_weights == "bf16",
             checkpointing=t.activation_checkpointing,
             fp8=cfg.model.fp8,
@@ -280,10 +287,15 @@ class Dims:
 
     def without_lora(self) -> Dims:
         """The same run trained in full (every parameter, as the model builds them)."""
-        return replace(self, params=model_tensors(self.model)[0], lora=None)
+        full = model_tensors(self.model)[0]
+        return replace(self, params=full, lora=None, reference_copy=self.reference)
 
     def with_lora(self, lora: Adapters) -> Dims:
-        return replace(self, params=lora.apply(model_tensors(self.model)[0]), lora=lora)
+        """The same run under `lora` (the plan's LoRA and QLoRA columns): its reference too."""
+        copies = self.reference and copies_reference(lora)
+        return replace(
+            self, params=lora.apply(model_tensors(self.model)[0]), lora=lora, reference_copy=copies
+        )
 
     def numel(self, role: str) -> int:
         return sum(p.numel for p in self.params if p.role == role)
