@@ -142,16 +142,20 @@ def test_long_docs_is_a_per_source_option(tmp_path):
     assert a.cropped == 0 and a.split > 0 and b.cropped > 0 and b.split == 0
 
 
+def split_loader(shard: Shard, seed: int, buffer_docs: int, rank: int, world: int):
+    """One source's split-mode loader for rank `rank` of `world` (rows of 33, batches of 2)."""
+    stream = DocStream([shard], seed=seed, rank=rank, world=world, label="a")
+    packer = BestFitPacker(stream, 33, buffer_docs, "split")
+    return MixtureLoader({"a": packer}, {"a": 1.0}, batch=2, seq_len=32)
+
+
 def test_split_state_survives_a_change_of_world_size(tmp_path):
     from littlelm.data.reshard import reshard
 
     a = numbered_shard(tmp_path, [100, 5, 70, 9, 40] * 8, "a.bin")
 
     def make(rank: int, world: int) -> MixtureLoader:
-        packer = BestFitPacker(
-            DocStream([a], seed=1, rank=rank, world=world, label="a"), 33, 4, "split"
-        )
-        return MixtureLoader({"a": packer}, {"a": 1.0}, batch=2, seq_len=32)
+        return split_loader(a, 1, 4, rank, world)
 
     old = [make(r, 2) for r in range(2)]
     for loader in old:
@@ -288,10 +292,7 @@ def test_a_long_document_reshards_mid_way_as_one_entry(tmp_path):
     a = numbered_shard(tmp_path, [5000, 7, 3000, 12, 4000, 9, 60, 2500] * 2, "a.bin")
 
     def make(rank: int, world: int) -> MixtureLoader:
-        packer = BestFitPacker(
-            DocStream([a], seed=3, rank=rank, world=world, label="a"), 33, 3, "split"
-        )
-        return MixtureLoader({"a": packer}, {"a": 1.0}, batch=2, seq_len=32)
+        return split_loader(a, 3, 3, rank, world)
 
     old = [make(r, 2) for r in range(2)]
     for loader in old:
