@@ -240,3 +240,51 @@ def test_a_run_continues_from_a_peft_adapter_directory(tmp_path, features):
     tree["lora"]["rank"] = 8
     with pytest.raises(ConfigError, match="lora.rank: 4"):
         Trainer(load_run(write_config(tmp_path / "bad.yaml", tree)), resume="never")
+
+
+def test_a_peft_adapter_that_does_not_fit_is_refused_naming_the_fix(tmp_path):
+    """lora.init_from's refusals, each a problem naming its file or key (the Trainer raises
+    them as a ConfigError): no files, another PEFT method, other targets, other token rows."""
+    import safetensors.torch
+
+    from littlelm.model.peft_adapter import load_peft_adapter
+
+    model = tiny(embed_norm=False)  # a Llama export's rows come back as they are (below)
+    cfg = LoRAConfig(rank=2, targets=["q_proj"])
+    add_lora(model, cfg, token_ids=IDS)
+    [missing] = load_peft_adapter(model, cfg, tmp_path / "nothing")
+    assert "adapter_config.json is missing" in missing
+
+    def adapter(config: dict, tensors: dict):
+        d = tmp_path / f"a{len(list(tmp_path.iterdir()))}"
+        d.mkdir()
+        (d / "adapter_config.json").write_text(json.dumps(config))
+        safetensors.torch.save_file(tensors, str(d / "adapter_model.safetensors"))
+        return d
+
+    def pair(i: int, name: str) -> dict:
+        key = f"base_model.model.model.layers.{i}.self_attn.{name}"
+        return {
+            f"{key}.lora_A.weight": torch.zeros(2, 32),
+            f"{key}.lora_B.weight": torch.zeros(32, 2),
+        }
+
+    ours = {"r": 2, "lora_alpha": cfg.alpha, "trainable_token_indices": {"embed_tokens": IDS}}
+    rows = {
+        f"base_model.model.{m}.token_adapter.trainable_tokens_delta": torch.zeros(2, 32)
+        for m in ("model.embed_tokens", "lm_head")
+    }
+    fits = adapter(ours, {**pair(0, "q_proj"), **pair(1, "q_proj"), **rows})
+    assert load_peft_adapter(model, cfg, fits) == []  # the same shape: loaded
+    normed = tiny()  # model.embed_norm: a stock export's table was normalised once
+    add_lora(normed, cfg, token_ids=IDS)
+    assert any("model.embed_norm" in p for p in load_peft_adapter(normed, cfg, fits))
+    ia3 = adapter({**ours, "peft_type": "IA3"}, {**pair(0, "q_proj"), **pair(1, "q_proj"), **rows})
+    assert any("IA3 adapter, not LoRA" in p for p in load_peft_adapter(model, cfg, ia3))
+    other = adapter(ours, {**pair(0, "v_proj"), **pair(1, "v_proj"), **rows})
+    assert any("set lora.targets: ['attn.c_v']" in p for p in load_peft_adapter(model, cfg, other))
+    tokens = adapter(
+        {**ours, "trainable_token_indices": {"embed_tokens": [5, 9]}},
+        {**pair(0, "q_proj"), **pair(1, "q_proj"), **rows},
+    )
+    assert any("lora.trainable_tokens: [5, 9]" in p for p in load_peft_adapter(model, cfg, tokens))
