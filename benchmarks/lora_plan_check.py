@@ -2,12 +2,13 @@
 
     python benchmarks/lora_plan_check.py            # the demo's shapes and the 3B SFT, the table
     python benchmarks/lora_plan_check.py --no-3b    # the three small shapes only (~20 s)
-    python benchmarks/lora_plan_check.py --objectives --no-3b   # SFT, LoRA-SFT, DPO, LoRA-DPO
+    python benchmarks/lora_plan_check.py --objectives --no-3b   # SFT, DPO, RL, each with LoRA
 
 With --objectives the methods are the objectives, full and under LoRA: the trace runs each
 objective's own step as the trainer builds it (DPO: the frozen reference and two rows a pair;
-LoRA-DPO: the model with its adapters off as the reference). RL is not traced (its step samples
-and scores on the host, which fake tensors cannot answer: plan/trace.py's traced_objective).
+LoRA-DPO: the model with its adapters off as the reference; RL: its sampling through a group's
+KV cache, then per group the reference's log-probs and the policy's loss and backward, on
+stand-in tokens: plan/trace.py's rl_step).
 
 For each shape and each method (full, LoRA with the defaults, QLoRA), the analytic model's
 step peak (plan/memory.py, unscaled) against the FakeTensorMode trace of the real build and
@@ -57,11 +58,16 @@ DPO = [
     "sft.base=/planned/base",
     "data.sources={prefs: {name: preference, dataset: /planned/pairs.jsonl}}",
 ]
+# RL needs a base and a prompts file; with no file to read its rows are planned at the longest
+# the model allows (model.max_seq_len: the prompt and rl.max_new_tokens of reply)
+RL = ["rl={prompts: /planned/prompts.jsonl}", "sft.base=/planned/base"]
 OBJECTIVES = {
     "SFT": ["sft.base=/planned/base"],
     "LoRA-SFT": ["sft.base=/planned/base", "lora={}"],
     "DPO": DPO,
     "LoRA-DPO": [*DPO, "lora={}"],
+    "RL": RL,
+    "LoRA-RL": [*RL, "lora={}"],
 }
 
 

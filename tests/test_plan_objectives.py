@@ -1,7 +1,9 @@
 """The planner plans an objective, not only the language-model step: a DPO run's frozen
 reference (a copy, or under LoRA the model with its adapters off) and its two rows a pair, held
-to the FakeTensorMode trace of the objective's own loss (train/dpo.py's `loss_of`), as the
-language-model step is in test_plan_memory.py."""
+to the FakeTensorMode trace of the objective's own loss (train/dpo.py's `loss_of`); an RL run's
+reference, its sampling (a group's KV cache, the prompt's forward) and its groups' rows through
+RL's own loss (train/rl.py's `group_loss`); as the language-model step is in
+test_plan_memory.py."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from conftest import write_config
 from littlelm.cli import main
 from littlelm.plan import memory as mem
 from littlelm.plan.memory import Dims
-from littlelm.plan.trace import CATEGORIES, FB, OPT, REF, trace_step
+from littlelm.plan.trace import CATEGORIES, FB, KV, OPT, REF, SAMPLE, rl_rows, trace_step
 from littlelm.schema import load_run
 
 TOLERANCE = 0.10  # analytic / trace - 1, per category and phase peak (the issue's bound)
@@ -125,3 +127,86 @@ def test_a_dpo_plans_lora_columns_hold_each_methods_reference(tmp_path):
     assert lora.without_lora().reference_copy  # the full column of a LoRA-DPO plan
     copy = mem.estimate(full).categories[REF]
     assert copy > 0 and mem.estimate(lora.without_lora()).categories[REF] == copy
+
+
+@pytest.fixture(scope="module")
+def rl_tree(tmp_path_factory):
+    """An RL run's tree (test_rl.py's: a few-step SFT base with its saved tokenizer, and
+    prompts of reversals)."""
+    from test_rl import rl_trees
+
+    tmp = tmp_path_factory.mktemp("rl-plan")
+    return tmp, rl_trees(tmp)
+
+
+def rl_config(rl_tree, name: str, lora: bool, **rl):
+    tmp, tree = rl_tree
+    tree = copy.deepcopy(tree)
+    tree["run"]["name"] = name
+    tree["rl"].update(rl)
+    if lora:
+        tree["lora"] = {}
+    return load_run(write_config(tmp / f"{name}.yaml", tree))
+
+
+RL_SHAPES = {
+    "4 replies": dict(group_size=4, max_new_tokens=5),
+    "8 replies, iterations 2": dict(group_size=8, max_new_tokens=24, iterations=2),
+}
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["rl", "lora-rl"])
+@pytest.mark.parametrize("shape", RL_SHAPES.values(), ids=RL_SHAPES.keys())
+def test_rl_analytic_agrees_with_the_trace_of_its_objective(rl_tree, lora, shape):
+    cfg = rl_config(rl_tree, f"rl-{lora}-{shape['group_size']}", lora, **shape)
+    traced = trace_step(cfg)
+    analytic = mem.estimate(Dims.of(cfg))
+    assert set(traced.phases) == set(analytic.phases) == {SAMPLE, FB, OPT}
+    for phase in traced.phases:  # the tiny model's many small tensors: sampling within 10% too
+        t, a = traced.phases[phase], analytic.phases[phase]
+        assert abs(a / t - 1) <= TOLERANCE, f"peak {phase}: analytic {a:,} vs trace {t:,}"
+    for k in (mem.PARAMS, REF, mem.GRADS, mem.STATE, mem.ACT, mem.LOSS):
+        t, a = traced.categories[k], analytic.categories[k]
+        assert (t == a == 0) or abs(a / t - 1) <= TOLERANCE, f"{k}: analytic {a:,} vs trace {t:,}"
+    params = traced.categories[mem.PARAMS]
+    assert (traced.categories[REF] == 0) if lora else (traced.categories[REF] == params)
+    assert traced.categories[KV] > 0
+
+
+def test_rl_rows_are_the_longest_prompt_and_reply_or_the_models_bound(rl_tree, tmp_path):
+    """Rows are planned at the longest prompt of rl.prompts (read with the run's tokenizer)
+    plus rl.max_new_tokens; with no file to read yet, at the longest the model allows."""
+    cfg = rl_config(rl_tree, "rl-rows", False)
+    prompt, width, measured = rl_rows(cfg)
+    assert measured and width == prompt + cfg.rl.max_new_tokens
+    assert prompt < cfg.model.max_seq_len - cfg.rl.max_new_tokens  # the prompts are short
+    missing = rl_config(rl_tree, "rl-rows-missing", False, prompts=str(tmp_path / "none.jsonl"))
+    assert rl_rows(missing) == (
+        missing.model.max_seq_len - missing.rl.max_new_tokens,
+        missing.model.max_seq_len,
+        False,
+    )
+    # the planned rows follow: the step's tokens are the groups' rows (inputs: all but one)
+    d = Dims.of(cfg)
+    assert d.tokens == cfg.rl.group_size * (width - 1)
+    assert Dims.of(missing).tokens > d.tokens
+
+
+def test_plan_of_an_rl_run_is_not_the_sft_runs(rl_tree, capsys):
+    """`plan --json` of an RL run: its reference, its sampling phase and its groups' rows, where
+    it once gave the SFT run's figures."""
+    tmp, tree = rl_tree
+    rl_config(rl_tree, "rl-json", False, group_size=8, max_new_tokens=24)
+    sft = copy.deepcopy(tree)
+    del sft["rl"]
+    sft["run"]["name"] = "sft-json"
+    sft_path = write_config(tmp / "sft-json.yaml", sft)
+    out = {}
+    for name, path in (("sft", sft_path), ("rl", tmp / "rl-json.yaml")):
+        assert main(["plan", str(path), "--json", "--gpu", "A100-80GB"]) == 0
+        out[name] = json.loads(capsys.readouterr().out)
+    plan = {k: v["memory_bytes"]["plan"] for k, v in out.items()}
+    assert plan["sft"][REF] == plan["sft"][KV] == 0 and f"peak {SAMPLE}" not in plan["sft"]
+    assert plan["rl"][REF] == plan["rl"][mem.PARAMS]
+    assert plan["rl"][KV] > 0 and plan["rl"][f"peak {SAMPLE}"] > 0
+    assert plan["rl"][f"peak {FB}"] != plan["sft"][f"peak {FB}"]

@@ -31,14 +31,17 @@ from littlelm.plan.trace import (
     COPIES,
     FB,
     GRADS,
+    KV,
     LOSS,
     OPT,
     PARAMS,
     REF,
+    SAMPLE,
     SCRATCH,
     STATE,
     Memory,
     block_bytes,
+    rl_rows,
 )
 from littlelm.train.build import planned_chat_tokens
 
@@ -175,6 +178,29 @@ def copies_reference(lora: Adapters | None) -> bool:
 
 
 @dataclass(frozen=True)
+class Groups:
+    """An RL run's step (train/rl.py): `count` groups (rl.prompts_per_step), one forward and
+    backward each, of `size` rows (rl.group_size), each a prompt of `prompt` tokens and its
+    reply, `width` tokens in all (plan/trace.py's rl_rows); first sampled through a KV cache of
+    `width` positions, and with rl.iterations > 1 (`keeps_old`) the log-probs of the replies
+    as sampled taken too."""
+
+    size: int
+    prompt: int
+    width: int
+    count: int
+    keeps_old: bool
+
+    @classmethod
+    def of(cls, cfg) -> Groups | None:
+        r = getattr(cfg, "rl", None)
+        if r is None:
+            return None
+        prompt, width, _ = rl_rows(cfg)
+        return cls(r.group_size, prompt, width, r.prompts_per_step, r.iterations > 1)
+
+
+@dataclass(frozen=True)
 class Dims:
     """What the memory and speed formulas read of a run: batch, precision, optimizer, layout, and
     the model's own parameter list. `tokens` is one micro-batch (micro_batch × seq_len)."""
@@ -205,6 +231,9 @@ class Dims:
     rows_per_item: int = 1
     reference_copy: bool = False
     reference: bool = False  # the objective holds a frozen reference (a copy or adapters off)
+    # an RL run: one group a micro-batch (rows_per_item its replies, seq_len its rows' inputs),
+    # its groups accumulating gradients, its sampling before them; and its own loss path
+    groups: Groups | None = None
     # the trace's peak over the analytic model's at the configured micro-batch: a plan scales
     # every analytic figure by it (plan/planner.py), so the trace stays the one reference
     trace_scale: float = 1.0
@@ -227,10 +256,15 @@ class Dims:
         chat = planned_chat_tokens(cfg.data.tokenizer)
         dpo = getattr(cfg, "dpo", None)
         lora = Adapters.of(getattr(cfg, "lora", None), cfg.model, bf16, chat)
+        groups = Groups.of(cfg)
+        rows, seq = (2 if dpo is not None else 1), t.seq_len
+        if groups is not None:  # RL: a group's rows a micro-batch, every group its own
+            mb, accum, rows, seq = 1, 1, groups.size, groups.width - 1
+        refers = dpo is not None or groups is not None
         return cls(
             model=cfg.model,
             micro_batch=mb,
-            seq_len=t.seq_len,
+            seq_len=seq,
             grad_accum=accum,
             bf16=bf16,
             optimizer=traits,
@@ -239,10 +273,11 @@ class Dims:
             lora=lora,
             fine_tunes=cfg.sft is not None or lora is not None,
             chat_tokens=chat,
-            rows_per_item=2 if dpo is not None else 1,
+            rows_per_item=rows,
             # the transform's reference: LoRA's adapters off, unless LoRA trains tensors in full
-            reference_copy=dpo is not None and copies_reference(lora),
-            reference=dpo is not None,
+            reference_copy=refers and copies_reference(lora),
+            reference=refers,
+            groups=groups,
             master_bf16=t.master_weights == "bf16",
             checkpointing=t.activation_checkpointing,
             fp8=cfg.model.fp8,
@@ -359,7 +394,7 @@ class Dims:
     def plain_loss(self) -> bool:
         """Does the step's loss make every logit at once (model.loss: plain, or DPO's per-token
         log-probs with gradients: model/kernels.py's linear_cross_entropy)?"""
-        return self.model.loss == "plain" or self.rows_per_item == 2
+        return self.model.loss == "plain" or self.rows_per_item == 2 or self.groups is not None
 
     @property
     def casts_head(self) -> bool:
@@ -477,8 +512,10 @@ def weight_copy_bytes(d: Dims) -> int:
         if first and stacked and (p.module == "attn.c_proj" or mlp_in):
             continue  # a frozen first attention: no gradient until the MLP's adapters' outputs
         total += block_bytes(2 * p.numel)
-    # the plain loss's lm_head rows cast (under LoRA's token rows: of the copy, the loss's)
-    return total + (block_bytes(2 * m.vocab * C) if d.plain_loss and not d.head_copy else 0)
+    # the plain loss's lm_head rows cast (under LoRA's token rows: of the copy, the loss's);
+    # RL's logits come from the whole (padded) weight (model/gpt.py's head)
+    rows = m.padded_vocab if d.groups is not None else m.vocab
+    return total + (block_bytes(2 * rows * C) if d.plain_loss and not d.head_copy else 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -618,6 +655,48 @@ def plain_loss_stages(d: Dims) -> dict[str, float]:
     }
 
 
+def rl_loss_stages(d: Dims) -> dict[str, float]:
+    """RL's per-token log-probs of a group's rows (train/rl.py's reply_logps): the model's head
+    makes every logit (lm_head's output, its fp32 copy, which the max's backward keeps; with a
+    soft cap tanh's output kept too), the tempered logits (shifted, divided), log-softmax (keeps
+    its output), and in the backward a gradient of each beside what they keep (16 fp32 values
+    per token and vocabulary entry, 20 with the soft cap: measured on the trace, exact at
+    every vocabulary and padding tried)."""
+    m, N, a = d.model, d.tokens, d.act_bytes
+    C, V, Vp = m.d_model, m.vocab, m.padded_vocab
+    cap = 4 * V if m.softcap is not None else 0
+    head_grad = (2 + d.param_bytes) * Vp * C if d.bf16 else 4 * Vp * C
+    head_grad *= d.head_trains  # a frozen lm_head (LoRA) gets none
+    return {
+        "logits": N * (a * Vp + 4 * V),
+        "log-softmax": N * (12 * V + cap),
+        "backward": N * (16 * V + cap),
+        "lm_head backward": N * (4 * V + 2 * a * Vp + a * C) + head_grad,
+    }
+
+
+def sampling_bytes(d: Dims) -> int:
+    """RL's sampling (train/rl.py, model/generate.py's sample_group): one group's KV cache of
+    `width` positions in the compute dtype, beside the largest of the prompt's forward (its
+    logits at every position: lm_head's output and its fp32 copy, or with a soft cap the copy,
+    its scaled copy and tanh's output; norm_f's output and the stream) and, with iterations >
+    1, the replies' log-probs as sampled (RL's loss path without gradients)."""
+    g = d.groups
+    if g is None:
+        return 0
+    m, a = d.model, d.act_bytes
+    C, V, Vp = m.d_model, m.vocab, m.padded_vocab
+    cache = m.n_layer * 2 * block_bytes(a * g.size * g.width * m.kv_heads * m.head_dim)
+    logits = 12 * V if m.softcap is not None else a * Vp + 4 * V
+    block = 8 * C + a * C + 2 * a * m.hidden  # the stream and x0, norm's output, the MLP's
+    prompt = g.size * g.prompt * max(logits + a * C + 4 * C, block)
+    # the replies' log-probs: the logits (with a soft cap its chain's largest moment), the
+    # tempered copy beside them (measured on the trace)
+    old_per = 12 * V if m.softcap is not None else a * Vp + 8 * V
+    old = g.size * (g.width - 1) * old_per if g.keeps_old else 0
+    return cache + int(max(prompt, old))
+
+
 # ----------------------------------------------------------------------------------------------
 # Backward temporaries of one block
 
@@ -702,12 +781,16 @@ def optimizer_scratch_bytes(d: Dims) -> int:
 def estimate(d: Dims) -> Memory:
     """The whole step, every figure times `d.trace_scale` (1 unless a plan anchored it)."""
     # the loss's own tensors at the most expensive of its moments (model/kernels.py)
-    loss_stages = plain_loss_stages if d.plain_loss else chunked_loss_stages
+    if d.groups is not None:
+        loss_stages = rl_loss_stages
+    else:
+        loss_stages = plain_loss_stages if d.plain_loss else chunked_loss_stages
     cats = {
         PARAMS: parameter_bytes(d),
         REF: reference_bytes(d),
         GRADS: gradient_bytes(d),
         STATE: optimizer_state_bytes(d),
+        KV: sampling_bytes(d),
         COPIES: weight_copy_bytes(d),
         ACT: activation_bytes(d),
         # LoRA's trained token rows: lm_head's weight copy is alive through the loss
@@ -738,7 +821,9 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
         layer = [int(m.d_model * d.param_bytes * N)] * L
     else:
         layer = [int(layer_activation_bytes(d, i) * N) for i in range(L)]
-    accumulating = d.grad_accum > 1
+    # RL's groups each add their gradients to the step's (the second group's backward with the
+    # first's gradients alive), as micro-batches do
+    accumulating = d.grad_accum > 1 or (d.groups is not None and d.groups.count > 1)
     qkv = (m.n_head + 2 * m.kv_heads) * m.head_dim * m.d_model
     recomputed = block_bytes(a * qkv) if d.checkpointing else 0  # one layer's q, k, v stack
     if accumulating:
@@ -778,10 +863,15 @@ def phase_breakdowns(d: Dims, c: dict[str, int]) -> dict[str, dict[str, int]]:
         GRADS: grads_bottom,
         BWD: c[BWD],
     }
-    return {
+    out = {
         FB: max([loss, *top, bottom], key=lambda x: sum(x.values())),
         OPT: {**kept, GRADS: c[GRADS], SCRATCH: c[SCRATCH]},
     }
+    if d.groups is not None:  # RL samples first: no gradients then (zero_grad sets them None)
+        # under bf16 autocast with fp32 weights every weight's cast, which autocast keeps (of
+        # weights that take gradients) until the group's sampling ends
+        out = {SAMPLE: {**kept, KV: c[KV], COPIES: c[COPIES]}, **out}
+    return out
 
 
 def checkpoint_bytes(e: Memory) -> int:
@@ -814,4 +904,5 @@ def fsdp_per_gpu(d: Dims, shards: int) -> tuple[dict[str, int], int]:
     sharded = (c[PARAMS] + c[GRADS] + c[STATE]) // shards + c[REF]
     head = d.model.padded_vocab * d.model.d_model * per
     forward_backward = sharded + gathered + c[ACT] + max(c[LOSS] + head, c[BWD] + gathered)
-    return per_gpu, max(forward_backward, sharded + c[SCRATCH] // shards)
+    sampling = sharded + gathered + c[KV]  # RL's (0 for the others): the units it gathers too
+    return per_gpu, max(forward_backward, sampling, sharded + c[SCRATCH] // shards)

@@ -15,7 +15,7 @@ from littlelm.plan import trace as cat
 from littlelm.plan.cost import GIB, GpuPlan, MethodPlan
 from littlelm.plan.planner import Plan
 from littlelm.plan.saves import checkpoint_json, checkpoint_line
-from littlelm.plan.trace import CATEGORIES, FB, OPT
+from littlelm.plan.trace import CATEGORIES, KV, rl_rows
 from littlelm.progress import human
 
 
@@ -219,10 +219,20 @@ def summary_line(plan: Plan) -> str:
     lora = ""
     if d.lora is not None:  # what a LoRA run trains of its parameters
         lora = f" ({human(d.n_trainable)} trained: {'Q' * d.lora.nf4}LoRA rank {d.lora.rank})"
+    shape = f"micro-batch {d.micro_batch} × seq {d.seq_len} × accum {d.grad_accum}"
+    g = d.groups
+    if g is not None:  # RL: groups of replies, each group its own forward and backward
+        tokens_step *= g.count
+        rows = (
+            "measured in rl.prompts" if rl_rows(cfg)[2] else "the longest model.max_seq_len allows"
+        )
+        shape = (
+            f"RL: {g.count} prompts × {g.size} replies × {g.width} tokens (prompt {g.prompt}, "
+            f"{rows}); sampling and scoring not in the speed"
+        )
     return (
         f"[bold]{cfg.run.name}[/bold]: {human(n)} parameters{lora}, "
-        f"{human(plan.flops_per_token)} FLOPs/token; micro-batch {d.micro_batch} × seq "
-        f"{d.seq_len} × accum {d.grad_accum}"
+        f"{human(plan.flops_per_token)} FLOPs/token; {shape}"
         + (f" × {plan.devices} GPUs" if plan.devices > 1 else "")
         + f" = {tokens_step:,} tokens/step; {cfg.train.precision}, {d.optimizer.name}; "
         + budget_text(plan)
@@ -246,11 +256,13 @@ def memory_table(plan: Plan) -> Table:
     t = table(title, "category", "plan", "trace", "analytic", "trace / analytic")
     check = plan.trace_check()
     for k in CATEGORIES:
+        if k == KV and not e.categories[k]:
+            continue  # RL's sampling only
         traced = gib(tr.categories[k] / GIB) if tr else "-"
         a = an.categories[k] / GIB
         t.add_row(k, gib(e.categories[k] / GIB), traced, gib(a), _ratio(check.get(k)))
-    for phase in (FB, OPT):
-        peak = tr.phases[phase] if tr else None
+    for phase in e.phases:  # RL's sampling first, then every objective's two
+        peak = tr.phases.get(phase) if tr else None
         t.add_row(
             f"[bold]peak: {phase}[/bold]",
             gib(e.phases[phase] / GIB),

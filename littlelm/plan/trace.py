@@ -21,7 +21,9 @@ import contextlib
 import time
 import weakref
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -29,21 +31,28 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from littlelm.data.chat import chat_format
+from littlelm.errors import DataError
 from littlelm.model import kernels
+from littlelm.model.generate import tempered
+from littlelm.model.gpt import GPT
 from littlelm.optim import lowp
 from littlelm.train.build import build, build_model, build_objective
 from littlelm.train.device import autocast
 from littlelm.train.objective import Setting
+from littlelm.train.rl import group_loss, read_prompts, reply_logps
 from littlelm.train.step import LanguageModelLoss, apply_update, micro_step
 from littlelm.train.transform import transform_for
 
 # The memory categories the trace, the analytic model, bench and the report share, in table order
 PARAMS, GRADS, STATE = "parameters", "gradients", "optimizer state"
-REF = "frozen reference"  # DPO's reference model beside the one trained (its own weights)
+REF = "frozen reference"  # DPO's and RL's reference model beside the one trained (own weights)
+KV = "KV cache & sampling"  # RL's sampling: a group's KV cache, the prompt's forward
 COPIES, ACT, LOSS = "weight copies", "activations", "logits & loss"
 BWD, SCRATCH = "backward temporaries", "optimizer scratch"
-CATEGORIES = (PARAMS, REF, GRADS, STATE, COPIES, ACT, LOSS, BWD, SCRATCH)
+CATEGORIES = (PARAMS, REF, GRADS, STATE, KV, COPIES, ACT, LOSS, BWD, SCRATCH)
 FB, OPT = "forward/backward", "optimizer step"  # the phases of a step
+SAMPLE = "sampling"  # RL's phase before its forward/backward: replies drawn, no gradients
 WEIGHT_OPS = (torch.ops.aten._to_copy.default, torch.ops.aten.cat.default)
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
 
@@ -250,10 +259,10 @@ def trace_step(cfg, micro_batch: int | None = None, gpu: bool = True) -> Memory:
     GPU's attention (`gpu`) or as it runs on this CPU."""
     t0, cpu = time.perf_counter(), torch.device("cpu")
     cfg = cfg.with_precision(True)  # `auto` as on the GPU it stands in for (Dims.of does too)
-    mb, accum = micro_batch or cfg.train.micro_batch_size, cfg.train.grad_accum or 1
+    mb = micro_batch or cfg.train.micro_batch_size
     with FakeTensorMode(), _traceable(gpu):
         model, optimizer = build(cfg, cpu, traced=True)
-        loss, rows, reference = objective_loss(cfg, model, cpu)
+        step = objective_step(cfg, model, cpu, mb)
         trained = [p for p in model.parameters() if p.requires_grad]  # a LoRA run's adapters
         for p in trained:  # one step on zero gradients: the state exists
             p.grad = torch.zeros_like(p)
@@ -264,15 +273,16 @@ def trace_step(cfg, micro_batch: int | None = None, gpu: bool = True) -> Memory:
         try:
             with acct:
                 acct.track_params(model.parameters(), model.buffers())
-                if reference is not None:  # its own weights: not the model's (LoRA: adapters off)
-                    acct.track_params(reference.parameters(), reference.buffers(), REF)
+                if step.reference is not None:  # its own weights (LoRA: adapters off, none)
+                    acct.track_params(step.reference.parameters(), step.reference.buffers(), REF)
                 for t in optimizer_tensors(optimizer):
                     acct.track(t, STATE)
-                for _ in range(min(accum, 2)):  # the second with the first's gradients alive
+                if step.sample is not None:  # RL: the replies are drawn before any gradient
+                    acct.phase, acct.region = SAMPLE, KV
+                    step.sample()
+                for _ in range(min(step.repeats, 2)):  # the second with the first's gradients
                     acct.phase, acct.region = FB, ACT
-                    x = torch.zeros(mb * rows, cfg.train.seq_len, dtype=torch.long)  # (B, T) ids
-                    micro_step(loss, x, x.clone(), accum, autocast(cpu, cfg.train.precision))
-                    del x
+                    step.micro()
                 acct.phase, acct.region = OPT, SCRATCH
                 apply_update(model, optimizer, cfg.train.grad_clip)
                 acct.phase = acct.region = "after"
@@ -282,22 +292,31 @@ def trace_step(cfg, micro_batch: int | None = None, gpu: bool = True) -> Memory:
     at_fwd = acct.at_forward_end
     categories = {k: acct.maxima[k] for k in CATEGORIES}
     categories[COPIES], categories[ACT] = at_fwd.get(COPIES, 0), at_fwd.get(ACT, 0)
+    phases = (SAMPLE, FB, OPT) if step.sample is not None else (FB, OPT)
     return Memory(
         categories=categories,
-        breakdowns={k: acct.peaks[k].by_category for k in (FB, OPT)},
+        breakdowns={k: acct.peaks[k].by_category for k in phases},
         source="trace" + (" (FlashAttention's footprint)" if gpu else " (this CPU's kernels)"),
         seconds=time.perf_counter() - t0,
     )
 
 
-def objective_loss(cfg, model: torch.nn.Module, cpu: torch.device):
-    """(the micro-batch loss, rows per micro-batch item, the frozen reference or None) of the
-    objective the trainer builds for `cfg`: the language-model loss of micro_batch rows, or
-    DPO's of micro_batch pairs (two rows each) with its reference resident: the run's base as
-    a copy in train.master_weights' dtype (growth.base_copy's build, its weights not read), or
-    under LoRA the model itself with its adapters off (the transform's own reference)."""
-    if getattr(cfg, "dpo", None) is None:
-        return model, 1, None
+@dataclass
+class TracedStep:
+    """What the trace runs of a run's objective: its frozen reference when it has weights of
+    its own, RL's sampling (None for the others), and one micro-batch's forward and backward,
+    `repeats` of them a step (the trace runs two at most)."""
+
+    reference: torch.nn.Module | None
+    micro: Callable[[], None]
+    repeats: int
+    sample: Callable[[], None] | None = None
+
+
+def reference_for(cfg, model: torch.nn.Module, cpu: torch.device):
+    """The objective's frozen reference as the trainer builds it (Setting.reference): a copy of
+    the run's base in train.master_weights' dtype (growth.base_copy's build, its weights not
+    read), or under LoRA the model itself with its adapters off (the transform's own)."""
 
     def copy() -> torch.nn.Module:
         frozen = build_model(cfg, cpu, traced=True)
@@ -305,20 +324,107 @@ def objective_loss(cfg, model: torch.nn.Module, cpu: torch.device):
         frozen.requires_grad_(False)
         return frozen.eval()
 
-    setting = Setting(
-        cfg,
-        model,
-        cpu,
-        autocast(cpu, cfg.train.precision),
-        SimpleNamespace(masked=True),  # pairs' rows: their replies' targets
-        None,
-        reference=lambda: transform_for(cfg.lora, None).reference(model, copy),
-    )
-    objective = build_objective(cfg, setting)
-    assert isinstance(objective, LanguageModelLoss), "DPO's loss is the LM step's, of pairs"
-    reference = getattr(objective, "reference", None)
-    own = reference is not None and any(True for _ in reference.parameters())
-    return objective.loss_of(model), 2, reference if own else None
+    return lambda: transform_for(cfg.lora, None).reference(model, copy)
+
+
+def own_weights(reference) -> torch.nn.Module | None:
+    """`reference` when it holds weights of its own (a copy), else None (LoRA's adapters off)."""
+    if reference is None or not any(True for _ in reference.parameters()):
+        return None
+    return reference
+
+
+def objective_step(cfg, model: torch.nn.Module, cpu: torch.device, mb: int) -> TracedStep:
+    """The step of the objective the trainer builds for `cfg`: the language-model loss of `mb`
+    rows, DPO's of `mb` pairs (two rows each) with its reference resident, or RL's groups."""
+    cast = autocast(cpu, cfg.train.precision)
+    accum = cfg.train.grad_accum or 1
+    if getattr(cfg, "rl", None) is not None:
+        return rl_step(cfg, model, cpu)
+    loss, rows, reference = model, 1, None
+    if getattr(cfg, "dpo", None) is not None:
+        setting = Setting(
+            cfg,
+            model,
+            cpu,
+            cast,
+            SimpleNamespace(masked=True),  # pairs' rows: their replies' targets
+            None,
+            reference=reference_for(cfg, model, cpu),
+        )
+        objective = build_objective(cfg, setting)
+        assert isinstance(objective, LanguageModelLoss), "DPO's loss is the LM step's, of pairs"
+        loss, rows = objective.loss_of(model), 2
+        reference = own_weights(getattr(objective, "reference", None))
+
+    def micro() -> None:
+        x = torch.zeros(mb * rows, cfg.train.seq_len, dtype=torch.long)  # (B, T) ids
+        micro_step(loss, x, x.clone(), accum, cast)
+
+    return TracedStep(reference, micro, accum)
+
+
+def rl_rows(cfg) -> tuple[int, int, bool]:
+    """(prompt tokens, row tokens, measured) an RL run's groups are planned at: its longest
+    prompt when rl.prompts and the run's saved tokenizer can be read (measured), else the
+    longest the model allows (model.max_seq_len - rl.max_new_tokens, as train/rl.py's
+    read_prompts checks); a row is the prompt and rl.max_new_tokens of reply."""
+    r = cfg.rl
+    room = cfg.model.max_seq_len - r.max_new_tokens
+    longest, measured = room, False
+    tok = cfg.data.tokenizer
+    if getattr(tok, "path", None) is not None and Path(r.prompts).expanduser().is_file():
+        try:
+            fmt = chat_format(tok.tokenizer_class().from_config(tok))
+            prompts = read_prompts(Path(r.prompts).expanduser(), fmt, room)
+            longest, measured = max(len(p.ids) for p in prompts), True
+        except (DataError, OSError, ValueError):  # not readable yet: the bound plans it
+            pass
+    return longest, longest + r.max_new_tokens, measured
+
+
+def rl_step(cfg, model: torch.nn.Module, cpu: torch.device) -> TracedStep:
+    """RL's step (train/rl.py) on stand-in tokens: sampling (a group's KV cache sized for the
+    longest prompt and reply, the prompt's forward and one token's; with rl.iterations > 1 the
+    log-probs of the replies as sampled), then per group the reference's log-probs and the
+    policy's with its loss and backward (`group_loss`, the trainer's own), over rows of the
+    prompt and the whole reply."""
+    r, cast = cfg.rl, autocast(cpu, cfg.train.precision)
+    prompt, width = rl_rows(cfg)[:2]
+    reference = reference_for(cfg, model, cpu)()
+    G = r.group_size
+    assert isinstance(model, GPT), "schema.problems refuses rl: without sft's GPT"
+
+    def rows():
+        x = torch.zeros(G, width - 1, dtype=torch.long)  # inputs: all but the last token
+        return x, x.clone(), torch.ones(G, width - 1, dtype=torch.bool)
+
+    def sample() -> None:
+        # sample_group's allocations (model/generate.py): the cache, the prompt, one token
+        was = model.training
+        model.eval()  # as RL samples: eval mode, no gradients
+        with torch.no_grad():
+            with cast:
+                caches = model.new_caches(G, width)
+                logits = model(
+                    torch.zeros(1, prompt, dtype=torch.long).expand(G, -1), caches=caches
+                )
+                probs = torch.softmax(tempered(logits[:, -1], r.temperature), dim=-1)
+                del logits, probs
+                model(torch.zeros(G, 1, dtype=torch.long), caches=caches)
+            del caches
+            if r.iterations > 1:  # the replies' log-probs as sampled (π_old), kept a batch
+                x, y, _ = rows()
+                reply_logps(model, x, y, r.temperature, cast)
+        model.train(was)
+
+    def micro() -> None:
+        a = torch.zeros(G)
+        old = torch.zeros(G, width - 1) if r.iterations > 1 else None
+        loss = group_loss(model, reference, rows(), a, old, r, cast, float(G * width))[0]
+        loss.backward()
+
+    return TracedStep(own_weights(reference), micro, r.prompts_per_step, sample)
 
 
 def _install_hooks(model: torch.nn.Module, acct: MemoryAccountant) -> list:

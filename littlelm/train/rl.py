@@ -154,6 +154,34 @@ def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(r) - r - 1
 
 
+def reply_logps(model, x: torch.Tensor, y: torch.Tensor, temperature: float, autocast):
+    """log-probabilities (B, T) of targets y under `model` at the sampling temperature: every
+    logit made at once, in fp32 for the log-softmax (what the planner's trace runs too)."""
+    with autocast:
+        logits = model(x)
+    logp = F.log_softmax(tempered(logits, temperature), dim=-1)  # finite at any T > 0
+    return logp.gather(-1, y[..., None]).squeeze(-1)
+
+
+def group_loss(forward, reference, rows, a, old, r, autocast, per_rank: float):
+    """One group's loss (the sum over its reply tokens of the policy term plus kl_coef x KL,
+    over `per_rank`), its per-token KL and, with `old` (iterations > 1), where the clip held.
+    `rows`: (x, y, mask) of the group's prompt + replies (RL._rows); `a`: its advantages (G,);
+    `r`: the run's rl section. The reference's log-probs come first, without gradients."""
+    x, y, mask = rows
+    with torch.no_grad():
+        ref = reply_logps(reference, x, y, r.temperature, autocast)
+    logp = reply_logps(forward, x, y, r.temperature, autocast)
+    kl = k3(logp, ref)
+    held = None
+    if old is None:
+        policy = -a[:, None] * logp
+    else:
+        policy, held = clipped(logp, old, a, r.clip_eps)
+    per_token = policy + r.kl_coef * kl
+    return (per_token * mask).sum() / per_rank, kl, held
+
+
 @dataclass
 class Batch:
     """One sampled batch, kept for the `rl.iterations` steps that learn from it."""
@@ -279,11 +307,7 @@ class RL(Objective):
             yield
 
     def _logp(self, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """log-probabilities (B, T) of targets y under `model` at the sampling temperature."""
-        with self.autocast:
-            logits = model(x)
-        logp = F.log_softmax(tempered(logits, self.r.temperature), dim=-1)  # finite at any T > 0
-        return logp.gather(-1, y[..., None]).squeeze(-1)
+        return reply_logps(model, x, y, self.r.temperature, self.autocast)
 
     def _rows(self, p: Prompt, tokens: torch.Tensor, lengths: torch.Tensor):
         """Inputs x, targets y (G, T) of a group's prompt + replies, and the mask of the reply
@@ -375,23 +399,18 @@ class RL(Objective):
         # across ranks, and a checkpoint restores one RNG state for all of them
         with self._step_rng(step):
             for i, ((p, tokens, lengths, _), a, old) in enumerate(zip(groups, adv, olds)):
-                x, y, mask = self._rows(p, tokens, lengths)
+                rows = self._rows(p, tokens, lengths)
                 flat = bool((a == 0).all())
-                with torch.no_grad():
-                    ref = self._logp(self.reference, x, y)
                 # else nothing to learn: no graph (under DDP every rank runs every group's backward,
                 # which all-reduces the gradients at the last one)
                 learn = not flat or self.r.kl_coef > 0 or world > 1
                 with torch.set_grad_enabled(learn):
-                    logp = self._logp(forward, x, y)
-                    kl = k3(logp, ref)
-                    if old is None:
-                        policy = -a[:, None] * logp
-                    else:
-                        policy, held = clipped(logp, old, a, self.r.clip_eps)
-                        clip_sum += float((held & mask).sum())
-                    per_token = policy + self.r.kl_coef * kl
-                    loss = (per_token * mask).sum() / per_rank
+                    loss, kl, held = group_loss(
+                        forward, self.reference, rows, a, old, self.r, self.autocast, per_rank
+                    )
+                mask = rows[2]
+                if held is not None:
+                    clip_sum += float((held & mask).sum())
                 if learn:
                     with parallel.no_sync(skip=i < len(groups) - 1):
                         loss.backward()
