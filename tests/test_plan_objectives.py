@@ -210,3 +210,16 @@ def test_plan_of_an_rl_run_is_not_the_sft_runs(rl_tree, capsys):
     assert plan["rl"][REF] == plan["rl"][mem.PARAMS]
     assert plan["rl"][KV] > 0 and plan["rl"][f"peak {SAMPLE}"] > 0
     assert plan["rl"][f"peak {FB}"] != plan["sft"][f"peak {FB}"]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["rl", "lora-rl"])
+def test_an_rl_runs_measured_peak_is_its_traces(rl_tree, lora):
+    """`littlelm bench` runs RL's real step (sampling, rewards, groups) on real tensors: the
+    measured tensor peak is what the trace of the same step on this CPU's kernels predicts; its
+    step time, mostly sampling, is stored without a speed ratio (no plan calibrates on it)."""
+    from littlelm.plan.bench import run_bench
+
+    cfg = rl_config(rl_tree, f"rl-bench-{lora}", lora, group_size=8, max_new_tokens=12)
+    r = run_bench(cfg, steps=2)
+    assert abs(r["peak_tensor"] / r["predicted_tensor_peak"] - 1) <= TOLERANCE
+    assert "speed_ratio" not in r and "predicted_tok_s" not in r

@@ -184,6 +184,11 @@ def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: i
         "config": to_tree(c),  # its shapes: plan re-models them to calibrate (planner.py)
     }
     out.update(predictions(c, d, device, probe, out))
+    if d.groups is not None:
+        # RL's step is mostly sampling, token by token, which the step model does not time: its
+        # memory is checked, its speed must not calibrate every later plan on this device
+        for k in ("speed_ratio", "predicted_tok_s"):
+            out.pop(k, None)
     return out
 
 
