@@ -223,3 +223,22 @@ def test_an_rl_runs_measured_peak_is_its_traces(rl_tree, lora):
     r = run_bench(cfg, steps=2)
     assert abs(r["peak_tensor"] / r["predicted_tensor_peak"] - 1) <= TOLERANCE
     assert "speed_ratio" not in r and "predicted_tok_s" not in r
+
+
+def test_no_fsdp_remedy_where_the_run_refuses_fsdp(rl_tree):
+    """A plan's remedies offer FSDP to an SFT run that does not fit, never to an RL run (each rank
+    samples its own replies through the whole model: refused under fsdp)."""
+    from littlelm.plan.cost import load_catalog, remedies
+
+    tmp, tree = rl_tree
+    catalog = load_catalog()
+    gpu = catalog.select(["A100-80GB"])[0].model_copy(update={"memory_gib": 1e-4})
+    sft = copy.deepcopy(tree)
+    del sft["rl"]
+    sft["run"]["name"] = "sft-remedies"
+    for cfg, offered in (
+        (load_run(write_config(tmp / "sft-remedies.yaml", sft)), True),
+        (rl_config(rl_tree, "rl-remedies", False), False),
+    ):
+        names = [r.name for r in remedies(Dims.of(cfg.with_precision(True)), gpu, catalog)]
+        assert names and any("strategy=fsdp" in n for n in names) == offered, names

@@ -423,7 +423,9 @@ def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Reme
                 f", {dm.n_trainable / 1e6:,.1f}M adapter parameters get gradients and state"
             )
             add(change, dm, why)
-    for n in FSDP_SIZES:
+    # what schema refuses under fsdp: QLoRA's packed base, RL's sampling on each rank apart
+    fsdp_ok = not (d.lora is not None and d.lora.nf4) and d.groups is None
+    for n in FSDP_SIZES if fsdp_ok else ():
         sharded = replace(d, strategy="fsdp", world=n)
         if needed_gib(sharded, gpu, catalog, n) <= gpu.memory_gib or n == FSDP_SIZES[-1]:
             note = "FSDP2: parameters, gradients and optimizer state split over the GPUs"
