@@ -15,7 +15,7 @@ import pytest
 from conftest import write_config
 from littlelm.cli import main
 from littlelm.plan import memory as mem
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.plan.trace import CATEGORIES, FB, KV, OPT, REF, SAMPLE, rl_rows, trace_step
 from littlelm.schema import load_run
 

@@ -33,7 +33,7 @@ from littlelm.model.kernels import run_backend
 from littlelm.plan import speed
 from littlelm.plan.calibration import cuda_calibration
 from littlelm.plan.cost import GIB, load_catalog
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.plan.planner import current_rss, local_plan, proc_status_bytes, step_memory
 from littlelm.plan.trace import PARAMS, STATE, MemoryAccountant, optimizer_tensors
 from littlelm.progress import Progress

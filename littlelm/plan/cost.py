@@ -33,7 +33,7 @@ from littlelm.model.lora import LoRAConfig
 from littlelm.plan import memory as mem
 from littlelm.plan import speed
 from littlelm.plan.calibration import cuda_calibration
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Adapters, Dims
 
 PACKAGED = Path(__file__).with_name("gpus.yaml")
 USER = Path("~/.config/littlelm/gpus.yaml")
@@ -236,7 +236,7 @@ class MethodPlan:
 def training_methods(d: Dims) -> list[tuple[str, str, Dims]]:
     """(method, config change, Dims) of full fine-tuning, LoRA and QLoRA of the run: its own
     `lora:` section (with quantize none, and nf4) where it has one, else LoRA's defaults."""
-    own = d.lora or mem.Adapters.of(default_lora(), d.model, d.bf16, d.chat_tokens)
+    own = d.lora or Adapters.of(default_lora(), d.model, d.bf16, d.chat_tokens)
     assert own is not None, "a LoRAConfig gives adapters"
     configured = "full" if d.lora is None else ("QLoRA" if d.lora.nf4 else "LoRA")
     out = []

@@ -32,7 +32,7 @@ from littlelm.data.cache import cache_root, digest
 from littlelm.model import blocks
 from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import causal_attention
-from littlelm.plan.memory import Dims, model_tensors
+from littlelm.plan.dims import Dims, model_tensors
 from littlelm.train.device import tune_cpu_allocator
 
 # The step model's constants: each is counted from the model's code (model/gpt.py, blocks.py),
