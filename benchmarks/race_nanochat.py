@@ -55,14 +55,22 @@ PINNED = "92d63d4e8bb4df75c3b71618f31ddde2378b2bcd"
 SEQ, BATCH, WINDOWS = 128, 16, 512  # evaluator: 512 windows of 128 bytes = 64 KiB held out
 
 # One factor at a time, each toward what nanochat does (the ablation table in RESULTS.md).
+OLD_OPTIM = ["optimizer.lr=0.06", "schedule.warmup_steps=10", "schedule.cooldown_frac=0.4",
+             "schedule.floor=0.0"]  # fmt: skip
 VARIANTS: dict[str, list[str]] = {
     "shipped": [],
-    # windows across paragraphs: the training text as one document, cut into 128-token rows
-    "windows": ["data.sources.shakespeare.split=file", "data.sources.shakespeare.max_chars=null"],
+    # the config shipped before 2026-12-05: one document per paragraph (a speech), best-fit
+    # packed so a row holds unrelated speeches side by side; Muon at 0.06, warmup 10, cooldown
+    # 0.4 to 0
+    "before": ["data.sources.shakespeare.split=paragraph", *OLD_OPTIM],
+    # the shipped layout (pieces of consecutive paragraphs, each a document) with the old
+    # optimizer settings; then each of them alone
+    "layout_only": OLD_OPTIM,
+    "lr06": ["optimizer.lr=0.06"],
+    "old_schedule": OLD_OPTIM[1:],
+    # the text as one document cut into rows read in order (no pieces, no shuffle)
+    "windows": ["data.sources.shakespeare.max_chars=null"],
     "group_lrs": ["optimizer.embedding_lr=0.3", "optimizer.lm_head_lr=0.008"],  # nanochat's
-    "muon_lr": ["optimizer.lr=0.02"],  # nanochat's matrix lr (the config's is 0.06)
-    # base_train's schedule: warmup 40, warmdown 0.65 of the run, final lr 0.05
-    "schedule": ["schedule.warmup_steps=40", "schedule.cooldown_frac=0.65", "schedule.floor=0.05"],
     "momentum": ["optimizer.momentum=0.97", "optimizer.momentum_warmup_steps=400"],
     "rope_base": ["model.rope_base=100000"],
 }
@@ -101,22 +109,29 @@ def corpus_files(name: str) -> tuple[Path, Path]:
 
 
 def held_windows(held: Path):
+    """Consecutive windows of SEQ - 1 bytes (a BOS before one still fits a row of SEQ)."""
     import torch
 
     data = np.frombuffer(held.read_bytes(), np.uint8)
-    n = min(WINDOWS, len(data) // SEQ)
-    return torch.from_numpy(data[: n * SEQ].astype(np.int64).reshape(n, SEQ))
+    w = SEQ - 1
+    n = min(WINDOWS, len(data) // w)
+    return torch.from_numpy(data[: n * w].astype(np.int64).reshape(n, w))
 
 
-def evaluate(logits_of, windows) -> float:
-    """Mean nats per predicted byte over the held-out windows: one evaluator for both tools."""
+def evaluate(logits_of, windows, bos: int | None = None) -> float:
+    """Mean nats per predicted byte over the held-out windows: one evaluator for both tools.
+    Every byte of a window after its first is predicted from the bytes before it in the window;
+    `bos`: the model's start token, put before each window as the model always reads text (the
+    same bytes are scored, the BOS adds no text)."""
     import torch
     import torch.nn.functional as F
 
     total, count = 0.0, 0
     with torch.no_grad():
         for b in windows.split(64):
-            logits = logits_of(b).float()[:, :-1]
+            x = b if bos is None else torch.cat([torch.full_like(b[:, :1], bos), b], 1)
+            logits = logits_of(x).float()
+            logits = logits[:, :-1] if bos is None else logits[:, 1:-1]
             total += F.cross_entropy(
                 logits.reshape(-1, logits.size(-1)), b[:, 1:].reshape(-1), reduction="sum"
             ).item()
@@ -146,9 +161,13 @@ def run_littlelm(corpus: str, steps: int, seed: int, variant: str) -> dict:
 
     run = runs / "runs" / name
     end = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
-    model, _, _ = load_model(run)
-    loss = evaluate(lambda b: model(b), held_windows(held))
-    return {"loss": loss, "time": end["train_time"]}
+    model, tok, _ = load_model(run)
+    windows = held_windows(held)
+    # littlelm's models read text after their BOS (every document starts with it); nanochat's
+    # here were trained on windows without one
+    with_bos = evaluate(lambda b: model(b), windows, tok.bos_id)
+    bare = evaluate(lambda b: model(b), windows)
+    return {"loss": with_bos, "loss_no_bos": bare, "time": end["train_time"]}
 
 
 def nanochat_schedules(checkout: Path, steps: int):

@@ -340,7 +340,8 @@ class RunData:
             f"crop packing (long_docs: crop) trains on a small part of the data: {parts} of its "
             f"tokens (documents longer than a row of train.seq_len + 1 = {seq_len + 1} are cut). "
             f"Set data.sources.{first}.long_docs=split to train on every token, or cut the text "
-            f"into documents (a text source: data.sources.{first}.split=paragraph or line)"
+            f"into documents: data.sources.{first}.max_chars=N (pieces of consecutive paragraphs "
+            f"of at most N characters), or for a text source split=paragraph or line"
         )
 
     @property
