@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from littlelm.components import register_all  # noqa: E402
 from littlelm.plan.cost import load_catalog, needed_gib  # noqa: E402
-from littlelm.plan.memory import Dims  # noqa: E402
+from littlelm.plan.dims import Dims  # noqa: E402
 from littlelm.schema import load_run  # noqa: E402
 
 register_all()  # an entry point: fill the registries before reading a config

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from littlelm.components import register_all  # noqa: E402
 from littlelm.plan import memory as mem  # noqa: E402
-from littlelm.plan.memory import Dims  # noqa: E402
+from littlelm.plan.dims import Dims  # noqa: E402
 from littlelm.plan.trace import trace_step  # noqa: E402
 from littlelm.schema import load_run  # noqa: E402
 

@@ -544,14 +544,14 @@ def _lora_problems(cfg: RunConfig, world_size: int) -> list[str]:
     if cfg.lora is None:
         return []
     problems = []
-    if world_size > 1 and cfg.distributed.strategy == "fsdp":
-        # FSDP2 itself shards frozen parameters; what is not built nor tested is a LoRA run's
-        # checkpoint (adapters only) and its rollback through littlelm's FSDP gather and load
+    if world_size > 1 and cfg.distributed.strategy == "fsdp" and cfg.lora.quantize == "nf4":
+        # FSDP2 shards a frozen base like any parameter (LoRA's checkpoints, resumes and
+        # rollbacks gather the adapters through it: tests/test_lora_fsdp.py), but bitsandbytes'
+        # packed 4-bit weights are not tensors it can split
         problems.append(
-            "lora with distributed.strategy=fsdp is not supported yet (a LoRA run's checkpoint "
-            "keeps only the adapters, and littlelm's FSDP save, resume and rollback of such "
-            "checkpoints are not built); use distributed.strategy=ddp: the base is frozen, so "
-            "each rank holds its weights but no gradients or optimizer state for them"
+            "lora.quantize=nf4 with distributed.strategy=fsdp: FSDP2 cannot split QLoRA's packed "
+            "4-bit base weights; use distributed.strategy=ddp (each rank holds the 4-bit base, "
+            "and only the adapters have gradients and optimizer state) or lora.quantize=none"
         )
     shapes = _shapes_only(cfg.model)
     problems += target_problems(shapes, cfg.lora) + rank_problems(shapes, cfg.lora)

@@ -28,7 +28,7 @@ from littlelm.model.grow import (
     logit_gap,
 )
 from littlelm.optim.groups import MuonConfig
-from littlelm.plan import memory, speed
+from littlelm.plan import dims, memory, speed
 
 MUON = MuonConfig().traits()  # the default optimizer's group kinds, as the planner reads them
 
@@ -105,7 +105,7 @@ def test_the_model_builds_and_trains_a_new_variant(geglu):
 def test_the_planner_counts_what_the_model_builds(geglu, mlp):
     cfg = config(mlp)
     model = GPT(cfg)
-    params, buffers = memory.model_tensors(cfg)
+    params, buffers = dims.model_tensors(cfg)
     built = {n: tuple(p.shape) for n, p in model.named_parameters()}
     assert {p.name: p.shape for p in params} == built
     # FLOPs: 6 per weight of every matrix the model multiplies by, plus attention's
@@ -114,13 +114,13 @@ def test_the_planner_counts_what_the_model_builds(geglu, mlp):
     head = model.lm_head.weight.numel()
     assert model.flops_per_token(32) == 6 * (matrices + head) + attention
     spec = blocks.MLPS[mlp]
-    d = memory.Dims(cfg, 2, 32, 1, True, MUON, params, buffers)
+    d = dims.Dims(cfg, 2, 32, 1, True, MUON, params, buffers)
     # the variant's own figures move memory and speed, by its hidden width
     assert memory.mlp_activation_bytes(d) == spec.saved * 2 * cfg.hidden
     mlp_in = [g for g in speed.gemms(d) if g.name.startswith("mlp") and g.k == cfg.d_model]
     assert [(g.k, g.n) for g in mlp_in] == [(64, len(spec.inputs) * cfg.hidden)]
     wider = d.model.model_copy(update={"mlp_hidden": cfg.hidden + 64})
-    dw = memory.Dims(wider, 2, 32, 1, True, MUON, *memory.model_tensors(wider))
+    dw = dims.Dims(wider, 2, 32, 1, True, MUON, *dims.model_tensors(wider))
     per_layer = memory.layer_activation_bytes(dw, 0) - memory.layer_activation_bytes(d, 0)
     assert per_layer == spec.saved * 2 * 64
     extra = speed.elementwise_bytes(dw) - speed.elementwise_bytes(d)
@@ -214,7 +214,7 @@ def test_both_models_norm_with_blocks_norm(tmp_path):
 
 def test_the_planner_reads_the_norms_costs_from_blocks(monkeypatch):
     cfg = config("relu2", qk_norm=True)
-    d = memory.Dims(cfg, 2, 32, 1, True, MUON, *memory.model_tensors(cfg))
+    d = dims.Dims(cfg, 2, 32, 1, True, MUON, *dims.model_tensors(cfg))
     layer, total, moved = (
         memory.layer_activation_bytes(d, 0),
         memory.activation_bytes(d),

@@ -161,7 +161,7 @@ def test_one_build_path_for_the_trainer_and_the_trace(tiny_config):
 
 
 def test_a_model_the_analytic_planner_does_not_cover_is_named(tiny_config):
-    from littlelm.plan.memory import Dims
+    from littlelm.plan.dims import Dims
 
     cfg = load_run(tiny_config)
     object.__setattr__(cfg, "model", ModelConfig(name="other"))

@@ -272,10 +272,13 @@ def test_lora_from_random_weights_or_a_grown_model_is_refused(tmp_path):
     grown["run"]["name"] = "grown"
     with pytest.raises(ConfigError, match="grown"):
         Trainer(load_run(write_config(tmp_path / "g.yaml", grown)), resume="never")
-    fsdp = copy.deepcopy(tree)
-    fsdp["distributed"] = {"strategy": "fsdp"}
-    with pytest.raises(ConfigError, match="fsdp"):
-        load_run(write_config(tmp_path / "f.yaml", fsdp), world_size=2)
+    qlora_fsdp = copy.deepcopy(tree)
+    qlora_fsdp["distributed"] = {"strategy": "fsdp"}
+    qlora_fsdp["lora"]["quantize"] = "nf4"
+    with pytest.raises(ConfigError, match="nf4 with distributed.strategy=fsdp"):
+        load_run(write_config(tmp_path / "f.yaml", qlora_fsdp), world_size=2)
+    qlora_fsdp["lora"]["quantize"] = "none"  # LoRA itself runs under FSDP (test_lora_fsdp.py)
+    load_run(write_config(tmp_path / "f.yaml", qlora_fsdp), world_size=2)
 
 
 LLAMA = dict(mlp="swiglu", qk_norm=False, softcap=None, residual_scalars=False, value_embeds=False)

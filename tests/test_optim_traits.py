@@ -18,7 +18,7 @@ from littlelm.optim.base import WHOLE, GroupRule, OptimizerTraits
 from littlelm.optim.groups import AdamWConfig
 from littlelm.optim.optimizer import MuonAdamW
 from littlelm.plan import memory as mem
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.plan.planner import step_memory
 from littlelm.plan.trace import CATEGORIES, trace_step
 from littlelm.schema import load_run, resolve

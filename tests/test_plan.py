@@ -21,7 +21,7 @@ from littlelm.plan.cost import (
     plan_gpu,
     remedies,
 )
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.plan.planner import make_plan
 from littlelm.plan.speed import (
     save_measurement,

@@ -14,7 +14,7 @@ from littlelm.errors import ConfigError
 from littlelm.plan import calibration as cal
 from littlelm.plan import speed
 from littlelm.plan.cost import Defaults, load_catalog
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.schema import load_run
 
 

@@ -12,7 +12,7 @@ from conftest import tiny_tree, write_config
 from littlelm.optim.groups import AdamWConfig
 from littlelm.optim.optimizer import BNB_MIN_8BIT
 from littlelm.plan import memory as mem
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.plan.trace import CATEGORIES, trace_step
 from littlelm.schema import load_run
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import write_config
 from littlelm.cli import main
 from littlelm.plan import memory as mem
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.plan.trace import CATEGORIES, FB, KV, OPT, REF, SAMPLE, rl_rows, trace_step
 from littlelm.schema import load_run
 
@@ -210,3 +210,55 @@ def test_plan_of_an_rl_run_is_not_the_sft_runs(rl_tree, capsys):
     assert plan["rl"][REF] == plan["rl"][mem.PARAMS]
     assert plan["rl"][KV] > 0 and plan["rl"][f"peak {SAMPLE}"] > 0
     assert plan["rl"][f"peak {FB}"] != plan["sft"][f"peak {FB}"]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["rl", "lora-rl"])
+def test_an_rl_runs_measured_peak_is_its_traces(rl_tree, lora):
+    """`littlelm bench` runs RL's real step (sampling, rewards, groups) on real tensors: the
+    measured tensor peak is what the trace of the same step on this CPU's kernels predicts; its
+    step time, mostly sampling, is stored without a speed ratio (no plan calibrates on it)."""
+    from littlelm.plan.bench import run_bench
+
+    cfg = rl_config(rl_tree, f"rl-bench-{lora}", lora, group_size=8, max_new_tokens=12)
+    r = run_bench(cfg, steps=2)
+    assert abs(r["peak_tensor"] / r["predicted_tensor_peak"] - 1) <= TOLERANCE
+    assert "speed_ratio" not in r and "predicted_tok_s" not in r
+
+
+def test_no_fsdp_remedy_where_the_run_refuses_fsdp(rl_tree):
+    """A plan's remedies offer FSDP to an SFT run that does not fit, never to an RL run (each rank
+    samples its own replies through the whole model: refused under fsdp)."""
+    from littlelm.plan.cost import load_catalog, remedies
+
+    tmp, tree = rl_tree
+    catalog = load_catalog()
+    gpu = catalog.select(["A100-80GB"])[0].model_copy(update={"memory_gib": 1e-4})
+    sft = copy.deepcopy(tree)
+    del sft["rl"]
+    sft["run"]["name"] = "sft-remedies"
+    for cfg, offered in (
+        (load_run(write_config(tmp / "sft-remedies.yaml", sft)), True),
+        (rl_config(rl_tree, "rl-remedies", False), False),
+    ):
+        names = [r.name for r in remedies(Dims.of(cfg.with_precision(True)), gpu, catalog)]
+        assert names and any("strategy=fsdp" in n for n in names) == offered, names
+
+
+def test_the_references_forward_is_in_the_step_time(tmp_path):
+    """A DPO step runs the frozen reference's forward over its rows beside the policy's forward
+    and backward: about a third more compute than an SFT step of the same rows."""
+    from dataclasses import replace
+
+    from conftest import load_benchmark
+    from littlelm.plan import speed
+    from littlelm.plan.cost import load_catalog
+
+    check = load_benchmark("lora_plan_check.py")
+    d = Dims.of(load_run("demo", check.OBJECTIVES["DPO"]).with_precision(True))
+    catalog = load_catalog()
+    rates = speed.catalog_rates(catalog.select(["H100-SXM"])[0], catalog, d)
+    with_ref = speed.step_time(d, rates).seconds
+    assert (
+        d.reference
+        and 1.2 < with_ref / speed.step_time(replace(d, reference=False), rates).seconds < 1.4
+    )

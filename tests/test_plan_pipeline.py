@@ -10,7 +10,7 @@ import pytest
 from littlelm.cli import main
 from littlelm.errors import LittleLMError
 from littlelm.plan.cost import load_catalog, plan_gpu
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.plan.pipeline import load_stages, plan_pipeline
 from littlelm.schema import load_run
 from tests.conftest import tiny_tree, write_config

@@ -16,7 +16,7 @@ from littlelm.optim.groups import AdamWConfig
 from littlelm.plan import speed
 from littlelm.plan.calibration import cuda_calibration, fitted_points, load_points, point_ratio
 from littlelm.plan.cost import load_catalog, plan_gpu
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.plan.planner import CPU_HEAP_MARGIN, make_plan
 from littlelm.plan.report import print_plan
 from littlelm.plan.speed import (

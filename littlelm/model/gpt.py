@@ -412,7 +412,7 @@ class GPT(nn.Module):
         """Pick the kernels (model/kernels.py: model.backend, `auto` by device) and the loss
         (model.loss, `auto`: the kernels') for the device the parameters are on: once, when
         the model is placed, not at every forward."""
-        self.kernels = select_backend(self.cfg.backend, self.wte.weight.device)
+        self.kernels = select_backend(self.cfg.backend, self.table().device)
         self.loss_impl = loss_impl(self.cfg.loss, self.kernels)
 
     def _apply(self, fn, recurse=True):
@@ -427,9 +427,23 @@ class GPT(nn.Module):
         the rest: lm_head (read as a weight by the loss, not called as a module), the final norm
         and the residual scalars; a tied token embedding stays there with lm_head."""
         units: list[nn.Module] = [*self.blocks, *self.value_embeds.values()]
-        if self.lm_head.weight is not self.wte.weight:
+        if not self.tied():
             units.append(self.wte)
         return units
+
+    def tied(self) -> bool:
+        """Do lm_head and the token embedding share one matrix (one module under LoRA's trained
+        token rows, model/token_rows.py, whose `weight` is a new copy at every read)?"""
+        if self.lm_head is self.wte:
+            return True
+        return self.table() is getattr(self.lm_head, "frozen", self.lm_head.weight)
+
+    def table(self) -> torch.Tensor:
+        """The token embedding's stored matrix: under LoRA's trained token rows the frozen one
+        (its `weight` is a copy with the rows added, made for the loss, not to be read for a
+        dtype or a device)."""
+        table = getattr(self.wte, "frozen", None)
+        return table if isinstance(table, torch.Tensor) else self.wte.weight
 
     def param_counts(self) -> dict[str, int]:
         """total, embedding (token + value tables) and non-embedding parameter counts."""
@@ -471,7 +485,7 @@ class GPT(nn.Module):
         """
         T = idx.size(1)
         pos = 0 if caches is None else caches[0].length
-        dt = compute_dtype(self.wte.weight)
+        dt = compute_dtype(self.table())
         if positions is None:
             if pos + T > self.cfg.max_seq_len:
                 raise ValueError(
@@ -516,7 +530,7 @@ class GPT(nn.Module):
 
     def new_caches(self, batch: int, max_len: int | None = None) -> list[KVCache]:
         """Empty per-layer KV caches for incremental decoding (see model.generate)."""
-        w = self.wte.weight
+        w = self.table()
         dt = compute_dtype(w)
         n = max_len or self.cfg.max_seq_len
         c = self.cfg

@@ -33,7 +33,7 @@ from littlelm.model.kernels import run_backend
 from littlelm.plan import speed
 from littlelm.plan.calibration import cuda_calibration
 from littlelm.plan.cost import GIB, load_catalog
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.plan.planner import current_rss, local_plan, proc_status_bytes, step_memory
 from littlelm.plan.trace import PARAMS, STATE, MemoryAccountant, optimizer_tensors
 from littlelm.progress import Progress
@@ -184,6 +184,11 @@ def summarize(c, device, probe, timers: list[StepTimer], wall: float, resumed: i
         "config": to_tree(c),  # its shapes: plan re-models them to calibrate (planner.py)
     }
     out.update(predictions(c, d, device, probe, out))
+    if d.groups is not None:
+        # RL's step is mostly sampling, token by token, which the step model does not time: its
+        # memory is checked, its speed must not calibrate every later plan on this device
+        for k in ("speed_ratio", "predicted_tok_s"):
+            out.pop(k, None)
     return out
 
 

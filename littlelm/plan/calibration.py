@@ -30,7 +30,7 @@ from pydantic import Field, field_validator
 from littlelm.config import Cfg, read_yaml
 from littlelm.errors import ConfigError
 from littlelm.plan import speed
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.schema import load_run
 
 POINTS = Path(__file__).with_name("calibration.yaml")

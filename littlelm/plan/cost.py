@@ -33,7 +33,7 @@ from littlelm.model.lora import LoRAConfig
 from littlelm.plan import memory as mem
 from littlelm.plan import speed
 from littlelm.plan.calibration import cuda_calibration
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Adapters, Dims
 
 PACKAGED = Path(__file__).with_name("gpus.yaml")
 USER = Path("~/.config/littlelm/gpus.yaml")
@@ -236,7 +236,7 @@ class MethodPlan:
 def training_methods(d: Dims) -> list[tuple[str, str, Dims]]:
     """(method, config change, Dims) of full fine-tuning, LoRA and QLoRA of the run: its own
     `lora:` section (with quantize none, and nf4) where it has one, else LoRA's defaults."""
-    own = d.lora or mem.Adapters.of(default_lora(), d.model, d.bf16, d.chat_tokens)
+    own = d.lora or Adapters.of(default_lora(), d.model, d.bf16, d.chat_tokens)
     assert own is not None, "a LoRAConfig gives adapters"
     configured = "full" if d.lora is None else ("QLoRA" if d.lora.nf4 else "LoRA")
     out = []
@@ -423,7 +423,9 @@ def remedies(d: Dims, gpu: GPU, catalog: Catalog, devices: int = 1) -> list[Reme
                 f", {dm.n_trainable / 1e6:,.1f}M adapter parameters get gradients and state"
             )
             add(change, dm, why)
-    for n in FSDP_SIZES:
+    # what schema refuses under fsdp: QLoRA's packed base, RL's sampling on each rank apart
+    fsdp_ok = not (d.lora is not None and d.lora.nf4) and d.groups is None
+    for n in FSDP_SIZES if fsdp_ok else ():
         sharded = replace(d, strategy="fsdp", world=n)
         if needed_gib(sharded, gpu, catalog, n) <= gpu.memory_gib or n == FSDP_SIZES[-1]:
             note = "FSDP2: parameters, gradients and optimizer state split over the GPUs"

@@ -20,7 +20,7 @@ from pathlib import Path
 from littlelm.errors import CheckpointError, ConfigError, LittleLMError
 from littlelm.plan import speed
 from littlelm.plan.cost import Catalog, GpuPlan, plan_gpu
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.plan.planner import check_plannable, step_memory
 from littlelm.schema import RunConfig, load_run, read_run
 from littlelm.train.build import build_data, steps_from_epochs

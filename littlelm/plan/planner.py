@@ -28,7 +28,7 @@ from littlelm.model.gpt import flops_per_token
 from littlelm.plan import memory as mem
 from littlelm.plan import speed
 from littlelm.plan.cost import GIB, Catalog, GpuPlan, apply_budget, plan_gpu
-from littlelm.plan.memory import Dims
+from littlelm.plan.dims import Dims
 from littlelm.plan.saves import CheckpointCosts
 from littlelm.plan.trace import CATEGORIES, Memory, trace_step
 from littlelm.schema import RunConfig

@@ -487,10 +487,14 @@ def print_bench(r: dict) -> None:
                 else "peak RSS is the process's lifetime peak (could not reset it)."
             )
         )
-    console.print(
-        f"  stored: {r['stored']} (plan calibrates its speed on this device with it: "
-        f"measured step time = {r.get('speed_ratio') or float('nan'):.2f} x the step model's)"
-    )
+    if r.get("speed_ratio"):
+        use = (
+            "plan calibrates its speed on this device with it: measured step time = "
+            f"{r['speed_ratio']:.2f} x the step model's"
+        )
+    else:  # an RL run's: its sampling is not in the step model, so its time calibrates nothing
+        use = "its memory only: an RL step's time, mostly sampling, calibrates no plan"
+    console.print(f"  stored: {r['stored']} ({use})")
 
 
 def _fmt(x: float | None, unit: str) -> str:

@@ -32,7 +32,7 @@ from littlelm.data.cache import cache_root, digest
 from littlelm.model import blocks
 from littlelm.model.blocks import MLPS
 from littlelm.model.kernels import causal_attention
-from littlelm.plan.memory import Dims, model_tensors
+from littlelm.plan.dims import Dims, model_tensors
 from littlelm.train.device import tune_cpu_allocator
 
 # The step model's constants: each is counted from the model's code (model/gpt.py, blocks.py),
@@ -239,6 +239,8 @@ def step_time(d: Dims, rates: Rates, devices: int = 1, recompute: float | None =
     train.activation_checkpointing (the default), about 0.5 for selective checkpointing."""
     bw = rates.bandwidth
     redo = (1.0 if d.checkpointing else 0.0) if recompute is None else recompute
+    # DPO's and RL's frozen reference runs a forward over the same rows (lm_head's included)
+    ref = 1.0 if d.reference else 0.0
     gemm_s = 0.0
     for g in gemms(d):
         es = 1 if g.fp8 else d.act_bytes
@@ -249,11 +251,12 @@ def step_time(d: Dims, rates: Rates, devices: int = 1, recompute: float | None =
             one = max(g.flops / g.count / rates.gemm(g, product), bytes_ / bw, rates.launch)
             # the recompute of checkpointed blocks runs the forward again (not the lm_head's)
             times = 1 + (redo if product == "forward" and g.name != "lm_head" else 0)
+            times += ref if product == "forward" else 0
             gemm_s += times * one * g.count
-    attn_s = attention_flops(d) * (1 + redo / (1 + ATTENTION_BACKWARD)) / rates.attention
+    attn_s = attention_flops(d) * (1 + (redo + ref) / (1 + ATTENTION_BACKWARD)) / rates.attention
     elem_bw = rates.elementwise or bw
     elem_s = max(elementwise_bytes(d) / elem_bw, elementwise_kernels(d) * rates.launch)
-    elem_s *= 1 + redo / (1 + BACKWARD_FACTOR)
+    elem_s *= 1 + (redo + ref) / (1 + BACKWARD_FACTOR)
     opt_bytes, opt_flops = optimizer_work(d)
     backward = d.grad_accum * (gemm_s + attn_s + elem_s) * 2 / 3
     per_step, per_micro = communication_bytes(d, devices)
