@@ -55,21 +55,22 @@ PINNED = "92d63d4e8bb4df75c3b71618f31ddde2378b2bcd"
 SEQ, BATCH, WINDOWS = 128, 16, 512  # evaluator: 512 windows of 128 bytes = 64 KiB held out
 
 # One factor at a time, each toward what nanochat does (the ablation table in RESULTS.md).
-OLD_OPTIM = ["optimizer.lr=0.06", "schedule.warmup_steps=10", "schedule.cooldown_frac=0.4",
-             "schedule.floor=0.0"]  # fmt: skip
+# the text cut into pieces of consecutive paragraphs of at most 256 characters, each a document
+# (a row holds a stretch of text in its order, rows in a shuffled order); note that with
+# split: file the held-out split (val_fraction) sees one document and holds out nothing
+PIECES = ["data.sources.shakespeare.split=file", "data.sources.shakespeare.max_chars=256"]
+# Muon at 0.03, base_train's schedule shape: a 40-step warmup, a 0.65 cooldown to 5% of the lr
+STEADY = ["optimizer.lr=0.03", "schedule.warmup_steps=40", "schedule.cooldown_frac=0.65",
+          "schedule.floor=0.05"]  # fmt: skip
 VARIANTS: dict[str, list[str]] = {
-    "shipped": [],
-    # the config shipped before 2026-12-05: one document per paragraph (a speech), best-fit
-    # packed so a row holds unrelated speeches side by side; Muon at 0.06, warmup 10, cooldown
-    # 0.4 to 0
-    "before": ["data.sources.shakespeare.split=paragraph", *OLD_OPTIM],
-    # the shipped layout (pieces of consecutive paragraphs, each a document) with the old
-    # optimizer settings; then each of them alone
-    "layout_only": OLD_OPTIM,
-    "lr06": ["optimizer.lr=0.06"],
-    "old_schedule": OLD_OPTIM[1:],
+    "shipped": [],  # one document per paragraph (a speech), best-fit packed side by side
+    "pieces": [*PIECES, *STEADY],
+    # the pieces with one of the two optimizer changes, or neither
+    "pieces_old_optim": PIECES,
+    "pieces_lr06": [*PIECES, *STEADY[1:]],
+    "pieces_old_schedule": [*PIECES, STEADY[0]],
     # the text as one document cut into rows read in order (no pieces, no shuffle)
-    "windows": ["data.sources.shakespeare.max_chars=null"],
+    "windows": ["data.sources.shakespeare.split=file", "data.sources.shakespeare.max_chars=null"],
     "group_lrs": ["optimizer.embedding_lr=0.3", "optimizer.lm_head_lr=0.008"],  # nanochat's
     "momentum": ["optimizer.momentum=0.97", "optimizer.momentum_warmup_steps=400"],
     "rope_base": ["model.rope_base=100000"],
