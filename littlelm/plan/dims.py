@@ -165,14 +165,15 @@ class Groups:
     width: int
     count: int
     keeps_old: bool
+    measured: bool = False  # `prompt` read from rl.prompts (else the model's bound)
 
     @classmethod
     def of(cls, cfg) -> Groups | None:
         r = getattr(cfg, "rl", None)
         if r is None:
             return None
-        prompt, width, _ = rl_rows(cfg)
-        return cls(r.group_size, prompt, width, r.prompts_per_step, r.iterations > 1)
+        prompt, width, measured = rl_rows(cfg)
+        return cls(r.group_size, prompt, width, r.prompts_per_step, r.iterations > 1, measured)
 
 
 @dataclass(frozen=True)

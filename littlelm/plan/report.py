@@ -15,7 +15,7 @@ from littlelm.plan import trace as cat
 from littlelm.plan.cost import GIB, GpuPlan, MethodPlan
 from littlelm.plan.planner import Plan
 from littlelm.plan.saves import checkpoint_json, checkpoint_line
-from littlelm.plan.trace import CATEGORIES, KV, rl_rows
+from littlelm.plan.trace import CATEGORIES, KV
 from littlelm.progress import human
 
 
@@ -223,9 +223,7 @@ def summary_line(plan: Plan) -> str:
     g = d.groups
     if g is not None:  # RL: groups of replies, each group its own forward and backward
         tokens_step *= g.count
-        rows = (
-            "measured in rl.prompts" if rl_rows(cfg)[2] else "the longest model.max_seq_len allows"
-        )
+        rows = "measured in rl.prompts" if g.measured else "the longest model.max_seq_len allows"
         shape = (
             f"RL: {g.count} prompts × {g.size} replies × {g.width} tokens (prompt {g.prompt}, "
             f"{rows}); sampling and scoring not in the speed"
