@@ -223,7 +223,7 @@ def test_val_split_modes():
     share = sum(h.is_val(0, f"doc {i}".encode()) for i in range(20000)) / 20000
     assert abs(share - 0.1) < 0.01
     assert h.is_val(0, b"same text") == h.is_val(999, b"same text")  # by content, not position
-    t = ValSplit(0.1, "tail", seed=0, n_docs=100)
+    t = ValSplit(0.1, "tail", seed=0, n_pieces=100)
     assert [i for i in range(100) if t.is_val(i, b"x")] == list(range(90, 100))
     assert content_hash(b"a", 0) == content_hash(b"a", 0) != content_hash(b"a", 1)
     assert not any(ValSplit(0.0, "hash", 0).is_val(i, bytes([i])) for i in range(100))

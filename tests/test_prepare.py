@@ -14,8 +14,9 @@ from littlelm.cli import main
 from littlelm.console import Console
 from littlelm.data import workers
 from littlelm.data.build import DataConfig, build_data, open_dataset, prepare_data
-from littlelm.data.prepare import read_manifest
+from littlelm.data.prepare import make_split, read_manifest, train_documents
 from littlelm.data.shards import Shard, ShardWriter, write_shard
+from littlelm.data.sources import split_long
 from littlelm.data.split import ValSplit
 from littlelm.data.tokenizer import ByteTokenizer
 from littlelm.errors import DataError
@@ -262,6 +263,39 @@ def test_tail_split_spans_units(tmp_path, raw):
     docs[-1] += "\n"  # the file's final newline
     assert len(m["splits"]["train"]["shards"]) > 1
     assert decoded(directory, m, "val") == docs[80:] and decoded(directory, m, "train") == docs[:80]
+
+
+def test_tail_split_holds_out_the_last_pieces_of_one_file(tmp_path, raw):
+    # one long text read as one document and cut by max_chars: the tail split counts pieces, so
+    # the file's end is held out (nanoGPT's last 10%), where counting documents held out nothing
+    book = {"name": "text", "path": str(raw / "book.txt"), "split": "file", "max_chars": 300}
+    cfg = data_cfg(raw, sources={"book": book}, val_split="tail", val_fraction=0.2)
+    _, result = prepare_data(cfg, tmp_path / "out", only=["book"], log=lambda s: None)
+    _, directory, m = result["book"]
+    pieces = list(split_long((raw / "book.txt").read_text(), 300))
+    cut = round(len(pieces) * 0.8)
+    assert len(pieces) > 20 and m["documents"] == 1
+    assert decoded(directory, m, "train") == pieces[:cut]
+    assert decoded(directory, m, "val") == pieces[cut:]
+    # the tokenizer learns from the same training pieces
+    source = cfg.sources["book"].build("book")
+    split = make_split(source, 0.2, "tail", 0)
+    assert list(train_documents(source, split)) == pieces[:cut]
+
+
+def test_hash_split_keeps_a_documents_pieces_together(tmp_path, raw):
+    web = {"name": "jsonl", "path": str(raw / "a.jsonl"), "max_chars": 40}
+    cfg = data_cfg(raw, sources={"web": web}, val_fraction=0.3)
+    _, result = prepare_data(cfg, tmp_path / "out", only=["web"], log=lambda s: None)
+    _, directory, m = result["web"]
+    val = set(decoded(directory, m, "val"))
+    # (a short last piece, "he", may also end a document on the other side)
+    sides = [
+        {p in val for p in split_long(doc, 40) if len(p) > 10}
+        for doc in make_docs(200)
+        if len(doc) > 40
+    ]
+    assert {True} in sides and {False} in sides and all(len(s) == 1 for s in sides)
 
 
 # -- training on prepared shards -------------------------------------------------------------------

@@ -89,10 +89,15 @@ class DataConfig(Cfg):
         default_factory=dict, description="Mapping label -> data source (with its weight)."
     )
     val_fraction: float = Field(
-        0.01, description="Fraction of documents held out for validation.", ge=0, lt=1
+        0.01,
+        description="Fraction of documents (hash) or pieces (tail) held out for validation.",
+        ge=0,
+        lt=1,
     )
     val_split: Literal["hash", "tail"] = Field(
-        "hash", description="Held-out documents: seeded hash of the text, or the last ones."
+        "hash",
+        description="Held out: documents by a seeded hash of their text (before max_chars cuts "
+        "them), or the last pieces in order (after it: the end of a long file).",
     )
     split_seed: int = Field(0, description="Seed of the hash split (independent of run.seed).")
     buffer_docs: int = Field(1000, description="Documents buffered for best-fit packing.", ge=1)
@@ -305,8 +310,8 @@ class RunData:
 
     def val_warning(self, seq_len: int) -> str | None:
         """At start, instead of a `val loss nan` later: which sources have too little held out
-        to evaluate, why, and what to set (documents are held out whole: `max_chars` cuts them
-        after the split, so it does not help)."""
+        to evaluate, why, and what to set (the hash split holds documents out whole, before
+        `max_chars` cuts them; the tail split holds out the last pieces)."""
         short = [w for s in self.sources.values() if (w := s.val_shortage(seq_len))]
         if not short:
             return None
@@ -321,8 +326,8 @@ class RunData:
                 + " out. "
             )
             + "Raise data.val_fraction, give the source more documents (a text source: "
-            "split: paragraph or line; max_chars cuts documents after the split and does not "
-            "help) or lower train.seq_len"
+            "split: paragraph or line; or cut them with max_chars and set data.val_split=tail, "
+            "which holds out the last pieces) or lower train.seq_len"
             + ("; or set eval.every=0 and eval.at_end=false to train without one" if none else "")
         )
 

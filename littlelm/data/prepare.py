@@ -55,16 +55,23 @@ FORMAT = 2
 def make_split(
     source: Source, fraction: float, mode: Literal["hash", "tail"], seed: int
 ) -> ValSplit:
-    """The source's split; 'tail' counts its documents first (one reading pass)."""
-    n = sum(1 for _ in source.documents()) if mode == "tail" else None
+    """The source's split; 'tail' counts its pieces first (one reading pass)."""
+    n = sum(_count(source.pieces(d)) for d in source.documents()) if mode == "tail" else None
     return ValSplit(fraction, mode, seed, n)
 
 
 def train_documents(source: Source, split: ValSplit) -> Iterator[str]:
-    """The pieces of the source's training documents, in order."""
-    for i, doc in enumerate(source.documents()):
-        if not split.is_val(i, doc.encode("utf-8")):
-            yield from source.pieces(doc)
+    """The source's training pieces, in order."""
+    index = 0
+    for doc in source.documents():
+        parts = list(source.pieces(doc))
+        sides = split.sides(index, doc.encode("utf-8"), len(parts))
+        index += len(parts)
+        yield from (p for p, held in zip(parts, sides) if not held)
+
+
+def _count(items: Iterator) -> int:
+    return sum(1 for _ in items)
 
 
 # -- tokenizer -------------------------------------------------------------------------------------
@@ -206,13 +213,16 @@ def _prepare_locked(
     records = _finished_units(partial, len(units))
     _clean_unfinished(partial, records)
     dups = plan.get("duplicates") or [[] for _ in units]
+    # a plan written before tail counted pieces is a hash split's (a tail split's key changed),
+    # which reads no index
+    firsts = plan["first_piece"] if "first_piece" in plan else plan["first_doc"]
     jobs = [
         UnitJob(
             source.cfg,
             source.label,
             u,
             i,
-            plan["first_doc"][i],
+            firsts[i],
             split,
             str(partial),
             shard_tokens,
@@ -360,14 +370,14 @@ def _make_plan(
     per_token = _bytes_per_token(source, tok)
     target = max(1 << 12, int(shard_tokens * per_token))
     units = source.units(target)
-    first_doc, duplicates = _scan(source, units, split.mode == "tail")
+    first_piece, duplicates = _scan(source, units, split.mode == "tail")
     tok.save(partial / "tokenizer")
     plan = {
         "key": key,
         "shard_tokens": shard_tokens,
         "target_bytes": target,
         "units": [u.to_dict() for u in units],
-        "first_doc": first_doc,
+        "first_piece": first_piece,
         "duplicates": duplicates,
     }
     (partial / PLAN).write_text(json.dumps(plan))
@@ -375,25 +385,29 @@ def _make_plan(
 
 
 def _scan(source: Source, units: list[Unit], count: bool) -> tuple[list[int], list[list[int]]]:
-    """One reading pass, when needed: the global number of each unit's first document (for the
-    tail split) and, per unit, the numbers of the documents that repeat an earlier one exactly
-    (dedup). A document is known by a 64-bit hash of its text: 8 bytes per document in memory."""
-    first_doc, hashes = [0] * len(units), []
+    """One reading pass, when needed: the global number of each unit's first piece (for the
+    tail split: `count`) and, per unit, the numbers of the documents that repeat an earlier one
+    exactly (dedup). A document is known by a 64-bit hash of its text: 8 bytes per document in
+    memory."""
+    first_piece, first_doc, hashes = [0] * len(units), [0] * len(units), []
     if not (count or source.cfg.dedup):
-        return first_doc, [[] for _ in units]
-    n = 0
+        return first_piece, [[] for _ in units]
+    n = pieces = 0
     for i, u in enumerate(units):
-        first_doc[i] = n
-        h = [_doc_hash(doc) for doc in source.unit_documents(u)]
+        first_piece[i], first_doc[i] = pieces, n
+        h = []
+        for doc in source.unit_documents(u):
+            h.append(_doc_hash(doc))
+            pieces += _count(source.pieces(doc)) if count else 0
         hashes.append(np.array(h, dtype=np.uint64))
         n += len(h)
     source.skipped.clear()
     if not source.cfg.dedup:
-        return first_doc, [[] for _ in units]
+        return first_piece, [[] for _ in units]
     everything = np.concatenate(hashes) if n else np.zeros(0, np.uint64)
     keep = np.zeros(n, dtype=bool)
     keep[np.unique(everything, return_index=True)[1]] = True  # the first copy of each text
-    return first_doc, [
+    return first_piece, [
         np.flatnonzero(~keep[a : a + len(h)]).tolist() for a, h in zip(first_doc, hashes)
     ]
 

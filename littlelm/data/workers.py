@@ -44,7 +44,7 @@ class UnitJob:
     label: str
     unit: Unit
     uid: int
-    first_doc: int  # global index of the unit's first document (for the tail split)
+    first_piece: int  # global number of the unit's first piece (for the tail split)
     split: ValSplit
     out: str
     shard_tokens: int
@@ -67,19 +67,32 @@ def tokenize_unit(job: UnitJob, tok: Tokenizer, report: Report) -> dict:
     fmt = chat_format(tok) if source.conversations else None
     chat = fmt is not None
     try:
+        index = job.first_piece
         for i, raw in enumerate(source.unit_documents(job.unit)):
+            parts = list(source.pieces(raw))  # a conversation is one piece
+            first, index = index, index + len(parts)  # duplicates count: the plan's scan did
             if i in job.duplicates:
                 continue
             data = raw.encode("utf-8")
             docs, chars, nbytes = docs + 1, chars + len(raw), nbytes + len(data)
-            name = "val" if job.split.is_val(job.first_doc + i, data) else "train"
-            pending[name].extend(source.rendered(raw, fmt) if fmt else source.pieces(raw))
-            size[name] += len(data)
-            if size[name] >= BATCH_BYTES:
-                _flush(
-                    pending[name], writers[name], tok, lambda t, n=size[name]: report(n, t), chat
-                )
-                size[name] = 0
+            texts = source.rendered(raw, fmt) if fmt else parts
+            sides = job.split.sides(first, data, len(texts))
+            for name in ("train", "val"):
+                mine = [t for t, held in zip(texts, sides) if held == (name == "val")]
+                if not mine:
+                    continue
+                pending[name].extend(mine)
+                whole = len(mine) == len(texts)
+                size[name] += len(data) if whole else sum(len(t.encode("utf-8")) for t in mine)
+                if size[name] >= BATCH_BYTES:
+                    _flush(
+                        pending[name],
+                        writers[name],
+                        tok,
+                        lambda t, n=size[name]: report(n, t),
+                        chat,
+                    )
+                    size[name] = 0
         for name, w in writers.items():
             _flush(pending[name], w, tok, lambda t, n=size[name]: report(n, t), chat)
         shards = {name: w.close() for name, w in writers.items()}
