@@ -67,6 +67,10 @@ STEADY = ["optimizer.lr=0.03", "schedule.warmup_steps=40", "schedule.cooldown_fr
 VARIANTS: dict[str, list[str]] = {
     "shipped": [],  # one document per paragraph (a speech), best-fit packed side by side
     "pieces": [*PIECES, *STEADY],
+    # the same, for short runs: a 20-step warmup; pieces of at most a row; Muon at 0.02
+    "pieces_w20": [*PIECES, *STEADY, "schedule.warmup_steps=20"],
+    "pieces128": [*PIECES, *STEADY, "data.sources.shakespeare.max_chars=128"],
+    "pieces_lr02": [*PIECES, *STEADY, "optimizer.lr=0.02"],
     # the pieces with one of the two optimizer changes, or neither
     "pieces_old_optim": PIECES,
     "pieces_lr06": [*PIECES, *STEADY[1:]],
