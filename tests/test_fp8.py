@@ -134,11 +134,12 @@ def test_model_fp8_uses_fp8_only_in_block_linears_and_trains():
         GPT(cfg.model_copy(update={"fp8_grad_dtype": "e5m2"})).blocks[0].mlp.c_fc.grad_dtype == E5M2
     )
     assert not any("ve_gate" in n or "lm_head" in n for n in fp8)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     torch.manual_seed(0)
-    x = torch.randint(0, 100, (4, 32))
+    # small: torch's CPU _scaled_mm is a slow reference kernel (50 ms for a 128 x 64 x 64 matmul)
+    x = torch.randint(0, 100, (2, 16))
     losses = []
-    for _ in range(20):
+    for _ in range(10):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(x, x)
         loss.backward()
