@@ -326,6 +326,7 @@ def test_empty_validation_split_is_explained_at_start_not_logged_as_nan(tmp_path
     out = capsys.readouterr().out
     assert "warning: data.sources.text holds out 0 of its 120 documents" in out
     assert "data.val_fraction 0.0" in out and "Raise data.val_fraction" in out
+    assert "set data.val_split=tail, which holds out the last pieces" in out  # one long file
     assert "eval.every=0" in out and "nan" not in out
     assert out.index("warning: data.sources.text") < out.index("step 1")
     lines = (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()
