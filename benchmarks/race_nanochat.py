@@ -71,6 +71,8 @@ VARIANTS: dict[str, list[str]] = {
     "pieces_w20": [*PIECES, *STEADY, "schedule.warmup_steps=20"],
     "pieces128": [*PIECES, *STEADY, "data.sources.shakespeare.max_chars=128"],
     "pieces_lr02": [*PIECES, *STEADY, "optimizer.lr=0.02"],
+    # pieces that fit a row (120 characters and a BOS in 129 tokens), the shipped lr and schedule
+    "pieces120": ["data.sources.shakespeare.split=file", "data.sources.shakespeare.max_chars=120"],
     # the pieces with one of the two optimizer changes, or neither
     "pieces_old_optim": PIECES,
     "pieces_lr06": [*PIECES, *STEADY[1:]],
