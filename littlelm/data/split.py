@@ -5,9 +5,9 @@ hash   per raw document, before `max_chars` cuts it into pieces (so the pieces o
        independent of file order, unit boundaries and worker count, and identical documents
        always land together
 tail   the last `fraction` of the pieces in order, counted after `max_chars` cuts the
-       documents (nanoGPT's last 10% of the text): a single long file read as one document
-       and cut into pieces holds out its end; only the one document at the boundary
-       straddles it
+       documents: a single long file read as one document and cut into pieces of about equal
+       size holds out the last `fraction` of its text (nanoGPT's split); only the one document
+       at the boundary straddles it
 """
 
 from __future__ import annotations
