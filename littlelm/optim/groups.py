@@ -162,8 +162,13 @@ class MuonConfig(AdamWConfig):
         None, description="AdamW lr of value embeddings; null = embedding_lr.", gt=0
     )
     lm_head_lr: float | None = Field(0.004, description="AdamW lr of the output layer.", gt=0)
+    # 0.5 before 2026-12-05 (1.22 at width 128): the residual scalars jumped and the loss
+    # spiked (grad norm 0.3 -> 1.5-3.6) wherever rows held long stretches of text (RESULTS.md)
     scalar_lr: float | None = Field(
-        0.5, description="AdamW lr of norms and residual scalars.", gt=0
+        0.002,
+        description="AdamW lr of norms and residual scalars (the residual stream's scale: "
+        "small, as nanochat's 0.005 for its λ_resid).",
+        gt=0,
     )
     betas: tuple[float, float] = Field((0.8, 0.95), description="AdamW (beta1, beta2).")
     eps: float = Field(1e-10, description="AdamW epsilon.", gt=0)
