@@ -1,7 +1,8 @@
 """Race littlelm against nanochat's recipe at the same shape and tokens per step.
 
     python benchmarks/race_nanochat.py --nanochat DIR [--corpus shakespeare stdlib]
-        [--steps 240 480 900] [--seeds 0 1] [--only littlelm|nanochat] [--variant NAME]
+        [--steps 240 480 900] [--more-steps 1200] [--seeds 0 1] [--only littlelm|nanochat]
+        [--variant NAME]
 
 Both sides train a byte-level GPT of 4 layers, d_model 128, 4 heads on 16 x 128 tokens per step,
 on the first 90% of a corpus, and one evaluator scores both on the last 10% (text neither trained
@@ -33,7 +34,8 @@ Its training time is the sum of its steps' wall times.
 Every cell (tool, corpus, steps, seed, variant) is written to benchmarks/out/race/ as JSON and
 reused when present, so the grid runs in pieces. The table gives each cell's loss and training
 time, and littlelm's time to reach nanochat's loss / nanochat's time: littlelm's (time, loss)
-points over the budgets run, interpolated linearly in log time ('>' when no budget reached it).
+points over the budgets run (with --more-steps, longer littlelm runs too), interpolated linearly
+in log time ('>' when no budget reached it).
 """
 
 from __future__ import annotations
@@ -57,28 +59,22 @@ CELLS = OUT / "race"
 PINNED = "92d63d4e8bb4df75c3b71618f31ddde2378b2bcd"
 SEQ, BATCH, WINDOWS = 128, 16, 512  # evaluator: 512 windows of 128 bytes = 64 KiB held out
 
-# One factor at a time, each toward what nanochat does (the ablation table in RESULTS.md).
-# the text cut into pieces of consecutive paragraphs of at most 256 characters, each a document
-# (a row holds a stretch of text in its order, rows in a shuffled order)
-PIECES = ["data.sources.shakespeare.split=file", "data.sources.shakespeare.max_chars=256"]
+# One factor at a time (the ablation table in RESULTS.md). The shipped config reads the text in
+# pieces of consecutive paragraphs of at most 256 characters, each after its BOS.
 # Muon at 0.03, base_train's schedule shape: a 40-step warmup, a 0.65 cooldown to 5% of the lr
 STEADY = ["optimizer.lr=0.03", "schedule.warmup_steps=40", "schedule.cooldown_frac=0.65",
           "schedule.floor=0.05"]  # fmt: skip
+PARAGRAPHS = ["data.sources.shakespeare.split=paragraph"]  # one document per speech, best-fit
+OLD_SCALAR_LR = ["optimizer.scalar_lr=0.5"]  # the residual scalars' lr before 2026-12-05
 VARIANTS: dict[str, list[str]] = {
-    "shipped": [],  # one document per paragraph (a speech), best-fit packed side by side
-    "pieces": [*PIECES, *STEADY],
-    # the same, for short runs: a 20-step warmup; pieces of at most a row; Muon at 0.02
-    "pieces_w20": [*PIECES, *STEADY, "schedule.warmup_steps=20"],
-    "pieces128": [*PIECES, *STEADY, "data.sources.shakespeare.max_chars=128"],
-    "pieces_lr02": [*PIECES, *STEADY, "optimizer.lr=0.02"],
-    # pieces that fit a row (120 characters and a BOS in 129 tokens), the shipped lr and schedule
-    "pieces120": ["data.sources.shakespeare.split=file", "data.sources.shakespeare.max_chars=120"],
-    # the pieces with one of the two optimizer changes, or neither
-    "pieces_old_optim": PIECES,
-    "pieces_lr06": [*PIECES, *STEADY[1:]],
-    "pieces_old_schedule": [*PIECES, STEADY[0]],
+    "shipped": [],
+    "steady": STEADY,
+    "paragraphs": PARAGRAPHS,
+    "old_scalar_lr": OLD_SCALAR_LR,
+    "before": [*PARAGRAPHS, *OLD_SCALAR_LR],  # configs/shakespeare_char.yaml before 2026-12-05
+    "steady_old_scalar_lr": [*STEADY, *OLD_SCALAR_LR],
     # the text as one document cut into rows read in order (no pieces, no shuffle)
-    "windows": ["data.sources.shakespeare.split=file", "data.sources.shakespeare.max_chars=null"],
+    "windows": ["data.sources.shakespeare.max_chars=null"],
     "group_lrs": ["optimizer.embedding_lr=0.3", "optimizer.lm_head_lr=0.008"],  # nanochat's
     "momentum": ["optimizer.momentum=0.97", "optimizer.momentum_warmup_steps=400"],
     "rope_base": ["model.rope_base=100000"],
@@ -296,6 +292,14 @@ def main() -> None:
     p.add_argument("--corpus", nargs="+", default=["shakespeare", "stdlib"])
     p.add_argument("--steps", nargs="+", type=int, default=[240, 480, 900])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    p.add_argument(
+        "--more-steps",
+        nargs="*",
+        type=int,
+        default=[],
+        help="budgets littlelm alone also runs: points for its time to nanochat's loss where "
+        "its run at the same budget falls short",
+    )
     p.add_argument("--variant", nargs="+", default=["shipped"], choices=sorted(VARIANTS))
     p.add_argument("--only", choices=["littlelm", "nanochat"], help="run one side's cells only")
     p.add_argument("--table-only", action="store_true", help="print what is on disk, run nothing")
@@ -304,9 +308,9 @@ def main() -> None:
     res: dict = {}
     for corpus in a.corpus:
         for seed in a.seeds:
-            for steps in a.steps:
+            for steps in sorted({*a.steps, *a.more_steps}):
                 for tool, variant in [("nanochat", "-")] + [("littlelm", v) for v in a.variant]:
-                    if a.only and tool != a.only:
+                    if (a.only and tool != a.only) or (tool == "nanochat" and steps not in a.steps):
                         continue
                     key = (tool, variant, corpus, steps, seed)
                     f = CELLS / f"{cell_name(tool, variant, corpus, steps, seed)}.json"
