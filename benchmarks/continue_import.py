@@ -43,7 +43,7 @@ def muon(fraction: float, warmup: int) -> list[str]:
         f"optimizer.lr={0.02 * fraction}",
         f"optimizer.embedding_lr={0.2 * fraction}",
         f"optimizer.lm_head_lr={0.004 * fraction}",
-        f"optimizer.scalar_lr={0.5 * fraction}",
+        f"optimizer.scalar_lr={0.002 * fraction}",
         "optimizer.scale_lr_by_width=false",
         f"schedule.warmup_steps={warmup}",
     ]

@@ -55,6 +55,8 @@ def test_an_old_run_resumes_from_its_checkpoint_and_trains_as_it_would_have(old_
     done = train(old_runs, f"{run}.yaml")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "resum" in done.stdout.lower()  # it resumed; it did not start over
+    # a default changed since the fixture was written: the run keeps the value it trained with
+    assert "optimizer.scalar_lr stays 0.5 as this run trained with it" in done.stdout
     records = [
         json.loads(line)
         for line in (old_runs / "runs" / run / "metrics.jsonl").read_text().splitlines()
@@ -98,3 +100,33 @@ def test_an_old_checkpoint_loads_for_sampling_and_evaluation(old_runs):
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "reverse abc" in done.stdout
+
+
+def test_a_changed_default_is_kept_on_resume_unless_the_config_sets_it():
+    from littlelm.optim.groups import MuonConfig
+    from littlelm.schema import RunConfig
+    from littlelm.train.checkpoint.resume import keep_old_defaults
+
+    def run(**optimizer) -> RunConfig:
+        tree = {
+            "model": {"name": "gpt", "vocab_size": 64},
+            "optimizer": {"name": "muon", **optimizer},
+        }
+        tree["data"] = {
+            "tokenizer": {"name": "byte"},
+            "sources": {"t": {"name": "text", "path": "x"}},
+        }
+        return RunConfig.model_validate(tree)
+
+    saved = {"optimizer": {"name": "muon", "scalar_lr": 0.5}}
+    kept, notes = keep_old_defaults(run(), saved)
+    assert isinstance(kept.optimizer, MuonConfig) and kept.optimizer.scalar_lr == 0.5
+    assert notes == [
+        "optimizer.scalar_lr stays 0.5 as this run trained with it (the default before "
+        "2026-12-05, 0.002 since); set optimizer.scalar_lr to change it"
+    ]
+    # the config names it: its value wins; a checkpoint that trained at another value: as is
+    assert keep_old_defaults(run(scalar_lr=0.002), saved)[0].optimizer.scalar_lr == 0.002
+    assert keep_old_defaults(run(), {"optimizer": {"scalar_lr": 0.01}})[1] == []
+    # a checkpoint whose config does not have it: nothing kept
+    assert keep_old_defaults(run(), {})[1] == []

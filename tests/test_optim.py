@@ -252,7 +252,10 @@ def old_state_resumes_bitwise(fixture: Path, case: str, ns_dtype: str) -> bool:
     m.load_state_dict(saved["weights"])
     opt = build_optimizer(
         m,
-        MuonConfig(name="muon", weight_decay=0.0 if rounding else 0.1, ns_dtype=ns_dtype),
+        # scalar_lr: the default of 22771fd (0.002 since 2026-12-05)
+        MuonConfig(
+            name="muon", weight_decay=0.0 if rounding else 0.1, ns_dtype=ns_dtype, scalar_lr=0.5
+        ),
         rounding,
     )
     load_optimizer_state(opt, saved["optimizer"])

@@ -146,7 +146,9 @@ def test_grad_norm_is_logged_before_clipping_with_or_without_clip(tmp_path, corp
     clipped, free = first_norms("clipped", 0.01), first_norms("free", None)
     assert all(n > 0.01 for n in clipped)  # the norm before clipping, not the clipped one
     assert clipped[0] == pytest.approx(free[0], rel=1e-5)  # the same first step either way
-    assert clipped[1] != pytest.approx(free[1], rel=1e-3)  # clipping changed the update
+    # clipping changed the update: a little, Muon's and Adam's steps being almost
+    # scale-free (5e-4 of the norm at step 2; float noise is 1e-6)
+    assert clipped[1] != pytest.approx(free[1], rel=1e-4)
 
 
 def test_start_record_describes_the_session(tiny_config):

@@ -127,6 +127,7 @@ class Trainer:
         self.model = model  # typed as both: LanguageModel's members and nn.Module's
         # 5. load: a resumed run's weights go in whole, before sharding splits the tensors
         resumed = self.checkpointer.load(resume, self.model)
+        self.cfg = cfg = self.checkpointer.cfg  # with a changed default's old value kept
         resumed_step: int | None = resumed.loaded.state["step"] if resumed is not None else None
         # 6. grow: a fresh grown run copies its parent's weights (same reason) and tags origins
         grown = grow_at_start(self.model, cfg, resumed_step, self.data, self.transform)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -52,6 +53,40 @@ def with_defaults(saved: dict, schema: type[Cfg]) -> dict:
         return to_tree(validate(schema, saved))
     except ConfigError:
         return saved
+
+
+# Defaults changed since checkpoints were written: (key, the default before, changed on). A run
+# resumed with a config that leaves such a key unset keeps the value it trained with, so that
+# upgrading littlelm mid-run changes no setting (as `with_defaults` for fields added since).
+CHANGED_DEFAULTS: tuple[tuple[str, object, str], ...] = (
+    ("optimizer.scalar_lr", 0.5, "2026-12-05"),  # Muon's: now 0.002 (benchmarks/RESULTS.md)
+)
+
+
+def keep_old_defaults(cfg: Cfg, saved: dict) -> tuple[Cfg, list[str]]:
+    """`cfg` with every CHANGED_DEFAULTS key it leaves unset set back to the old default where
+    the checkpoint's config (`saved`) has that; and a line for the log for each."""
+    flat, notes = flatten(saved), []
+    for key, old, since in CHANGED_DEFAULTS:
+        *path, leaf = key.split(".")
+        nodes: list[Any] = [cfg]
+        for part in path:
+            nodes.append(getattr(nodes[-1], part, None))
+        node = nodes[-1]
+        if not isinstance(node, Cfg) or leaf not in type(node).model_fields:
+            continue
+        now = getattr(node, leaf)
+        if leaf in node.model_fields_set or flat.get(key) != old or now == old:
+            continue
+        new = node.model_copy(update={leaf: old})
+        for parent, part in zip(reversed(nodes[:-1]), reversed(path)):
+            new = parent.model_copy(update={part: new})
+        cfg = new
+        notes.append(
+            f"{key} stays {old!r} as this run trained with it (the default before {since}, "
+            f"{now!r} since); set {key} to change it"
+        )
+    return cfg, notes
 
 
 def check_compatible(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from littlelm.config import dump_yaml, to_tree
@@ -45,10 +45,12 @@ class Resumed:
     loaded: ckpt.Loaded
     changes: list[str]  # the config differences this run may make ('key: old -> new')
     data_note: str | None = None  # the data changed and its position started over (on_changed)
+    kept: list[str] = field(default_factory=list)  # old defaults kept (resume.CHANGED_DEFAULTS)
 
     def describe(self, state: TrainState, world: int) -> list[str]:
         """The resume, for the log: where from, what changed, whether the data was re-dealt."""
         lines = [f"resumed from {self.loaded.path} (step {state.step}, {state.tokens:,} tokens)"]
+        lines += self.kept
         if self.changes:
             lines.append(f"resuming with changed settings: {'; '.join(self.changes)}")
         if self.data_note:
@@ -217,12 +219,15 @@ class Checkpointer:
         )
         if loaded is None:
             return None
+        # a default changed since the checkpoint: the run keeps what it trained with (the
+        # trainer takes this config back, and later checkpoints save it)
+        self.cfg, kept = resuming.keep_old_defaults(self.cfg, loaded.state.get("config", {}))
         changes = resuming.check_compatible(
             loaded.state, to_tree(self.cfg), self.tokenizer.fingerprint, loaded.path, type(self.cfg)
         )
         self.transform.load(model, loaded)  # LoRA: the base, its adapters, the checkpoint's
         loaded.model.release()  # the weights are in the model: unmap their file now
-        return Resumed(loaded, changes)
+        return Resumed(loaded, changes, kept=kept)
 
     def resume(self, state: TrainState, resumed, grown, optimizer, loader, make_loader) -> None:
         """After the optimizer and loader exist: a resumed run's state, everything but the
