@@ -136,8 +136,15 @@ def test_missing_data_path_is_clear(tmp_path, corpus):
 
 def test_grad_norm_is_logged_before_clipping_with_or_without_clip(tmp_path, corpus):
     def first_norms(name, clip):
+        # Muon's and Adam's usual steps hardly depend on the gradient's scale, so clipping
+        # would barely move them; Adam with eps far above |g| steps lr·g/eps, as SGD does
+        sgd_like = {"name": "adamw", "lr": 1.0, "eps": 1.0, "weight_decay": 0.0}
         tree = tiny_tree(
-            corpus, tmp_path / "runs", run={"name": name}, train={"max_steps": 2, "grad_clip": clip}
+            corpus,
+            tmp_path / "runs",
+            run={"name": name},
+            train={"max_steps": 2, "grad_clip": clip},
+            optimizer=sgd_like,
         )
         cfg = load_run(write_config(tmp_path / f"{name}.yaml", tree))
         Trainer(cfg, resume="never").fit()
@@ -146,9 +153,7 @@ def test_grad_norm_is_logged_before_clipping_with_or_without_clip(tmp_path, corp
     clipped, free = first_norms("clipped", 0.01), first_norms("free", None)
     assert all(n > 0.01 for n in clipped)  # the norm before clipping, not the clipped one
     assert clipped[0] == pytest.approx(free[0], rel=1e-5)  # the same first step either way
-    # clipping changed the update: a little, Muon's and Adam's steps being almost
-    # scale-free (5e-4 of the norm at step 2; float noise is 1e-6)
-    assert clipped[1] != pytest.approx(free[1], rel=1e-4)
+    assert clipped[1] != pytest.approx(free[1], rel=1e-2)  # clipping changed the update
 
 
 def test_start_record_describes_the_session(tiny_config):
