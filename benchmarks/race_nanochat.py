@@ -192,7 +192,28 @@ def nanochat_schedules(checkout: Path, steps: int):
     return ns["get_lr_multiplier"], ns["get_muon_momentum"], ns["get_weight_decay"]
 
 
-def run_nanochat(checkout: Path, corpus: str, steps: int, seed: int) -> dict:
+def window_starts(n: int, steps: int, seed: int, rows: bool):
+    """Each step's BATCH window starts in n training bytes: random, or (`rows`) the fixed rows
+    0, SEQ, 2·SEQ, ... taken pass after pass, each pass in a new shuffled order."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.arange(0, n - SEQ - 1, SEQ)
+    order = torch.empty(0, dtype=torch.long)
+    for _ in range(steps):
+        if rows:
+            while len(order) < BATCH:  # the next pass, shuffled
+                order = torch.cat([order, starts[torch.randperm(len(starts), generator=gen)]])
+            ix, order = order[:BATCH], order[BATCH:]
+        else:
+            ix = torch.randint(n - SEQ - 1, (BATCH,), generator=gen)
+        yield ix
+
+
+def run_nanochat(checkout: Path, corpus: str, steps: int, seed: int, rows: bool = False) -> dict:
+    """nanochat's recipe on random windows of the training bytes; `rows`: on fixed rows instead
+    (the bytes cut every SEQ, each pass over them in a new shuffled order: what littlelm's
+    prepared pieces give, so a second pass repeats the first's rows)."""
     os.environ["NANOCHAT_DTYPE"] = "bfloat16"
     sys.path.insert(0, str(checkout))
     import nanochat.optim as nopt
@@ -214,10 +235,8 @@ def run_nanochat(checkout: Path, corpus: str, steps: int, seed: int) -> dict:
     opt = model.setup_optimizer(unembedding_lr=0.008, embedding_lr=0.3, matrix_lr=0.02,
                                 weight_decay=0.0, scalar_lr=0.5)  # fmt: skip
     data = torch.from_numpy(np.frombuffer(train.read_bytes(), np.uint8).astype(np.int64))
-    gen = torch.Generator().manual_seed(seed)
     spent = 0.0
-    for step in range(steps):
-        ix = torch.randint(len(data) - SEQ - 1, (BATCH,), generator=gen)
+    for step, ix in enumerate(window_starts(len(data), steps, seed, rows)):
         x = torch.stack([data[i : i + SEQ] for i in ix])
         y = torch.stack([data[i + 1 : i + SEQ + 1] for i in ix])
         t0 = time.perf_counter()
@@ -236,8 +255,8 @@ def run_nanochat(checkout: Path, corpus: str, steps: int, seed: int) -> dict:
 
 
 def cell_name(tool: str, variant: str, corpus: str, steps: int, seed: int) -> str:
-    """A cell's file name: nanochat's cells have no variant (the ablations are littlelm's)."""
-    if tool == "littlelm":
+    """A cell's file name: nanochat's cells have no variant but `rows` (--nanochat-rows)."""
+    if tool == "littlelm" or variant == "rows":
         return f"{tool}-{variant}-{corpus}-{steps}-{seed}"
     return f"{tool}-{corpus}-{steps}-{seed}"
 
@@ -253,7 +272,7 @@ def cell(tool: str, corpus: str, steps: int, seed: int, variant: str, checkout: 
         assert checkout is not None
         # a child process: nanochat's dtype is read from the environment at import
         code = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import race_nanochat as r, json; "
-                f"print(json.dumps(r.run_nanochat(r.Path({str(checkout)!r}), {corpus!r}, {steps}, {seed})))")  # fmt: skip
+                f"print(json.dumps(r.run_nanochat(r.Path({str(checkout)!r}), {corpus!r}, {steps}, {seed}, {variant == 'rows'})))")  # fmt: skip
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"nanochat failed (rc {done.returncode}):\n{done.stderr[-3000:]}")
@@ -301,6 +320,12 @@ def main() -> None:
         "its run at the same budget falls short",
     )
     p.add_argument("--variant", nargs="+", default=["shipped"], choices=sorted(VARIANTS))
+    p.add_argument(
+        "--nanochat-rows",
+        action="store_true",
+        help="nanochat reads fixed rows in a shuffled order per pass, as littlelm's pieces, "
+        "instead of random windows (its cells: nanochat-rows-*)",
+    )
     p.add_argument("--only", choices=["littlelm", "nanochat"], help="run one side's cells only")
     p.add_argument("--table-only", action="store_true", help="print what is on disk, run nothing")
     a = p.parse_args()
@@ -309,7 +334,8 @@ def main() -> None:
     for corpus in a.corpus:
         for seed in a.seeds:
             for steps in sorted({*a.steps, *a.more_steps}):
-                for tool, variant in [("nanochat", "-")] + [("littlelm", v) for v in a.variant]:
+                ours = "rows" if a.nanochat_rows else "-"
+                for tool, variant in [("nanochat", ours)] + [("littlelm", v) for v in a.variant]:
                     if (a.only and tool != a.only) or (tool == "nanochat" and steps not in a.steps):
                         continue
                     key = (tool, variant, corpus, steps, seed)
@@ -334,7 +360,9 @@ def print_table(res: dict, a) -> None:
                 pts = [(r["time"], r["loss"]) for (t, v, c, s, sd), r in res.items()
                        if t == "littlelm" and v == variant and c == corpus and sd == seed]  # fmt: skip
                 for steps in a.steps:
-                    n = res.get(("nanochat", "-", corpus, steps, seed))
+                    n = res.get(
+                        ("nanochat", "rows" if a.nanochat_rows else "-", corpus, steps, seed)
+                    )
                     l_ = res.get(("littlelm", variant, corpus, steps, seed))
                     fmt = lambda r: f"{r['loss']:.3f} in {r['time']:.1f} s" if r else "-"  # noqa: E731
                     ratio = "-"

@@ -45,3 +45,16 @@ def test_time_to_a_loss_interpolates_in_log_time_and_never_extrapolates(race):
     assert race.time_to(pts, 1.75) == pytest.approx(math.sqrt(10 * 40))
     assert race.time_to(pts, 2.5) == 10.0  # reached by the first budget: its time, an upper bound
     assert race.time_to(pts, 1.4) is None  # no budget reached it: '>' in the table
+
+
+def test_fixed_rows_take_every_row_once_a_pass_in_a_new_order_each_pass(race):
+    n = 130 * race.SEQ + 5  # rows start at 0, SEQ, ..., 129·SEQ
+    per_pass = len(range(0, n - race.SEQ - 1, race.SEQ))
+    assert per_pass == 130
+    steps = -(-2 * per_pass // race.BATCH)  # batches enough for two passes
+    got = [int(i) for ix in race.window_starts(n, steps, 0, rows=True) for i in ix]
+    first, second = got[:per_pass], got[per_pass : 2 * per_pass]
+    assert sorted(first) == list(range(0, n - race.SEQ - 1, race.SEQ)) == sorted(second)
+    assert first != second  # shuffled anew
+    windows = [int(i) for ix in race.window_starts(n, 4, 0, rows=False) for i in ix]
+    assert all(0 <= i < n - race.SEQ - 1 for i in windows) and any(i % race.SEQ for i in windows)
