@@ -8,15 +8,16 @@ import json
 import numpy as np
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from conftest import WORDS, tiny_tree, write_config
 from littlelm.cli import main
 from littlelm.console import Console
 from littlelm.data import workers
 from littlelm.data.build import DataConfig, build_data, open_dataset, prepare_data
-from littlelm.data.prepare import make_split, read_manifest, train_documents
+from littlelm.data.prepare import dataset_key, make_split, read_manifest, train_documents
 from littlelm.data.shards import Shard, ShardWriter, write_shard
-from littlelm.data.sources import split_long
+from littlelm.data.sources import TextConfig, shard_options, split_long
 from littlelm.data.split import ValSplit
 from littlelm.data.tokenizer import ByteTokenizer
 from littlelm.errors import DataError
@@ -281,6 +282,35 @@ def test_tail_split_holds_out_the_last_pieces_of_one_file(tmp_path, raw):
     source = cfg.sources["book"].build("book")
     split = make_split(source, 0.2, "tail", 0)
     assert list(train_documents(source, split)) == pieces[:cut]
+
+
+def test_cut_anywhere_makes_pieces_of_exactly_max_chars(tmp_path, raw):
+    # `cut: anywhere` cuts every max_chars characters, mid-sentence, so every piece but the last
+    # fills a row after its BOS; nothing of the text is lost and the tail split counts pieces
+    text = (raw / "book.txt").read_text()
+    book = {"name": "text", "path": str(raw / "book.txt"), "split": "file", "max_chars": 127}
+    cfg = data_cfg(raw, sources={"book": {**book, "cut": "anywhere"}}, val_split="tail")
+    _, result = prepare_data(cfg, tmp_path / "out", only=["book"], log=lambda s: None)
+    _, directory, m = result["book"]
+    pieces = decoded(directory, m, "train") + decoded(directory, m, "val")
+    assert "".join(pieces) == text
+    assert {len(p) for p in pieces[:-1]} == {127} and 0 < len(pieces[-1]) <= 127
+    assert any(not p.startswith(("\n", " ")) and p[0].islower() for p in pieces)  # mid-word
+    # a dataset of its own: the paragraph cut's shards are another key, and a config that
+    # leaves `cut` at its default keeps the key it had before `cut` existed
+    para = cfg.sources["book"].model_copy(update={"cut": "paragraphs"}).build("book")
+    assert "cut" in shard_options(cfg.sources["book"])
+    assert shard_options(para.cfg) == para.cfg.model_dump(exclude={"weight", "long_docs", "cut"})
+    split = make_split(para, 0.1, "tail", 0)
+    tok = ByteTokenizer()
+    assert dataset_key(para, tok, split) != dataset_key(
+        cfg.sources["book"].build("book"), tok, split
+    )
+
+
+def test_cut_anywhere_without_max_chars_is_refused(raw):
+    with pytest.raises(ValidationError, match="set max_chars"):
+        TextConfig(path=str(raw / "book.txt"), cut="anywhere")
 
 
 def test_hash_split_keeps_a_documents_pieces_together(tmp_path, raw):

@@ -36,7 +36,7 @@ from pydantic import Field, field_validator
 from littlelm.config import named
 from littlelm.data.cache import cache_root, digest
 from littlelm.data.records import ParquetFiles, open_lines
-from littlelm.data.sources import LOADER_ONLY, DocumentSourceConfig, Unit, find_files
+from littlelm.data.sources import DocumentSourceConfig, Unit, find_files, shard_options
 from littlelm.errors import DataError
 from littlelm.extras import require
 
@@ -194,7 +194,7 @@ class HubDataset(ParquetFiles):
         if self.local() is not None:
             return super().identity()
         record = self.record()  # the commit and its files name the input; no download needed
-        return {"config": self.cfg.model_dump(exclude=LOADER_ONLY), "hub": record}
+        return {"config": shard_options(self.cfg), "hub": record}
 
     # -- the hub ----------------------------------------------------------------------------------
 

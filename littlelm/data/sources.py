@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from littlelm.config import RESUMABLE, ComponentConfig, named
 from littlelm.errors import DataError
@@ -57,13 +57,33 @@ class SourceConfig(ComponentConfig):
 
 
 LOADER_ONLY = {"weight", "long_docs"}  # options that do not change the prepared shards
+# options added after shards were first prepared, with the value that prepares as before: left
+# out of the shards' cache key at that value, so datasets prepared before them stay valid
+ADDED_KEYS = {"cut": "paragraphs"}
+
+
+def shard_options(cfg: SourceConfig) -> dict:
+    """The options that decide a source's prepared shards (part of their cache key)."""
+    old = {k for k, v in ADDED_KEYS.items() if getattr(cfg, k, v) == v}
+    return cfg.model_dump(exclude=LOADER_ONLY | old)
 
 
 class DocumentSourceConfig(SourceConfig):
     """A source of raw text documents, tokenized by `littlelm data prepare` or at train time."""
 
     max_chars: int | None = Field(
-        None, description="Split documents longer than this (characters) at blank lines.", ge=16
+        None,
+        description="Cut documents longer than this (characters) into pieces, each a document "
+        "with its own BOS; where: `cut`.",
+        ge=16,
+    )
+    cut: Literal["paragraphs", "anywhere"] = Field(
+        "paragraphs",
+        description="Where max_chars cuts: paragraphs = at blank lines where possible, else at "
+        "line ends (pieces of consecutive paragraphs); anywhere = every max_chars characters "
+        "(pieces start mid-sentence, as any window of the text does; for one long text read "
+        "by a model of short rows: max_chars = seq_len - 1 at the byte level, one piece and "
+        "its BOS per row).",
     )
     on_error: Literal["skip", "fail"] = Field(
         "skip",
@@ -78,6 +98,12 @@ class DocumentSourceConfig(SourceConfig):
         description="Drop exact duplicate documents (same text, by a 64-bit hash) when preparing; "
         "the first copy is kept and the count is in the manifest (`littlelm data inspect`).",
     )
+
+    @model_validator(mode="after")
+    def _cut_needs_max_chars(self):
+        if self.cut != "paragraphs" and not self.max_chars:
+            raise ValueError(f"cut: {self.cut} cuts at max_chars: set max_chars (e.g. 127)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -145,7 +171,7 @@ class Source:
     def identity(self) -> dict:
         """Config plus (path, size, mtime) of every input file: the cache key of its shards."""
         stats = [(str(f), f.stat().st_size, int(f.stat().st_mtime)) for f in self.files()]
-        return {"config": self.cfg.model_dump(exclude=LOADER_ONLY), "files": stats}
+        return {"config": shard_options(self.cfg), "files": stats}
 
     # -- documents --------------------------------------------------------------------------------
 
@@ -158,8 +184,10 @@ class Source:
                 self.empty(unit.files[0])
 
     def pieces(self, doc: str) -> Iterator[str]:
-        """A document as it is tokenized: whole, or cut at blank lines when over max_chars."""
-        if self.cfg.max_chars:
+        """A document as it is tokenized: whole, or cut (`cut`) when over max_chars."""
+        if self.cfg.max_chars and self.cfg.cut == "anywhere":
+            yield from cut_every(doc, self.cfg.max_chars)
+        elif self.cfg.max_chars:
             yield from split_long(doc, self.cfg.max_chars)
         else:
             yield doc
@@ -292,6 +320,14 @@ def split_long(text: str, max_chars: int) -> Iterator[str]:
         piece += para
     if piece.strip():
         yield piece
+
+
+def cut_every(text: str, max_chars: int) -> Iterator[str]:
+    """Consecutive pieces of max_chars characters (the last shorter), wherever they fall; a
+    piece of only whitespace is left out."""
+    for i in range(0, len(text), max_chars):
+        if text[i : i + max_chars].strip():
+            yield text[i : i + max_chars]
 
 
 def _units(text: str, max_chars: int) -> Iterator[str]:
