@@ -7,7 +7,8 @@
 Both sides train a byte-level GPT of 4 layers, d_model 128, 4 heads on 16 x 128 tokens per step,
 on the first 90% of a corpus, and one evaluator scores both on the last 10% (text neither trained
 on): the held-out bytes cut into 128-byte windows, each model predicting every byte after the
-first from the bytes before it in its window (no BOS for either), in nats per byte. Corpora:
+first from the bytes before it in its window, in nats per byte (littlelm reads each window after
+its BOS, as its models always read text; nanochat's have none). Corpora:
 Tiny Shakespeare (data/tinyshakespeare.txt) and the Python standard library's source as the demo
 reads it (the `python_stdlib` source's files, sorted, joined, the first 1.2 MB).
 
@@ -59,22 +60,29 @@ CELLS = OUT / "race"
 PINNED = "92d63d4e8bb4df75c3b71618f31ddde2378b2bcd"
 SEQ, BATCH, WINDOWS = 128, 16, 512  # evaluator: 512 windows of 128 bytes = 64 KiB held out
 
-# One factor at a time (the ablation table in RESULTS.md). The shipped config reads the text in
-# pieces of consecutive paragraphs of at most 256 characters, each after its BOS.
-# Muon at 0.03, base_train's schedule shape: a 40-step warmup, a 0.65 cooldown to 5% of the lr
-STEADY = ["optimizer.lr=0.03", "schedule.warmup_steps=40", "schedule.cooldown_frac=0.65",
-          "schedule.floor=0.05"]  # fmt: skip
-PARAGRAPHS = ["data.sources.shakespeare.split=paragraph"]  # one document per speech, best-fit
+# One factor at a time (the ablation table in RESULTS.md). The shipped config reads the text cut
+# every 127 characters (each piece and its BOS fill a row) with Muon 0.03, a 40-step warmup and
+# a cooldown over the last 65% to 5% of the lr (base_train's schedule shape).
+# the config's schedule before 2026-12-05's layout change: Muon 0.06, warmup 10, cooldown 0.4 to 0
+FAST = ["optimizer.lr=0.06", "schedule.warmup_steps=10", "schedule.cooldown_frac=0.4",
+        "schedule.floor=0"]  # fmt: skip
+# pieces of consecutive paragraphs of at most 256 characters, each after its BOS (cut at blank lines)
+PIECES = ["data.sources.shakespeare.cut=paragraphs", "data.sources.shakespeare.max_chars=256"]
+PARAGRAPHS = [*PIECES, "data.sources.shakespeare.split=paragraph"]  # one document per speech
 OLD_SCALAR_LR = ["optimizer.scalar_lr=0.5"]  # the residual scalars' lr before 2026-12-05
 VARIANTS: dict[str, list[str]] = {
     "shipped": [],
-    "steady": STEADY,
-    "paragraphs": PARAGRAPHS,
-    "old_scalar_lr": OLD_SCALAR_LR,
-    "before": [*PARAGRAPHS, *OLD_SCALAR_LR],  # configs/shakespeare_char.yaml before 2026-12-05
-    "steady_old_scalar_lr": [*STEADY, *OLD_SCALAR_LR],
+    "fast": FAST,  # the shipped layout at the old schedule
+    "pieces_steady": PIECES,  # the shipped schedule on paragraph pieces
+    "pieces": [*PIECES, *FAST],  # configs/shakespeare_char.yaml before the layout change
+    "paragraphs": [*PARAGRAPHS, *FAST],
+    "before": [*PARAGRAPHS, *FAST, *OLD_SCALAR_LR],  # the config before 2026-12-05
+    "pieces_old_scalar_lr": [*PIECES, *FAST, *OLD_SCALAR_LR],
     # the text as one document cut into rows read in order (no pieces, no shuffle)
-    "windows": ["data.sources.shakespeare.max_chars=null"],
+    "windows": [
+        "data.sources.shakespeare.max_chars=null",
+        "data.sources.shakespeare.cut=paragraphs",
+    ],
     "group_lrs": ["optimizer.embedding_lr=0.3", "optimizer.lm_head_lr=0.008"],  # nanochat's
     "momentum": ["optimizer.momentum=0.97", "optimizer.momentum_warmup_steps=400"],
     "rope_base": ["model.rope_base=100000"],

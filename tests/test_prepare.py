@@ -308,9 +308,16 @@ def test_cut_anywhere_makes_pieces_of_exactly_max_chars(tmp_path, raw):
     )
 
 
-def test_cut_anywhere_without_max_chars_is_refused(raw):
+def test_cut_anywhere_without_max_chars_is_refused(tmp_path, raw, capsys):
     with pytest.raises(ValidationError, match="set max_chars"):
         TextConfig(path=str(raw / "book.txt"), cut="anywhere")
+    tree = tiny_tree(raw, tmp_path / "runs")
+    tree["data"]["sources"] = {
+        "book": {"name": "text", "path": str(raw / "book.txt"), "cut": "anywhere"}
+    }
+    assert main(["data", "prepare", str(write_config(tmp_path / "run.yaml", tree))]) == 2
+    err = capsys.readouterr().err
+    assert "data.sources.book" in err and "set max_chars" in err and "Traceback" not in err
 
 
 def test_hash_split_keeps_a_documents_pieces_together(tmp_path, raw):

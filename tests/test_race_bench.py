@@ -58,3 +58,23 @@ def test_fixed_rows_take_every_row_once_a_pass_in_a_new_order_each_pass(race):
     assert first != second  # shuffled anew
     windows = [int(i) for ix in race.window_starts(n, 4, 0, rows=False) for i in ix]
     assert all(0 <= i < n - race.SEQ - 1 for i in windows) and any(i % race.SEQ for i in windows)
+
+
+def test_every_variant_is_a_valid_change_of_the_shipped_config(race, monkeypatch):
+    # the ablations run as command-line overrides of configs/shakespeare_char.yaml: a variant
+    # the config refuses (an unknown key, `cut: anywhere` without max_chars) would fail its cell
+    from littlelm.schema import load_run
+
+    monkeypatch.chdir(ROOT)
+    shipped = load_run("configs/shakespeare_char.yaml", [])
+    src = shipped.data.sources["shakespeare"]
+    assert (src.split, src.max_chars, src.cut) == ("file", 127, "anywhere")
+    assert src.max_chars == shipped.train.seq_len - 1  # a piece and its BOS: one row
+    for name, overrides in race.VARIANTS.items():
+        cfg = load_run("configs/shakespeare_char.yaml", overrides)
+        assert (cfg == shipped) == (name == "shipped"), name
+    pieces = load_run("configs/shakespeare_char.yaml", race.VARIANTS["pieces"]).data
+    assert (pieces.sources["shakespeare"].cut, pieces.sources["shakespeare"].max_chars) == (
+        "paragraphs",
+        256,
+    )
